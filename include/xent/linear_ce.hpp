@@ -1,0 +1,47 @@
+// Fused linear cross-entropy (SPEC.md §2): the loss of x = h·Wᵀ (+ bias) without holding N×V logits.
+#pragma once
+
+#include "xent/ce.hpp"
+
+namespace xent {
+
+struct LinearCeOptions {
+  CeOptions ce;                                    // every option of §1
+  std::size_t workspace_budget = std::size_t{512} << 20;  // bytes for chunk buffers
+  bool fp32_logits = false;  // keep chunk logits in fp32 instead of rounding to the input dtype
+  std::size_t logits_cache_bytes = 0;  // `none`: keep chunk logits for the backward when they fit
+};
+
+// Gradients of the linear layer; each absent view is not computed. grad weight/bias are
+// accumulated in fp32 across chunks and written once in their own dtype (fp32 keeps them exact).
+struct LinearGradients {
+  TensorView hidden;  // [N, H]
+  TensorView weight;  // [V, H]
+  TensorView bias;    // [V]
+};
+
+struct LinearCeOutputs {
+  TensorView loss;  // required: fp32 scalar (sum, mean) or [N] (none)
+  CeStats stats;
+  LinearGradients grads;  // optional: gradients formed during the forward
+};
+
+// Bytes of workspace for these sizes: the chunk buffers the planner chooses within
+// options.workspace_budget, plus fp32 accumulators for non-fp32 weight/bias gradients.
+std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                     const LinearCeOptions& options, Device device,
+                                     bool with_gradients);
+
+// hidden [N, H], weight [V, H], bias [V] or absent, target [N]. On the CPU an empty workspace
+// makes the op allocate what it needs itself.
+void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                       const LinearCeOptions& options, const LinearCeOutputs& out,
+                       TensorView grad_output = {}, Workspace workspace = {}, Stream stream = {});
+
+// Recomputes the chunk logits and folds the per-row upstream gradient in before the products.
+void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                        TensorView lse, TensorView grad_output, const LinearCeOptions& options,
+                        const LinearGradients& grads, Workspace workspace = {},
+                        Stream stream = {});
+
+}  // namespace xent

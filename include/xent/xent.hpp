@@ -1,0 +1,8 @@
+// The whole public API of xent.
+#pragma once
+
+#include "xent/ce.hpp"
+#include "xent/distill.hpp"
+#include "xent/linear_ce.hpp"
+#include "xent/linear_distill.hpp"
+#include "xent/types.hpp"

@@ -1,0 +1,144 @@
+// The per-row math of the distillation losses (SPEC.md §3), written once for both backends.
+// A row is processed in up to three sweeps over its elements (on the GPU these sweep on-chip
+// data, never HBM again):
+//   1. RowStats of the transformed student and teacher logits -> lse_s, lse_t;
+//   2. distill_term per element, summed -> the loss, and Σ p_s·u for kinds that need it;
+//   3. distill_grad_element per element -> ∂loss/∂s.
+// Sweep 2 can be merged into 3 only for kinds where distill_needs_sum_pu() is false.
+#pragma once
+
+#include "common/ce_row.hpp"
+
+namespace xent::common {
+
+enum class DistillKindCode : int { forward_kl = 0, reverse_kl = 1, jsd = 2, soft_ce = 3, tvd = 4 };
+
+// Transform of distillation logits: x -> softcap(x) / T, applied to student and teacher alike.
+template <class T>
+struct DistillTransform {
+  T inv_temperature = 1;
+  T softcap = 0;  // 0 means off
+
+  XENT_HD T value(T x) const {
+    return (softcap > 0 ? softcap * std::tanh(x / softcap) : x) * inv_temperature;
+  }
+  XENT_HD T slope(T x) const {
+    if (!(softcap > 0)) return inv_temperature;
+    const T t = std::tanh(x / softcap);
+    return (T(1) - t * t) * inv_temperature;
+  }
+};
+
+template <class T>
+struct DistillConstants {
+  DistillKindCode kind = DistillKindCode::forward_kl;
+  DistillTransform<T> transform;
+  T beta = T(0.5);
+  T log_beta = 0;            // log β (jsd)
+  T log_one_minus_beta = 0;  // log(1−β) (jsd)
+};
+
+template <class T>
+XENT_HD DistillConstants<T> make_distill_constants(DistillKindCode kind, T temperature,
+                                                   T softcap, T beta) {
+  DistillConstants<T> c;
+  c.kind = kind;
+  c.transform.inv_temperature = T(1) / temperature;
+  c.transform.softcap = softcap;
+  c.beta = beta;
+  c.log_beta = std::log(beta);
+  c.log_one_minus_beta = std::log(T(1) - beta);
+  return c;
+}
+
+// True when the gradient needs Σ_j p_s,j·u_j of the whole row before any element is written.
+XENT_HD bool distill_needs_sum_pu(DistillKindCode kind) {
+  return kind == DistillKindCode::reverse_kl || kind == DistillKindCode::jsd ||
+         kind == DistillKindCode::tvd;
+}
+
+// β = 0 and β = 1 make the JSD exactly 0 (SPEC §3); rounding of log m must not say otherwise.
+template <class T>
+XENT_HD bool distill_is_degenerate(const DistillConstants<T>& c) {
+  return c.kind == DistillKindCode::jsd && (c.beta == T(0) || c.beta == T(1));
+}
+
+template <class T>
+struct DistillTerm {
+  T loss;     // this element's contribution to the row loss
+  T prob_u;   // p_s·u, summed over the row for the gradient (kinds of distill_needs_sum_pu)
+};
+
+// 0·log 0 = 0: a zero probability contributes nothing, whatever the log says. NaN still passes
+// (p == 0 is false for NaN), so a NaN row stays visibly NaN.
+template <class T>
+XENT_HD T weighted_log_ratio(T p, T log_ratio) {
+  return p == T(0) ? T(0) : p * log_ratio;
+}
+
+template <class T>
+XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps) {
+  const T a = c.log_beta + log_pt, b = c.log_one_minus_beta + log_ps;
+  const T m = a > b ? a : b;
+  if (m == -infinity<T>()) return m;
+  return m + std::log(std::exp(a - m) + std::exp(b - m));
+}
+
+// vs, vt: transformed student and teacher logits of one element; lse_s, lse_t of their rows.
+template <class T>
+XENT_HD DistillTerm<T> distill_term(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt) {
+  const T log_ps = vs - lse_s, log_pt = vt - lse_t;
+  const T ps = std::exp(log_ps), pt = std::exp(log_pt);
+  switch (c.kind) {
+    case DistillKindCode::forward_kl:
+      return {weighted_log_ratio(pt, log_pt - log_ps), T(0)};
+    case DistillKindCode::reverse_kl: {
+      const T term = weighted_log_ratio(ps, log_ps - log_pt);
+      return {term, term};
+    }
+    case DistillKindCode::jsd: {
+      if (distill_is_degenerate(c)) return {T(0), T(0)};
+      const T log_m = log_mixture(c, log_pt, log_ps);
+      const T loss = c.beta * weighted_log_ratio(pt, log_pt - log_m) +
+                     (T(1) - c.beta) * weighted_log_ratio(ps, log_ps - log_m);
+      return {loss, weighted_log_ratio(ps, (T(1) - c.beta) * (log_ps - log_m))};
+    }
+    case DistillKindCode::soft_ce:
+      return {-weighted_log_ratio(pt, log_ps), T(0)};
+    case DistillKindCode::tvd: {
+      const T diff = pt - ps;
+      const T sign = ps > pt ? T(1) : (ps < pt ? T(-1) : T(0));
+      return {T(0.5) * (diff < 0 ? -diff : diff), T(0.5) * sign * ps};
+    }
+  }
+  return {T(0), T(0)};
+}
+
+// ∂(row loss)/∂vs for one element, given Σ p_s·u of the row (unused by forward_kl and soft_ce).
+// The caller multiplies by the row coefficient and by transform.slope(s) for ∂/∂s.
+template <class T>
+XENT_HD T distill_grad_element(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt,
+                               T sum_prob_u) {
+  const T log_ps = vs - lse_s, log_pt = vt - lse_t;
+  const T ps = std::exp(log_ps);
+  switch (c.kind) {
+    case DistillKindCode::forward_kl:
+    case DistillKindCode::soft_ce:
+      return ps - std::exp(log_pt);
+    case DistillKindCode::reverse_kl:
+      return ps == T(0) ? T(0) : ps * (log_ps - log_pt - sum_prob_u);
+    case DistillKindCode::jsd: {
+      if (distill_is_degenerate(c) || ps == T(0)) return T(0);
+      const T u = (T(1) - c.beta) * (log_ps - log_mixture(c, log_pt, log_ps));
+      return ps * (u - sum_prob_u);
+    }
+    case DistillKindCode::tvd: {
+      const T pt = std::exp(log_pt);
+      const T u = T(0.5) * (ps > pt ? T(1) : (ps < pt ? T(-1) : T(0)));
+      return ps * (u - sum_prob_u);
+    }
+  }
+  return T(0);
+}
+
+}  // namespace xent::common
