@@ -1,0 +1,142 @@
+// What every suite needs: fresh random inputs with the seed in the failure trace, storage in the
+// dtypes the ops take (on the CPU, or on a CUDA device in the GPU test binary), NaN-poisoned
+// outputs so an element the op forgot to write fails, and the tolerances of SPEC.md §6.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference.hpp"
+#include "xent/xent.hpp"
+
+namespace xent::test {
+
+using reference::Matrix;
+
+// ---- device -----------------------------------------------------------------------------------
+
+// The device the suites run on: the CPU in xent_tests, CUDA device 0 in xent_gpu_tests.
+Device test_device();
+bool on_gpu();
+// Fails the current test when the binary is the GPU one and no CUDA device is usable, so a GPU
+// run on a machine without one can never pass silently.
+void require_device();
+
+// ---- randomness -------------------------------------------------------------------------------
+
+// A fresh seed per test (XENT_TEST_SEED in the environment replays one).
+uint64_t fresh_seed();
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : seed_(seed), engine_(seed) {}
+  uint64_t seed() const { return seed_; }
+  double normal(double sd = 1.0);
+  double uniform(double lo, double hi);
+  int64_t integer(int64_t lo, int64_t hi);  // inclusive
+  Matrix matrix(int64_t rows, int64_t cols, double sd);
+  std::vector<double> uniform_vector(int64_t length, double lo, double hi);
+
+ private:
+  uint64_t seed_;
+  std::mt19937_64 engine_;
+};
+
+// Declares `rng` with a fresh seed and puts the seed in every failure message of the scope.
+#define XENT_TEST_RNG(rng)                       \
+  ::xent::test::Rng rng(::xent::test::fresh_seed()); \
+  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << rng.seed())
+
+// ---- dtypes -----------------------------------------------------------------------------------
+
+bool is_half(DType dtype);  // bf16 or fp16
+double round_to(DType dtype, double value);
+std::vector<double> rounded(std::vector<double> values, DType dtype);
+Matrix rounded(Matrix m, DType dtype);
+std::string short_name(DType dtype);
+
+// ---- tensors ----------------------------------------------------------------------------------
+
+// Storage of one op argument on the test device, with a host mirror. Padding of strided matrices
+// is poisoned and must stay so.
+class Tensor {
+ public:
+  Tensor() = default;  // absent
+  static Tensor matrix(DType dtype, int64_t rows, int64_t cols, int64_t row_stride = -1);
+  static Tensor vector(DType dtype, int64_t length);
+  static Tensor scalar(DType dtype);
+  static Tensor of(const Matrix& values, DType dtype, int64_t row_stride = -1);
+  static Tensor of(const std::vector<double>& values, DType dtype);
+  static Tensor of_integers(const std::vector<int64_t>& values, DType dtype);
+
+  bool present() const { return ndim_ >= 0; }
+  DType dtype() const { return dtype_; }
+  TensorView view() const;
+
+  void upload(const std::vector<double>& dense);  // rows × cols values, row-major
+  void upload_integers(const std::vector<int64_t>& values);
+  void poison();                                   // every byte, padding included
+  std::vector<double> download() const;            // dense, padding left out
+  std::vector<int64_t> download_integers() const;
+  bool untouched() const;                          // still entirely poisoned
+  bool padding_untouched() const;
+
+ private:
+  Tensor(DType dtype, int ndim, int64_t rows, int64_t cols, int64_t stride);
+  std::size_t bytes() const;
+  void push() const;  // host mirror -> device
+  void pull() const;  // device -> host mirror
+
+  DType dtype_ = DType::f32;
+  int ndim_ = -1;
+  int64_t rows_ = 0, cols_ = 1, stride_ = 1;
+  mutable std::vector<unsigned char> host_;
+  std::shared_ptr<void> device_;  // CUDA memory in the GPU binary
+};
+
+// Workspace memory on the test device (empty when bytes is 0).
+class Scratch {
+ public:
+  explicit Scratch(std::size_t bytes);
+  Workspace workspace() const { return {data_.get(), bytes_}; }
+
+ private:
+  std::shared_ptr<void> data_;
+  std::size_t bytes_ = 0;
+};
+
+// Waits for the device and surfaces its error flag (a no-op on the CPU).
+void finish(Stream stream = {});
+
+// ---- comparisons ------------------------------------------------------------------------------
+
+double norm(const std::vector<double>& v);
+// ‖out − ref‖ / ‖ref‖ (‖out − ref‖ alone when ref is zero); NaN when out has a NaN.
+double relative_error(const std::vector<double>& out, const std::vector<double>& ref);
+
+enum class Family { logits, linear };
+// SPEC §6: fp32 1e-5 (logits) / 1e-4 (linear); fp64 far tighter; bf16/fp16: what PyTorch would
+// lose at that dtype (`torch_like` against `ref`) plus 1e-3.
+double tolerance(DType input, Family family, const std::vector<double>& torch_like,
+                 const std::vector<double>& ref);
+double tolerance(DType input, Family family);  // for fp32 outputs of 16-bit inputs: 1e-3
+
+// Relative error within `tol`, sizes equal, and no NaN or Inf where the reference is finite.
+::testing::AssertionResult close(const std::string& what, const std::vector<double>& out,
+                                 const std::vector<double>& ref, double tol);
+
+// Expects `call` to throw xent::Error of kind invalid_argument whose message names `argument`
+// and the offending `value`.
+void expect_invalid(const std::function<void()>& call, const std::string& argument,
+                    const std::string& value);
+
+// Helpers to build parameter names.
+std::string reduction_label(Reduction reduction);
+
+}  // namespace xent::test
