@@ -29,6 +29,5 @@ void distill_backward(TensorView, TensorView, TensorView, TensorView, const Dist
   not_implemented("distill_backward");
 }
 
-void check_errors(Device, Stream) {}
 
 }  // namespace xent::cuda

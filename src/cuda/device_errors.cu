@@ -1,0 +1,54 @@
+// The device-side error state for out-of-range targets (SPEC §1: a GPU op cannot read targets
+// on the host without a synchronisation) and check_errors, which reads and clears it.
+#include <string>
+
+#include "api/backend.hpp"
+#include "cuda/device.cuh"
+
+namespace xent::cuda {
+
+namespace {
+// One per device: a __device__ variable is instantiated in every context that loads the module.
+__device__ DeviceErrorState g_error_state;
+}  // namespace
+
+const char* op_name(OpCode op) {
+  switch (op) {
+    case OpCode::ce_forward: return "ce_forward";
+    case OpCode::ce_backward: return "ce_backward";
+    case OpCode::distill_forward: return "distill_forward";
+    case OpCode::distill_backward: return "distill_backward";
+    case OpCode::linear_ce_forward: return "linear_ce_forward";
+    case OpCode::linear_ce_backward: return "linear_ce_backward";
+    case OpCode::linear_distill_forward: return "linear_distill_forward";
+    case OpCode::linear_distill_backward: return "linear_distill_backward";
+    case OpCode::none: break;
+  }
+  return "xent";
+}
+
+DeviceErrorState* device_error_state() {
+  void* address = nullptr;
+  XENT_CUDA_CHECK(cudaGetSymbolAddress(&address, g_error_state));
+  return static_cast<DeviceErrorState*>(address);
+}
+
+void check_errors(Device device, Stream stream) {
+  DeviceGuard guard(device.index);
+  const cudaStream_t s = stream_of(stream);
+  DeviceErrorState* state = device_error_state();
+  DeviceErrorState host{};
+  XENT_CUDA_CHECK(cudaMemcpyAsync(&host, state, sizeof host, cudaMemcpyDeviceToHost, s));
+  XENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!host.pending) return;
+  XENT_CUDA_CHECK(cudaMemsetAsync(state, 0, sizeof host, s));
+  XENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  throw Error(ErrorKind::runtime,
+              std::string(op_name(static_cast<OpCode>(host.op))) + ": target[" +
+                  std::to_string(host.row) + "] out of range: got " +
+                  std::to_string(host.value) + "; expected a value in [0, " +
+                  std::to_string(host.vocab) + ") or ignore_index " +
+                  std::to_string(host.ignore_index));
+}
+
+}  // namespace xent::cuda
