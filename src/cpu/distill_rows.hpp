@@ -1,0 +1,122 @@
+// Distillation of one row on the CPU (SPEC.md §3), with the optional hard-label CE term on the
+// student: used by distill on logits and by the chunks of linear_distill.
+#pragma once
+
+#include <cstdint>
+
+#include "common/distill_row.hpp"
+#include "cpu/ce_rows.hpp"
+#include "xent/distill.hpp"
+
+namespace xent::cpu {
+
+template <class T>
+struct DistillCall {
+  common::DistillConstants<T> constants;
+  int64_t vocab = 0;
+  T soft_weight = 1;  // σ
+  T hard_weight = 0;  // α
+  // σ/N_valid for mean, σ otherwise (0 when no row is valid): turns g into the row coefficient.
+  T soft_factor = 1;
+  double soft_divisor = 1;  // N_valid for mean, 1 otherwise
+  CeCall<T> hard;           // the §1 call of the hard-label term (used when α != 0)
+};
+
+template <class T>
+DistillCall<T> make_distill_call(const DistillOptions& options, int64_t vocab,
+                                 const ValidCounts& counts) {
+  DistillCall<T> call;
+  call.constants = common::make_distill_constants<T>(
+      static_cast<common::DistillKindCode>(options.kind), static_cast<T>(options.temperature),
+      options.softcap ? static_cast<T>(*options.softcap) : T(0), static_cast<T>(options.beta));
+  call.vocab = vocab;
+  call.soft_weight = static_cast<T>(options.soft_weight);
+  call.hard_weight = static_cast<T>(options.hard_weight);
+  call.soft_factor = call.soft_weight;
+  if (options.ce.reduction == Reduction::mean) {
+    call.soft_divisor = static_cast<double>(counts.valid_rows);
+    call.soft_factor = counts.valid_rows > 0
+                           ? static_cast<T>(options.soft_weight / counts.valid_rows)
+                           : T(0);
+  }
+  call.hard = make_ce_call<T>(options.ce, vocab, counts);
+  return call;
+}
+
+template <class T>
+struct DistillRowResult {
+  T soft = 0;  // d_n, the distillation loss of the row (not weighted by σ)
+  T hard = 0;  // r_n·(ℓ_n + ζ_n) of the hard term (not weighted by α)
+  T hard_loss = 0;
+  T hard_z_loss = 0;
+};
+
+// One row of student s and teacher t (storage types S and U). When `grad` is present the
+// gradient with respect to s, scaled by `upstream` (g or g_n), is written there; it may alias s.
+template <class T, class S, class U, class G>
+DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, const U* t,
+                                        int64_t target, bool has_target, int64_t row,
+                                        T upstream, G* grad, bool want_loss) {
+  DistillRowResult<T> result;
+  const int64_t vocab = call.vocab;
+  if (has_target && target == call.hard.ignore_index) {
+    if (grad) zero_row(grad, vocab);
+    return result;
+  }
+  const auto& c = call.constants;
+  const auto& transform = c.transform;
+  common::RowStats<T> student_stats, teacher_stats;
+  for (int64_t i = 0; i < vocab; ++i) {
+    student_stats.add(transform.value(to_compute<T>(s[i])), i, T(1));
+    teacher_stats.add(transform.value(to_compute<T>(t[i])), i, T(1));
+  }
+  const T lse_s = student_stats.lse(), lse_t = teacher_stats.lse();
+
+  T sum_prob_u = 0;
+  if (want_loss || common::distill_needs_sum_pu(c.kind)) {
+    T loss = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const auto term = common::distill_term(c, lse_s, lse_t, transform.value(to_compute<T>(s[i])),
+                                             transform.value(to_compute<T>(t[i])));
+      loss += term.loss;
+      sum_prob_u += term.prob_u;
+    }
+    result.soft = loss;
+  }
+
+  const bool with_hard = call.hard_weight != T(0) && has_target;
+  common::CeGradRow<T> hard_row{};
+  if (with_hard) {
+    const auto hard = ce_process_row<T, S, G>(call.hard, s, target, row, CeRowRequest{}, T(0),
+                                              nullptr);
+    result.hard_loss = hard.loss;
+    result.hard_z_loss = hard.z_loss;
+    result.hard = hard.loss + hard.z_loss;
+    if (grad) {
+      const T r = call.hard.row_weight ? static_cast<T>(call.hard.row_weight[row]) : T(1);
+      const T target_weight =
+          call.hard.class_weight ? static_cast<T>(call.hard.class_weight[target]) : T(1);
+      const T coef = call.hard_weight * upstream * r;
+      hard_row = common::ce_grad_row(call.hard.constants, hard.lse, target, target_weight,
+                                     coef * call.hard.loss_factor, coef * call.hard.z_factor);
+    }
+  }
+
+  if (grad) {
+    const T soft_coef = upstream * call.soft_factor;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const T x = to_compute<T>(s[i]);
+      const T vs = transform.value(x), vt = transform.value(to_compute<T>(t[i]));
+      T g = soft_coef * common::distill_grad_element(c, lse_s, lse_t, vs, vt, sum_prob_u) *
+            transform.slope(x);
+      if (with_hard) {
+        const T w = call.hard.class_weight ? static_cast<T>(call.hard.class_weight[i]) : T(1);
+        g += common::ce_grad_element(call.hard.constants, hard_row, x, i, w);
+      }
+      grad[i] = from_compute<G>(g);
+    }
+  }
+  return result;
+}
+
+}  // namespace xent::cpu
