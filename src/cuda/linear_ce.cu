@@ -1,25 +1,281 @@
-// Fused linear cross-entropy on CUDA (SPEC.md §2). Placeholder until the chunked path lands.
+// Fused linear cross-entropy on CUDA (SPEC.md §2). Per row chunk (chunk_plan.cpp chooses its size):
+//   1. L = h_chunk·Wᵀ (+ bias) by cuBLASLt into the chunk buffer (input dtype, or fp32);
+//   2. the ce row kernel of ce_rows.cuh reads L once, writes per-row loss parts and statistics,
+//      and, when gradients are wanted, G = ∂loss/∂L in place over L, with its final coefficients
+//      (N_valid, D and the upstream gradient come from a pre-pass over all targets);
+//   3. ∂h_chunk = G·W (written straight into grad hidden) and ∂W += Gᵀ·h_chunk into an fp32
+//      accumulator (beta = 1 after the first chunk), ∂bias += column sums of G.
+// The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
+// with the host, so the op is graph-capturable.
 #include "api/backend.hpp"
+#include "cuda/ce_rows.cuh"
+#include "cuda/gemm.hpp"
+#include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
 
 namespace {
-[[noreturn]] void not_implemented(const char* function) {
-  throw Error(ErrorKind::runtime, std::string(function) + ": CUDA path not implemented yet");
+
+// Arrays of the whole batch that the row kernel fills chunk by chunk.
+std::size_t row_scratch_bytes(int64_t rows) {
+  const std::size_t per_row = align_up(static_cast<std::size_t>(rows) * sizeof(float));
+  return align_up(sizeof(CeBatchTotals)) + 3 * per_row;
 }
+
+template <class T>
+T* offset_rows(const TensorView& view, int64_t first_row) {
+  if (!view.present()) return nullptr;
+  return reinterpret_cast<T*>(static_cast<char*>(view.data) +
+                              static_cast<std::size_t>(first_row) * dtype_size(view.dtype));
+}
+
+struct LinearCePlan {
+  ChunkPlan chunks;
+  DType logits_dtype = DType::bf16;
+};
+
+// One call of the op: the forward (loss, statistics, optional gradients) or the backward
+// (gradients only, per-row or scalar upstream gradient).
+struct LinearCeCall {
+  TensorView hidden, weight, bias, target;
+  const LinearCeOptions& options;
+  TensorView grad_output{};
+  const TensorView* loss = nullptr;
+  const CeStats* stats = nullptr;
+  LinearGradients grads{};
+  OpCode op = OpCode::linear_ce_forward;
+};
+
+LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                            const LinearCeOptions& options, bool weight_accumulator,
+                            bool bias_accumulator) {
+  ChunkRequest request;
+  request.rows = rows;
+  request.hidden = hidden;
+  request.vocab = vocab;
+  request.logits_element_bytes = options.fp32_logits ? sizeof(float) : dtype_size(dtype);
+  request.budget_bytes = options.workspace_budget;
+  request.fixed_bytes = row_scratch_bytes(rows);
+  if (weight_accumulator) {
+    request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) *
+                                          static_cast<std::size_t>(hidden) * sizeof(float));
+  }
+  if (bias_accumulator) {
+    request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) * sizeof(float));
+  }
+  LinearCePlan plan;
+  plan.chunks = plan_chunks(request);
+  plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
+  return plan;
+}
+
 }  // namespace
 
-std::size_t linear_ce_workspace_size(int64_t, int64_t, int64_t, DType, const LinearCeOptions&,
-                                     bool) {
-  not_implemented("linear_ce_workspace_size");
+std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                     const LinearCeOptions& options, bool with_gradients) {
+  // The query cannot see the gradient dtypes: it reserves fp32 accumulators for 16-bit inputs
+  // (a caller passing fp32 grad weight/bias leaves them unused).
+  const bool accumulate = with_gradients && dtype != DType::f32;
+  return plan_linear_ce(rows, hidden, vocab, dtype, options, accumulate, accumulate)
+      .chunks.total_bytes;
 }
-void linear_ce_forward(TensorView, TensorView, TensorView, TensorView, const LinearCeOptions&,
-                       const LinearCeOutputs&, TensorView, Workspace, Stream) {
-  not_implemented("linear_ce_forward");
+
+namespace {
+
+void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
+  const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
+  const LinearGradients& grads = call.grads;
+  const bool want_hidden = grads.hidden.present(), want_weight = grads.weight.present(),
+             want_bias = grads.bias.present();
+  const bool want_grad = want_hidden || want_weight || want_bias;
+  const bool weight_accumulator = want_weight && grads.weight.dtype != DType::f32;
+  const bool bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
+  const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options,
+                                           weight_accumulator, bias_accumulator);
+  const CeOptions& ce = call.options.ce;
+  const Reduction reduction = ce.reduction;
+
+  WorkspaceCarver carver(workspace);
+  auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
+  const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
+  auto* row_loss = static_cast<float*>(carver.take(row_array));
+  auto* row_z_loss = static_cast<float*>(carver.take(row_array));
+  auto* row_correct = static_cast<float*>(carver.take(row_array));
+  const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
+                            plan.chunks.gemm_workspace_bytes};
+  void* chunk_buffer = carver.take(plan.chunks.logits_buffer_bytes);
+  float* weight_sum = weight_accumulator
+                          ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
+                                                            hidden * sizeof(float)))
+                          : (want_weight ? static_cast<float*>(grads.weight.data) : nullptr);
+  const int64_t weight_sum_stride = weight_accumulator ? hidden : grads.weight.row_stride;
+  float* bias_sum = bias_accumulator
+                        ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
+                                                          sizeof(float)))
+                        : (want_bias ? static_cast<float*>(grads.bias.data) : nullptr);
+
+  const CeRowOptions row_options = ce_row_options(ce);
+  const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();
+  CeBatchRequest batch;
+  batch.target = call.target.data;
+  batch.target_dtype = call.target.dtype;
+  batch.rows = rows;
+  batch.vocab = vocab;
+  batch.options = row_options;
+  batch.grad_output = (reduction != Reduction::none && call.grad_output.present())
+                          ? static_cast<const float*>(call.grad_output.data)
+                          : nullptr;
+  batch.op = call.op;
+  ce_batch_totals(batch, totals, stream);
+
+  const bool sum_or_mean = reduction != Reduction::none;
+  const CeStats* stats = call.stats;
+  const bool want_accuracy = stats && stats->accuracy.present();
+  const int64_t chunk_rows = plan.chunks.chunk_rows;
+  const DType operand_dtype = call.hidden.dtype;
+  const bool narrow_gradient = plan.logits_dtype != operand_dtype;
+
+  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
+    const int64_t first = chunk * chunk_rows;
+    const int64_t count = std::min(chunk_rows, rows - first);
+    const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first, count);
+    const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
+    const GemmMatrix logits{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+
+    GemmProduct forward;
+    forward.a = hidden_rows;
+    forward.b = weight;
+    forward.b_transposed = true;
+    forward.c = logits;
+    forward.bias = call.bias.present() ? call.bias.data : nullptr;
+    gemm(forward, scratch, stream);
+
+    CeRowsArgs args;
+    args.logits = chunk_buffer;
+    args.dtype = plan.logits_dtype;
+    args.rows = count;
+    args.vocab = vocab;
+    args.row_stride = vocab;
+    args.target = static_cast<const char*>(call.target.data) +
+                  static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+    args.target_dtype = call.target.dtype;
+    args.row_weight = offset_rows<const float>(ce.row_weight, first);
+    args.options = row_options;
+    args.totals = totals;
+    args.grad_output_rows =
+        per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+    if (call.loss) {
+      if (sum_or_mean) {
+        args.row_loss = row_loss + first;
+        args.row_z_loss = row_z_loss + first;
+      } else {
+        args.row_total = offset_rows<float>(*call.loss, first);
+      }
+    }
+    if (stats) {
+      if (stats->z_loss_value.present()) {
+        args.row_z_loss = sum_or_mean ? row_z_loss + first
+                                      : offset_rows<float>(stats->z_loss_value, first);
+      }
+      if (want_accuracy) args.row_correct = row_correct + first;
+      args.lse = offset_rows<float>(stats->lse, first);
+      args.logprob = offset_rows<float>(stats->logprob, first);
+      args.entropy = offset_rows<float>(stats->entropy, first);
+      args.argmax = offset_rows<int64_t>(stats->argmax, first);
+    }
+    if (want_grad) {
+      args.grad = chunk_buffer;
+      args.grad_row_stride = vocab;
+    }
+    ce_rows(args, stream);
+    if (!want_grad) continue;
+
+    // The products take operands of one dtype: fp32 chunk gradients of 16-bit inputs are rounded
+    // to the input dtype in place first (as F.cross_entropy's bf16 gradient would be).
+    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    if (narrow_gradient) {
+      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
+      gradient.dtype = operand_dtype;
+      gradient.stride = 2 * vocab;
+    }
+    if (want_hidden) {
+      GemmProduct backward_hidden;
+      backward_hidden.a = gradient;
+      backward_hidden.b = weight;
+      backward_hidden.c = gemm_matrix(grads.hidden, first, count);
+      gemm(backward_hidden, scratch, stream);
+    }
+    if (want_weight) {
+      GemmProduct backward_weight;
+      backward_weight.a = gradient;
+      backward_weight.a_transposed = true;
+      backward_weight.b = hidden_rows;
+      backward_weight.c = GemmMatrix{weight_sum, DType::f32, vocab, hidden, weight_sum_stride};
+      backward_weight.beta = chunk == 0 ? 0.0f : 1.0f;
+      gemm(backward_weight, scratch, stream);
+    }
+    if (want_bias) {
+      accumulate_column_sums(gradient.data, gradient.dtype, count, vocab, gradient.stride,
+                             bias_sum, chunk > 0, stream);
+    }
+  }
+
+  if (plan.chunks.chunk_count == 0) {  // N = 0: the gradients of an empty batch are zero
+    if (want_weight) fill_zero(grads.weight, stream);
+    if (want_bias) fill_zero(grads.bias, stream);
+  } else {
+    if (weight_accumulator) write_from_fp32(weight_sum, hidden, grads.weight, stream);
+    if (bias_accumulator) write_from_fp32(bias_sum, 1, grads.bias, stream);
+  }
+
+  if (call.loss || want_accuracy || (stats && stats->z_loss_value.present() && sum_or_mean)) {
+    CeReduceArgs reduce;
+    reduce.rows = rows;
+    reduce.reduction = reduction;
+    reduce.totals = totals;
+    if (sum_or_mean && call.loss) {
+      reduce.row_loss = row_loss;
+      reduce.row_z_loss = row_z_loss;
+      reduce.loss = static_cast<float*>(call.loss->data);
+    }
+    if (sum_or_mean && stats && stats->z_loss_value.present()) {
+      reduce.row_loss = row_loss;
+      reduce.row_z_loss = row_z_loss;
+      reduce.z_loss_value = static_cast<float*>(stats->z_loss_value.data);
+    }
+    if (want_accuracy) {
+      reduce.row_correct = row_correct;
+      reduce.accuracy = static_cast<float*>(stats->accuracy.data);
+    }
+    ce_reduce(reduce, stream);
+  }
 }
-void linear_ce_backward(TensorView, TensorView, TensorView, TensorView, TensorView, TensorView,
-                        const LinearCeOptions&, const LinearGradients&, Workspace, Stream) {
-  not_implemented("linear_ce_backward");
+
+}  // namespace
+
+void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                       const LinearCeOptions& options, const LinearCeOutputs& out,
+                       TensorView grad_output, Workspace workspace, Stream stream) {
+  DeviceGuard guard(hidden.device.index);
+  LinearCeCall call{hidden, weight, bias, target, options};
+  call.grad_output = grad_output;
+  call.loss = &out.loss;
+  call.stats = &out.stats;
+  call.grads = out.grads;
+  call.op = OpCode::linear_ce_forward;
+  run_linear_ce(call, workspace, stream_of(stream));
+}
+
+void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                        TensorView /*lse: the row kernel re-derives it on chip from the chunk*/,
+                        TensorView grad_output, const LinearCeOptions& options,
+                        const LinearGradients& grads, Workspace workspace, Stream stream) {
+  DeviceGuard guard(hidden.device.index);
+  LinearCeCall call{hidden, weight, bias, target, options};
+  call.grad_output = grad_output;
+  call.grads = grads;
+  call.op = OpCode::linear_ce_backward;
+  run_linear_ce(call, workspace, stream_of(stream));
 }
 
 }  // namespace xent::cuda

@@ -1,0 +1,256 @@
+// cuBLASLt products of the fused linear losses. A row-major C[M,N] = op(A)·op(B) is the column-
+// major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ, so cuBLAS sees B's storage as its first operand and A's as its
+// second, with no copies: h·Wᵀ becomes the "TN" form, the fastest for tensor cores.
+#include "cuda/gemm.hpp"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/device.cuh"
+
+namespace xent::cuda {
+
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(ErrorKind::runtime, std::string("cuBLASLt error in ") + call + ": status " +
+                                      std::to_string(static_cast<int>(status)));
+}
+#define XENT_CUBLAS_CHECK(call) check_cublas((call), #call)
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default:
+      throw Error(ErrorKind::runtime, std::string("gemm: dtype ") + dtype_name(dtype) +
+                                          " has no matrix-product path");
+  }
+}
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt's heuristic must be told, or
+// it may pick a kernel that assumes 256-byte aligned operands.
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// One cached product configuration: descriptors and the algorithm chosen for them.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool has_bias = false;
+  std::size_t workspace_bytes = 0;
+  ~Plan() {
+    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<int, cublasLtHandle_t> handles;  // per device
+  std::map<std::string, std::unique_ptr<Plan>> plans;
+};
+
+Cache& cache() {
+  static Cache* instance = new Cache();  // never destroyed: handles outlive static teardown order
+  return *instance;
+}
+
+cublasLtHandle_t handle_for(Cache& c, int device) {
+  auto found = c.handles.find(device);
+  if (found != c.handles.end()) return found->second;
+  cublasLtHandle_t handle = nullptr;
+  XENT_CUBLAS_CHECK(cublasLtCreate(&handle));
+  c.handles.emplace(device, handle);
+  return handle;
+}
+
+// The product in cuBLAS's terms (column-major, first operand = our B).
+struct ColumnMajorProduct {
+  int64_t m, n, k;
+  cublasOperation_t trans_first, trans_second;
+  const GemmMatrix* first;   // our B
+  const GemmMatrix* second;  // our A
+};
+
+ColumnMajorProduct to_column_major(const GemmProduct& p) {
+  ColumnMajorProduct cm{};
+  cm.m = p.c.cols;
+  cm.n = p.c.rows;
+  cm.k = p.a_transposed ? p.a.rows : p.a.cols;
+  // Our row-major B[K,N] read column-major is already op(B)ᵀ: no transpose; B stored [N,K]
+  // (b_transposed) needs one. The same holds for A.
+  cm.trans_first = p.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cm.trans_second = p.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cm.first = &p.b;
+  cm.second = &p.a;
+  return cm;
+}
+
+std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& cm,
+                   std::size_t workspace_bytes) {
+  return std::to_string(device) + ':' + std::to_string(cm.m) + ',' + std::to_string(cm.n) + ',' +
+         std::to_string(cm.k) + ':' + std::to_string(cm.trans_first) +
+         std::to_string(cm.trans_second) + ':' + std::to_string(static_cast<int>(p.a.dtype)) +
+         std::to_string(static_cast<int>(p.b.dtype)) + std::to_string(static_cast<int>(p.c.dtype)) +
+         ':' + std::to_string(p.a.stride) + ',' + std::to_string(p.b.stride) + ',' +
+         std::to_string(p.c.stride) + ':' + std::to_string(alignment_of(p.a.data)) + ',' +
+         std::to_string(alignment_of(p.b.data)) + ',' + std::to_string(alignment_of(p.c.data)) +
+         ':' + (p.bias ? std::to_string(alignment_of(p.bias)) : std::string("-")) + ':' +
+         std::to_string(workspace_bytes);
+}
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
+                                const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
+  auto plan = std::make_unique<Plan>();
+  // fp32 operands use CUBLAS_COMPUTE_32F, which never rounds to TF32 (SPEC §6: TF32 off).
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                   &cm.trans_first, sizeof cm.trans_first));
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                   &cm.trans_second, sizeof cm.trans_second));
+  if (p.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof epilogue));
+    const cudaDataType_t bias_type = cuda_type(p.a.dtype);
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    plan->has_bias = true;
+  }
+  const GemmMatrix& first = *cm.first;
+  const GemmMatrix& second = *cm.second;
+  // A stored row-major [rows, cols] is column-major [cols, rows] with ld = stride.
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, cuda_type(first.dtype),
+                                               first.cols, first.rows, first.stride));
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, cuda_type(second.dtype),
+                                               second.cols, second.rows, second.stride));
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, cuda_type(p.c.dtype), p.c.cols,
+                                               p.c.rows, p.c.stride));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  XENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t max_workspace = workspace_bytes;
+  const uint32_t align_first = alignment_of(first.data), align_second = alignment_of(second.data),
+                 align_c = alignment_of(p.c.data);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &max_workspace, sizeof max_workspace);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                       &align_first, sizeof align_first);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                       &align_second, sizeof align_second);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                       &align_c, sizeof align_c);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                       &align_c, sizeof align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c, plan->layout_c,
+      preference, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  plan->algo = result.algo;
+  plan->workspace_bytes = result.workspaceSize;
+  return plan;
+}
+
+// Bias fallback when no cuBLASLt kernel takes the bias epilogue for this combination: one pass
+// over c adding bias[column] (c was just written, so it is mostly still in L2).
+template <class C, class B>
+__global__ void add_bias_kernel(C* c, int64_t rows, int64_t cols, int64_t stride, const B* bias) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    C& out = c[row * stride + col];
+    out = store_float<C>(load_float(out) + load_float(bias[col]));
+  }
+}
+
+template <class B>
+void add_bias_to(const GemmMatrix& c, const B* bias, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((c.rows * c.cols + threads - 1) / threads, 65536);
+  void* data = const_cast<void*>(c.data);
+  switch (c.dtype) {
+    case DType::f32:
+      add_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<float*>(data), c.rows, c.cols,
+                                                      c.stride, bias);
+      break;
+    case DType::bf16:
+      add_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<bf16_t*>(data), c.rows, c.cols,
+                                                      c.stride, bias);
+      break;
+    default:
+      add_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<f16_t*>(data), c.rows, c.cols,
+                                                      c.stride, bias);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+void add_bias(const GemmMatrix& c, const void* bias, DType bias_dtype, cudaStream_t stream) {
+  if (c.rows == 0 || c.cols == 0) return;
+  switch (bias_dtype) {
+    case DType::f32: add_bias_to(c, static_cast<const float*>(bias), stream); break;
+    case DType::bf16: add_bias_to(c, static_cast<const bf16_t*>(bias), stream); break;
+    default: add_bias_to(c, static_cast<const f16_t*>(bias), stream);
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) {
+  const ColumnMajorProduct cm = to_column_major(product);
+  if (cm.m == 0 || cm.n == 0) return;
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const cublasLtHandle_t handle = handle_for(c, device);
+
+  GemmProduct effective = product;
+  std::string key = key_of(device, effective, cm, scratch.bytes);
+  auto found = c.plans.find(key);
+  if (found == c.plans.end()) {
+    std::unique_ptr<Plan> plan = make_plan(handle, effective, cm, scratch.bytes);
+    if (!plan && effective.bias) {
+      // No fused-bias kernel for this combination: plain product, then the bias pass.
+      effective.bias = nullptr;
+      plan = make_plan(handle, effective, cm, scratch.bytes);
+    }
+    if (!plan) {
+      throw Error(ErrorKind::runtime,
+                  "gemm: cuBLASLt offers no algorithm for " + key + " (device:m,n,k:...)");
+    }
+    found = c.plans.emplace(key, std::move(plan)).first;
+  }
+  Plan& plan = *found->second;
+  if (plan.has_bias) {
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &product.bias, sizeof product.bias));
+  }
+  // k = 0 is a valid empty sum: cuBLASLt then scales c by beta (and adds the bias).
+  XENT_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &product.alpha, cm.first->data,
+                                   plan.layout_a, cm.second->data, plan.layout_b, &product.beta,
+                                   product.c.data, plan.layout_c, const_cast<void*>(product.c.data),
+                                   plan.layout_c, &plan.algo, scratch.data, plan.workspace_bytes,
+                                   stream));
+  if (product.bias && !plan.has_bias) add_bias(product.c, product.bias, product.a.dtype, stream);
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,55 @@
+// Matrix products of the fused linear losses through cuBLASLt: 16-bit (or fp32) operands, fp32
+// accumulation, an optional bias epilogue, and accumulation into fp32 outputs with beta = 1.
+// Matrices are row-major views with a row stride, as everywhere in xent; the translation to
+// cuBLAS's column-major convention happens once, inside gemm.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "xent/types.hpp"
+
+namespace xent::cuda {
+
+// Row-major matrix [rows, cols] with `stride` elements between row starts.
+struct GemmMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::bf16;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;
+};
+
+inline GemmMatrix gemm_matrix(const TensorView& view, int64_t first_row, int64_t row_count) {
+  const std::size_t offset =
+      static_cast<std::size_t>(first_row) * static_cast<std::size_t>(view.row_stride) *
+      dtype_size(view.dtype);
+  return GemmMatrix{static_cast<const char*>(view.data) + offset, view.dtype, row_count, view.cols,
+                    view.row_stride};
+}
+
+struct GemmProduct {
+  GemmMatrix a;          // A, or Aᵀ when a_transposed
+  bool a_transposed = false;
+  GemmMatrix b;          // B, or Bᵀ when b_transposed
+  bool b_transposed = false;
+  GemmMatrix c;          // output [M, N]; fp32 or the operands' dtype
+  float alpha = 1;
+  float beta = 0;        // 1: accumulate into c (c must then be fp32 for exact accumulation)
+  const void* bias = nullptr;  // [N], operand dtype, added to every row of c (beta must be 0)
+};
+
+// Caller-provided scratch for cuBLASLt (part of the op's workspace).
+struct GemmScratch {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. Descriptors, layouts and the
+// heuristic's algorithm are cached per shape, dtypes, strides, alignment and device, so the
+// second call of a shape costs one cublasLtMatmul launch. Throws a runtime xent::Error when
+// cuBLASLt fails or offers no algorithm.
+void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream);
+
+}  // namespace xent::cuda

@@ -1,0 +1,159 @@
+// Small memory-bound kernels around the products of the fused linear losses. Each touches a
+// chunk or a parameter-sized array once; none is on the critical path when bias is absent.
+#include "cuda/linear_support.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/device.cuh"
+
+namespace xent::cuda {
+
+void* WorkspaceCarver::take(std::size_t bytes) {
+  const std::size_t aligned = align_up(bytes);
+  if (used_ + aligned > capacity_) {
+    throw Error(ErrorKind::runtime, "linear workspace carving: need " +
+                                        std::to_string(used_ + aligned) + " bytes, have " +
+                                        std::to_string(capacity_));
+  }
+  void* region = base_ + used_;
+  used_ += aligned;
+  return region;
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t work) {
+  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535));
+}
+
+template <class S>
+__global__ void column_sums_kernel(const S* matrix, int64_t rows, int64_t cols, int64_t stride,
+                                   float* accumulator, bool accumulate) {
+  for (int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; col < cols;
+       col += int64_t{gridDim.x} * blockDim.x) {
+    // Four independent partial sums keep several loads in flight per thread.
+    float partial[4] = {0, 0, 0, 0};
+    int64_t row = 0;
+    for (; row + 4 <= rows; row += 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) partial[k] += load_float(matrix[(row + k) * stride + col]);
+    }
+    for (; row < rows; ++row) partial[0] += load_float(matrix[row * stride + col]);
+    const float sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+    accumulator[col] = accumulate ? accumulator[col] + sum : sum;
+  }
+}
+
+template <class D>
+__global__ void write_from_fp32_kernel(const float* source, int64_t source_stride, D* destination,
+                                       int64_t rows, int64_t cols, int64_t destination_stride) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    destination[row * destination_stride + col] =
+        store_float<D>(source[row * source_stride + col]);
+  }
+}
+
+// One block per row, tile by tile in increasing column order. A 16-bit value for column j lands
+// in bytes [2j, 2j+2), inside fp32 element j/2 ≤ j, which this block has already read: the
+// barrier between a tile's reads and its writes is the only ordering needed.
+template <class D>
+__global__ void narrow_rows_kernel(void* data, int64_t cols, int64_t stride) {
+  constexpr int kPerThread = 4;
+  char* row_start = static_cast<char*>(data) + blockIdx.x * stride * int64_t{sizeof(float)};
+  const float* source = reinterpret_cast<const float*>(row_start);
+  D* destination = reinterpret_cast<D*>(row_start);
+  const int64_t tile = int64_t{blockDim.x} * kPerThread;
+  for (int64_t first = 0; first < cols; first += tile) {
+    float values[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t col = first + k * blockDim.x + threadIdx.x;
+      values[k] = col < cols ? source[col] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t col = first + k * blockDim.x + threadIdx.x;
+      if (col < cols) destination[col] = store_float<D>(values[k]);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void accumulate_column_sums(const void* matrix, DType dtype, int64_t rows, int64_t cols,
+                            int64_t stride, float* accumulator, bool accumulate,
+                            cudaStream_t stream) {
+  if (cols == 0) return;
+  const int blocks = blocks_for(cols);
+  switch (dtype) {
+    case DType::f32:
+      column_sums_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(matrix), rows,
+                                                          cols, stride, accumulator, accumulate);
+      break;
+    case DType::bf16:
+      column_sums_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const bf16_t*>(matrix), rows,
+                                                          cols, stride, accumulator, accumulate);
+      break;
+    default:
+      column_sums_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const f16_t*>(matrix), rows,
+                                                          cols, stride, accumulator, accumulate);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+void write_from_fp32(const float* source, int64_t source_stride, TensorView destination,
+                     cudaStream_t stream) {
+  const int64_t rows = destination.ndim == 2 ? destination.rows : destination.numel();
+  const int64_t cols = destination.ndim == 2 ? destination.cols : 1;
+  const int64_t stride = destination.ndim == 2 ? destination.row_stride : 1;
+  if (rows * cols == 0) return;
+  const int blocks = blocks_for(rows * cols);
+  switch (destination.dtype) {
+    case DType::f32:
+      write_from_fp32_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<float*>(destination.data), rows, cols, stride);
+      break;
+    case DType::bf16:
+      write_from_fp32_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<bf16_t*>(destination.data), rows, cols, stride);
+      break;
+    default:
+      write_from_fp32_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<f16_t*>(destination.data), rows, cols, stride);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+void fill_zero(TensorView view, cudaStream_t stream) {
+  if (!view.present() || view.numel() == 0) return;
+  const std::size_t element = dtype_size(view.dtype);
+  if (view.ndim == 2) {
+    XENT_CUDA_CHECK(cudaMemset2DAsync(view.data, view.row_stride * element, 0, view.cols * element,
+                                      view.rows, stream));
+  } else {
+    XENT_CUDA_CHECK(cudaMemsetAsync(view.data, 0, view.numel() * element, stream));
+  }
+}
+
+void narrow_rows_in_place(void* data, int64_t rows, int64_t cols, int64_t stride, DType target,
+                          cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  // Rows go one per block along grid x (2^31 − 1 blocks, far above any chunk).
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (target == DType::bf16) {
+    narrow_rows_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(data, cols, stride);
+  } else {
+    narrow_rows_kernel<f16_t><<<grid, kThreads, 0, stream>>>(data, cols, stride);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace xent::cuda

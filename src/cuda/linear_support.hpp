@@ -1,0 +1,49 @@
+// Pieces shared by the fused linear losses on CUDA: carving the caller's workspace, and the small
+// memory-bound kernels around the products (bias gradient, fp32 accumulator write-back, in-place
+// narrowing of fp32 chunk gradients to the operand dtype).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/chunk_plan.hpp"
+#include "xent/types.hpp"
+
+namespace xent::cuda {
+
+// Hands out aligned regions of the caller's workspace in order; throws a runtime Error when the
+// workspace is smaller than the plan (the API layer has checked sizes, so this is a bug guard).
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(Workspace workspace)
+      : base_(static_cast<char*>(workspace.data)), capacity_(workspace.bytes) {}
+  void* take(std::size_t bytes);
+  std::size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  std::size_t capacity_;
+  std::size_t used_ = 0;
+};
+
+// accumulator[c] (+)= Σ_r matrix[r, c] in fp32 (∂bias = column sums of the chunk gradient).
+// Rows are summed in order by one thread per column: deterministic, and coalesced across columns.
+void accumulate_column_sums(const void* matrix, DType dtype, int64_t rows, int64_t cols,
+                            int64_t stride, float* accumulator, bool accumulate,
+                            cudaStream_t stream);
+
+// Writes an fp32 [rows, cols] matrix (source_stride) into `destination` in its dtype.
+void write_from_fp32(const float* source, int64_t source_stride, TensorView destination,
+                     cudaStream_t stream);
+
+// Zero-fills a matrix or vector view (gradients of an empty batch).
+void fill_zero(TensorView view, cudaStream_t stream);
+
+// Rounds each fp32 row of `data` ([rows, cols], row stride `stride` floats) to `target` (bf16 or
+// fp16) in place: row r's 16-bit values land at the start of its own fp32 row, so the result is
+// a 16-bit matrix with row stride 2·stride elements.
+void narrow_rows_in_place(void* data, int64_t rows, int64_t cols, int64_t stride, DType target,
+                          cudaStream_t stream);
+
+}  // namespace xent::cuda
