@@ -1,0 +1,41 @@
+// ce on logits (SPEC §1): every option alone and every pair of options, for every reduction and
+// input dtype, through ce_forward (statistics), ce_forward with the gradient and ce_backward.
+#include "ce_check.hpp"
+
+namespace xent::test {
+namespace {
+
+using CeGridParam = std::tuple<DType, unsigned, Reduction>;
+
+class CeGrid : public ::testing::TestWithParam<CeGridParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(CeGrid, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  CeProblem problem;
+  std::tie(problem.dtype, problem.options, problem.reduction) = GetParam();
+  check_ce(problem, rng);
+}
+
+std::vector<DType> input_dtypes() {
+  std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16};
+  if (!on_gpu()) dtypes.push_back(DType::f64);  // fp64 is a CPU-only dtype (gradcheck)
+  return dtypes;
+}
+
+std::string grid_name(const ::testing::TestParamInfo<CeGridParam>& info) {
+  return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
+         "_" + reduction_label(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, CeGrid,
+                         ::testing::Combine(::testing::ValuesIn(input_dtypes()),
+                                            ::testing::ValuesIn(ce_option_sets_up_to_pairs()),
+                                            ::testing::Values(Reduction::none, Reduction::sum,
+                                                              Reduction::mean)),
+                         grid_name);
+
+}  // namespace
+}  // namespace xent::test
