@@ -1,33 +1,137 @@
-// CUDA cross-entropy on logits (SPEC.md §1). Kernels land here; until then the ops report that.
+// Cross-entropy on logits, CUDA backend (SPEC.md §1): the batch pre-pass, the row kernel and the
+// fixed-order reduction of ce_rows.cuh, over a workspace laid out as
+//   [CeBatchTotals | row_loss[N] | row_z_loss[N] | row_correct[N]].
 #include "api/backend.hpp"
+#include "cuda/ce_grad.cuh"
+#include "cuda/ce_rows.cuh"
 
 namespace xent::cuda {
-
 namespace {
-[[noreturn]] void not_implemented(const char* op) {
-  throw Error(ErrorKind::runtime, std::string(op) + ": CUDA kernel not implemented yet");
+
+struct CeWorkspace {
+  CeBatchTotals* totals;
+  float* row_loss;
+  float* row_z_loss;
+  float* row_correct;
+};
+
+CeWorkspace carve(Workspace workspace, int64_t rows) {
+  const std::size_t array = (static_cast<std::size_t>(rows) * sizeof(float) + 255) / 256 * 256;
+  char* base = static_cast<char*>(workspace.data);
+  if (base == nullptr || workspace.bytes < ce_workspace_bytes(rows)) {
+    throw Error(ErrorKind::invalid_argument,
+                "ce: workspace too small: got " + std::to_string(workspace.bytes) +
+                    " bytes; expected at least " + std::to_string(ce_workspace_bytes(rows)));
+  }
+  return {reinterpret_cast<CeBatchTotals*>(base), reinterpret_cast<float*>(base + 256),
+          reinterpret_cast<float*>(base + 256 + array),
+          reinterpret_cast<float*>(base + 256 + 2 * array)};
 }
+
+float* f32(TensorView view) { return view.present() ? static_cast<float*>(view.data) : nullptr; }
+
+CeRowsArgs rows_args(TensorView logits, TensorView target, const CeOptions& options,
+                     const CeBatchTotals* totals) {
+  CeRowsArgs a;
+  a.logits = logits.data;
+  a.dtype = logits.dtype;
+  a.rows = logits.rows;
+  a.vocab = logits.cols;
+  a.row_stride = logits.row_stride;
+  a.target = target.data;
+  a.target_dtype = target.dtype;
+  a.row_weight = f32(options.row_weight);
+  a.options = ce_row_options(options);
+  a.totals = totals;
+  return a;
+}
+
+void run_totals(TensorView logits, TensorView target, const CeOptions& options,
+                TensorView grad_output, OpCode op, CeBatchTotals* totals, cudaStream_t stream) {
+  CeBatchRequest request;
+  request.target = target.data;
+  request.target_dtype = target.dtype;
+  request.rows = logits.rows;
+  request.vocab = logits.cols;
+  request.options = ce_row_options(options);
+  request.grad_output = options.reduction != Reduction::none ? f32(grad_output) : nullptr;
+  request.op = op;
+  ce_batch_totals(request, totals, stream);
+}
+
 }  // namespace
 
-std::size_t ce_workspace_size(int64_t, int64_t, const CeOptions&) { return 0; }
-void ce_forward(TensorView, TensorView, const CeOptions&, const CeOutputs&, TensorView, Workspace,
-                Stream) {
-  not_implemented("ce_forward");
+std::size_t ce_workspace_size(int64_t rows, int64_t, const CeOptions&) {
+  return ce_workspace_bytes(rows);
 }
-void ce_backward(TensorView, TensorView, TensorView, TensorView, const CeOptions&, TensorView,
-                 Workspace, Stream) {
-  not_implemented("ce_backward");
+
+void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
+                const CeOutputs& out, TensorView grad_output, Workspace workspace,
+                Stream stream) {
+  DeviceGuard guard(logits.device.index);
+  const cudaStream_t s = stream_of(stream);
+  const int64_t rows = logits.rows;
+  const CeWorkspace ws = carve(workspace, rows);
+  const bool none = options.reduction == Reduction::none;
+  run_totals(logits, target, options, grad_output, OpCode::ce_forward, ws.totals, s);
+
+  CeRowsArgs a = rows_args(logits, target, options, ws.totals);
+  a.row_loss = ws.row_loss;
+  a.row_z_loss = none && out.stats.z_loss_value.present() ? f32(out.stats.z_loss_value)
+                                                          : ws.row_z_loss;
+  a.row_total = none ? f32(out.loss) : nullptr;
+  a.row_correct = out.stats.accuracy.present() ? ws.row_correct : nullptr;
+  a.lse = f32(out.stats.lse);
+  a.logprob = f32(out.stats.logprob);
+  a.entropy = f32(out.stats.entropy);
+  a.argmax = out.stats.argmax.present() ? static_cast<int64_t*>(out.stats.argmax.data) : nullptr;
+  if (out.grad_logits.present()) {
+    a.grad = out.grad_logits.data;
+    a.grad_row_stride = out.grad_logits.row_stride;
+    a.grad_output_rows = none ? f32(grad_output) : nullptr;
+  }
+  ce_rows(a, s);
+
+  CeReduceArgs r;
+  r.rows = rows;
+  r.reduction = options.reduction;
+  r.row_loss = ws.row_loss;
+  r.row_z_loss = ws.row_z_loss;
+  r.row_correct = a.row_correct;
+  r.totals = ws.totals;
+  r.loss = none ? nullptr : f32(out.loss);
+  r.z_loss_value = none ? nullptr : f32(out.stats.z_loss_value);
+  r.accuracy = f32(out.stats.accuracy);
+  if (none) r.row_z_loss = nullptr;
+  ce_reduce(r, s);
+}
+
+void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
+                 const CeOptions& options, TensorView grad_logits, Workspace workspace,
+                 Stream stream) {
+  DeviceGuard guard(logits.device.index);
+  const cudaStream_t s = stream_of(stream);
+  const CeWorkspace ws = carve(workspace, logits.rows);
+  run_totals(logits, target, options, grad_output, OpCode::ce_backward, ws.totals, s);
+  CeRowsArgs a = rows_args(logits, target, options, ws.totals);
+  a.grad = grad_logits.data;
+  a.grad_row_stride = grad_logits.row_stride;
+  a.grad_output_rows = options.reduction == Reduction::none ? f32(grad_output) : nullptr;
+  if (lse.present()) {
+    ce_grad_from_lse(a, f32(lse), s);
+  } else {
+    ce_rows(a, s);
+  }
 }
 
 std::size_t distill_workspace_size(int64_t, int64_t, const DistillOptions&) { return 0; }
 void distill_forward(TensorView, TensorView, TensorView, const DistillOptions&,
                      const DistillOutputs&, TensorView, Workspace, Stream) {
-  not_implemented("distill_forward");
+  throw Error(ErrorKind::runtime, "distill_forward: CUDA kernel not implemented yet");
 }
 void distill_backward(TensorView, TensorView, TensorView, TensorView, const DistillOptions&,
                       TensorView, Workspace, Stream) {
-  not_implemented("distill_backward");
+  throw Error(ErrorKind::runtime, "distill_backward: CUDA kernel not implemented yet");
 }
-
 
 }  // namespace xent::cuda

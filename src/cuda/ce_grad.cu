@@ -1,0 +1,118 @@
+// The ce backward from a saved lse (SPEC.md §1): with the row statistics known, the gradient is
+// elementwise, so the logits are read once and the gradient written once by a flat grid of
+// tiles (no per-row reduction, no cluster). Per-row coefficients come from common::ce_grad_row.
+#include "cuda/ce_grad.cuh"
+#include "cuda/row_slice.cuh"
+
+namespace xent::cuda {
+namespace {
+
+using common::CeConstants;
+using common::CeGradRow;
+
+constexpr int kThreads = 256;
+constexpr int kVectorsPerThread = 4;  // 4 independent 16-byte loads in flight per thread
+
+struct CeGradParams {
+  CeRowsArgs args;  // logits, target, options, totals, grad_output_rows, grad
+  const float* lse;
+  int64_t tiles_per_row;
+  bool logits_vector_ok;
+  bool grad_vector_ok;
+};
+
+template <class S>
+__global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGradParams p) {
+  constexpr int kVec = kVectorElements<S>;
+  constexpr int64_t kTile = int64_t{kThreads} * kVectorsPerThread * kVec;
+  const CeRowsArgs& a = p.args;
+  const CeRowOptions& o = a.options;
+  const int64_t row = blockIdx.x / p.tiles_per_row;
+  const int64_t begin = (blockIdx.x % p.tiles_per_row) * kTile;
+  const int64_t length = a.vocab - begin < kTile ? a.vocab - begin : kTile;
+  const int64_t target = a.target_dtype == DType::i32
+                             ? int64_t{static_cast<const int32_t*>(a.target)[row]}
+                             : static_cast<const int64_t*>(a.target)[row];
+  S* grad = static_cast<S*>(a.grad) + row * a.grad_row_stride + begin;
+  const S* x = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
+  const bool valid = target != o.ignore_index;
+  const bool in_range = target >= 0 && target < a.vocab;
+
+  if (!valid || !in_range) {
+    Vector<S> v;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v.value[k] = valid ? __int_as_float(0x7fc00000) : 0.0f;
+    for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
+      store_vector(grad, j, length, p.grad_vector_ok, v);
+    }
+    return;
+  }
+
+  CeConstants<float> c;
+  c.transform.scale = o.logit_scale;
+  c.transform.softcap = o.softcap;
+  c.smoothing = o.label_smoothing;
+  c.z_loss = o.z_loss;
+  c.vocab = static_cast<float>(a.vocab);
+  c.weighted = o.class_weight != nullptr;
+  c.class_weight_sum = a.totals->class_weight_sum;
+  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+  const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+  const float target_weight = o.class_weight ? o.class_weight[target] : 1.0f;
+  const float base = upstream * r;
+  const CeGradRow<float> grad_row =
+      common::ce_grad_row(c, p.lse[row], target, target_weight,
+                          base * a.totals->loss_factor * a.grad_scale,
+                          base * a.totals->z_factor * a.grad_scale);
+
+  Vector<S> values[kVectorsPerThread];
+#pragma unroll
+  for (int u = 0; u < kVectorsPerThread; ++u) {
+    const int64_t j = threadIdx.x + int64_t{u} * kThreads;
+    if (p.logits_vector_ok && (j + 1) * kVec <= length) {
+      values[u] = unpack<S>(__ldg(reinterpret_cast<const uint4*>(x) + j));
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const int64_t i = j * kVec + k;
+        values[u].value[k] = i < length ? load_float(x[i]) : 0.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kVectorsPerThread; ++u) {
+    const int64_t j = threadIdx.x + int64_t{u} * kThreads;
+    if (j * kVec >= length) continue;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t column = begin + j * kVec + k;
+      const float w = o.class_weight && j * kVec + k < length ? o.class_weight[column] : 1.0f;
+      values[u].value[k] = common::ce_grad_element(c, grad_row, values[u].value[k], column, w);
+    }
+    store_vector(grad, j, length, p.grad_vector_ok, values[u]);
+  }
+}
+
+}  // namespace
+
+void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  const std::size_t element = dtype_size(args.dtype);
+  const int64_t tile = int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
+  CeGradParams p{};
+  p.args = args;
+  p.lse = lse;
+  p.tiles_per_row = (args.vocab + tile - 1) / tile;
+  p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
+  p.grad_vector_ok = rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
+  const dim3 grid(static_cast<unsigned>(args.rows * p.tiles_per_row));
+  switch (args.dtype) {
+    case DType::f32: ce_grad_from_lse_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::bf16: ce_grad_from_lse_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::f16: ce_grad_from_lse_kernel<f16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    default: throw Error(ErrorKind::invalid_argument, "ce_backward: unsupported logits dtype");
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace xent::cuda

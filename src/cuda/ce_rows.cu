@@ -1,0 +1,250 @@
+// The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
+// from HBM once, statistics, loss, optional outputs and the gradient from the staged copy.
+// Semantics come from src/common/ce_row.hpp; this file only moves data.
+#include "cuda/ce_rows.cuh"
+#include "cuda/row_slice.cuh"
+
+namespace xent::cuda {
+namespace {
+
+using common::CeConstants;
+using common::CeGradRow;
+using common::RowStats;
+
+struct CeKernelParams {
+  CeRowsArgs args;
+  int cluster;
+  int64_t slice_elements;
+  bool staged;
+  bool logits_vector_ok;
+  bool grad_vector_ok;
+};
+
+// What a CTA contributes to its row: statistics of its slice and x̃_y when y falls in it.
+struct CePartial {
+  RowStats<float> stats;
+  float target_logit;
+};
+
+// The row-wide values every CTA of the cluster needs for the gradient sweep.
+struct CeRowShared {
+  CePartial merged;
+  CeGradRow<float> grad_row;
+};
+
+__device__ __forceinline__ int64_t read_target(const void* target, DType dtype, int64_t row) {
+  return dtype == DType::i32 ? int64_t{static_cast<const int32_t*>(target)[row]}
+                             : static_cast<const int64_t*>(target)[row];
+}
+
+__device__ CeConstants<float> make_constants(const CeRowOptions& o, int64_t vocab,
+                                             const CeBatchTotals* totals) {
+  CeConstants<float> c;
+  c.transform.scale = o.logit_scale;
+  c.transform.softcap = o.softcap;
+  c.smoothing = o.label_smoothing;
+  c.z_loss = o.z_loss;
+  c.vocab = static_cast<float>(vocab);
+  c.weighted = o.class_weight != nullptr;
+  c.class_weight_sum = totals->class_weight_sum;
+  return c;
+}
+
+template <class S>
+__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
+  constexpr int kVec = kVectorElements<S>;
+  Vector<S> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.value[k] = value;
+  const int64_t vectors = (length + kVec - 1) / kVec;
+  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+    store_vector(grad, j, length, vector_ok, v);
+  }
+}
+
+template <class S>
+__global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelParams p) {
+  constexpr int kVec = kVectorElements<S>;
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
+  __shared__ uint64_t barriers[kMaxPieces];
+  __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
+  __shared__ SharedStorage<CePartial> slot_storage;
+  __shared__ SharedStorage<CeRowShared> row_shared_storage;
+  RowStats<float>* warp_scratch = warp_scratch_storage.get();
+  CePartial& slot = slot_storage.get();
+  CeRowShared& row_shared = row_shared_storage.get();
+
+  const CeRowsArgs& a = p.args;
+  const CeRowOptions& o = a.options;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
+  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
+  const int64_t begin = rank * p.slice_elements;
+  const int64_t length =
+      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
+                      : 0;
+  const int64_t target = read_target(a.target, a.target_dtype, row);
+  const bool valid = target != o.ignore_index;
+  const bool in_range = target >= 0 && target < a.vocab;
+  const bool want_gradient = a.grad != nullptr;
+  S* grad = want_gradient ? static_cast<S*>(a.grad) + row * a.grad_row_stride + begin : nullptr;
+
+  // Ignored rows need statistics only for their entropy; their gradient is zero.
+  const bool need_stats = valid || a.entropy != nullptr;
+  if (!need_stats) {
+    if (rank == 0) {
+      if (a.row_loss) a.row_loss[row] = 0.0f;
+      if (a.row_z_loss) a.row_z_loss[row] = 0.0f;
+      if (a.row_total) a.row_total[row] = 0.0f;
+      if (a.row_correct) a.row_correct[row] = 0.0f;
+      if (a.lse) a.lse[row] = 0.0f;
+      if (a.logprob) a.logprob[row] = 0.0f;
+      if (a.argmax) a.argmax[row] = -1;
+    }
+    if (want_gradient) write_constant_row(grad, length, p.grad_vector_ok, 0.0f);
+    return;
+  }
+
+  const S* row_logits = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
+  const RowSlice<S> slice =
+      p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
+                             reinterpret_cast<S*>(dynamic_shared), barriers)
+               : stream_slice(row_logits, begin, length, p.logits_vector_ok);
+
+  const CeConstants<float> c = make_constants(o, a.vocab, a.totals);
+  const float* class_weight = o.class_weight;
+  RowStats<float> stats;
+  const int64_t vectors = slice.vectors();
+  for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
+    const Vector<S> x = slice.load(j, piece);
+    const int64_t column = begin + j * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (j * kVec + k < length) {
+        const float w = class_weight ? class_weight[column + k] : 1.0f;
+        stats.add(c.transform.value(x.value[k]), column + k, w);
+      }
+    }
+  }
+
+  CePartial mine;
+  mine.stats = block_merge(stats, warp_scratch);
+  mine.target_logit = 0.0f;
+  if (threadIdx.x == 0 && valid && in_range && target >= begin && target < begin + length) {
+    mine.target_logit = c.transform.value(slice.element(target - begin));
+  }
+  cluster_exchange(mine, &slot, &row_shared.merged, p.cluster,
+                   [](CePartial& into, const CePartial& other) {
+                     into.stats.merge(other.stats);
+                     into.target_logit += other.target_logit;  // one rank holds y, others add 0
+                   });
+
+  const RowStats<float>& row_stats = row_shared.merged.stats;
+  if (threadIdx.x == 0) {
+    const float lse = row_stats.lse();
+    const float nan = __int_as_float(0x7fc00000);
+    if (rank == 0) {
+      if (a.entropy) a.entropy[row] = row_stats.entropy();
+      if (!valid) {
+        if (a.row_loss) a.row_loss[row] = 0.0f;
+        if (a.row_z_loss) a.row_z_loss[row] = 0.0f;
+        if (a.row_total) a.row_total[row] = 0.0f;
+        if (a.row_correct) a.row_correct[row] = 0.0f;
+        if (a.lse) a.lse[row] = 0.0f;
+        if (a.logprob) a.logprob[row] = 0.0f;
+        if (a.argmax) a.argmax[row] = -1;
+      } else {
+        const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+        float loss = nan, z = nan, logprob = nan;
+        if (in_range) {
+          const float target_logit = row_shared.merged.target_logit;
+          const float target_weight = class_weight ? class_weight[target] : 1.0f;
+          const auto parts = common::ce_row_loss(c, row_stats, lse, target_logit, target_weight);
+          loss = r * parts.loss;
+          z = r * parts.z_loss;
+          logprob = target_logit - lse;
+        }
+        if (a.row_loss) a.row_loss[row] = loss;
+        if (a.row_z_loss) a.row_z_loss[row] = z;
+        if (a.row_total) a.row_total[row] = loss + z;
+        if (a.row_correct) a.row_correct[row] = row_stats.argmax == target ? 1.0f : 0.0f;
+        if (a.lse) a.lse[row] = lse;
+        if (a.logprob) a.logprob[row] = logprob;
+        if (a.argmax) a.argmax[row] = row_stats.argmax;
+      }
+    }
+    if (want_gradient && valid && in_range) {
+      const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      const float target_weight = class_weight ? class_weight[target] : 1.0f;
+      const float base = upstream * r;
+      row_shared.grad_row =
+          common::ce_grad_row(c, lse, target, target_weight,
+                              base * a.totals->loss_factor * a.grad_scale,
+                              base * a.totals->z_factor * a.grad_scale);
+    }
+  }
+  __syncthreads();
+
+  if (want_gradient) {
+    if (!valid || !in_range) {
+      write_constant_row(grad, length, p.grad_vector_ok,
+                         valid ? __int_as_float(0x7fc00000) : 0.0f);
+    } else {
+      const CeGradRow<float> grad_row = row_shared.grad_row;
+      for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
+        // Pieces were all waited on in the statistics sweep by this same thread.
+        Vector<S> x = slice.staged ? unpack<S>(reinterpret_cast<const uint4*>(slice.staged)[j])
+                                   : slice.load(j, piece);
+        const int64_t column = begin + j * kVec;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float w = class_weight && j * kVec + k < length ? class_weight[column + k] : 1.0f;
+          x.value[k] = common::ce_grad_element(c, grad_row, x.value[k], column + k, w);
+        }
+        store_vector(grad, j, length, p.grad_vector_ok, x);
+      }
+    }
+  }
+  cluster_finish(p.cluster);
+}
+
+}  // namespace
+
+CeRowOptions ce_row_options(const CeOptions& options) {
+  CeRowOptions o;
+  o.ignore_index = options.ignore_index;
+  o.reduction = options.reduction;
+  o.label_smoothing = static_cast<float>(options.label_smoothing);
+  o.z_loss = static_cast<float>(options.z_loss);
+  o.softcap = options.softcap ? static_cast<float>(*options.softcap) : 0.0f;
+  o.logit_scale = static_cast<float>(options.logit_scale);
+  o.class_weight = options.class_weight.present()
+                       ? static_cast<const float*>(options.class_weight.data)
+                       : nullptr;
+  return o;
+}
+
+void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  const std::size_t element = dtype_size(args.dtype);
+  const SlicePlan plan = plan_row_slices(args.vocab, element, 1);
+  CeKernelParams p{};
+  p.args = args;
+  p.cluster = plan.cluster;
+  p.slice_elements = plan.slice_elements;
+  p.staged = plan.staged;
+  p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
+  p.grad_vector_ok =
+      args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
+  switch (args.dtype) {
+    case DType::f32: launch_row_kernel(ce_rows_kernel<float>, p, args.rows, plan, stream); break;
+    case DType::bf16: launch_row_kernel(ce_rows_kernel<bf16_t>, p, args.rows, plan, stream); break;
+    case DType::f16: launch_row_kernel(ce_rows_kernel<f16_t>, p, args.rows, plan, stream); break;
+    default:
+      throw Error(ErrorKind::invalid_argument,
+                  std::string("ce_rows: logits dtype unsupported on CUDA: got ") +
+                      dtype_name(args.dtype) + "; expected float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,48 @@
+// Host side of the row-slice plan shared by the ce and distill row kernels (row_slice.cuh).
+#include "cuda/row_slice.cuh"
+
+namespace xent::cuda {
+
+namespace {
+constexpr std::size_t kSharedSliceBytes = 64 * 1024;  // three CTAs per multiprocessor
+constexpr int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
+
+std::size_t max_shared_per_block() {
+  int device = 0, bytes = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Leave room for the kernels' static shared memory (barriers, reduction scratch, slots).
+  return static_cast<std::size_t>(bytes) - 4096;
+}
+}  // namespace
+
+SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
+  const int64_t vec = 16 / static_cast<int64_t>(element);
+  SlicePlan plan;
+  auto slice_for = [&](int cluster) { return round_up((vocab + cluster - 1) / cluster, vec); };
+  auto bytes_for = [&](int64_t slice) {
+    return static_cast<std::size_t>(slice) * element * static_cast<std::size_t>(inputs);
+  };
+  const std::size_t limit = max_shared_per_block();
+  plan.cluster = 0;
+  for (int cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
+    if (bytes_for(slice_for(cluster)) <= kSharedSliceBytes) {
+      plan.cluster = cluster;
+      break;
+    }
+  }
+  if (plan.cluster == 0) plan.cluster = kMaxCluster;
+  plan.slice_elements = slice_for(plan.cluster);
+  plan.staged = bytes_for(plan.slice_elements) <= limit;
+  plan.shared_bytes = plan.staged ? bytes_for(plan.slice_elements) : 0;
+  const int64_t vectors = plan.slice_elements / vec;
+  plan.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up(vectors, 32))));
+  // Every staged piece is threads × 16 bytes and needs its own mbarrier.
+  while (plan.staged && (vectors + plan.threads - 1) / plan.threads > kMaxPieces) {
+    plan.staged = false;
+    plan.shared_bytes = 0;
+  }
+  return plan;
+}
+
+}  // namespace xent::cuda

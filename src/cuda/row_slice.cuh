@@ -1,0 +1,285 @@
+// How the row kernels (ce_rows.cu, distill_rows.cu) hold a row on chip: the row is split into
+// slices, one per CTA of a thread-block cluster; each CTA copies its slice into shared memory
+// once with the bulk-copy engine (cp.async.bulk, completing on one mbarrier per piece so the
+// statistics sweep starts on the first piece while the rest is in flight), the CTAs exchange
+// partial statistics through distributed shared memory, and the gradient sweep reads the staged
+// slice instead of HBM. Rows too long for the cluster's shared memory are read from HBM twice
+// ("streaming" slices, same kernels).
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/ce_row.hpp"
+#include "cuda/device.cuh"
+
+namespace xent::cuda {
+
+// Host-side plan of a row kernel launch.
+struct SlicePlan {
+  int cluster = 1;           // CTAs per row
+  int threads = 256;         // per CTA
+  int64_t slice_elements = 0;  // columns per CTA (a multiple of the 16-byte vector)
+  bool staged = true;        // slice held in shared memory (else read twice from HBM)
+  std::size_t shared_bytes = 0;  // dynamic shared memory per CTA
+};
+
+inline constexpr int kMaxThreads = 256;
+inline constexpr int kMaxPieces = 64;  // mbarriers per CTA: pieces of threads × 16 bytes
+inline constexpr int kMaxCluster = 8;  // portable cluster size
+
+// `inputs` rows are staged per CTA (1 for ce, 2 for distill), each of `element` bytes a column.
+// A slice of <= 64 KiB lets three CTAs share a multiprocessor, so one CTA's loads overlap
+// another's arithmetic; up to 192 KiB is still staged (one CTA per multiprocessor) before
+// falling back to streaming.
+SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs);
+
+// Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster.
+template <class Params>
+void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t rows,
+                       const SlicePlan& plan, cudaStream_t stream) {
+  if (rows <= 0) return;
+  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(plan.shared_bytes)));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows * plan.cluster));
+  config.blockDim = dim3(static_cast<unsigned>(plan.threads));
+  config.dynamicSmemBytes = plan.shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  XENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+// ---- device side ---------------------------------------------------------------------------------
+
+// Shared-memory room for a T whose default member initialisers __shared__ cannot run.
+template <class T>
+struct SharedStorage {
+  alignas(T) unsigned char bytes[sizeof(T)];
+  __device__ __forceinline__ T& get() { return *reinterpret_cast<T*>(bytes); }
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void wait_piece(uint64_t* barrier) {
+  const uint32_t address = shared_address(barrier);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(address)
+        : "memory");
+  }
+}
+
+// One CTA's part of a row. Vector j covers columns begin + j·kVec ... of the row.
+template <class S>
+struct RowSlice {
+  static constexpr int kVec = kVectorElements<S>;
+  const S* global = nullptr;  // the slice's first element in HBM
+  const S* staged = nullptr;  // its copy in shared memory, or null (streaming)
+  int64_t begin = 0;          // row column of the first element
+  int64_t length = 0;         // elements in the slice
+  bool vector_ok = false;     // `global` moves in 16-byte vectors
+  bool bulk = false;          // staged pieces arrive on mbarriers (wait before the first use)
+  uint64_t* barriers = nullptr;
+  int64_t bulk_vectors = 0;   // vectors covered by the bulk copies
+
+  __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
+
+  // Vector j as floats; elements past `length` are unspecified (callers mask by column).
+  // `piece` is the index of the piece that holds j (j / blockDim.x).
+  __device__ __forceinline__ Vector<S> load(int64_t j, int64_t piece) const {
+    if (staged) {
+      if (bulk && j < bulk_vectors) wait_piece(&barriers[piece]);
+      return unpack<S>(reinterpret_cast<const uint4*>(staged)[j]);
+    }
+    if (vector_ok && (j + 1) * kVec <= length) {
+      return unpack<S>(__ldg(reinterpret_cast<const uint4*>(global) + j));
+    }
+    Vector<S> v;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t i = j * kVec + k;
+      v.value[k] = i < length ? load_float(global[i]) : 0.0f;
+    }
+    return v;
+  }
+
+  // Element i (0 <= i < length) as a float, from wherever the slice lives; call only after the
+  // sweep that waited on every piece (the staged copy is complete then).
+  __device__ __forceinline__ float element(int64_t i) const {
+    return load_float(staged ? staged[i] : global[i]);
+  }
+};
+
+// Starts staging `length` elements at `global` into `shared` (16-byte aligned). Thread 0 issues
+// the bulk copies; the unaligned tail (or everything, when `global` is not 16-byte aligned) is
+// copied by all threads. Ends with a __syncthreads; pieces then arrive asynchronously.
+template <class S>
+__device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t length, bool vector_ok,
+                                   S* shared, uint64_t* barriers) {
+  RowSlice<S> slice;
+  slice.global = global;
+  slice.staged = shared;
+  slice.begin = begin;
+  slice.length = length;
+  slice.vector_ok = vector_ok;
+  slice.barriers = barriers;
+  const int64_t piece_bytes = int64_t{blockDim.x} * 16;
+  const int64_t bulk_bytes = vector_ok ? (length * int64_t{sizeof(S)}) / 16 * 16 : 0;
+  slice.bulk = bulk_bytes > 0;
+  slice.bulk_vectors = bulk_bytes / 16;
+  if (slice.bulk && threadIdx.x == 0) {
+    const int pieces = static_cast<int>((bulk_bytes + piece_bytes - 1) / piece_bytes);
+    for (int p = 0; p < pieces; ++p) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&barriers[p]))
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int p = 0; p < pieces; ++p) {
+      const int64_t offset = int64_t{p} * piece_bytes;
+      const uint32_t bytes =
+          static_cast<uint32_t>(bulk_bytes - offset < piece_bytes ? bulk_bytes - offset
+                                                                  : piece_bytes);
+      const uint32_t barrier = shared_address(&barriers[p]);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
+                   "r"(bytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+          "[%3];" ::"r"(shared_address(reinterpret_cast<const char*>(shared) + offset)),
+          "l"(reinterpret_cast<const char*>(global) + offset), "r"(bytes), "r"(barrier)
+          : "memory");
+    }
+  }
+  // Elements the bulk copies do not cover: all of them on the scalar path, else the tail.
+  const int64_t first_scalar = bulk_bytes / int64_t{sizeof(S)};
+  for (int64_t i = first_scalar + threadIdx.x; i < length; i += blockDim.x) shared[i] = global[i];
+  __syncthreads();
+  return slice;
+}
+
+// A slice read straight from HBM (rows too long to stage).
+template <class S>
+__device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t length,
+                                    bool vector_ok) {
+  RowSlice<S> slice;
+  slice.global = global;
+  slice.begin = begin;
+  slice.length = length;
+  slice.vector_ok = vector_ok;
+  return slice;
+}
+
+// Writes vector j of a gradient slice (columns past `length` untouched).
+template <class S>
+__device__ __forceinline__ void store_vector(S* global, int64_t j, int64_t length, bool vector_ok,
+                                             const Vector<S>& v) {
+  constexpr int kVec = kVectorElements<S>;
+  if (vector_ok && (j + 1) * kVec <= length) {
+    reinterpret_cast<uint4*>(global)[j] = pack<S>(v);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t i = j * kVec + k;
+    if (i < length) global[i] = store_float<S>(v.value[k]);
+  }
+}
+
+// ---- reductions (fixed shapes, so every run adds in the same order) -------------------------------
+
+__device__ __forceinline__ common::RowStats<float> shuffle_down(const common::RowStats<float>& s,
+                                                                int offset) {
+  common::RowStats<float> o;
+  o.max = __shfl_down_sync(0xffffffffu, s.max, offset);
+  o.sum_exp = __shfl_down_sync(0xffffffffu, s.sum_exp, offset);
+  o.sum_exp_shift = __shfl_down_sync(0xffffffffu, s.sum_exp_shift, offset);
+  o.sum_logits = __shfl_down_sync(0xffffffffu, s.sum_logits, offset);
+  o.sum_weighted_logits = __shfl_down_sync(0xffffffffu, s.sum_weighted_logits, offset);
+  o.argmax = __shfl_down_sync(0xffffffffu, s.argmax, offset);
+  return o;
+}
+
+// Merges the statistics of every thread; the result is valid in thread 0. `scratch` holds one
+// entry per warp. Ends with the CTA synchronised (scratch may be reused afterwards by thread 0).
+__device__ __forceinline__ common::RowStats<float> block_merge(common::RowStats<float> s,
+                                                               common::RowStats<float>* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) s.merge(shuffle_down(s, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int warps = (blockDim.x + 31) / 32;
+    for (int w = 1; w < warps; ++w) s.merge(scratch[w]);
+  }
+  return s;
+}
+
+// Sums of K floats over the CTA; valid in thread 0. `scratch` holds 32·K floats.
+template <int K>
+__device__ __forceinline__ void block_sum(float (&values)[K], float* scratch) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+      values[k] += __shfl_down_sync(0xffffffffu, values[k], offset);
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) scratch[warp * K + k] = values[k];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int warps = (blockDim.x + 31) / 32;
+    for (int w = 1; w < warps; ++w) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) values[k] += scratch[w * K + k];
+    }
+  }
+}
+
+// Every CTA of the cluster publishes `mine` (thread 0's value) in `slot` and gets back the merge
+// of all ranks' values in rank order, identical in every CTA; the result lands in `result` and is
+// visible to all threads on return. The caller ends the kernel with cluster_finish() so that no
+// CTA leaves while another still reads its slot.
+template <class P, class Merge>
+__device__ __forceinline__ void cluster_exchange(const P& mine, P* slot, P* result, int cluster,
+                                                 Merge merge) {
+  namespace cg = cooperative_groups;
+  if (threadIdx.x == 0) *slot = mine;
+  if (cluster == 1) {
+    __syncthreads();
+    if (threadIdx.x == 0) *result = *slot;
+    __syncthreads();
+    return;
+  }
+  cg::cluster_group group = cg::this_cluster();
+  group.sync();
+  if (threadIdx.x == 0) {
+    P merged = *group.map_shared_rank(slot, 0);
+    for (int r = 1; r < cluster; ++r) merge(merged, *group.map_shared_rank(slot, r));
+    *result = merged;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void cluster_finish(int cluster) {
+  if (cluster > 1) cooperative_groups::this_cluster().sync();
+}
+
+}  // namespace xent::cuda
