@@ -21,7 +21,7 @@ CeWorkspace carve(Workspace workspace, int64_t rows) {
   if (base == nullptr || workspace.bytes < ce_workspace_bytes(rows)) {
     throw Error(ErrorKind::invalid_argument,
                 "ce: workspace too small: got " + std::to_string(workspace.bytes) +
-                    " bytes; expected at least " + std::to_string(ce_workspace_bytes(rows)));
+                    " bytes; expected at least " + std::to_string(ce_workspace_bytes(rows)) + " bytes");
   }
   return {reinterpret_cast<CeBatchTotals*>(base), reinterpret_cast<float*>(base + 256),
           reinterpret_cast<float*>(base + 256 + array),
@@ -122,16 +122,6 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
   } else {
     ce_rows(a, s);
   }
-}
-
-std::size_t distill_workspace_size(int64_t, int64_t, const DistillOptions&) { return 0; }
-void distill_forward(TensorView, TensorView, TensorView, const DistillOptions&,
-                     const DistillOutputs&, TensorView, Workspace, Stream) {
-  throw Error(ErrorKind::runtime, "distill_forward: CUDA kernel not implemented yet");
-}
-void distill_backward(TensorView, TensorView, TensorView, TensorView, const DistillOptions&,
-                      TensorView, Workspace, Stream) {
-  throw Error(ErrorKind::runtime, "distill_backward: CUDA kernel not implemented yet");
 }
 
 }  // namespace xent::cuda

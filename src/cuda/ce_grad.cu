@@ -1,6 +1,7 @@
 // The ce backward from a saved lse (SPEC.md §1): with the row statistics known, the gradient is
 // elementwise, so the logits are read once and the gradient written once by a flat grid of
 // tiles (no per-row reduction, no cluster). Per-row coefficients come from common::ce_grad_row.
+#include "cuda/ce_device.cuh"
 #include "cuda/ce_grad.cuh"
 #include "cuda/row_slice.cuh"
 
@@ -30,9 +31,7 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
   const int64_t row = blockIdx.x / p.tiles_per_row;
   const int64_t begin = (blockIdx.x % p.tiles_per_row) * kTile;
   const int64_t length = a.vocab - begin < kTile ? a.vocab - begin : kTile;
-  const int64_t target = a.target_dtype == DType::i32
-                             ? int64_t{static_cast<const int32_t*>(a.target)[row]}
-                             : static_cast<const int64_t*>(a.target)[row];
+  const int64_t target = read_target(a.target, a.target_dtype, row);
   S* grad = static_cast<S*>(a.grad) + row * a.grad_row_stride + begin;
   const S* x = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
   const bool valid = target != o.ignore_index;
@@ -41,21 +40,14 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
   if (!valid || !in_range) {
     Vector<S> v;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) v.value[k] = valid ? __int_as_float(0x7fc00000) : 0.0f;
+    for (int k = 0; k < kVec; ++k) v.value[k] = valid ? quiet_nan() : 0.0f;
     for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
       store_vector(grad, j, length, p.grad_vector_ok, v);
     }
     return;
   }
 
-  CeConstants<float> c;
-  c.transform.scale = o.logit_scale;
-  c.transform.softcap = o.softcap;
-  c.smoothing = o.label_smoothing;
-  c.z_loss = o.z_loss;
-  c.vocab = static_cast<float>(a.vocab);
-  c.weighted = o.class_weight != nullptr;
-  c.class_weight_sum = a.totals->class_weight_sum;
+  const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
   const float r = a.row_weight ? a.row_weight[row] : 1.0f;
   const float target_weight = o.class_weight ? o.class_weight[target] : 1.0f;

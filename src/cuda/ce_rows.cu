@@ -1,6 +1,7 @@
 // The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
 // from HBM once, statistics, loss, optional outputs and the gradient from the staged copy.
 // Semantics come from src/common/ce_row.hpp; this file only moves data.
+#include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
 #include "cuda/row_slice.cuh"
 
@@ -31,24 +32,6 @@ struct CeRowShared {
   CePartial merged;
   CeGradRow<float> grad_row;
 };
-
-__device__ __forceinline__ int64_t read_target(const void* target, DType dtype, int64_t row) {
-  return dtype == DType::i32 ? int64_t{static_cast<const int32_t*>(target)[row]}
-                             : static_cast<const int64_t*>(target)[row];
-}
-
-__device__ CeConstants<float> make_constants(const CeRowOptions& o, int64_t vocab,
-                                             const CeBatchTotals* totals) {
-  CeConstants<float> c;
-  c.transform.scale = o.logit_scale;
-  c.transform.softcap = o.softcap;
-  c.smoothing = o.label_smoothing;
-  c.z_loss = o.z_loss;
-  c.vocab = static_cast<float>(vocab);
-  c.weighted = o.class_weight != nullptr;
-  c.class_weight_sum = totals->class_weight_sum;
-  return c;
-}
 
 template <class S>
 __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
@@ -110,7 +93,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
                              reinterpret_cast<S*>(dynamic_shared), barriers)
                : stream_slice(row_logits, begin, length, p.logits_vector_ok);
 
-  const CeConstants<float> c = make_constants(o, a.vocab, a.totals);
+  const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const float* class_weight = o.class_weight;
   RowStats<float> stats;
   const int64_t vectors = slice.vectors();
@@ -141,7 +124,6 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
   const RowStats<float>& row_stats = row_shared.merged.stats;
   if (threadIdx.x == 0) {
     const float lse = row_stats.lse();
-    const float nan = __int_as_float(0x7fc00000);
     if (rank == 0) {
       if (a.entropy) a.entropy[row] = row_stats.entropy();
       if (!valid) {
@@ -154,7 +136,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
         if (a.argmax) a.argmax[row] = -1;
       } else {
         const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-        float loss = nan, z = nan, logprob = nan;
+        float loss = quiet_nan(), z = quiet_nan(), logprob = quiet_nan();
         if (in_range) {
           const float target_logit = row_shared.merged.target_logit;
           const float target_weight = class_weight ? class_weight[target] : 1.0f;
@@ -188,13 +170,11 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
   if (want_gradient) {
     if (!valid || !in_range) {
       write_constant_row(grad, length, p.grad_vector_ok,
-                         valid ? __int_as_float(0x7fc00000) : 0.0f);
+                         valid ? quiet_nan() : 0.0f);
     } else {
       const CeGradRow<float> grad_row = row_shared.grad_row;
-      for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
-        // Pieces were all waited on in the statistics sweep by this same thread.
-        Vector<S> x = slice.staged ? unpack<S>(reinterpret_cast<const uint4*>(slice.staged)[j])
-                                   : slice.load(j, piece);
+      for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+        Vector<S> x = slice.reload(j);  // this thread waited on the piece in the first sweep
         const int64_t column = begin + j * kVec;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {

@@ -43,12 +43,13 @@ void check_errors(Device device, Stream stream) {
   if (!host.pending) return;
   XENT_CUDA_CHECK(cudaMemsetAsync(state, 0, sizeof host, s));
   XENT_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Same words as the CPU backend's check (src/api), which reports the case at once.
   throw Error(ErrorKind::runtime,
-              std::string(op_name(static_cast<OpCode>(host.op))) + ": target[" +
-                  std::to_string(host.row) + "] out of range: got " +
-                  std::to_string(host.value) + "; expected a value in [0, " +
-                  std::to_string(host.vocab) + ") or ignore_index " +
-                  std::to_string(host.ignore_index));
+              std::string(op_name(static_cast<OpCode>(host.op))) +
+                  ": target out of range: got target[" + std::to_string(host.row) +
+                  "] = " + std::to_string(host.value) + "; expected a class index in [0, " +
+                  std::to_string(host.vocab) + ") or ignore_index (" +
+                  std::to_string(host.ignore_index) + ")");
 }
 
 }  // namespace xent::cuda

@@ -37,8 +37,8 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   plan.shared_bytes = plan.staged ? bytes_for(plan.slice_elements) : 0;
   const int64_t vectors = plan.slice_elements / vec;
   plan.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up(vectors, 32))));
-  // Every staged piece is threads × 16 bytes and needs its own mbarrier.
-  while (plan.staged && (vectors + plan.threads - 1) / plan.threads > kMaxPieces) {
+  // Every staged piece is threads × 16 bytes and needs its own mbarrier (inputs share them).
+  if (plan.staged && (vectors + plan.threads - 1) / plan.threads > kMaxPieces / inputs) {
     plan.staged = false;
     plan.shared_bytes = 0;
   }

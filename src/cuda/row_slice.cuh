@@ -118,6 +118,12 @@ struct RowSlice {
     return v;
   }
 
+  // Vector j again, after the sweep that waited on its piece (no barrier wait).
+  __device__ __forceinline__ Vector<S> reload(int64_t j) const {
+    if (staged) return unpack<S>(reinterpret_cast<const uint4*>(staged)[j]);
+    return load(j, 0);
+  }
+
   // Element i (0 <= i < length) as a float, from wherever the slice lives; call only after the
   // sweep that waited on every piece (the staged copy is complete then).
   __device__ __forceinline__ float element(int64_t i) const {

@@ -1,0 +1,291 @@
+// The CUDA distillation row kernel (SPEC.md §3): one cluster per row, student and teacher slices
+// staged on chip once, then the three sweeps of common/distill_row.hpp over shared memory
+// (statistics; loss terms and Σ p_s·u; gradient), with the hard-label ce term fused in.
+#include "cuda/ce_device.cuh"
+#include "cuda/distill_rows.cuh"
+#include "cuda/row_slice.cuh"
+
+namespace xent::cuda {
+namespace {
+
+using common::CeConstants;
+using common::CeGradRow;
+using common::DistillConstants;
+using common::RowStats;
+
+struct DistillKernelParams {
+  DistillRowsArgs args;
+  int cluster;
+  int64_t slice_elements;
+  bool staged;
+  bool student_vector_ok;
+  bool teacher_vector_ok;
+  bool grad_vector_ok;
+};
+
+struct DistillPartial {
+  RowStats<float> student;
+  RowStats<float> teacher;
+  RowStats<float> hard;  // ce statistics of the student (hard term only)
+  float hard_target_logit;
+};
+
+struct DistillSums {
+  float loss;
+  float sum_prob_u;
+};
+
+struct DistillRowShared {
+  DistillPartial stats;
+  DistillSums sums;
+  CeGradRow<float> hard_row;
+  float soft_coef;
+};
+
+template <class S>
+__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
+  constexpr int kVec = kVectorElements<S>;
+  Vector<S> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.value[k] = value;
+  for (int64_t j = threadIdx.x; j * kVec < length; j += blockDim.x) {
+    store_vector(grad, j, length, vector_ok, v);
+  }
+}
+
+template <class S>
+__global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const DistillKernelParams p) {
+  constexpr int kVec = kVectorElements<S>;
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
+  __shared__ uint64_t barriers[kMaxPieces];
+  __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> scratch_storage;
+  __shared__ float sum_scratch[2 * kMaxThreads / 32];
+  __shared__ SharedStorage<DistillPartial> stats_slot_storage;
+  __shared__ SharedStorage<DistillSums> sums_slot_storage;
+  __shared__ SharedStorage<DistillRowShared> row_shared_storage;
+  RowStats<float>* scratch = scratch_storage.get();
+  DistillRowShared& row_shared = row_shared_storage.get();
+
+  const DistillRowsArgs& a = p.args;
+  const DistillRowOptions& o = a.options;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
+  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
+  const int64_t begin = rank * p.slice_elements;
+  const int64_t length =
+      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
+                      : 0;
+  const bool has_target = a.target != nullptr;
+  const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
+  const bool valid = !has_target || target != o.ce.ignore_index;
+  const bool in_range = !has_target || (target >= 0 && target < a.vocab);
+  S* grad = a.grad ? static_cast<S*>(a.grad) + row * a.grad_row_stride + begin : nullptr;
+
+  if (!valid || !in_range) {
+    // Ignored: zero loss and gradient. Out of range (flagged by the pre-pass): NaN, visibly.
+    const float fill = valid ? quiet_nan() : 0.0f;
+    if (rank == 0 && threadIdx.x == 0) {
+      if (a.row_soft) a.row_soft[row] = fill;
+      if (a.row_hard_loss) a.row_hard_loss[row] = fill;
+      if (a.row_hard_z) a.row_hard_z[row] = fill;
+      if (a.row_total) a.row_total[row] = fill;
+    }
+    if (grad) write_constant_row(grad, length, p.grad_vector_ok, fill);
+    return;
+  }
+
+  const S* student_row = static_cast<const S*>(a.student) + row * a.student_row_stride + begin;
+  const S* teacher_row = static_cast<const S*>(a.teacher) + row * a.teacher_row_stride + begin;
+  S* staged_student = reinterpret_cast<S*>(dynamic_shared);
+  S* staged_teacher = staged_student + p.slice_elements;
+  const RowSlice<S> student =
+      p.staged ? stage_slice(student_row, begin, length, p.student_vector_ok, staged_student,
+                             barriers)
+               : stream_slice(student_row, begin, length, p.student_vector_ok);
+  const RowSlice<S> teacher =
+      p.staged ? stage_slice(teacher_row, begin, length, p.teacher_vector_ok, staged_teacher,
+                             barriers + kMaxPieces / 2)
+               : stream_slice(teacher_row, begin, length, p.teacher_vector_ok);
+
+  const DistillConstants<float> dc =
+      common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
+  const bool with_hard = o.hard_weight != 0.0 && has_target;
+  const CeConstants<float> hc = make_ce_constants(o.ce, a.vocab, a.totals);
+  const float* class_weight = o.ce.class_weight;
+
+  // Sweep 1: row statistics of the student and teacher (and of the student for the ce term).
+  RowStats<float> s_stats, t_stats, h_stats;
+  const int64_t vectors = student.vectors();
+  for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
+    const Vector<S> s = student.load(j, piece);
+    const Vector<S> t = teacher.load(j, piece);
+    const int64_t column = begin + j * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (j * kVec + k < length) {
+        s_stats.add(dc.transform.value(s.value[k]), column + k, 1.0f);
+        t_stats.add(dc.transform.value(t.value[k]), column + k, 1.0f);
+        if (with_hard) {
+          const float w = class_weight ? class_weight[column + k] : 1.0f;
+          h_stats.add(hc.transform.value(s.value[k]), column + k, w);
+        }
+      }
+    }
+  }
+  DistillPartial mine;
+  mine.student = block_merge(s_stats, scratch);
+  __syncthreads();
+  mine.teacher = block_merge(t_stats, scratch);
+  if (with_hard) {
+    __syncthreads();
+    mine.hard = block_merge(h_stats, scratch);
+  }
+  mine.hard_target_logit = 0.0f;
+  if (threadIdx.x == 0 && with_hard && target >= begin && target < begin + length) {
+    mine.hard_target_logit = hc.transform.value(student.element(target - begin));
+  }
+  cluster_exchange(mine, &stats_slot_storage.get(), &row_shared.stats, p.cluster,
+                   [](DistillPartial& into, const DistillPartial& other) {
+                     into.student.merge(other.student);
+                     into.teacher.merge(other.teacher);
+                     into.hard.merge(other.hard);
+                     into.hard_target_logit += other.hard_target_logit;
+                   });
+  const float lse_s = row_shared.stats.student.lse();
+  const float lse_t = row_shared.stats.teacher.lse();
+
+  // Sweep 2: the loss terms, and Σ p_s·u that the gradient of some kinds needs first.
+  const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
+  const bool need_sums = want_loss || (a.grad && common::distill_needs_sum_pu(dc.kind));
+  if (need_sums) {
+    float sums[2] = {0.0f, 0.0f};
+    for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+      const Vector<S> s = student.reload(j);  // sweep 1 waited on every piece
+      const Vector<S> t = teacher.reload(j);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k < length) {
+          const auto term = common::distill_term(dc, lse_s, lse_t, dc.transform.value(s.value[k]),
+                                                 dc.transform.value(t.value[k]));
+          sums[0] += term.loss;
+          sums[1] += term.prob_u;
+        }
+      }
+    }
+    block_sum(sums, sum_scratch);
+    cluster_exchange(DistillSums{sums[0], sums[1]}, &sums_slot_storage.get(), &row_shared.sums,
+                     p.cluster, [](DistillSums& into, const DistillSums& other) {
+                       into.loss += other.loss;
+                       into.sum_prob_u += other.sum_prob_u;
+                     });
+  }
+
+  if (threadIdx.x == 0) {
+    const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+    const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+    const float target_weight = with_hard && class_weight ? class_weight[target] : 1.0f;
+    const RowStats<float>& hs = row_shared.stats.hard;
+    const float hard_lse = hs.lse();
+    if (rank == 0) {
+      const float soft = need_sums ? row_shared.sums.loss : 0.0f;
+      float hard_loss = 0.0f, hard_z = 0.0f;
+      if (with_hard) {
+        const auto parts = common::ce_row_loss(hc, hs, hard_lse,
+                                               row_shared.stats.hard_target_logit, target_weight);
+        hard_loss = r * parts.loss;
+        hard_z = r * parts.z_loss;
+      }
+      if (a.row_soft) a.row_soft[row] = soft;
+      if (a.row_hard_loss) a.row_hard_loss[row] = hard_loss;
+      if (a.row_hard_z) a.row_hard_z[row] = hard_z;
+      if (a.row_total) {
+        double total = 0;
+        if (o.soft_weight != 0.0) total += o.soft_weight * soft;
+        if (o.hard_weight != 0.0) total += o.hard_weight * (double{hard_loss} + hard_z);
+        a.row_total[row] = static_cast<float>(total);
+      }
+    }
+    if (a.grad) {
+      const bool mean = o.ce.reduction == Reduction::mean;
+      const double valid_rows = a.totals->valid_rows;
+      const float soft_factor =
+          mean ? (valid_rows > 0 ? static_cast<float>(o.soft_weight / valid_rows) : 0.0f)
+               : static_cast<float>(o.soft_weight);
+      row_shared.soft_coef = upstream * soft_factor;
+      if (with_hard) {
+        const float coef = static_cast<float>(o.hard_weight) * upstream * r;
+        row_shared.hard_row = common::ce_grad_row(hc, hard_lse, target, target_weight,
+                                                  coef * a.totals->loss_factor,
+                                                  coef * a.totals->z_factor);
+      }
+    }
+  }
+  __syncthreads();
+
+  // Sweep 3: ∂loss/∂s, soft and hard parts together, one write per element.
+  if (grad) {
+    const float soft_coef = row_shared.soft_coef;
+    const float sum_prob_u = need_sums ? row_shared.sums.sum_prob_u : 0.0f;
+    const CeGradRow<float> hard_row = row_shared.hard_row;
+    for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+      Vector<S> s = student.reload(j);
+      const Vector<S> t = teacher.reload(j);
+      const int64_t column = begin + j * kVec;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float x = s.value[k];
+        const float vs = dc.transform.value(x), vt = dc.transform.value(t.value[k]);
+        float g = soft_coef * common::distill_grad_element(dc, lse_s, lse_t, vs, vt, sum_prob_u) *
+                  dc.transform.slope(x);
+        if (with_hard) {
+          const float w = class_weight && j * kVec + k < length ? class_weight[column + k] : 1.0f;
+          g += common::ce_grad_element(hc, hard_row, x, column + k, w);
+        }
+        s.value[k] = g;
+      }
+      store_vector(grad, j, length, p.grad_vector_ok, s);
+    }
+  }
+  cluster_finish(p.cluster);
+}
+
+}  // namespace
+
+DistillRowOptions distill_row_options(const DistillOptions& options) {
+  DistillRowOptions o;
+  o.kind = static_cast<common::DistillKindCode>(options.kind);
+  o.temperature = static_cast<float>(options.temperature);
+  o.beta = static_cast<float>(options.beta);
+  o.softcap = options.softcap ? static_cast<float>(*options.softcap) : 0.0f;
+  o.soft_weight = options.soft_weight;
+  o.hard_weight = options.hard_weight;
+  o.ce = ce_row_options(options.ce);
+  return o;
+}
+
+void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  const std::size_t element = dtype_size(args.dtype);
+  const SlicePlan plan = plan_row_slices(args.vocab, element, 2);
+  DistillKernelParams p{};
+  p.args = args;
+  p.cluster = plan.cluster;
+  p.slice_elements = plan.slice_elements;
+  p.staged = plan.staged;
+  p.student_vector_ok = rows_are_vector_aligned(args.student, args.student_row_stride, element);
+  p.teacher_vector_ok = rows_are_vector_aligned(args.teacher, args.teacher_row_stride, element);
+  p.grad_vector_ok =
+      args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
+  switch (args.dtype) {
+    case DType::f32: launch_row_kernel(distill_rows_kernel<float>, p, args.rows, plan, stream); break;
+    case DType::bf16:
+      launch_row_kernel(distill_rows_kernel<bf16_t>, p, args.rows, plan, stream);
+      break;
+    case DType::f16: launch_row_kernel(distill_rows_kernel<f16_t>, p, args.rows, plan, stream); break;
+    default:
+      throw Error(ErrorKind::invalid_argument,
+                  std::string("distill_rows: student dtype unsupported on CUDA: got ") +
+                      dtype_name(args.dtype) + "; expected float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace xent::cuda
