@@ -8,25 +8,6 @@
 namespace xent::cpu {
 namespace {
 
-template <class T>
-double reduce_distill_loss(const DistillCall<T>& call, Reduction reduction,
-                           const std::vector<T>& soft, const std::vector<T>& hard_loss,
-                           const std::vector<T>& hard_z) {
-  double soft_sum = 0;
-  for (const T v : soft) soft_sum += v;
-  double total = 0;
-  if (call.soft_weight != T(0)) {
-    const double reduced = reduction == Reduction::mean
-                               ? (call.soft_divisor > 0 ? soft_sum / call.soft_divisor : 0.0)
-                               : soft_sum;
-    total += static_cast<double>(call.soft_weight) * reduced;
-  }
-  if (call.hard_weight != T(0)) {
-    total += static_cast<double>(call.hard_weight) * reduce_ce_loss(call.hard, hard_loss, hard_z);
-  }
-  return total;
-}
-
 template <class S>
 void distill_typed(TensorView student, TensorView teacher, TensorView target,
                    const DistillOptions& options, TensorView loss, TensorView grad,
@@ -56,12 +37,7 @@ void distill_typed(TensorView student, TensorView teacher, TensorView target,
     soft[n] = r.soft;
     hard_loss[n] = r.hard_loss;
     hard_z[n] = r.hard_z_loss;
-    if (want_loss && reduction == Reduction::none) {
-      double value = 0;
-      if (call.soft_weight != T(0)) value += static_cast<double>(call.soft_weight) * r.soft;
-      if (call.hard_weight != T(0)) value += static_cast<double>(call.hard_weight) * r.hard;
-      write_f32(loss, n, value);
-    }
+    if (want_loss && reduction == Reduction::none) write_f32(loss, n, distill_row_loss(call, r));
   }
   if (want_loss && reduction != Reduction::none) {
     write_f32(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/distill_row.hpp"
 #include "cpu/ce_rows.hpp"
@@ -117,6 +118,36 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
     }
   }
   return result;
+}
+
+// The `none` loss of one row: σ·d_n + α·r_n·(ℓ_n + ζ_n). A term whose weight is 0 is left out,
+// so that a NaN it cannot influence does not appear.
+template <class T>
+double distill_row_loss(const DistillCall<T>& call, const DistillRowResult<T>& r) {
+  double value = 0;
+  if (call.soft_weight != T(0)) value += static_cast<double>(call.soft_weight) * r.soft;
+  if (call.hard_weight != T(0)) value += static_cast<double>(call.hard_weight) * r.hard;
+  return value;
+}
+
+// The reduced loss σ·reduce(d) + α·CE, from per-row values, summed in row order.
+template <class T>
+double reduce_distill_loss(const DistillCall<T>& call, Reduction reduction,
+                           const std::vector<T>& soft, const std::vector<T>& hard_loss,
+                           const std::vector<T>& hard_z) {
+  double soft_sum = 0;
+  for (const T v : soft) soft_sum += v;
+  double total = 0;
+  if (call.soft_weight != T(0)) {
+    const double reduced = reduction == Reduction::mean
+                               ? (call.soft_divisor > 0 ? soft_sum / call.soft_divisor : 0.0)
+                               : soft_sum;
+    total += static_cast<double>(call.soft_weight) * reduced;
+  }
+  if (call.hard_weight != T(0)) {
+    total += static_cast<double>(call.hard_weight) * reduce_ce_loss(call.hard, hard_loss, hard_z);
+  }
+  return total;
 }
 
 }  // namespace xent::cpu

@@ -1,0 +1,244 @@
+// Validation of the fused linear ops (SPEC.md §2, §4).
+#include "api/backend.hpp"
+#include "api/validate.hpp"
+#include "api/validate_parts.hpp"
+#include "cpu/linear_plan.hpp"
+
+namespace xent::api {
+namespace {
+
+// hidden [N, H] and weight [V, H] of one dtype; bias [V] of that dtype when present.
+void check_linear_layer(const ArgumentChecker& check, const TensorView& hidden,
+                        const char* hidden_name, const TensorView& weight,
+                        const char* weight_name, const TensorView* bias) {
+  check.require_present(hidden, hidden_name, "a [N, H] tensor");
+  check.matrix(hidden, hidden_name, -1, -1, "a 2-D tensor [N, H]");
+  check.floating_input(hidden, hidden_name);
+  check.require_present(weight, weight_name, "a [V, H] tensor");
+  check.matrix(weight, weight_name, -1, hidden.cols,
+               "a 2-D tensor [V, H] with H = " + std::to_string(hidden.cols) + " (columns of " +
+                   hidden_name + ")");
+  check.same_dtype(weight, weight_name, hidden, hidden_name);
+  if (weight.rows == 0) check.fail(weight_name, "has no classes", "V = 0", "V >= 1");
+  if (bias && bias->present()) {
+    check.vector(*bias, "bias", weight.rows, bracketed(weight.rows, " (one per row of weight)"));
+    check.same_dtype(*bias, "bias", hidden, hidden_name);
+  }
+}
+
+// Gradients: hidden like hidden; weight and bias in their parameter's dtype or fp32; none of them
+// overlapping an input (each is written while the inputs are still read).
+void check_linear_gradients(const ArgumentChecker& check, const LinearGradients& grads,
+                            const TensorView& hidden, const char* hidden_name,
+                            const TensorView& weight, const char* weight_name,
+                            const TensorView& bias, bool bias_allowed) {
+  if (grads.hidden.present()) {
+    check.matrix(grads.hidden, "grads.hidden", hidden.rows, hidden.cols,
+                 std::string("the shape of ") + hidden_name + " " + shape_string(hidden));
+    check.same_dtype(grads.hidden, "grads.hidden", hidden, hidden_name);
+  }
+  if (grads.weight.present()) {
+    check.matrix(grads.weight, "grads.weight", weight.rows, weight.cols,
+                 std::string("the shape of ") + weight_name + " " + shape_string(weight));
+    if (grads.weight.dtype != DType::f32) {
+      check.same_dtype(grads.weight, "grads.weight", weight, weight_name);
+    }
+  }
+  if (grads.bias.present()) {
+    if (!bias_allowed) {
+      check.require_absent(grads.bias, "grads.bias", "(linear distillation has no bias)");
+    }
+    if (!bias.present()) check.require_absent(grads.bias, "grads.bias", "when bias is absent");
+    check.vector(grads.bias, "grads.bias", bias.rows, "the shape of bias " + shape_string(bias));
+    if (grads.bias.dtype != DType::f32) check.same_dtype(grads.bias, "grads.bias", bias, "bias");
+  }
+  const std::pair<const TensorView*, const char*> outputs[] = {
+      {&grads.hidden, "grads.hidden"}, {&grads.weight, "grads.weight"}, {&grads.bias, "grads.bias"}};
+  const std::pair<const TensorView*, const char*> inputs[] = {
+      {&hidden, hidden_name}, {&weight, weight_name}, {&bias, "bias"}};
+  for (const auto& [output, output_name] : outputs) {
+    for (const auto& [input, input_name] : inputs) {
+      check.no_overlap(*output, output_name, *input, input_name, false);
+    }
+  }
+}
+
+bool any_gradient(const LinearGradients& grads) {
+  return grads.hidden.present() || grads.weight.present() || grads.bias.present();
+}
+
+// The budget must hold one row of chunk buffers; a caller's workspace must hold the whole plan.
+void check_linear_memory(const ArgumentChecker& check, const cpu::LinearShape& shape,
+                         std::size_t budget, const Workspace& workspace,
+                         std::size_t device_workspace) {
+  if (!check.on_cpu()) {
+    check_workspace(check, workspace, device_workspace);
+    return;
+  }
+  const std::size_t minimum = cpu::linear_row_bytes(shape);
+  if (budget < minimum) {
+    check.fail("workspace_budget", "too small", std::to_string(budget) + " bytes",
+               "at least " + std::to_string(minimum) + " bytes (the chunk buffers of one row)");
+  }
+  if (workspace.data != nullptr && workspace.bytes > 0) {
+    check_workspace(check, workspace, cpu::plan_linear(shape, budget).total_bytes());
+  }
+}
+
+void check_linear_ce(const TensorView& hidden, const TensorView& weight,
+                     const TensorView& bias, const TensorView& target,
+                     const LinearCeOptions& options, const LinearGradients& grads,
+                     const TensorView& grad_output, const Workspace& workspace,
+                     const ArgumentChecker& check, const CeOutputs* loss_and_stats) {
+  check_linear_layer(check, hidden, "hidden", weight, "weight", &bias);
+  const int64_t rows = hidden.rows, vocab = weight.rows;
+  check_target(check, target, rows, "a [N] tensor", true);
+  check_ce_options(check, options.ce, rows, vocab);
+  if (loss_and_stats) {
+    check_loss(check, loss_and_stats->loss, options.ce.reduction, rows);
+    check_ce_stats(check, loss_and_stats->stats, options.ce.reduction, rows);
+  }
+  check_linear_gradients(check, grads, hidden, "hidden", weight, "weight", bias, true);
+  check_grad_output(check, grad_output, options.ce.reduction, rows);
+  cpu::LinearShape shape;
+  shape.rows = rows;
+  shape.hidden = hidden.cols;
+  shape.vocab = vocab;
+  shape.dtype = hidden.dtype;
+  shape.with_gradients = any_gradient(grads);
+  std::size_t device_workspace = 0;
+#if defined(XENT_WITH_CUDA)
+  if (!check.on_cpu()) {
+    device_workspace = cuda::linear_ce_workspace_size(rows, hidden.cols, vocab, hidden.dtype,
+                                                      options, shape.with_gradients);
+  }
+#endif
+  check_linear_memory(check, shape, options.workspace_budget, workspace, device_workspace);
+  check_ce_values(check, target, options.ce, vocab);
+}
+
+}  // namespace
+
+void validate_linear_ce_forward(const TensorView& hidden, const TensorView& weight,
+                                const TensorView& bias, const TensorView& target,
+                                const LinearCeOptions& options, const LinearCeOutputs& out,
+                                const TensorView& grad_output, const Workspace& workspace) {
+  const ArgumentChecker check("linear_ce_forward", hidden.device);
+  CeOutputs loss_and_stats;
+  loss_and_stats.loss = out.loss;
+  loss_and_stats.stats = out.stats;
+  check_linear_ce(hidden, weight, bias, target, options, out.grads,
+                  grad_output, workspace, check, &loss_and_stats);
+}
+
+void validate_linear_ce_backward(const TensorView& hidden, const TensorView& weight,
+                                 const TensorView& bias, const TensorView& target,
+                                 const TensorView& lse, const TensorView& grad_output,
+                                 const LinearCeOptions& options, const LinearGradients& grads,
+                                 const Workspace& workspace) {
+  const ArgumentChecker check("linear_ce_backward", hidden.device);
+  if (lse.present() && hidden.present()) {
+    check.vector(lse, "lse", hidden.rows, bracketed(hidden.rows, " (one per row of hidden)"));
+    check.fp32(lse, "lse");
+  }
+  check_linear_ce(hidden, weight, bias, target, options, grads,
+                  grad_output, workspace, check, nullptr);
+}
+
+namespace {
+
+void check_linear_distill(const ArgumentChecker& check, const TensorView& student_hidden,
+                          const TensorView& student_weight, const Teacher& teacher,
+                          const TensorView& target, const LinearDistillOptions& options,
+                          const TensorView* loss, const LinearGradients& grads,
+                          const TensorView& grad_output, const Workspace& workspace) {
+  check_linear_layer(check, student_hidden, "student_hidden", student_weight, "student_weight",
+                     nullptr);
+  const int64_t rows = student_hidden.rows, vocab = student_weight.rows;
+  const bool has_logits = teacher.logits.present();
+  const bool has_linear = teacher.hidden.present() || teacher.weight.present();
+  if (has_logits == has_linear) {
+    check.fail("teacher", has_logits ? "has both forms" : "missing",
+               has_logits ? "logits and hidden/weight" : "neither logits nor hidden/weight",
+               "either teacher.logits [N, V] or teacher.hidden [N, H_t] with teacher.weight "
+               "[V, H_t]");
+  }
+  if (has_logits) {
+    check.matrix(teacher.logits, "teacher.logits", rows, vocab,
+                 "the shape of the student logits " +
+                     shape_string(matrix(nullptr, DType::f32, rows, vocab)));
+    check.floating_input(teacher.logits, "teacher.logits");
+  } else {
+    check_linear_layer(check, teacher.hidden, "teacher.hidden", teacher.weight, "teacher.weight",
+                       nullptr);
+    if (teacher.hidden.rows != rows) {
+      check.fail("teacher.hidden", "has wrong shape", shape_string(teacher.hidden),
+                 bracketed(rows, " rows (the rows of student_hidden)"));
+    }
+    if (teacher.weight.rows != vocab) {
+      check.fail("teacher.weight", "has wrong shape", shape_string(teacher.weight),
+                 bracketed(vocab, " rows (the rows of student_weight)"));
+    }
+    check.same_dtype(teacher.hidden, "teacher.hidden", student_hidden, "student_hidden");
+  }
+  check_target(check, target, rows, "a [N] tensor", false);
+  check_distill_options(check, options.distill, target, rows, vocab);
+  if (loss) check_loss(check, *loss, options.distill.ce.reduction, rows);
+  check_linear_gradients(check, grads, student_hidden, "student_hidden", student_weight,
+                         "student_weight", TensorView{}, false);
+  const std::pair<const TensorView*, const char*> outputs[] = {{&grads.hidden, "grads.hidden"},
+                                                              {&grads.weight, "grads.weight"}};
+  const std::pair<const TensorView*, const char*> teacher_inputs[] = {
+      {&teacher.logits, "teacher.logits"},
+      {&teacher.hidden, "teacher.hidden"},
+      {&teacher.weight, "teacher.weight"}};
+  for (const auto& [output, output_name] : outputs) {
+    for (const auto& [input, input_name] : teacher_inputs) {
+      check.no_overlap(*output, output_name, *input, input_name, false);
+    }
+  }
+  check_grad_output(check, grad_output, options.distill.ce.reduction, rows);
+  cpu::LinearShape shape;
+  shape.rows = rows;
+  shape.hidden = student_hidden.cols;
+  shape.vocab = vocab;
+  shape.dtype = student_hidden.dtype;
+  shape.distill = true;
+  shape.teacher_hidden = has_logits ? 0 : teacher.hidden.cols;
+  shape.with_gradients = grads.hidden.present() || grads.weight.present();
+  std::size_t device_workspace = 0;
+#if defined(XENT_WITH_CUDA)
+  if (!check.on_cpu()) {
+    device_workspace = cuda::linear_distill_workspace_size(
+        rows, shape.hidden, shape.teacher_hidden, vocab, shape.dtype, options,
+        shape.with_gradients);
+  }
+#endif
+  check_linear_memory(check, shape, options.workspace_budget, workspace, device_workspace);
+  check_ce_values(check, target, options.distill.ce, vocab);
+}
+
+}  // namespace
+
+void validate_linear_distill_forward(const TensorView& student_hidden,
+                                     const TensorView& student_weight, const Teacher& teacher,
+                                     const TensorView& target,
+                                     const LinearDistillOptions& options,
+                                     const LinearDistillOutputs& out,
+                                     const TensorView& grad_output, const Workspace& workspace) {
+  const ArgumentChecker check("linear_distill_forward", student_hidden.device);
+  check_linear_distill(check, student_hidden, student_weight, teacher, target, options,
+                       &out.loss, out.grads, grad_output, workspace);
+}
+
+void validate_linear_distill_backward(const TensorView& student_hidden,
+                                      const TensorView& student_weight, const Teacher& teacher,
+                                      const TensorView& target, const TensorView& grad_output,
+                                      const LinearDistillOptions& options,
+                                      const LinearGradients& grads, const Workspace& workspace) {
+  const ArgumentChecker check("linear_distill_backward", student_hidden.device);
+  check_linear_distill(check, student_hidden, student_weight, teacher, target, options, nullptr,
+                       grads, grad_output, workspace);
+}
+
+}  // namespace xent::api

@@ -1,0 +1,130 @@
+// Fused linear cross-entropy, CPU backend (SPEC.md §2). Rows are processed in chunks sized by the
+// workspace budget: chunk logits h·Wᵀ (+ bias), the §1 row math on them in place (turning them
+// into G = ∂loss/∂x), then the gradient products. Never more than one chunk of logits exists.
+#include <algorithm>
+
+#include "api/backend.hpp"
+#include "cpu/ce_rows.hpp"
+#include "cpu/linear_layer.hpp"
+
+namespace xent::cpu {
+namespace {
+
+bool any_gradient(const LinearGradients& grads) {
+  return grads.hidden.present() || grads.weight.present() || grads.bias.present();
+}
+
+LinearShape linear_ce_shape(TensorView hidden, TensorView weight, bool with_gradients) {
+  LinearShape shape;
+  shape.rows = hidden.rows;
+  shape.hidden = hidden.cols;
+  shape.vocab = weight.rows;
+  shape.dtype = hidden.dtype;
+  shape.with_gradients = with_gradients;
+  return shape;
+}
+
+// What a pass does with each chunk row once the logits are there; returns nothing, writes the
+// row's gradient in place when the pass has gradients.
+template <class S, class RowFunction>
+void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
+                    const LinearGradients& grads, const LinearCeOptions& options,
+                    Workspace workspace, RowFunction&& row_function) {
+  using T = ComputeType<S>;
+  const bool with_gradients = any_gradient(grads);
+  const auto plan =
+      plan_linear(linear_ce_shape(hidden, weight, with_gradients), options.workspace_budget);
+  WorkspaceCursor cursor(workspace, plan.total_bytes());
+  LinearLayer<S> layer(hidden, weight, bias, plan.weight_copy, plan.bias_copy, cursor);
+  std::unique_ptr<LinearGradientAccumulator<S>> accumulator;
+  if (with_gradients) {
+    accumulator = std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor,
+                                                                 layer.vocab(), layer.width());
+  }
+  T* logits = cursor.take<T>(plan.logits);
+  T* hidden_copy = cursor.take<T>(plan.hidden_copy);
+  const int64_t rows = hidden.rows, vocab = layer.vocab();
+  for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
+    const int64_t count = std::min(plan.chunk_rows, rows - row0);
+    layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < count; ++r) row_function(row0 + r, logits + r * vocab);
+    if (accumulator) accumulator->add_chunk(layer, row0, count, logits, hidden_copy);
+  }
+  if (accumulator) accumulator->finish();
+}
+
+template <class S>
+void linear_ce_forward_typed(TensorView hidden, TensorView weight, TensorView bias,
+                             TensorView target, const LinearCeOptions& options,
+                             const LinearCeOutputs& out, TensorView grad_output,
+                             Workspace workspace) {
+  using T = ComputeType<S>;
+  const CeOptions& ce = options.ce;
+  const int64_t rows = hidden.rows, vocab = weight.rows;
+  const auto counts = count_valid_rows(target, rows, ce.ignore_index, ce.class_weight);
+  const auto call = make_ce_call<T>(ce, vocab, counts);
+  const CeRowRequest request{out.stats.entropy.present(), any_gradient(out.grads)};
+  CeResults<T> results(out.loss, out.stats, ce.reduction, rows);
+  for_each_chunk<S>(hidden, weight, bias, out.grads, options, workspace,
+                    [&](int64_t n, T* logits_row) {
+                      results.store(n, ce_process_row(call, logits_row, read_target(target, n),
+                                                      n, request,
+                                                      upstream_of_row<T>(grad_output,
+                                                                         ce.reduction, n),
+                                                      logits_row));
+                    });
+  results.finish(call, counts);
+}
+
+template <class S>
+void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView bias,
+                              TensorView target, TensorView lse, TensorView grad_output,
+                              const LinearCeOptions& options, const LinearGradients& grads,
+                              Workspace workspace) {
+  using T = ComputeType<S>;
+  const CeOptions& ce = options.ce;
+  const int64_t rows = hidden.rows, vocab = weight.rows;
+  const auto counts = count_valid_rows(target, rows, ce.ignore_index, ce.class_weight);
+  const auto call = make_ce_call<T>(ce, vocab, counts);
+  // The per-row g_n of `none` is folded into G before the products (SPEC §2: never rescale a
+  // summed ∂W).
+  for_each_chunk<S>(hidden, weight, bias, grads, options, workspace,
+                    [&](int64_t n, T* logits_row) {
+                      ce_backward_row(call, logits_row, logits_row, read_target(target, n), n,
+                                      lse, upstream_of_row<T>(grad_output, ce.reduction, n));
+                    });
+}
+
+}  // namespace
+
+std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                     const LinearCeOptions& options, bool with_gradients) {
+  LinearShape shape;
+  shape.rows = rows;
+  shape.hidden = hidden;
+  shape.vocab = vocab;
+  shape.dtype = dtype;
+  shape.with_gradients = with_gradients;
+  return plan_linear(shape, options.workspace_budget).total_bytes();
+}
+
+void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                       const LinearCeOptions& options, const LinearCeOutputs& out,
+                       TensorView grad_output, Workspace workspace, Stream) {
+  dispatch_float(hidden.dtype, [&](auto storage) {
+    linear_ce_forward_typed<decltype(storage)>(hidden, weight, bias, target, options, out,
+                                               grad_output, workspace);
+  });
+}
+
+void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                        TensorView lse, TensorView grad_output, const LinearCeOptions& options,
+                        const LinearGradients& grads, Workspace workspace, Stream) {
+  dispatch_float(hidden.dtype, [&](auto storage) {
+    linear_ce_backward_typed<decltype(storage)>(hidden, weight, bias, target, lse, grad_output,
+                                                options, grads, workspace);
+  });
+}
+
+}  // namespace xent::cpu
