@@ -1,0 +1,62 @@
+// The PERF.md rows as bench cases (bf16, forward + backward unless said).
+#include "bench/config.hpp"
+
+namespace xent::bench {
+
+namespace {
+
+Case make(Op op, int64_t n, int64_t h, int64_t v, const char* label, Mode mode = Mode::fwdbwd,
+          DistillKind kind = DistillKind::forward_kl) {
+  Case c;
+  c.op = op;
+  c.mode = mode;
+  c.dtype = DType::bf16;
+  c.n = n;
+  c.h = h;
+  c.v = v;
+  c.kind = kind;
+  c.label = label;
+  return c;
+}
+
+void add_ce(std::vector<Case>& cases) {
+  for (const int64_t v : {32768, 131072, 262144}) {
+    cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce"));
+    cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce no grad", Mode::fwd));
+  }
+  // Shapes where a row-per-block kernel has too little (small V) or too few rows (small N) to
+  // fill the GPU: they show whether the kernel adapts.
+  cases.push_back(make(Op::ce, 262144, 0, 4096, "perf-ce small V"));
+  cases.push_back(make(Op::ce, 256, 0, 262144, "perf-ce small N"));
+  cases.push_back(make(Op::ce, 128, 0, 131072, "perf-ce small N"));
+}
+
+void add_distill(std::vector<Case>& cases) {
+  for (const DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl,
+                                 DistillKind::jsd, DistillKind::soft_ce, DistillKind::tvd}) {
+    cases.push_back(make(Op::distill, 4096, 0, 32768, "perf-distill", Mode::fwdbwd, kind));
+    cases.push_back(make(Op::distill, 16384, 0, 131072, "perf-distill", Mode::fwdbwd, kind));
+  }
+}
+
+void add_linear(std::vector<Case>& cases) {
+  cases.push_back(make(Op::linear_ce, 8192, 4096, 128256, "perf-linear"));
+  cases.push_back(make(Op::linear_ce, 8192, 2304, 256000, "perf-linear"));
+  cases.push_back(make(Op::linear_ce, 32768, 768, 128256, "perf-linear"));
+  // The same shape under a smaller budget: the budget must be honoured at a modest time cost.
+  Case small_budget = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear budget 128 MiB");
+  small_budget.budget_bytes = std::size_t{128} << 20;
+  cases.push_back(small_budget);
+}
+
+}  // namespace
+
+std::vector<Case> suite_cases(const std::string& name) {
+  std::vector<Case> cases;
+  if (name == "perf-ce" || name == "perf") add_ce(cases);
+  if (name == "perf-distill" || name == "perf") add_distill(cases);
+  if (name == "perf-linear" || name == "perf") add_linear(cases);
+  return cases;
+}
+
+}  // namespace xent::bench
