@@ -1,0 +1,160 @@
+// Distillation harness: one problem through distill_forward (with and without the gradient) and
+// distill_backward, every output against the reference.
+#include "distill_check.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace xent::test {
+
+std::string distill_options_label(unsigned options) {
+  static const char* names[kDistillOptionCount] = {"temperature", "softcap", "hard_soft",
+                                                   "no_target"};
+  std::string label;
+  for (unsigned bit = 0; bit < kDistillOptionCount; ++bit) {
+    if (!(options & (1u << bit))) continue;
+    if (!label.empty()) label += "_";
+    label += names[bit];
+  }
+  return label.empty() ? "plain" : label;
+}
+
+std::vector<unsigned> distill_option_sets_up_to_pairs() {
+  std::vector<unsigned> sets = {0u};
+  for (unsigned a = 0; a < kDistillOptionCount; ++a) sets.push_back(1u << a);
+  for (unsigned a = 0; a < kDistillOptionCount; ++a)
+    for (unsigned b = a + 1; b < kDistillOptionCount; ++b) {
+      const unsigned set = (1u << a) | (1u << b);
+      if (set == (kHardAndSoft | kNoTarget)) continue;  // an error case, tested as such
+      sets.push_back(set);
+    }
+  return sets;
+}
+
+DistillSetup make_distill_setup(DistillKind kind, unsigned options, Reduction reduction,
+                                double beta) {
+  DistillSetup s;
+  s.options.kind = s.spec.kind = kind;
+  s.options.beta = s.spec.beta = beta;
+  s.options.ce.reduction = s.spec.ce.reduction = reduction;
+  if (options & kTemperature) s.options.temperature = s.spec.temperature = 2.0;
+  if (options & kDistillSoftcap) {
+    s.options.softcap = 4.5;  // bends the largest logits
+    s.spec.softcap = 4.5;
+  }
+  if (options & kHardAndSoft) {
+    s.options.hard_weight = s.spec.hard_weight = 0.375;
+    s.options.soft_weight = s.spec.soft_weight = 0.625;
+    s.options.ce.label_smoothing = s.spec.ce.label_smoothing = 0.125;
+    s.options.ce.z_loss = s.spec.ce.z_loss = 0.0625;
+  }
+  return s;
+}
+
+Matrix make_teacher(Rng& rng, const Matrix& student, double sd) {
+  Matrix teacher = student;
+  for (double& v : teacher.values) v = std::isnan(v) ? rng.normal(sd) : v + rng.normal(0.6 * sd);
+  return teacher;
+}
+
+namespace {
+std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
+  if (skip < 0) return values;
+  std::vector<double> out;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
+  return out;
+}
+}  // namespace
+
+void check_distill(const DistillProblem& p, Rng& rng) {
+  const int64_t rows = p.rows, vocab = p.vocab;
+  const DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
+  const bool with_target = !(p.options & kNoTarget);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, p.ignored_rows,
+                                                   p.all_ignored, false);
+  Matrix student = rng.matrix(rows, vocab, p.logit_sd);
+  Matrix teacher = p.teacher_sd > 0 ? rng.matrix(rows, vocab, p.teacher_sd)
+                                    : make_teacher(rng, student, p.logit_sd);
+  const int64_t nan_row = p.nan_row && rows > 3 && (!with_target || target[3] != -100) ? 3 : -1;
+  if (nan_row >= 0) student.at(nan_row, vocab / 3) = std::numeric_limits<double>::quiet_NaN();
+  student = rounded(student, p.dtype);
+  teacher = rounded(teacher, p.dtype);
+
+  const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, p.unit_grad_output);
+  const reference::DistillResult ref =
+      reference::distill(student, teacher, with_target ? &target : nullptr, setup.spec, upstream);
+
+  Tensor student_tensor = Tensor::of(student, p.dtype, p.row_stride);
+  const Tensor teacher_tensor = Tensor::of(teacher, p.dtype, p.row_stride);
+  const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
+  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows);
+  const Scratch scratch(distill_workspace_size(rows, vocab, setup.options, test_device()));
+
+  const int64_t loss_skip = p.reduction == Reduction::none ? nan_row : -1;
+  const bool loss_all_nan = nan_row >= 0 && p.reduction != Reduction::none;
+  const std::vector<double> ref_loss = without_row(ref.loss, 1, loss_skip);
+  const std::vector<double> ref_grad = without_row(ref.grad.values, vocab, nan_row);
+  const double loss_tol = stat_tolerance(p.dtype, Family::logits, {}, ref_loss);
+  const double grad_tol =
+      grad_tolerance(p.dtype, Family::logits, rounded(ref_grad, p.dtype), ref_grad);
+
+  auto check_loss = [&](const Tensor& loss) {
+    const std::vector<double> out = loss.download();
+    if (loss_all_nan) {
+      EXPECT_TRUE(std::isnan(out[0])) << "a NaN student logit must make the loss NaN: " << out[0];
+      return;
+    }
+    EXPECT_TRUE(close("loss", without_row(out, 1, loss_skip), ref_loss, loss_tol));
+    if (loss_skip >= 0) {
+      EXPECT_TRUE(std::isnan(out[loss_skip])) << "NaN row loss " << out[loss_skip];
+    }
+  };
+  auto check_grad = [&](const Tensor& grad) {
+    const std::vector<double> out = grad.download();
+    EXPECT_TRUE(close("grad_student", without_row(out, vocab, nan_row), ref_grad, grad_tol));
+    if (nan_row >= 0) {
+      bool any_nan = false;
+      for (int64_t i = 0; i < vocab; ++i) any_nan |= std::isnan(out[nan_row * vocab + i]);
+      EXPECT_TRUE(any_nan) << "the NaN row's gradient must show the NaN";
+    }
+    EXPECT_TRUE(grad.padding_untouched()) << "grad_student written outside its columns";
+  };
+
+  {
+    SCOPED_TRACE("distill_forward, loss only");
+    Tensor loss = loss_tensor(p.reduction, rows);
+    DistillOutputs out;
+    out.loss = loss.view();
+    distill_forward(student_tensor.view(), teacher_tensor.view(), target_tensor.view(),
+                    setup.options, out, {}, scratch.workspace());
+    finish();
+    check_loss(loss);
+  }
+  Tensor grad_storage =
+      p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
+  Tensor& grad = p.in_place ? student_tensor : grad_storage;
+  {
+    SCOPED_TRACE("distill_forward, with gradient");
+    Tensor loss = loss_tensor(p.reduction, rows);
+    DistillOutputs out;
+    out.loss = loss.view();
+    out.grad_student = grad.view();
+    distill_forward(student_tensor.view(), teacher_tensor.view(), target_tensor.view(),
+                    setup.options, out, grad_output.view(), scratch.workspace());
+    finish();
+    check_loss(loss);
+    check_grad(grad);
+  }
+  {
+    SCOPED_TRACE("distill_backward");
+    grad.poison();
+    if (p.in_place) student_tensor.upload(student.values);
+    distill_backward(student_tensor.view(), teacher_tensor.view(), target_tensor.view(),
+                     grad_output.view(), setup.options, grad.view(), scratch.workspace());
+    finish();
+    check_grad(grad);
+  }
+}
+
+}  // namespace xent::test
