@@ -104,15 +104,7 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
   void* chunk_buffer = carver.take(plan.chunks.logits_buffer_bytes);
-  float* weight_sum = weight_accumulator
-                          ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
-                                                            hidden * sizeof(float)))
-                          : (want_weight ? static_cast<float*>(grads.weight.data) : nullptr);
-  const int64_t weight_sum_stride = weight_accumulator ? hidden : grads.weight.row_stride;
-  float* bias_sum = bias_accumulator
-                        ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
-                                                          sizeof(float)))
-                        : (want_bias ? static_cast<float*>(grads.bias.data) : nullptr);
+  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden);
 
   const CeRowOptions row_options = ce_row_options(ce);
   const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();
@@ -198,35 +190,11 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
       gradient.dtype = operand_dtype;
       gradient.stride = 2 * vocab;
     }
-    if (want_hidden) {
-      GemmProduct backward_hidden;
-      backward_hidden.a = gradient;
-      backward_hidden.b = weight;
-      backward_hidden.c = gemm_matrix(grads.hidden, first, count);
-      gemm(backward_hidden, scratch, stream);
-    }
-    if (want_weight) {
-      GemmProduct backward_weight;
-      backward_weight.a = gradient;
-      backward_weight.a_transposed = true;
-      backward_weight.b = hidden_rows;
-      backward_weight.c = GemmMatrix{weight_sum, DType::f32, vocab, hidden, weight_sum_stride};
-      backward_weight.beta = chunk == 0 ? 0.0f : 1.0f;
-      gemm(backward_weight, scratch, stream);
-    }
-    if (want_bias) {
-      accumulate_column_sums(gradient.data, gradient.dtype, count, vocab, gradient.stride,
-                             bias_sum, chunk > 0, stream);
-    }
+    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
+                               scratch, stream);
   }
 
-  if (plan.chunks.chunk_count == 0) {  // N = 0: the gradients of an empty batch are zero
-    if (want_weight) fill_zero(grads.weight, stream);
-    if (want_bias) fill_zero(grads.bias, stream);
-  } else {
-    if (weight_accumulator) write_from_fp32(weight_sum, hidden, grads.weight, stream);
-    if (bias_accumulator) write_from_fp32(bias_sum, 1, grads.bias, stream);
-  }
+  finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
   if (call.loss || want_accuracy || (stats && stats->z_loss_value.present() && sum_or_mean)) {
     CeReduceArgs reduce;

@@ -1,27 +1,252 @@
-// Fused linear distillation on CUDA (SPEC.md §4). Placeholder until the chunked path lands.
+// Fused linear distillation on CUDA (SPEC.md §4). The flow of linear_ce.cu with a teacher beside
+// the student: per row chunk, s = h_s·W_sᵀ into the student buffer; the teacher rows are either
+// read where the caller's teacher logits sit, or formed as t = h_t·W_tᵀ into a second buffer (no
+// gradient ever flows to the teacher); the distill row kernel of distill_rows.cuh reads both
+// once and writes ∂loss/∂s over the student buffer; then ∂h_s = G·W_s and ∂W_s += Gᵀ·h_s.
 #include "api/backend.hpp"
+#include "cuda/distill_rows.cuh"
+#include "cuda/gemm.hpp"
+#include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
 
 namespace {
-[[noreturn]] void not_implemented(const char* function) {
-  throw Error(ErrorKind::runtime, std::string(function) + ": CUDA path not implemented yet");
+
+std::size_t row_scratch_bytes(int64_t rows) {
+  const std::size_t per_row = align_up(static_cast<std::size_t>(rows) * sizeof(float));
+  return align_up(sizeof(CeBatchTotals)) + 3 * per_row;
 }
+
+template <class T>
+T* offset_rows(const TensorView& view, int64_t first_row) {
+  if (!view.present()) return nullptr;
+  return reinterpret_cast<T*>(static_cast<char*>(view.data) +
+                              static_cast<std::size_t>(first_row) * dtype_size(view.dtype));
+}
+
+struct LinearDistillPlan {
+  ChunkPlan chunks;
+  DType logits_dtype = DType::bf16;
+  bool teacher_buffer = false;  // teacher rows are formed (or converted) into the workspace
+};
+
+// teacher_from_hidden: the teacher comes as hidden + weight. teacher_dtype: the dtype of given
+// teacher logits (ignored otherwise); rows of another dtype than the student chunk are converted.
+LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                      const LinearDistillOptions& options,
+                                      bool teacher_from_hidden, DType teacher_dtype,
+                                      std::size_t accumulator_bytes) {
+  LinearDistillPlan plan;
+  plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
+  plan.teacher_buffer = teacher_from_hidden || teacher_dtype != plan.logits_dtype;
+  ChunkRequest request;
+  request.rows = rows;
+  request.hidden = hidden;
+  request.vocab = vocab;
+  request.logits_element_bytes = dtype_size(plan.logits_dtype);
+  request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
+  request.budget_bytes = options.workspace_budget;
+  request.fixed_bytes = row_scratch_bytes(rows);
+  request.accumulator_bytes = accumulator_bytes;
+  plan.chunks = plan_chunks(request);
+  return plan;
+}
+
+struct LinearDistillCall {
+  TensorView student_hidden, student_weight;
+  const Teacher& teacher;
+  TensorView target;
+  const LinearDistillOptions& options;
+  TensorView grad_output{};
+  const TensorView* loss = nullptr;
+  LinearGradients grads{};
+  OpCode op = OpCode::linear_distill_forward;
+};
+
+void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cudaStream_t stream) {
+  const int64_t rows = call.student_hidden.rows, hidden = call.student_hidden.cols,
+                vocab = call.student_weight.rows;
+  const Teacher& teacher = call.teacher;
+  const bool teacher_from_hidden = !teacher.logits.present();
+  const DType teacher_dtype = teacher_from_hidden ? DType::f32 : teacher.logits.dtype;
+  const LinearGradients& grads = call.grads;
+  const bool want_grad = grads.hidden.present() || grads.weight.present();
+  const LinearDistillPlan plan =
+      plan_linear_distill(rows, hidden, vocab, call.student_hidden.dtype, call.options,
+                          teacher_from_hidden, teacher_dtype,
+                          gradient_sums_bytes(grads, vocab, hidden));
+  const DistillOptions& distill = call.options.distill;
+  const Reduction reduction = distill.ce.reduction;
+  const bool sum_or_mean = reduction != Reduction::none;
+
+  WorkspaceCarver carver(workspace);
+  auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
+  const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
+  auto* row_soft = static_cast<float*>(carver.take(row_array));
+  auto* row_hard_loss = static_cast<float*>(carver.take(row_array));
+  auto* row_hard_z = static_cast<float*>(carver.take(row_array));
+  const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
+                            plan.chunks.gemm_workspace_bytes};
+  char* chunk_buffer = static_cast<char*>(carver.take(plan.chunks.logits_buffer_bytes));
+  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden);
+  // The teacher half of each chunk buffer follows the student half.
+  const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
+                                    static_cast<std::size_t>(vocab) *
+                                    dtype_size(plan.logits_dtype);
+  char* teacher_buffer = plan.teacher_buffer ? chunk_buffer + student_bytes : nullptr;
+
+  const DistillRowOptions row_options = distill_row_options(distill);
+  const bool hard_term = row_options.hard_weight > 0 && call.target.present();
+  CeBatchRequest batch;
+  batch.target = call.target.present() ? call.target.data : nullptr;
+  batch.target_dtype = call.target.dtype;
+  batch.rows = rows;
+  batch.vocab = vocab;
+  batch.options = row_options.ce;
+  batch.grad_output = (sum_or_mean && call.grad_output.present())
+                          ? static_cast<const float*>(call.grad_output.data)
+                          : nullptr;
+  batch.op = call.op;
+  ce_batch_totals(batch, totals, stream);
+
+  const int64_t chunk_rows = plan.chunks.chunk_rows;
+  const DType operand_dtype = call.student_hidden.dtype;
+  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
+    const int64_t first = chunk * chunk_rows;
+    const int64_t count = std::min(chunk_rows, rows - first);
+    const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
+    const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
+
+    GemmProduct student;
+    student.a = hidden_rows;
+    student.b = weight;
+    student.b_transposed = true;
+    student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    gemm(student, scratch, stream);
+
+    const void* teacher_rows = nullptr;
+    int64_t teacher_stride = vocab;
+    if (teacher_from_hidden) {
+      GemmProduct product;
+      product.a = gemm_matrix(teacher.hidden, first, count);
+      product.b = gemm_matrix(teacher.weight, 0, vocab);
+      product.b_transposed = true;
+      product.c = GemmMatrix{teacher_buffer, plan.logits_dtype, count, vocab, vocab};
+      gemm(product, scratch, stream);
+      teacher_rows = teacher_buffer;
+    } else if (plan.teacher_buffer) {
+      convert_rows(gemm_matrix(teacher.logits, first, count).data, teacher.logits.dtype,
+                   teacher.logits.row_stride, teacher_buffer, plan.logits_dtype, vocab, count,
+                   vocab, stream);
+      teacher_rows = teacher_buffer;
+    } else {
+      teacher_rows = gemm_matrix(teacher.logits, first, count).data;
+      teacher_stride = teacher.logits.row_stride;
+    }
+
+    DistillRowsArgs args;
+    args.student = chunk_buffer;
+    args.student_row_stride = vocab;
+    args.teacher = teacher_rows;
+    args.teacher_row_stride = teacher_stride;
+    args.dtype = plan.logits_dtype;
+    args.rows = count;
+    args.vocab = vocab;
+    if (call.target.present()) {
+      args.target = static_cast<const char*>(call.target.data) +
+                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+      args.target_dtype = call.target.dtype;
+    }
+    args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
+    args.options = row_options;
+    args.totals = totals;
+    args.grad_output_rows = (!sum_or_mean && call.grad_output.present())
+                                ? offset_rows<const float>(call.grad_output, first)
+                                : nullptr;
+    if (call.loss) {
+      if (sum_or_mean) {
+        args.row_soft = row_soft + first;
+        if (hard_term) {
+          args.row_hard_loss = row_hard_loss + first;
+          args.row_hard_z = row_hard_z + first;
+        }
+      } else {
+        args.row_total = offset_rows<float>(*call.loss, first);
+      }
+    }
+    if (want_grad) {
+      args.grad = chunk_buffer;
+      args.grad_row_stride = vocab;
+    }
+    distill_rows(args, stream);
+    if (!want_grad) continue;
+
+    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    if (plan.logits_dtype != operand_dtype) {
+      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
+      gradient.dtype = operand_dtype;
+      gradient.stride = 2 * vocab;
+    }
+    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
+                               scratch, stream);
+  }
+  finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
+
+  if (call.loss && sum_or_mean) {
+    DistillReduceArgs reduce;
+    reduce.rows = rows;
+    reduce.reduction = reduction;
+    reduce.soft_weight = row_options.soft_weight;
+    reduce.hard_weight = hard_term ? row_options.hard_weight : 0.0;
+    reduce.row_soft = row_soft;
+    reduce.row_hard_loss = hard_term ? row_hard_loss : nullptr;
+    reduce.row_hard_z = hard_term ? row_hard_z : nullptr;
+    reduce.totals = totals;
+    reduce.loss = static_cast<float*>(call.loss->data);
+    distill_reduce(reduce, stream);
+  }
+}
+
 }  // namespace
 
-std::size_t linear_distill_workspace_size(int64_t, int64_t, int64_t, int64_t, DType,
-                                          const LinearDistillOptions&, bool) {
-  not_implemented("linear_distill_workspace_size");
+std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
+                                          int64_t teacher_hidden, int64_t vocab, DType dtype,
+                                          const LinearDistillOptions& options,
+                                          bool with_gradients) {
+  // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits of the input dtype.
+  // As for linear_ce, the query reserves fp32 accumulators for 16-bit inputs.
+  LinearGradients worst;
+  if (with_gradients && dtype != DType::f32) {
+    worst.weight = TensorView{nullptr, dtype, 2, vocab, student_hidden, student_hidden};
+  }
+  return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
+                             dtype, gradient_sums_bytes(worst, vocab, student_hidden))
+      .chunks.total_bytes;
 }
-void linear_distill_forward(TensorView, TensorView, const Teacher&, TensorView,
-                            const LinearDistillOptions&, const LinearDistillOutputs&, TensorView,
-                            Workspace, Stream) {
-  not_implemented("linear_distill_forward");
+
+void linear_distill_forward(TensorView student_hidden, TensorView student_weight,
+                            const Teacher& teacher, TensorView target,
+                            const LinearDistillOptions& options, const LinearDistillOutputs& out,
+                            TensorView grad_output, Workspace workspace, Stream stream) {
+  DeviceGuard guard(student_hidden.device.index);
+  LinearDistillCall call{student_hidden, student_weight, teacher, target, options};
+  call.grad_output = grad_output;
+  call.loss = &out.loss;
+  call.grads = out.grads;
+  call.op = OpCode::linear_distill_forward;
+  run_linear_distill(call, workspace, stream_of(stream));
 }
-void linear_distill_backward(TensorView, TensorView, const Teacher&, TensorView, TensorView,
-                             const LinearDistillOptions&, const LinearGradients&, Workspace,
-                             Stream) {
-  not_implemented("linear_distill_backward");
+
+void linear_distill_backward(TensorView student_hidden, TensorView student_weight,
+                             const Teacher& teacher, TensorView target, TensorView grad_output,
+                             const LinearDistillOptions& options, const LinearGradients& grads,
+                             Workspace workspace, Stream stream) {
+  DeviceGuard guard(student_hidden.device.index);
+  LinearDistillCall call{student_hidden, student_weight, teacher, target, options};
+  call.grad_output = grad_output;
+  call.grads = grads;
+  call.op = OpCode::linear_distill_backward;
+  run_linear_distill(call, workspace, stream_of(stream));
 }
 
 }  // namespace xent::cuda

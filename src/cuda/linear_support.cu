@@ -86,7 +86,130 @@ __global__ void narrow_rows_kernel(void* data, int64_t cols, int64_t stride) {
   }
 }
 
+template <class S, class D>
+__global__ void convert_rows_kernel(const S* source, int64_t source_stride, D* destination,
+                                    int64_t destination_stride, int64_t rows, int64_t cols) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    destination[row * destination_stride + col] =
+        store_float<D>(load_float(source[row * source_stride + col]));
+  }
+}
+
+template <class S>
+void convert_rows_from(const S* source, int64_t source_stride, void* destination,
+                       DType destination_dtype, int64_t destination_stride, int64_t rows,
+                       int64_t cols, cudaStream_t stream) {
+  const int blocks = blocks_for(rows * cols);
+  switch (destination_dtype) {
+    case DType::f32:
+      convert_rows_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<float*>(destination), destination_stride, rows, cols);
+      break;
+    case DType::bf16:
+      convert_rows_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<bf16_t*>(destination), destination_stride, rows, cols);
+      break;
+    default:
+      convert_rows_kernel<<<blocks, kThreads, 0, stream>>>(
+          source, source_stride, static_cast<f16_t*>(destination), destination_stride, rows, cols);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
+
+void convert_rows(const void* source, DType source_dtype, int64_t source_stride, void* destination,
+                  DType destination_dtype, int64_t destination_stride, int64_t rows, int64_t cols,
+                  cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  switch (source_dtype) {
+    case DType::f32:
+      convert_rows_from(static_cast<const float*>(source), source_stride, destination,
+                        destination_dtype, destination_stride, rows, cols, stream);
+      break;
+    case DType::bf16:
+      convert_rows_from(static_cast<const bf16_t*>(source), source_stride, destination,
+                        destination_dtype, destination_stride, rows, cols, stream);
+      break;
+    default:
+      convert_rows_from(static_cast<const f16_t*>(source), source_stride, destination,
+                        destination_dtype, destination_stride, rows, cols, stream);
+  }
+}
+
+std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden) {
+  std::size_t bytes = 0;
+  if (grads.weight.present() && grads.weight.dtype != DType::f32) {
+    bytes += align_up(static_cast<std::size_t>(vocab) * static_cast<std::size_t>(hidden) *
+                      sizeof(float));
+  }
+  if (grads.bias.present() && grads.bias.dtype != DType::f32) {
+    bytes += align_up(static_cast<std::size_t>(vocab) * sizeof(float));
+  }
+  return bytes;
+}
+
+GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
+                                 int64_t vocab, int64_t hidden) {
+  GradientSums sums;
+  if (grads.weight.present()) {
+    sums.weight_in_workspace = grads.weight.dtype != DType::f32;
+    sums.weight = sums.weight_in_workspace
+                      ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
+                                                        static_cast<std::size_t>(hidden) *
+                                                        sizeof(float)))
+                      : static_cast<float*>(grads.weight.data);
+    sums.weight_stride = sums.weight_in_workspace ? hidden : grads.weight.row_stride;
+  }
+  if (grads.bias.present()) {
+    sums.bias_in_workspace = grads.bias.dtype != DType::f32;
+    sums.bias = sums.bias_in_workspace
+                    ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
+                                                      sizeof(float)))
+                    : static_cast<float*>(grads.bias.data);
+  }
+  return sums;
+}
+
+void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hidden_rows,
+                                const GemmMatrix& weight, const LinearGradients& grads,
+                                int64_t first_row, bool first_chunk, const GradientSums& sums,
+                                GemmScratch scratch, cudaStream_t stream) {
+  if (grads.hidden.present()) {
+    GemmProduct product;
+    product.a = gradient;
+    product.b = weight;
+    product.c = gemm_matrix(grads.hidden, first_row, gradient.rows);
+    gemm(product, scratch, stream);
+  }
+  if (sums.weight) {
+    GemmProduct product;
+    product.a = gradient;
+    product.a_transposed = true;
+    product.b = hidden_rows;
+    product.c = GemmMatrix{sums.weight, DType::f32, weight.rows, weight.cols, sums.weight_stride};
+    product.beta = first_chunk ? 0.0f : 1.0f;
+    gemm(product, scratch, stream);
+  }
+  if (sums.bias) {
+    accumulate_column_sums(gradient.data, gradient.dtype, gradient.rows, gradient.cols,
+                           gradient.stride, sums.bias, !first_chunk, stream);
+  }
+}
+
+void finish_gradient_sums(const LinearGradients& grads, const GradientSums& sums, int64_t hidden,
+                          bool any_chunk, cudaStream_t stream) {
+  if (!any_chunk) {
+    if (grads.weight.present()) fill_zero(grads.weight, stream);
+    if (grads.bias.present()) fill_zero(grads.bias, stream);
+    return;
+  }
+  if (sums.weight_in_workspace) write_from_fp32(sums.weight, hidden, grads.weight, stream);
+  if (sums.bias_in_workspace) write_from_fp32(sums.bias, 1, grads.bias, stream);
+}
 
 void accumulate_column_sums(const void* matrix, DType dtype, int64_t rows, int64_t cols,
                             int64_t stride, float* accumulator, bool accumulate,

@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "cuda/chunk_plan.hpp"
+#include "cuda/gemm.hpp"
+#include "xent/linear_ce.hpp"
 #include "xent/types.hpp"
 
 namespace xent::cuda {
@@ -45,5 +47,36 @@ void fill_zero(TensorView view, cudaStream_t stream);
 // a 16-bit matrix with row stride 2·stride elements.
 void narrow_rows_in_place(void* data, int64_t rows, int64_t cols, int64_t stride, DType target,
                           cudaStream_t stream);
+
+// Copies a [rows, cols] matrix into `destination` (row stride `destination_stride`), converting
+// the dtype (teacher logits to the dtype of the student chunk).
+void convert_rows(const void* source, DType source_dtype, int64_t source_stride, void* destination,
+                  DType destination_dtype, int64_t destination_stride, int64_t rows, int64_t cols,
+                  cudaStream_t stream);
+
+// Where ∂W and ∂bias accumulate across chunks: the outputs themselves when they are fp32, else
+// fp32 accumulators in the workspace, written back once at the end (linear_ce.hpp).
+struct GradientSums {
+  float* weight = nullptr;
+  int64_t weight_stride = 0;
+  bool weight_in_workspace = false;
+  float* bias = nullptr;
+  bool bias_in_workspace = false;
+};
+std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden);
+GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
+                                 int64_t vocab, int64_t hidden);
+
+// The products of one chunk after its gradient G [rows, V] is formed: ∂h rows = G·W (written),
+// ∂W (+)= Gᵀ·h_chunk and ∂bias (+)= Σ_rows G into the sums (overwriting on the first chunk).
+void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hidden_rows,
+                                const GemmMatrix& weight, const LinearGradients& grads,
+                                int64_t first_row, bool first_chunk, const GradientSums& sums,
+                                GemmScratch scratch, cudaStream_t stream);
+
+// After the last chunk: writes workspace accumulators to the outputs, or zero-fills the
+// parameter gradients when there was no chunk at all (N = 0).
+void finish_gradient_sums(const LinearGradients& grads, const GradientSums& sums, int64_t hidden,
+                          bool any_chunk, cudaStream_t stream);
 
 }  // namespace xent::cuda
