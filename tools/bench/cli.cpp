@@ -46,7 +46,7 @@ void print_help() {
       "  --device cpu|cuda      device (default: CUDA when compiled in and a GPU is visible)\n"
       "  --dtype bf16|fp16|fp32 input dtype (default fp32 on the CPU, bf16 on CUDA)\n"
       "  --n N --h H --v V      rows (tokens), hidden size, vocabulary size\n"
-      "                         defaults CPU: ce/distill 1024 x 32000; linear 1024, 512, 32000\n"
+      "                         defaults CPU: ce/distill 1024 x 32000; linear 1024, 256, 32000\n"
       "                                 CUDA: ce/distill 8192 x 131072; linear 8192, 4096, 128256\n"
       "  --kind K               distill kind: forward_kl|reverse_kl|jsd|soft_ce|tvd\n"
       "  --reduction R          none|sum|mean (default mean)\n"
@@ -55,7 +55,7 @@ void print_help() {
       "                         row_weight (random in [0, 2]), or all\n"
       "  --budget-mib M         workspace budget of the fused linear ops (default 512)\n"
       "  --mode fwd|fwdbwd      forward only, or forward and backward (default fwdbwd)\n"
-      "  --repeat K             timed repetitions (default 5 CPU, 50 CUDA)\n"
+      "  --repeat K             timed repetitions (default 3 CPU, 50 CUDA)\n"
       "  --warmup K             untimed repetitions first (default 1 CPU, 5 CUDA)\n"
       "  --suite S              perf-ce|perf-distill|perf-linear|perf: the PERF.md rows (CUDA)\n"
       "  --no-naive             skip the naive form (no time, memory or agreement for it)\n"
@@ -228,7 +228,7 @@ void resolve_cases(Config& config, DeviceKind device) {
   if (!config.dtype_given) c.dtype = cuda ? DType::bf16 : DType::f32;
   if (c.n == 0) c.n = cuda ? 8192 : 1024;
   if (c.v == 0) c.v = cuda ? (linear ? 128256 : 131072) : 32000;
-  if (c.h == 0) c.h = linear ? (cuda ? 4096 : 512) : 0;
+  if (c.h == 0) c.h = linear ? (cuda ? 4096 : 256) : 0;
   if (!linear) c.h = 0;
   config.cases = {c};
 }

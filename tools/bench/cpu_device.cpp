@@ -33,7 +33,7 @@ class CpuDevice final : public BenchDevice {
     return cpu_model_name() + " (" + std::to_string(std::thread::hardware_concurrency()) +
            " threads)";
   }
-  int default_repeat() const override { return 5; }
+  int default_repeat() const override { return 3; }
   int default_warmup() const override { return 1; }
 
   void* allocate(std::size_t bytes) override {

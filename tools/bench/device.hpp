@@ -54,7 +54,7 @@ class BenchDevice {
 };
 
 std::unique_ptr<BenchDevice> make_cpu_device();
-#if defined(XENT_WITH_CUDA)
+#if defined(XENT_BENCH_CUDA)
 // nullptr when no GPU is visible.
 std::unique_ptr<BenchDevice> make_cuda_device();
 #endif

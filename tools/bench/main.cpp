@@ -18,7 +18,7 @@ using namespace xent::bench;
 namespace {
 
 std::unique_ptr<BenchDevice> open_device(DeviceChoice choice) {
-#if defined(XENT_WITH_CUDA)
+#if defined(XENT_BENCH_CUDA)
   if (choice != DeviceChoice::cpu) {
     if (auto cuda = make_cuda_device()) return cuda;
     if (choice == DeviceChoice::cuda)

@@ -183,7 +183,7 @@ void measure_case(BenchDevice& device, const Case& c, const MeasureSettings& set
       Buffer scratch(device, scratch_bytes);
       const Outputs out = p.make_outputs(p.gradients());
       auto run_naive = [&](int i) {
-#if defined(XENT_WITH_CUDA)
+#if defined(XENT_BENCH_CUDA)
         if (device.device().kind == DeviceKind::cuda) {
           naive_cuda(c, p.inputs(i % p.copies()), out, scratch.data(), device.stream());
           return;

@@ -15,7 +15,7 @@ std::size_t naive_scratch_bytes(const Case& c);
 // built with it, else a blocked loop.
 void naive_cpu(const Case& c, const Inputs& in, const Outputs& out, void* scratch);
 
-#if defined(XENT_WITH_CUDA)
+#if defined(XENT_BENCH_CUDA)
 // CUDA: cuBLASLt products and one block per row for the softmax, on the given stream.
 void naive_cuda(const Case& c, const Inputs& in, const Outputs& out, void* scratch,
                 Stream stream);

@@ -87,12 +87,12 @@ std::string json_number(double value) {
 }  // namespace
 
 void print_table(const std::vector<Record>& records) {
-  std::printf("%-22s %-6s %-20s %-8s %-14s %10s %10s %10s %10s %8s %10s %10s\n", "op", "impl",
+  std::printf("%-26s %-6s %-20s %-8s %-14s %10s %10s %10s %10s %8s %10s %10s\n", "op", "impl",
               "shape", "dtype", "options", "median ms", "p20 ms", "p80 ms", "extra MiB", "ratio",
               "loss err", "grad err");
   for (const Record& r : records) {
     const Case& c = r.spec;
-    std::printf("%-22s %-6s %-20s %-8s %-14s ", op_text(c).c_str(), r.impl.c_str(),
+    std::printf("%-26s %-6s %-20s %-8s %-14s ", op_text(c).c_str(), r.impl.c_str(),
                 shape_text(c).c_str(), dtype_name(c.dtype),
                 options_text(c).c_str());
     if (!r.error.empty()) {
@@ -105,6 +105,21 @@ void print_table(const std::vector<Record>& records) {
                 number(static_cast<double>(r.peak_extra_bytes) / (1 << 20), "%.1f").c_str(),
                 number(r.ratio, "%.3f").c_str(), number(r.loss_rel_err, "%.2e").c_str(),
                 number(r.grad_rel_err, "%.2e").c_str());
+  }
+  // One line per case comparing xent with the naive form measured beside it.
+  for (std::size_t i = 0; i + 1 < records.size(); ++i) {
+    const Record& x = records[i];
+    const Record& naive = records[i + 1];
+    if (x.impl != "xent" || naive.impl != "naive" || !x.error.empty() || !naive.error.empty())
+      continue;
+    std::printf("%s %s: xent takes %.2fx the naive time and %.2fx its extra memory (%.1f vs "
+                "%.1f MiB)\n",
+                op_text(x.spec).c_str(), shape_text(x.spec).c_str(),
+                x.time.median_ms / naive.time.median_ms,
+                static_cast<double>(x.peak_extra_bytes) /
+                    static_cast<double>(naive.peak_extra_bytes),
+                static_cast<double>(x.peak_extra_bytes) / (1 << 20),
+                static_cast<double>(naive.peak_extra_bytes) / (1 << 20));
   }
   bool any_ceiling = false;
   for (const Record& r : records) {
@@ -151,8 +166,9 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
          << escaped(r.device_name) << "\", \"time_ms\": {\"median\": "
          << json_number(r.time.median_ms) << ", \"p20\": " << json_number(r.time.p20_ms)
          << ", \"p80\": " << json_number(r.time.p80_ms) << ", \"samples\": " << r.time.samples
-         << "}, \"copy_bandwidth_bytes_per_s\": " << json_number(r.copy_bandwidth)
-         << ", \"gemm_floor_ms\": " << json_number(r.gemm_floor_ms)
+         << "}, \"copy_bandwidth_bytes_per_s\": "
+         << json_number(r.copy_bandwidth > 0 ? r.copy_bandwidth : NAN)
+         << ", \"gemm_floor_ms\": " << json_number(r.gemm_floor_ms > 0 ? r.gemm_floor_ms : NAN)
          << ", \"ratio\": " << json_number(r.ratio) << ", \"ratio_kind\": \"" << r.ratio_kind
          << "\", \"min_bytes\": " << r.min_bytes << ", \"peak_extra_bytes\": " << r.peak_extra_bytes
          << ", \"workspace_bytes\": " << r.workspace_bytes
