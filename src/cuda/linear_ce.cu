@@ -10,6 +10,7 @@
 #include "api/backend.hpp"
 #include "cuda/ce_rows.cuh"
 #include "cuda/gemm.hpp"
+#include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
@@ -47,8 +48,8 @@ struct LinearCeCall {
 };
 
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                            const LinearCeOptions& options, bool weight_accumulator,
-                            bool bias_accumulator) {
+                            const LinearCeOptions& options, bool with_gradients,
+                            bool weight_accumulator, bool bias_accumulator) {
   ChunkRequest request;
   request.rows = rows;
   request.hidden = hidden;
@@ -56,6 +57,8 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.logits_element_bytes = options.fp32_logits ? sizeof(float) : dtype_size(dtype);
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows);
+  // Only the gradient path pipelines (the forward-only path has no products to hide behind).
+  request.overlap = with_gradients && linear_overlap_enabled();
   if (weight_accumulator) {
     request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) *
                                           static_cast<std::size_t>(hidden) * sizeof(float));
@@ -76,7 +79,8 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   // The query cannot see the gradient dtypes: it reserves fp32 accumulators for 16-bit inputs
   // (a caller passing fp32 grad weight/bias leaves them unused).
   const bool accumulate = with_gradients && dtype != DType::f32;
-  return plan_linear_ce(rows, hidden, vocab, dtype, options, accumulate, accumulate)
+  return plan_linear_ce(rows, hidden, vocab, dtype, options, with_gradients, accumulate,
+                        accumulate)
       .chunks.total_bytes;
 }
 
@@ -91,7 +95,7 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const bool weight_accumulator = want_weight && grads.weight.dtype != DType::f32;
   const bool bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
   const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options,
-                                           weight_accumulator, bias_accumulator);
+                                           want_grad, weight_accumulator, bias_accumulator);
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
 
@@ -103,7 +107,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   auto* row_correct = static_cast<float*>(carver.take(row_array));
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
-  void* chunk_buffer = carver.take(plan.chunks.logits_buffer_bytes);
+  const std::size_t buffer_stride = align_up(plan.chunks.logits_buffer_bytes);
+  void* chunk_buffer = carver.take(buffer_stride * plan.chunks.buffer_count);
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden);
 
   const CeRowOptions row_options = ce_row_options(ce);
@@ -127,25 +132,32 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const DType operand_dtype = call.hidden.dtype;
   const bool narrow_gradient = plan.logits_dtype != operand_dtype;
 
-  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
-    const int64_t first = chunk * chunk_rows;
-    const int64_t count = std::min(chunk_rows, rows - first);
-    const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first, count);
-    const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
-    const GemmMatrix logits{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+  const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
+  auto buffer_of = [&](int64_t chunk) -> void* {
+    return static_cast<char*>(chunk_buffer) + (chunk % plan.chunks.buffer_count) * buffer_stride;
+  };
+  auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
+  auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
 
+  // Stage 1: L = h_chunk·Wᵀ (+ bias).
+  auto form_logits = [&](int64_t chunk) {
     GemmProduct forward;
-    forward.a = hidden_rows;
+    forward.a = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
     forward.b = weight;
     forward.b_transposed = true;
-    forward.c = logits;
+    forward.c = GemmMatrix{buffer_of(chunk), plan.logits_dtype, row_count(chunk), vocab, vocab};
     forward.bias = call.bias.present() ? call.bias.data : nullptr;
     gemm(forward, scratch, stream);
+  };
 
+  // Stage 2: the row kernel (loss parts, statistics, gradient in place).
+  auto row_kernel = [&](int64_t chunk, cudaStream_t on) {
+    const int64_t first = first_row(chunk);
+    void* buffer = buffer_of(chunk);
     CeRowsArgs args;
-    args.logits = chunk_buffer;
+    args.logits = buffer;
     args.dtype = plan.logits_dtype;
-    args.rows = count;
+    args.rows = row_count(chunk);
     args.vocab = vocab;
     args.row_stride = vocab;
     args.target = static_cast<const char*>(call.target.data) +
@@ -176,22 +188,56 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
       args.argmax = offset_rows<int64_t>(stats->argmax, first);
     }
     if (want_grad) {
-      args.grad = chunk_buffer;
+      args.grad = buffer;
       args.grad_row_stride = vocab;
     }
-    ce_rows(args, stream);
-    if (!want_grad) continue;
-
+    ce_rows(args, on);
     // The products take operands of one dtype: fp32 chunk gradients of 16-bit inputs are rounded
-    // to the input dtype in place first (as F.cross_entropy's bf16 gradient would be).
-    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    // to the input dtype in place (as F.cross_entropy's bf16 gradient would be).
+    if (want_grad && narrow_gradient) {
+      narrow_rows_in_place(buffer, args.rows, vocab, vocab, operand_dtype, on);
+    }
+  };
+
+  // Stage 3: ∂h rows, ∂W and ∂bias from the chunk gradient.
+  auto products = [&](int64_t chunk) {
+    GemmMatrix gradient{buffer_of(chunk), plan.logits_dtype, row_count(chunk), vocab, vocab};
     if (narrow_gradient) {
-      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
       gradient.dtype = operand_dtype;
       gradient.stride = 2 * vocab;
     }
-    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
-                               scratch, stream);
+    const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
+    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first_row(chunk), chunk == 0,
+                               sums, scratch, stream);
+  };
+
+  const int64_t chunks = plan.chunks.chunk_count;
+  if (plan.chunks.buffer_count == 1 || !want_grad) {
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      form_logits(chunk);
+      row_kernel(chunk, stream);
+      if (want_grad) products(chunk);
+    }
+  } else {
+    // Two buffers: the row kernel of chunk i+1 runs on a side stream while chunk i's products run
+    // on the caller's stream. Caller-stream order L(0) L(1) P(0) L(2) P(1) ...; buffer i%2 is
+    // rewritten by L(i+2) only after P(i), which waited for the row kernel of chunk i.
+    SideStream side(stream);
+    form_logits(0);
+    side.fork();
+    row_kernel(0, side.stream());
+    side.mark_done();
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const bool has_next = chunk + 1 < chunks;
+      if (has_next) form_logits(chunk + 1);
+      side.wait_done();  // row kernel of `chunk`
+      if (has_next) {
+        side.fork();
+        row_kernel(chunk + 1, side.stream());
+        side.mark_done();
+      }
+      products(chunk);
+    }
   }
 
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
