@@ -1,0 +1,171 @@
+// GPU-only cases aimed at the paths of the CUDA row kernels (src/cuda/row_slice.cuh) that the
+// shared suites, built on small rows, never reach: rows split over clusters of 2, 4 and 8 CTAs,
+// slices that fill a whole multiprocessor, rows too long for shared memory (read twice), unaligned
+// rows (scalar path), and odd tails after the last 16-byte vector. Same harness and tolerances as
+// the shared suites (float64 reference of SPEC.md).
+#include <cuda_runtime.h>
+
+#include <string>
+#include <tuple>
+
+#include "ce_check.hpp"
+#include "distill_check.hpp"
+
+namespace xent::test {
+namespace {
+
+// (dtype, vocab, row padding, options, in place). Vocabulary sizes, for bf16 unless said:
+// 40000 → cluster of 2; 131079 → cluster of 8 with an odd tail; 300007 → one 75 KB slice per
+// CTA of 8; fp32 500000 → 250 KB slices, beyond shared memory: the streaming path.
+using CeKernelCase = std::tuple<DType, int64_t, int64_t, unsigned, bool>;
+
+class CudaCeRowKernel : public ::testing::TestWithParam<CeKernelCase> {};
+
+TEST_P(CudaCeRowKernel, MatchesReference) {
+  require_device();
+  const auto [dtype, vocab, padding, options, in_place] = GetParam();
+  XENT_TEST_RNG(rng);
+  CeProblem problem;
+  problem.dtype = dtype;
+  problem.rows = 6;
+  problem.vocab = vocab;
+  problem.row_stride = padding > 0 ? vocab + padding : -1;
+  problem.options = options;
+  problem.reduction = Reduction::mean;
+  problem.in_place = in_place;
+  problem.targets_at_edges = true;
+  check_ce(problem, rng);
+}
+
+constexpr unsigned kAllCeOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kClassWeight |
+                                   kRowWeight;
+
+std::string ce_case_name(const ::testing::TestParamInfo<CeKernelCase>& info) {
+  const auto [dtype, vocab, padding, options, in_place] = info.param;
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" + std::to_string(padding) +
+         "_" + ce_options_label(options) + (in_place ? "_inplace" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, CudaCeRowKernel,
+    ::testing::Values(CeKernelCase{DType::bf16, 40000, 0, 0, false},
+                      CeKernelCase{DType::bf16, 40000, 0, kAllCeOptions, true},
+                      CeKernelCase{DType::bf16, 131079, 0, kAllCeOptions, false},
+                      CeKernelCase{DType::bf16, 131072, 3, kSmoothing, false},
+                      CeKernelCase{DType::f16, 131072, 0, kZLoss | kSoftcap, true},
+                      CeKernelCase{DType::bf16, 300007, 0, kClassWeight | kSmoothing, false},
+                      CeKernelCase{DType::f32, 300007, 1, kRowWeight, true},
+                      CeKernelCase{DType::f32, 500000, 0, kAllCeOptions, false},
+                      CeKernelCase{DType::f32, 500000, 0, 0, true}),
+    ce_case_name);
+
+// (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; fp32 300007
+// → the streaming path; 4099 → one CTA with an odd tail.
+using DistillKernelCase = std::tuple<DType, int64_t, DistillKind, unsigned>;
+
+class CudaDistillRowKernel : public ::testing::TestWithParam<DistillKernelCase> {};
+
+TEST_P(CudaDistillRowKernel, MatchesReference) {
+  require_device();
+  const auto [dtype, vocab, kind, options] = GetParam();
+  XENT_TEST_RNG(rng);
+  DistillProblem problem;
+  problem.dtype = dtype;
+  problem.rows = 5;
+  problem.vocab = vocab;
+  problem.kind = kind;
+  problem.options = options;
+  problem.reduction = Reduction::mean;
+  check_distill(problem, rng);
+}
+
+std::string distill_case_name(const ::testing::TestParamInfo<DistillKernelCase>& info) {
+  const auto [dtype, vocab, kind, options] = info.param;
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_" + distill_kind_name(kind) + "_" +
+         distill_options_label(options);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, CudaDistillRowKernel,
+    ::testing::Values(
+        DistillKernelCase{DType::bf16, 70000, DistillKind::forward_kl, kTemperature},
+        DistillKernelCase{DType::bf16, 70000, DistillKind::reverse_kl, kHardAndSoft},
+        DistillKernelCase{DType::bf16, 70000, DistillKind::jsd, kDistillSoftcap},
+        DistillKernelCase{DType::f16, 70001, DistillKind::tvd, kNoTarget},
+        DistillKernelCase{DType::bf16, 4099, DistillKind::soft_ce, kHardAndSoft | kTemperature},
+        DistillKernelCase{DType::f32, 300007, DistillKind::reverse_kl, kHardAndSoft},
+        DistillKernelCase{DType::f32, 300007, DistillKind::forward_kl, 0}),
+    distill_case_name);
+
+// Repeated runs on identical inputs give identical bits (no atomics, fixed reduction order).
+TEST(CudaCeDeterminism, SameInputsSameBits) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const int64_t rows = 64, vocab = 131079;
+  const Tensor logits = Tensor::of(rng.matrix(rows, vocab, 2.0), DType::bf16);
+  const Tensor target =
+      Tensor::of_integers(make_targets(rng, rows, vocab, -100, true, false, false), DType::i64);
+  CeOptions options;
+  options.label_smoothing = 0.1;
+  options.z_loss = 1e-4;
+  const Scratch scratch(ce_workspace_size(rows, vocab, options, test_device()));
+  std::vector<double> first_loss, first_grad;
+  for (int run = 0; run < 3; ++run) {
+    Tensor loss = Tensor::scalar(DType::f32);
+    Tensor grad = Tensor::matrix(DType::bf16, rows, vocab);
+    CeOutputs out;
+    out.loss = loss.view();
+    out.grad_logits = grad.view();
+    ce_forward(logits.view(), target.view(), options, out, {}, scratch.workspace());
+    finish();
+    if (run == 0) {
+      first_loss = loss.download();
+      first_grad = grad.download();
+    } else {
+      EXPECT_EQ(loss.download(), first_loss);
+      EXPECT_EQ(grad.download(), first_grad);
+    }
+  }
+}
+
+// An out-of-range target: NaN loss row and gradient row, other rows exact, and check_errors
+// reports the first offending row with the CPU's words.
+TEST(CudaCeErrors, OutOfRangeTargetFlagsAndNaNs) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const int64_t rows = 8, vocab = 40000;
+  const Tensor logits = Tensor::of(rng.matrix(rows, vocab, 1.0), DType::f32);
+  std::vector<int64_t> targets(rows, 5);
+  targets[3] = vocab + 7;
+  targets[6] = -3;
+  const Tensor target = Tensor::of_integers(targets, DType::i64);
+  CeOptions options;
+  options.reduction = Reduction::none;
+  const Scratch scratch(ce_workspace_size(rows, vocab, options, test_device()));
+  Tensor loss = Tensor::vector(DType::f32, rows);
+  Tensor grad = Tensor::matrix(DType::f32, rows, vocab);
+  CeOutputs out;
+  out.loss = loss.view();
+  out.grad_logits = grad.view();
+  ce_forward(logits.view(), target.view(), options, out, {}, scratch.workspace());
+  cudaDeviceSynchronize();
+  const auto l = loss.download();
+  const auto g = grad.download();
+  for (int64_t n = 0; n < rows; ++n) {
+    const bool bad = n == 3 || n == 6;
+    EXPECT_EQ(std::isnan(l[n]), bad) << "row " << n;
+    EXPECT_EQ(std::isnan(g[n * vocab + 11]), bad) << "row " << n;
+  }
+  try {
+    check_errors(test_device());
+    ADD_FAILURE() << "check_errors did not report the out-of-range target";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("ce_forward"), std::string::npos) << message;
+    EXPECT_NE(message.find("target[3] = 40007"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(check_errors(test_device()));  // reading clears the flag
+}
+
+}  // namespace
+}  // namespace xent::test
