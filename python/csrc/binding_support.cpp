@@ -1,0 +1,166 @@
+#include "binding_support.hpp"
+
+#include <algorithm>
+
+#if defined(XENT_TORCH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace xent::torch_binding {
+namespace {
+
+DType dtype_of(const at::Tensor& tensor, const char* function, const char* argument) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return DType::f32;
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    case at::kDouble: return DType::f64;
+    case at::kLong: return DType::i64;
+    case at::kInt: return DType::i32;
+    default:
+      TORCH_CHECK_VALUE(false, function, ": ", argument, " dtype unsupported: got ",
+                        tensor.scalar_type(),
+                        "; expected float32, bfloat16, float16, float64, int64 or int32");
+  }
+}
+
+}  // namespace
+
+Device xent_device(const at::Tensor& tensor) {
+  Device device;
+  if (tensor.is_cuda()) {
+    device.kind = DeviceKind::cuda;
+    device.index = tensor.get_device();
+  }
+  return device;
+}
+
+at::Tensor contiguous_rows(const at::Tensor& tensor) {
+  if (tensor.dim() != 2) return tensor.contiguous();
+  const bool columns_contiguous = tensor.stride(1) == 1 || tensor.size(1) <= 1;
+  const bool rows_ordered = tensor.stride(0) >= tensor.size(1) || tensor.size(0) <= 1;
+  return columns_contiguous && rows_ordered ? tensor : tensor.contiguous();
+}
+
+at::Tensor contiguous_vector(const at::Tensor& tensor) { return tensor.contiguous(); }
+
+TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument) {
+  if (tensor.dim() != 2) return vector_view(tensor, function, argument);
+  const int64_t row_stride = tensor.size(0) <= 1 ? tensor.size(1) : tensor.stride(0);
+  return matrix(tensor.data_ptr(), dtype_of(tensor, function, argument), tensor.size(0),
+                tensor.size(1), row_stride, xent_device(tensor));
+}
+
+// 0-D gives a scalar view and 1-D a vector; any other rank keeps its ndim so the core reports
+// the shape mismatch by name.
+TensorView vector_view(const at::Tensor& tensor, const char* function, const char* argument) {
+  const DType dtype = dtype_of(tensor, function, argument);
+  if (tensor.dim() == 0) return scalar(tensor.data_ptr(), dtype, xent_device(tensor));
+  TensorView view = vector(tensor.data_ptr(), dtype, tensor.numel(), xent_device(tensor));
+  if (tensor.dim() > 1) {
+    view.ndim = static_cast<int>(tensor.dim());
+    view.rows = tensor.size(0);
+    view.cols = tensor.numel() / std::max<int64_t>(tensor.size(0), 1);
+    view.row_stride = view.cols;
+  }
+  return view;
+}
+
+TensorView optional_matrix_view(const c10::optional<at::Tensor>& tensor, const char* function,
+                                const char* argument) {
+  return tensor.has_value() ? matrix_view(*tensor, function, argument) : TensorView{};
+}
+
+TensorView optional_vector_view(const c10::optional<at::Tensor>& tensor, const char* function,
+                                const char* argument) {
+  return tensor.has_value() ? vector_view(*tensor, function, argument) : TensorView{};
+}
+
+Stream current_stream(const at::Tensor& tensor) {
+#if defined(XENT_TORCH_CUDA)
+  if (tensor.is_cuda()) {
+    return Stream{c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream()};
+  }
+#else
+  (void)tensor;
+#endif
+  return Stream{};
+}
+
+Reduction parse_reduction(const char* function, c10::string_view reduction_view) {
+  const std::string reduction(reduction_view.data(), reduction_view.size());
+  if (reduction == "none") return Reduction::none;
+  if (reduction == "sum") return Reduction::sum;
+  if (reduction == "mean") return Reduction::mean;
+  TORCH_CHECK_VALUE(false, function, ": reduction unknown: got '", reduction,
+                    "'; expected one of 'none', 'sum', 'mean'");
+}
+
+DistillKind parse_distill_kind(const char* function, c10::string_view kind_view) {
+  const std::string kind(kind_view.data(), kind_view.size());
+  if (kind == "forward_kl") return DistillKind::forward_kl;
+  if (kind == "reverse_kl") return DistillKind::reverse_kl;
+  if (kind == "jsd") return DistillKind::jsd;
+  if (kind == "soft_ce") return DistillKind::soft_ce;
+  if (kind == "tvd") return DistillKind::tvd;
+  TORCH_CHECK_VALUE(false, function, ": kind unknown: got '", kind,
+                    "'; expected one of 'forward_kl', 'reverse_kl', 'jsd', 'soft_ce', 'tvd'");
+}
+
+at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows) {
+  const auto options = like.options().dtype(at::kFloat);
+  return reduction == Reduction::none ? at::empty({rows}, options) : at::empty({}, options);
+}
+
+c10::optional<at::Tensor> as_fp32_vector(const c10::optional<at::Tensor>& tensor) {
+  if (!tensor.has_value()) return c10::nullopt;
+  if (!tensor->is_floating_point()) return tensor->contiguous();  // the core rejects it by name
+  return tensor->to(at::kFloat).contiguous();
+}
+
+CeOptions make_ce_options(const char* function, int64_t ignore_index, c10::string_view reduction,
+                          double label_smoothing, double z_loss, c10::optional<double> softcap,
+                          double logit_scale, const TensorView& class_weight,
+                          const TensorView& row_weight) {
+  CeOptions options;
+  options.ignore_index = ignore_index;
+  options.reduction = parse_reduction(function, reduction);
+  options.label_smoothing = label_smoothing;
+  options.z_loss = z_loss;
+  if (softcap.has_value()) options.softcap = *softcap;
+  options.logit_scale = logit_scale;
+  options.class_weight = class_weight;
+  options.row_weight = row_weight;
+  return options;
+}
+
+DistillOptions make_distill_options(const char* function, c10::string_view kind,
+                                    double temperature, double beta,
+                                    c10::optional<double> softcap, double soft_weight,
+                                    double hard_weight, int64_t ignore_index,
+                                    c10::string_view reduction, double label_smoothing,
+                                    double z_loss, const TensorView& class_weight) {
+  DistillOptions options;
+  options.kind = parse_distill_kind(function, kind);
+  options.temperature = temperature;
+  options.beta = beta;
+  if (softcap.has_value()) options.softcap = *softcap;
+  options.soft_weight = soft_weight;
+  options.hard_weight = hard_weight;
+  options.ce = make_ce_options(function, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                               1.0, class_weight, TensorView{});
+  return options;
+}
+
+std::size_t workspace_budget(int64_t workspace_bytes, std::size_t default_budget) {
+  return workspace_bytes > 0 ? static_cast<std::size_t>(workspace_bytes) : default_budget;
+}
+
+std::pair<at::Tensor, Workspace> allocate_workspace(const at::Tensor& like, std::size_t bytes) {
+  if (bytes == 0) return {at::Tensor(), Workspace{}};
+  at::Tensor buffer =
+      at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  return {buffer, Workspace{buffer.data_ptr(), bytes}};
+}
+
+}  // namespace xent::torch_binding

@@ -1,0 +1,106 @@
+// torch ops xent::distill_forward and xent::distill_backward (SPEC.md §3).
+#include <c10/core/DeviceGuard.h>
+
+#include "binding_support.hpp"
+
+namespace xent::torch_binding {
+namespace {
+
+using at::Tensor;
+
+Tensor distill_forward_op(const Tensor& student, const Tensor& teacher,
+                          const c10::optional<Tensor>& target,
+                          const c10::optional<Tensor>& class_weight, c10::string_view kind,
+                          double temperature, double beta, c10::optional<double> softcap,
+                          double soft_weight, double hard_weight, int64_t ignore_index,
+                          c10::string_view reduction, double label_smoothing, double z_loss) {
+  constexpr const char* function = "distill_forward";
+  return translate_errors([&] {
+    c10::DeviceGuard guard(student.device());
+    const Tensor student_rows = contiguous_rows(student);
+    const Tensor teacher_rows = contiguous_rows(teacher);
+    const auto target_vector =
+        target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
+    const auto class_weight32 = as_fp32_vector(class_weight);
+    const DistillOptions options = make_distill_options(
+        function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+        reduction, label_smoothing, z_loss,
+        optional_vector_view(class_weight32, function, "class_weight"));
+    const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
+    const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
+
+    Tensor loss = new_loss(student, options.ce.reduction, rows);
+    DistillOutputs out;
+    out.loss = vector_view(loss, function, "loss");
+    const TensorView student_view = matrix_view(student_rows, function, "student");
+    const std::size_t bytes = distill_workspace_size(rows, vocab, options, student_view.device);
+    auto [buffer, workspace] = allocate_workspace(student, bytes);
+    distill_forward(student_view, matrix_view(teacher_rows, function, "teacher"),
+                    optional_vector_view(target_vector, function, "target"), options, out,
+                    TensorView{}, workspace, current_stream(student));
+    return loss;
+  });
+}
+
+Tensor distill_backward_op(const Tensor& student, const Tensor& teacher,
+                           const c10::optional<Tensor>& target, const Tensor& grad_output,
+                           const c10::optional<Tensor>& class_weight, c10::string_view kind,
+                           double temperature, double beta, c10::optional<double> softcap,
+                           double soft_weight, double hard_weight, int64_t ignore_index,
+                           c10::string_view reduction, double label_smoothing, double z_loss) {
+  constexpr const char* function = "distill_backward";
+  return translate_errors([&] {
+    c10::DeviceGuard guard(student.device());
+    const Tensor student_rows = contiguous_rows(student);
+    const Tensor teacher_rows = contiguous_rows(teacher);
+    const auto target_vector =
+        target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
+    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const auto class_weight32 = as_fp32_vector(class_weight);
+    const DistillOptions options = make_distill_options(
+        function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+        reduction, label_smoothing, z_loss,
+        optional_vector_view(class_weight32, function, "class_weight"));
+    const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
+    const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
+
+    Tensor grad_student = at::empty(student_rows.sizes(), student.options());
+    const TensorView student_view = matrix_view(student_rows, function, "student");
+    const std::size_t bytes = distill_workspace_size(rows, vocab, options, student_view.device);
+    auto [buffer, workspace] = allocate_workspace(student, bytes);
+    distill_backward(student_view, matrix_view(teacher_rows, function, "teacher"),
+                     optional_vector_view(target_vector, function, "target"),
+                     vector_view(grad_output32, function, "grad_output"), options,
+                     matrix_view(grad_student, function, "grad_student"), workspace,
+                     current_stream(student));
+    return grad_student;
+  });
+}
+
+}  // namespace
+}  // namespace xent::torch_binding
+
+TORCH_LIBRARY_FRAGMENT(xent, m) {
+  m.def(
+      "distill_forward(Tensor student, Tensor teacher, Tensor? target, Tensor? class_weight, "
+      "str kind, float temperature, float beta, float? softcap, float soft_weight, "
+      "float hard_weight, int ignore_index, str reduction, float label_smoothing, "
+      "float z_loss) -> Tensor");
+  m.def(
+      "distill_backward(Tensor student, Tensor teacher, Tensor? target, Tensor grad_output, "
+      "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
+      "float soft_weight, float hard_weight, int ignore_index, str reduction, "
+      "float label_smoothing, float z_loss) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(xent, CPU, m) {
+  m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
+  m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
+}
+
+#if defined(XENT_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(xent, CUDA, m) {
+  m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
+  m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
+}
+#endif

@@ -1,0 +1,50 @@
+"""xent: memory-efficient loss kernels for training language models.
+
+    import xent
+    loss = xent.cross_entropy(logits, target)                       # (N, V) or (B, T, V)
+    loss = xent.linear_cross_entropy(hidden, lm_head.weight, target)  # never holds N x V logits
+
+Modules live in xent.nn, the Hugging Face patch in xent.hf.
+"""
+
+from xent import _ops  # noqa: F401  (loads the compiled ops first)
+from xent.functional import (
+    DISTILL_KINDS,
+    CrossEntropyResult,
+    cross_entropy,
+    distill,
+    linear_cross_entropy,
+    linear_distill,
+)
+from xent import nn  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CrossEntropyResult",
+    "DISTILL_KINDS",
+    "check_errors",
+    "cross_entropy",
+    "distill",
+    "linear_cross_entropy",
+    "linear_distill",
+    "nn",
+]
+
+
+def check_errors(device=None) -> None:
+    """Raises the error a CUDA kernel flagged (an out-of-range target) since the last check.
+
+    Kernels never synchronise with the host: a bad target on the GPU yields a NaN loss row and
+    sets a device-side flag; this call synchronises the current stream and reports it with the
+    message the CPU backend raises at once. A no-op on the CPU.
+    """
+    import torch
+
+    if device is None:
+        if not torch.cuda.is_available():
+            return
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type == "cuda":
+        _ops.ops.check_errors(torch.empty(0, device=device))

@@ -1,0 +1,181 @@
+"""autograd.Function wrappers of the xent ops.
+
+Every op takes 2-D inputs here; functional.py flattens (B, T, ...) and parses options. Options
+travel as one tuple (positional, as the op schemas order them) so forward and backward cannot
+disagree about them.
+
+Gradients are first-order only: each backward is a single xent kernel, not something autograd
+can differentiate again, so differentiating a gradient raises (see _no_double_backward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xent._ops import ops
+
+
+class _DoubleBackwardError(torch.autograd.Function):
+    """Identity whose backward raises: marks gradients that must not be differentiated again."""
+
+    @staticmethod
+    def forward(ctx, name, *grads):
+        ctx.name = name
+        return tuple(g.view_as(g) if g is not None else None for g in grads)
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise RuntimeError(
+            f"{ctx.name}: double backward is not supported: the gradient of this loss is computed "
+            "by a fused kernel that autograd cannot differentiate again (it was called with "
+            "create_graph=True and then differentiated)"
+        )
+
+
+def _no_double_backward(name, grads):
+    """Returns `grads`, guarded against a second differentiation when the graph is being kept."""
+    if not torch.is_grad_enabled():
+        return grads
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    guarded = iter(_DoubleBackwardError.apply(name, *present))
+    return tuple(next(guarded) if g is not None else None for g in grads)
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    # inputs: logits [N, V], target [N], class_weight, row_weight, options tuple
+    # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    @staticmethod
+    def forward(ctx, logits, target, class_weight, row_weight, options, with_stats):
+        outputs = ops.ce_forward(logits, target, class_weight, row_weight, *options, with_stats)
+        ctx.save_for_backward(logits, target, outputs[1], class_weight, row_weight)
+        ctx.options = options
+        ctx.mark_non_differentiable(*outputs[1:])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        logits, target, lse, class_weight, row_weight = ctx.saved_tensors
+        grad = None
+        if ctx.needs_input_grad[0] and grad_loss is not None:
+            with torch.no_grad():
+                grad = ops.ce_backward(logits, target, lse, grad_loss, class_weight, row_weight,
+                                       *ctx.options)
+            (grad,) = _no_double_backward("xent.cross_entropy", (grad,))
+        return grad, None, None, None, None, None
+
+
+def _scale(grad, upstream):
+    """The gradient computed in the forward (for upstream 1), scaled by the scalar upstream."""
+    if grad is None:
+        return None
+    return grad * upstream.to(grad.dtype)
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
+    #           workspace_bytes, fp32_logits)
+    # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
+                wants):
+        reduction = options[1]
+        # sum/mean: the gradient for an upstream of 1 is formed in the same pass as the loss and
+        # the backward only scales it (SPEC §2). none: the backward recomputes with the real
+        # per-row upstream gradient.
+        in_forward = reduction != "none" and any(wants)
+        flags = wants if in_forward else (False, False, False)
+        outputs = ops.linear_ce_forward(hidden, weight, bias, target, class_weight, row_weight,
+                                        *options, with_stats, *flags)
+        stats, grads = outputs[:7], outputs[7:]
+        ctx.options = options
+        ctx.wants = wants
+        ctx.in_forward = in_forward
+        if in_forward:
+            kept = [g if w else None for g, w in zip(grads, wants)]
+            ctx.save_for_backward(*kept)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight)
+        ctx.mark_non_differentiable(*stats[1:])
+        return stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        none = (None,) * 6
+        if grad_loss is None:
+            return (None, None, None) + none
+        if ctx.in_forward:
+            with torch.no_grad():
+                grads = tuple(_scale(g, grad_loss) for g in ctx.saved_tensors)
+        else:
+            hidden, weight, bias, target, lse, class_weight, row_weight = ctx.saved_tensors
+            with torch.no_grad():
+                result = ops.linear_ce_backward(hidden, weight, bias, target, lse, grad_loss,
+                                                class_weight, row_weight, *ctx.options,
+                                                *ctx.wants)
+            grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
+        grads = _no_double_backward("xent.linear_cross_entropy", grads)
+        return tuple(grads) + none
+
+
+class DistillFunction(torch.autograd.Function):
+    # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+    #           reduction, label_smoothing, z_loss)
+    @staticmethod
+    def forward(ctx, student, teacher, target, class_weight, options):
+        loss = ops.distill_forward(student, teacher, target, class_weight, *options)
+        ctx.save_for_backward(student, teacher, target, class_weight)
+        ctx.options = options
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        student, teacher, target, class_weight = ctx.saved_tensors
+        grad = None
+        if ctx.needs_input_grad[0] and grad_loss is not None:
+            with torch.no_grad():
+                grad = ops.distill_backward(student, teacher, target, grad_loss, class_weight,
+                                            *ctx.options)
+            (grad,) = _no_double_backward("xent.distill", (grad,))
+        return grad, None, None, None, None
+
+
+class LinearDistillFunction(torch.autograd.Function):
+    # options: distill options + (workspace_bytes, fp32_logits); wants: (hidden, weight).
+    @staticmethod
+    def forward(ctx, student_hidden, student_weight, teacher_logits, teacher_hidden,
+                teacher_weight, target, class_weight, options, wants):
+        reduction = options[7]
+        in_forward = reduction != "none" and any(wants)
+        flags = wants if in_forward else (False, False)
+        loss, grad_hidden, grad_weight = ops.linear_distill_forward(
+            student_hidden, student_weight, teacher_logits, teacher_hidden, teacher_weight,
+            target, class_weight, *options, *flags)
+        ctx.options = options
+        ctx.wants = wants
+        ctx.in_forward = in_forward
+        if in_forward:
+            ctx.save_for_backward(grad_hidden if wants[0] else None,
+                                  grad_weight if wants[1] else None)
+        else:
+            ctx.save_for_backward(student_hidden, student_weight, teacher_logits, teacher_hidden,
+                                  teacher_weight, target, class_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        none = (None,) * 7
+        if grad_loss is None:
+            return (None, None) + none
+        if ctx.in_forward:
+            with torch.no_grad():
+                grads = tuple(_scale(g, grad_loss) for g in ctx.saved_tensors)
+        else:
+            saved = ctx.saved_tensors
+            with torch.no_grad():
+                result = ops.linear_distill_backward(*saved[:6], grad_loss, saved[6],
+                                                     *ctx.options, *ctx.wants)
+            grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
+        grads = _no_double_backward("xent.linear_distill", grads)
+        return tuple(grads) + none

@@ -1,0 +1,125 @@
+"""Loads the compiled torch ops (namespace ``xent``) and registers their fake implementations.
+
+The fake (meta) implementations describe output shapes and dtypes only, so ``torch.compile``
+traces through every op without a graph break and without running it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+
+def _load_library() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = sorted(glob.glob(os.path.join(here, "_C*.so")))
+    if not candidates:
+        raise ImportError(
+            f"xent: the compiled library (_C.so) is missing from {here}; build it with "
+            "`pip install .` or `make test-python` (target xent_torch)"
+        )
+    torch.ops.load_library(candidates[0])
+
+
+_load_library()
+ops = torch.ops.xent
+
+_register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
+
+
+def _loss_like(like: torch.Tensor, reduction: str, rows) -> torch.Tensor:
+    shape = (rows,) if reduction == "none" else ()
+    return like.new_empty(shape, dtype=torch.float32)
+
+
+def _ce_outputs(like: torch.Tensor, rows, reduction: str, with_stats: bool):
+    f32 = torch.float32
+    stat_rows = rows if with_stats else 0
+    return (
+        _loss_like(like, reduction, rows),
+        like.new_empty((rows,), dtype=f32),
+        like.new_empty((stat_rows,), dtype=f32),
+        like.new_empty((stat_rows,), dtype=f32),
+        like.new_empty((stat_rows,), dtype=torch.int64),
+        like.new_empty(() if with_stats else (0,), dtype=f32),
+        _loss_like(like, reduction, rows) if with_stats else like.new_empty((0,), dtype=f32),
+    )
+
+
+@_register_fake("xent::ce_forward")
+def _ce_forward_fake(logits, target, class_weight, row_weight, ignore_index, reduction,
+                     label_smoothing, z_loss, softcap, logit_scale, with_stats):
+    return _ce_outputs(logits, logits.shape[0], reduction, with_stats)
+
+
+@_register_fake("xent::ce_backward")
+def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight, ignore_index,
+                      reduction, label_smoothing, z_loss, softcap, logit_scale):
+    return logits.new_empty(logits.shape)
+
+
+@_register_fake("xent::linear_ce_forward")
+def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weight, ignore_index,
+                            reduction, label_smoothing, z_loss, softcap, logit_scale,
+                            workspace_bytes, fp32_logits, with_stats, grad_hidden, grad_weight,
+                            grad_bias):
+    grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+    return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads
+
+
+def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias):
+    return (
+        hidden.new_empty(hidden.shape if grad_hidden else (0,)),
+        weight.new_empty(weight.shape if grad_weight else (0,)),
+        bias.new_empty(bias.shape) if (grad_bias and bias is not None) else weight.new_empty((0,)),
+    )
+
+
+@_register_fake("xent::linear_ce_backward")
+def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, class_weight,
+                             row_weight, ignore_index, reduction, label_smoothing, z_loss,
+                             softcap, logit_scale, workspace_bytes, fp32_logits, grad_hidden,
+                             grad_weight, grad_bias):
+    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+
+
+@_register_fake("xent::distill_forward")
+def _distill_forward_fake(student, teacher, target, class_weight, kind, temperature, beta,
+                          softcap, soft_weight, hard_weight, ignore_index, reduction,
+                          label_smoothing, z_loss):
+    return _loss_like(student, reduction, student.shape[0])
+
+
+@_register_fake("xent::distill_backward")
+def _distill_backward_fake(student, teacher, target, grad_output, class_weight, kind,
+                           temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+                           reduction, label_smoothing, z_loss):
+    return student.new_empty(student.shape)
+
+
+def _student_gradients(hidden, weight, grad_hidden, grad_weight):
+    return (
+        hidden.new_empty(hidden.shape if grad_hidden else (0,)),
+        weight.new_empty(weight.shape if grad_weight else (0,)),
+    )
+
+
+@_register_fake("xent::linear_distill_forward")
+def _linear_distill_forward_fake(student_hidden, student_weight, teacher_logits, teacher_hidden,
+                                 teacher_weight, target, class_weight, kind, temperature, beta,
+                                 softcap, soft_weight, hard_weight, ignore_index, reduction,
+                                 label_smoothing, z_loss, workspace_bytes, fp32_logits,
+                                 grad_hidden, grad_weight):
+    loss = _loss_like(student_hidden, reduction, student_hidden.shape[0])
+    return (loss,) + _student_gradients(student_hidden, student_weight, grad_hidden, grad_weight)
+
+
+@_register_fake("xent::linear_distill_backward")
+def _linear_distill_backward_fake(student_hidden, student_weight, teacher_logits, teacher_hidden,
+                                  teacher_weight, target, grad_output, class_weight, kind,
+                                  temperature, beta, softcap, soft_weight, hard_weight,
+                                  ignore_index, reduction, label_smoothing, z_loss,
+                                  workspace_bytes, fp32_logits, grad_hidden, grad_weight):
+    return _student_gradients(student_hidden, student_weight, grad_hidden, grad_weight)

@@ -1,0 +1,171 @@
+"""Loss modules over xent.functional, with the argument order PyTorch users expect."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from xent import functional as F
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "CrossEntropyLoss",
+    "LinearCrossEntropyLoss",
+    "DistillationLoss",
+    "LinearDistillationLoss",
+]
+
+
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is None and reduce is None:
+        return reduction
+    from torch.nn import _reduction
+
+    return _reduction.legacy_get_string(size_average, reduce)
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """Drop-in for torch.nn.CrossEntropyLoss on class-last logits (N, V) or (B, T, V).
+
+    Same positional arguments (weight, size_average, ignore_index, reduce, reduction,
+    label_smoothing), plus keyword-only z_loss, softcap and logit_scale. forward(input, target,
+    row_weight=None).
+    """
+
+    def __init__(self, weight: Optional[Tensor] = None, size_average=None,
+                 ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, logit_scale: float = 1.0):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = _legacy_reduction(size_average, reduce, reduction)
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.logit_scale = logit_scale
+
+    def forward(self, input: Tensor, target: Tensor, row_weight: Optional[Tensor] = None):
+        return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction,
+                               self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+                               logit_scale=self.logit_scale, row_weight=row_weight)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+                f"softcap={self.softcap}, logit_scale={self.logit_scale}")
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Fused LM head + cross-entropy: forward(input, weight, target, bias=None).
+
+    input (N, H) or (B, T, H), weight (V, H) as F.linear takes them. The (N, V) logits are never
+    held: work is chunked within workspace_bytes (default 512 MiB).
+    """
+
+    def __init__(self, class_weight: Optional[Tensor] = None, ignore_index: int = -100,
+                 reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, logit_scale: float = 1.0,
+                 workspace_bytes: Optional[int] = None, fp32_logits: bool = False):
+        super().__init__()
+        self.register_buffer("class_weight", class_weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.logit_scale = logit_scale
+        self.workspace_bytes = workspace_bytes
+        self.fp32_logits = fp32_logits
+
+    def forward(self, input: Tensor, weight: Tensor, target: Tensor,
+                bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None):
+        return F.linear_cross_entropy(
+            input, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
+            z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
+            class_weight=self.class_weight, row_weight=row_weight,
+            workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+                f"softcap={self.softcap}, workspace_bytes={self.workspace_bytes}")
+
+
+class _DistillOptions(torch.nn.Module):
+    def __init__(self, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+                 reduction, label_smoothing, z_loss, class_weight):
+        super().__init__()
+        self.kind = kind
+        self.temperature = temperature
+        self.beta = beta
+        self.softcap = softcap
+        self.soft_weight = soft_weight
+        self.hard_weight = hard_weight
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.register_buffer("class_weight", class_weight)
+
+    def _options(self) -> dict:
+        return dict(kind=self.kind, temperature=self.temperature, beta=self.beta,
+                    softcap=self.softcap, soft_weight=self.soft_weight,
+                    hard_weight=self.hard_weight, ignore_index=self.ignore_index,
+                    reduction=self.reduction, label_smoothing=self.label_smoothing,
+                    z_loss=self.z_loss, class_weight=self.class_weight)
+
+    def extra_repr(self) -> str:
+        return (f"kind={self.kind!r}, temperature={self.temperature}, beta={self.beta}, "
+                f"soft_weight={self.soft_weight}, hard_weight={self.hard_weight}, "
+                f"reduction={self.reduction!r}")
+
+
+class DistillationLoss(_DistillOptions):
+    """Distillation between logits: forward(student_logits, teacher_logits, target=None).
+
+    kind is one of forward_kl, reverse_kl, jsd, soft_ce, tvd (see xent.distill).
+    """
+
+    def __init__(self, kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
+                 reduction: str = "mean", ignore_index: int = -100, *,
+                 softcap: Optional[float] = None, soft_weight: float = 1.0,
+                 hard_weight: float = 0.0, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 class_weight: Optional[Tensor] = None):
+        super().__init__(kind, temperature, beta, softcap, soft_weight, hard_weight,
+                         ignore_index, reduction, label_smoothing, z_loss, class_weight)
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor,
+                target: Optional[Tensor] = None) -> Tensor:
+        return F.distill(student_logits, teacher_logits, target, **self._options())
+
+
+class LinearDistillationLoss(_DistillOptions):
+    """Fused student head + distillation.
+
+    forward(student_input, student_weight, teacher_logits=None, target=None, *,
+    teacher_input=None, teacher_weight=None): the teacher as logits, or as hidden states and
+    its head weight (then its logits are computed chunk by chunk too).
+    """
+
+    def __init__(self, kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
+                 reduction: str = "mean", ignore_index: int = -100, *,
+                 softcap: Optional[float] = None, soft_weight: float = 1.0,
+                 hard_weight: float = 0.0, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                 class_weight: Optional[Tensor] = None, workspace_bytes: Optional[int] = None,
+                 fp32_logits: bool = False):
+        super().__init__(kind, temperature, beta, softcap, soft_weight, hard_weight,
+                         ignore_index, reduction, label_smoothing, z_loss, class_weight)
+        self.workspace_bytes = workspace_bytes
+        self.fp32_logits = fp32_logits
+
+    def forward(self, student_input: Tensor, student_weight: Tensor,
+                teacher_logits: Optional[Tensor] = None, target: Optional[Tensor] = None, *,
+                teacher_input: Optional[Tensor] = None,
+                teacher_weight: Optional[Tensor] = None) -> Tensor:
+        return F.linear_distill(student_input, student_weight, teacher_logits, target,
+                                teacher_hidden=teacher_input, teacher_weight=teacher_weight,
+                                workspace_bytes=self.workspace_bytes,
+                                fp32_logits=self.fp32_logits, **self._options())
