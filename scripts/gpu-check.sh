@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The whole check on a machine with a GPU, from a fresh checkout (googletest sources in
+# .carry/googletest when the system has none):
+#   configure for the GPU (Hopper: sm_90a), build, ctest (labels cpu and gpu), compute-sanitizer
+#   memcheck and racecheck on a subset of the GPU tests, the kernels' bandwidth probe, xent-bench's
+#   PERF.md suite and the PyTorch comparison when they are there.
+# Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
+# Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; JOBS sets build parallelism.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BUILD=build-gpu
+JOBS="${JOBS:-$(nproc)}"
+SKIP=",${GPU_CHECK_SKIP:-},"
+export PATH="$PATH:/usr/local/cuda/bin"
+SUMMARY=()
+
+skipped() { [[ "$SKIP" == *",$1,"* ]]; }
+# step NAME LIMIT_SECONDS COMMAND...: runs with a time limit, log in OUT/NAME.log, one summary line.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  if skipped "$name"; then
+    SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$name" SKIP - "GPU_CHECK_SKIP")")
+    return 0
+  fi
+  local start=$SECONDS status note
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  status=$?
+  note="$(tail -n 1 "$OUT/$name.log" | cut -c1-70)"
+  if [[ $status -eq 0 ]]; then
+    SUMMARY+=("$(printf '%-12s %-6s %5ss  %s' "$name" PASS $((SECONDS - start)) "$note")")
+  else
+    [[ $status -eq 124 ]] && note="timed out after ${limit}s; $note"
+    SUMMARY+=("$(printf '%-12s %-6s %5ss  rc=%s %s' "$name" FAIL $((SECONDS - start)) "$status" "$note")")
+  fi
+  return $status
+}
+note_skip() { SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$1" SKIP - "$2")"); }
+
+nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 || true
+cmake --version | head -n 1 >"$OUT/tools.log"
+nvcc --version | tail -n 2 >>"$OUT/tools.log"
+
+# Hopper wants sm_90a (wgmma, setmaxnreg); CMake spells it "90a" in CMAKE_CUDA_ARCHITECTURES from
+# 3.24 on (the gpu preset). If this CMake refuses it, pass the -gencode form by hand instead.
+configure() {
+  local cc
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)"
+  local arch="${cc:-90}"
+  [[ "$arch" == 90 ]] && arch=90a
+  echo "GPU compute capability: ${cc:-unknown}; CUDA architecture: $arch"
+  if cmake -S . -B "$BUILD" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DXENT_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$arch"; then
+    return 0
+  fi
+  echo "CMAKE_CUDA_ARCHITECTURES=$arch refused; retrying with explicit -gencode flags"
+  rm -rf "$BUILD"
+  cmake -S . -B "$BUILD" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DXENT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=OFF \
+    -DCMAKE_CUDA_FLAGS="-gencode=arch=compute_${arch},code=sm_${arch}"
+}
+
+export BUILD
+step configure 300 bash -c "$(declare -f configure); configure" || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+step build 900 cmake --build "$BUILD" -j "$JOBS" || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+cuobjdump --list-elf "$BUILD/libxent.a" 2>/dev/null | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' \
+  | sort | uniq -c >>"$OUT/tools.log" || true
+
+step cpu 900 ctest --test-dir "$BUILD" -L cpu -j "$JOBS" --timeout 600 --output-on-failure
+# GPU test processes share the one GPU; a few at a time keeps memory and contexts in bounds.
+step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
+
+GPU_TESTS="$BUILD/tests/cpp/xent_gpu_tests"
+# Sanitizers run a subset: every kernel path of the row kernels (cluster splits, streaming,
+# unaligned, errors) plus a slice of the shared grids; the full grids under memcheck take hours.
+SANITIZER_FILTER="${SANITIZER_FILTER:-Paths/CudaCeRowKernel.*:Paths/CudaDistillRowKernel.*:CudaCeErrors.*:*CeGrid*bf16*:*DistillGrid*bf16*}"
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 1 "$GPU_TESTS" \
+    --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+  step racecheck 900 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
+    "$GPU_TESTS" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+else
+  note_skip memcheck "compute-sanitizer not found"
+  note_skip racecheck "compute-sanitizer not found"
+fi
+
+step probe 600 "$GPU_TESTS" --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'
+
+if [[ -x "$BUILD/tools/xent-bench" ]]; then
+  step bench 900 "$BUILD/tools/xent-bench" --suite perf --device cuda --json "$OUT/bench.json"
+else
+  note_skip bench "$BUILD/tools/xent-bench not built yet"
+fi
+if [[ -f tools/compare_torch.py ]]; then
+  step torch 900 python3 tools/compare_torch.py --json "$OUT/torch.json"
+else
+  note_skip torch "tools/compare_torch.py not present yet"
+fi
+
+echo
+echo "== bandwidth probe (fraction of copy bandwidth) =="
+grep -E '^(copy|case|ce |distill )' "$OUT/probe.log" 2>/dev/null || echo "(no probe output)"
+echo
+echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)) =="
+printf '%s\n' "${SUMMARY[@]}"
+! printf '%s\n' "${SUMMARY[@]}" | grep -q ' FAIL '
