@@ -1,5 +1,6 @@
 // The device-side error state for out-of-range targets (SPEC §1: a GPU op cannot read targets
 // on the host without a synchronisation) and check_errors, which reads and clears it.
+#include <atomic>
 #include <string>
 
 #include "api/backend.hpp"
@@ -28,8 +29,20 @@ const char* op_name(OpCode op) {
 }
 
 DeviceErrorState* device_error_state() {
+  // Looked up once per device: ops run under graph capture, where a first-time symbol lookup
+  // (which may load the module) is best kept out of the captured region.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<DeviceErrorState*> cache[kMaxDevices] = {};
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < kMaxDevices) {
+    if (DeviceErrorState* known = cache[device].load(std::memory_order_acquire)) return known;
+  }
   void* address = nullptr;
   XENT_CUDA_CHECK(cudaGetSymbolAddress(&address, g_error_state));
+  if (device < kMaxDevices) {
+    cache[device].store(static_cast<DeviceErrorState*>(address), std::memory_order_release);
+  }
   return static_cast<DeviceErrorState*>(address);
 }
 
