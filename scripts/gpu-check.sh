@@ -5,7 +5,8 @@
 #   memcheck and racecheck on a subset of the GPU tests, the kernels' bandwidth probe, xent-bench's
 #   PERF.md suite and the PyTorch comparison when they are there.
 # Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
-# Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; JOBS sets build parallelism.
+# Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; GPU_CHECK_DEADLINE=SECONDS
+# caps the whole run (steps are cut to fit); JOBS sets build parallelism.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
@@ -25,6 +26,15 @@ step() {
   if skipped "$name"; then
     SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$name" SKIP - "GPU_CHECK_SKIP")")
     return 0
+  fi
+  # GPU_CHECK_DEADLINE (seconds from the start) caps every step so the summary always prints.
+  if [[ -n "${GPU_CHECK_DEADLINE:-}" ]]; then
+    local left=$((GPU_CHECK_DEADLINE - SECONDS - 20))
+    if ((left < 5)); then
+      SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$name" SKIP - "no time left before GPU_CHECK_DEADLINE")")
+      return 0
+    fi
+    ((left < limit)) && limit=$left
   fi
   local start=$SECONDS status note
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
