@@ -66,23 +66,26 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
   }
   const auto& c = call.constants;
   const auto& transform = c.transform;
-  common::RowStats<T> student_stats, teacher_stats;
-  for (int64_t i = 0; i < vocab; ++i) {
-    student_stats.add(transform.value(to_compute<T>(s[i])), i, T(1));
-    teacher_stats.add(transform.value(to_compute<T>(t[i])), i, T(1));
-  }
-  const T lse_s = student_stats.lse(), lse_t = teacher_stats.lse();
+  const T lse_s = blocked_row_stats<T>(vocab, [&](common::RowStats<T>& stats, int64_t i) {
+                    stats.add(transform.value(to_compute<T>(s[i])), i, T(1));
+                  }).lse();
+  const T lse_t = blocked_row_stats<T>(vocab, [&](common::RowStats<T>& stats, int64_t i) {
+                    stats.add(transform.value(to_compute<T>(t[i])), i, T(1));
+                  }).lse();
 
+  // Row sums in double: Σ p_s·u is subtracted from each u_i in the gradient, where it nearly
+  // cancels for peaked rows (jsd, tvd), so its own rounding must stay far below the result's.
   T sum_prob_u = 0;
   if (want_loss || common::distill_needs_sum_pu(c.kind)) {
-    T loss = 0;
+    double loss = 0, prob_u = 0;
     for (int64_t i = 0; i < vocab; ++i) {
       const auto term = common::distill_term(c, lse_s, lse_t, transform.value(to_compute<T>(s[i])),
                                              transform.value(to_compute<T>(t[i])));
       loss += term.loss;
-      sum_prob_u += term.prob_u;
+      prob_u += term.prob_u;
     }
-    result.soft = loss;
+    result.soft = static_cast<T>(loss);
+    sum_prob_u = static_cast<T>(prob_u);
   }
 
   const bool with_hard = call.hard_weight != T(0) && has_target;
