@@ -104,12 +104,12 @@ bool row_all_nan(const std::vector<double>& values, int64_t cols, int64_t row) {
   return true;
 }
 
-double transformed(const reference::CeSpec& spec, double x) {
+}  // namespace
+
+double ce_transformed(const reference::CeSpec& spec, double x) {
   const double z = spec.logit_scale * x;
   return spec.softcap > 0 ? spec.softcap * std::tanh(z / spec.softcap) : z;
 }
-
-}  // namespace
 
 void check_ce(const CeProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
@@ -205,7 +205,7 @@ void check_ce(const CeProblem& p, Rng& rng) {
       ASSERT_TRUE(arg[n] >= 0 && arg[n] < vocab) << "argmax row " << n << " = " << arg[n];
       if (arg[n] == target[n]) ++correct;
       // A tie within rounding of the transform may pick another index holding the same maximum.
-      const double chosen = transformed(setup.spec, x.at(n, arg[n]));
+      const double chosen = ce_transformed(setup.spec, x.at(n, arg[n]));
       const double best = ref.transformed_max[n];
       EXPECT_TRUE(arg[n] == ref.argmax[n] || std::abs(chosen - best) <= 1e-6 * (1 + std::abs(best)))
           << "argmax row " << n << ": got " << arg[n] << ", expected " << ref.argmax[n];

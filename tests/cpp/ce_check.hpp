@@ -61,5 +61,7 @@ std::vector<int64_t> make_targets(Rng& rng, int64_t rows, int64_t vocab, int64_t
 reference::Upstream make_upstream(Rng& rng, Reduction reduction, int64_t rows, bool unit);
 Tensor upstream_tensor(const reference::Upstream& upstream, Reduction reduction, int64_t rows);
 Tensor loss_tensor(Reduction reduction, int64_t rows);
+// x̃ = softcap(a·x) in double, to judge argmax ties.
+double ce_transformed(const reference::CeSpec& spec, double x);
 
 }  // namespace xent::test

@@ -1,0 +1,34 @@
+// What the two fused linear suites share: random layers, the PyTorch-at-this-dtype error model of
+// SPEC §6, and chunk budgets that force one, several or uneven chunks.
+#pragma once
+
+#include <functional>
+
+#include "distill_check.hpp"
+
+namespace xent::test {
+
+struct LinearLayer {
+  Matrix hidden;             // [N, H]
+  Matrix weight;             // [V, H]
+  std::vector<double> bias;  // [V] or empty
+};
+
+// Hidden ~ N(0, 1) and weight ~ N(0, (sd/√H)²), so logits have standard deviation ≈ sd; rounded
+// to `dtype`, the values the op sees.
+LinearLayer make_linear_layer(Rng& rng, int64_t rows, int64_t hidden, int64_t vocab, bool bias,
+                              double logits_sd, DType dtype);
+
+// Gradients of the layer for a gradient G with respect to the logits, rounded to their dtypes:
+// what PyTorch holds after `(h @ W.T + b)` backward at the input dtype.
+reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const LinearLayer& layer,
+                                               DType dtype, DType param_grad_dtype);
+
+// Chunk budgets, measured by the op: the smallest budget it accepts (found by doubling from
+// 1 KiB), then multiples of it.
+enum class Budget { default_budget, smallest, several_chunks, uneven_chunks };
+const char* budget_name(Budget budget);
+// `accepts(bytes)` runs the op with that budget and returns false when it rejects the budget.
+std::size_t budget_bytes(Budget budget, const std::function<bool(std::size_t)>& accepts);
+
+}  // namespace xent::test
