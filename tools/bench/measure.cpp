@@ -179,7 +179,7 @@ void measure_case(BenchDevice& device, const Case& c, const MeasureSettings& set
     try {
       std::fprintf(stderr, "[xent-bench] naive %s: %d warm-up + %d timed ...\n", title.c_str(),
                    settings.warmup, settings.repeat);
-      const std::size_t scratch_bytes = naive_scratch_bytes(c);
+      const std::size_t scratch_bytes = naive_scratch_bytes(c, device.device().kind);
       Buffer scratch(device, scratch_bytes);
       const Outputs out = p.make_outputs(p.gradients());
       auto run_naive = [&](int i) {

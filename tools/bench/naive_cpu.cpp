@@ -218,7 +218,7 @@ void write_loss(const Case& c, const NaiveScratch& s, const Totals& totals, cons
 }  // namespace
 
 void naive_cpu(const Case& c, const Inputs& in, const Outputs& out, void* scratch) {
-  const NaiveScratch s = naive_layout(c, scratch);
+  const NaiveScratch s = naive_layout(c, scratch, DeviceKind::cpu);
   const bool grads = c.mode == Mode::fwdbwd;
   Totals totals;
   const float* logits = nullptr;

@@ -1,9 +1,12 @@
 // Scratch layout of the naive form (shared by the CPU and CUDA naive code).
+#include <cstdint>
+#include <type_traits>
+
 #include "bench/naive.hpp"
 
 namespace xent::bench {
 
-NaiveScratch naive_layout(const Case& c, void* base) {
+NaiveScratch naive_layout(const Case& c, void* base, DeviceKind device) {
   NaiveScratch s;
   auto* cursor = static_cast<char*>(base);
   std::size_t offset = 0;
@@ -16,8 +19,13 @@ NaiveScratch naive_layout(const Case& c, void* base) {
   const bool wide = c.dtype == DType::f32;
   const bool grads = c.mode == Mode::fwdbwd;
   const int64_t nv = c.n * c.v;
+  const bool cuda = device == DeviceKind::cuda;
   if (is_linear(c.op)) {
-    if (!wide) {
+    if (!wide && cuda && grads) {
+      uint16_t* narrow = nullptr;
+      carve(narrow, nv);
+      s.grad_narrow = narrow;
+    } else if (!wide && !cuda) {
       carve(s.hidden, c.n * c.h);
       carve(s.weight, c.v * c.h);
       if (c.op == Op::linear_distill) {
@@ -40,10 +48,13 @@ NaiveScratch naive_layout(const Case& c, void* base) {
   carve(s.row_z, c.n);
   carve(s.row_lse, c.n);
   carve(s.row_denominator, c.n);
+  if (cuda) carve(s.totals, 8);
   s.bytes = offset;
   return s;
 }
 
-std::size_t naive_scratch_bytes(const Case& c) { return naive_layout(c, nullptr).bytes; }
+std::size_t naive_scratch_bytes(const Case& c, DeviceKind device) {
+  return naive_layout(c, nullptr, device).bytes;
+}
 
 }  // namespace xent::bench

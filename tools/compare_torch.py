@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""Times PyTorch eager, torch.compile and other loss libraries on the shapes of xent-bench.
+
+One process measures everything, so every ratio is taken against ceilings of the same run:
+the copy bandwidth B (a >= 1 GiB device-to-device copy, bytes read + written over time) and, for
+the linear ops, the GEMM floor F (torch.matmul time of h·Wᵀ, G·W and Gᵀ·h). Records follow the
+schema of xent-bench's JSON (PERF.md "What a benchmark record holds").
+
+Implementations, each skipped with a note when not importable:
+  eager     F.cross_entropy on logits upcast to fp32, as training code does
+  compile   the same function through torch.compile
+  liger     Liger-Kernel (liger_kernel)
+  cce       Cut Cross-Entropy (cut_cross_entropy), linear_ce only
+  xent      xent through its Python package
+
+Usage: compare_torch.py --op linear_ce --n 8192 --h 4096 --v 128256 [--json FILE [--append]]
+       compare_torch.py --suite perf-ce|perf-distill|perf-linear|perf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # reported in main(), so --help works without torch
+    torch = None
+    F = None
+
+DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
+IMPLS = ("eager", "compile", "liger", "cce", "xent")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def progress(message: str) -> None:
+    print(f"[compare_torch] {message}", file=sys.stderr, flush=True)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- cases
+
+def suite_cases(name: str) -> List[dict]:
+    """The PERF.md rows (same as xent-bench --suite)."""
+    cases = []
+    if name in ("perf-ce", "perf"):
+        for v in (32768, 131072, 262144):
+            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", label="perf-ce"))
+            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwd", label="perf-ce no grad"))
+        cases.append(dict(op="ce", n=262144, h=0, v=4096, mode="fwdbwd", label="perf-ce small V"))
+        cases.append(dict(op="ce", n=256, h=0, v=262144, mode="fwdbwd", label="perf-ce small N"))
+        cases.append(dict(op="ce", n=128, h=0, v=131072, mode="fwdbwd", label="perf-ce small N"))
+    if name in ("perf-distill", "perf"):
+        for kind in DISTILL_KINDS:
+            for n, v in ((4096, 32768), (16384, 131072)):
+                cases.append(dict(op="distill", n=n, h=0, v=v, mode="fwdbwd", kind=kind,
+                                  label="perf-distill"))
+    if name in ("perf-linear", "perf"):
+        for n, h, v in ((8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256)):
+            cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", label="perf-linear"))
+    for case in cases:
+        case.setdefault("kind", "forward_kl")
+        case["dtype"] = "bf16"
+    return cases
+
+
+# ----------------------------------------------------------------------------- timing
+
+class Timer:
+    """CUDA events on the current stream (or wall clock on the CPU); median, p20, p80."""
+
+    def __init__(self, device: str, warmup: int, repeat: int):
+        self.device, self.warmup, self.repeat = device, warmup, repeat
+
+    def run(self, fn: Callable[[int], None]) -> List[float]:
+        for i in range(self.warmup):
+            fn(i)
+        times = []
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            pairs = []
+            for i in range(self.repeat):
+                start = torch.cuda.Event(enable_timing=True)
+                stop = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(i)
+                stop.record()
+                pairs.append((start, stop))
+            torch.cuda.synchronize()
+            times = [start.elapsed_time(stop) for start, stop in pairs]
+        else:
+            for i in range(self.repeat):
+                begin = time.perf_counter()
+                fn(i)
+                times.append((time.perf_counter() - begin) * 1e3)
+        return times
+
+
+def summarize(times: List[float]) -> dict:
+    ordered = sorted(times)
+
+    def quantile(q: float) -> float:
+        position = q * (len(ordered) - 1)
+        below = int(position)
+        above = min(below + 1, len(ordered) - 1)
+        fraction = position - below
+        return ordered[below] * (1 - fraction) + ordered[above] * fraction
+
+    return {"median": quantile(0.5), "p20": quantile(0.2), "p80": quantile(0.8),
+            "samples": len(ordered)}
+
+
+def copy_bandwidth(device: str) -> Optional[float]:
+    """B in bytes/s: a 2 GiB (at least 1 GiB) device-to-device copy, read + written."""
+    if device != "cuda":
+        return None
+    for gib in (2, 1):
+        try:
+            source = torch.empty(gib << 30, dtype=torch.uint8, device="cuda").random_()
+            destination = torch.empty_like(source)
+        except torch.cuda.OutOfMemoryError:
+            continue
+        times = Timer("cuda", 3, 20).run(lambda i: destination.copy_(source))
+        median = summarize(times)["median"]
+        del source, destination
+        torch.cuda.empty_cache()
+        return 2.0 * (gib << 30) / (median / 1e3)
+    return None
+
+
+def gemm_floor(case: dict, dtype, device: str, timer: Timer) -> Optional[float]:
+    """F in ms: torch.matmul time of the products a fused linear op must do at this shape."""
+    if device != "cuda" or case["op"] not in ("linear_ce", "linear_distill"):
+        return None
+    n, h, v = case["n"], case["h"], case["v"]
+    hidden = torch.randn(n, h, device=device, dtype=dtype)
+    weight = torch.randn(v, h, device=device, dtype=dtype) / math.sqrt(h)
+    grad = torch.randn(n, v, device=device, dtype=dtype)
+    backward = case["mode"] == "fwdbwd"
+    teacher = case["op"] == "linear_distill"
+
+    def products(i):
+        torch.matmul(hidden, weight.t())
+        if teacher:
+            torch.matmul(hidden, weight.t())
+        if backward:
+            torch.matmul(grad, weight)
+            torch.matmul(grad.t(), hidden)
+
+    floor = summarize(timer.run(products))["median"]
+    del hidden, weight, grad
+    torch.cuda.empty_cache()
+    return floor
+
+
+# ----------------------------------------------------------------------------- losses
+
+def distill_loss(student, teacher, kind: str, beta: float = 0.5):
+    """SPEC §3 at temperature 1, mean over rows, written as PyTorch users write it."""
+    log_ps = F.log_softmax(student.float(), dim=-1)
+    log_pt = F.log_softmax(teacher.float(), dim=-1)
+    if kind == "forward_kl":
+        return F.kl_div(log_ps, log_pt, log_target=True, reduction="batchmean")
+    if kind == "reverse_kl":
+        return (log_ps.exp() * (log_ps - log_pt)).sum(-1).mean()
+    if kind == "jsd":
+        ps, pt = log_ps.exp(), log_pt.exp()
+        log_m = (beta * pt + (1 - beta) * ps).log()
+        return (beta * pt * (log_pt - log_m) + (1 - beta) * ps * (log_ps - log_m)).sum(-1).mean()
+    if kind == "soft_ce":
+        return -(log_pt.exp() * log_ps).sum(-1).mean()
+    if kind == "tvd":
+        return 0.5 * (log_pt.exp() - log_ps.exp()).abs().sum(-1).mean()
+    raise ValueError(kind)
+
+
+def eager_loss(op: str, kind: str):
+    if op == "ce":
+        return lambda x: F.cross_entropy(x["logits"].float(), x["target"])
+    if op == "linear_ce":
+        return lambda x: F.cross_entropy((x["hidden"] @ x["weight"].t()).float(), x["target"])
+    if op == "distill":
+        return lambda x: distill_loss(x["logits"], x["teacher"], kind)
+    return lambda x: distill_loss(x["hidden"] @ x["weight"].t(),
+                                  x["teacher_hidden"] @ x["teacher_weight"].t(), kind)
+
+
+def library_loss(impl: str, op: str, kind: str):
+    """The loss function of an optional library, or a string saying why there is none."""
+    if impl == "liger":
+        try:
+            from liger_kernel.transformers import (LigerCrossEntropyLoss,
+                                                   LigerFusedLinearCrossEntropyLoss)
+        except ImportError as error:
+            return f"not importable ({error.__class__.__name__})"
+        if op == "ce":
+            module = LigerCrossEntropyLoss()
+            return lambda x: module(x["logits"], x["target"])
+        if op == "linear_ce":
+            module = LigerFusedLinearCrossEntropyLoss()
+            return lambda x: module(x["weight"], x["hidden"], x["target"])
+        return "no comparable Liger op"
+    if impl == "cce":
+        if op != "linear_ce":
+            return "Cut Cross-Entropy has linear_ce only"
+        try:
+            from cut_cross_entropy import linear_cross_entropy
+        except ImportError as error:
+            return f"not importable ({error.__class__.__name__})"
+        return lambda x: linear_cross_entropy(x["hidden"], x["weight"], x["target"])
+    if impl == "xent":
+        try:
+            import xent.functional as xf
+        except ImportError:
+            # Not installed: the package built in this checkout (python/) when there is one.
+            sys.path.insert(0, os.path.join(REPO, "python"))
+            try:
+                import xent.functional as xf
+            except ImportError as error:
+                return f"not importable ({error.__class__.__name__}: {error})"
+        if op == "ce":
+            return lambda x: xf.cross_entropy(x["logits"], x["target"])
+        if op == "linear_ce":
+            return lambda x: xf.linear_cross_entropy(x["hidden"], x["weight"], x["target"])
+        if op == "distill":
+            return lambda x: xf.distill(x["logits"], x["teacher"], kind=kind)
+        return lambda x: xf.linear_distill(x["hidden"], x["weight"],
+                                           teacher_hidden=x["teacher_hidden"],
+                                           teacher_weight=x["teacher_weight"], kind=kind)
+    raise ValueError(impl)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def make_inputs(case: dict, dtype, device: str, seed: int) -> Dict[str, "torch.Tensor"]:
+    """Random inputs like xent-bench's: logits uniform in [-8, 8), weights scaled by 1/sqrt(H)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    n, h, v = case["n"], case["h"], case["v"]
+    grad = case["mode"] == "fwdbwd"
+
+    def uniform(shape, bound):
+        values = torch.rand(shape, device=device, dtype=torch.float32, generator=generator)
+        return ((values * 2 - 1) * bound).to(dtype).requires_grad_(False)
+
+    x = {"target": torch.randint(0, v, (n,), device=device, generator=generator)}
+    op = case["op"]
+    if op in ("ce", "distill"):
+        x["logits"] = uniform((n, v), 8.0).requires_grad_(grad)
+        if op == "distill":
+            x["teacher"] = uniform((n, v), 8.0)
+    else:
+        bound = 8.0 * math.sqrt(3.0 / h)
+        x["hidden"] = uniform((n, h), 1.0).requires_grad_(grad)
+        x["weight"] = uniform((v, h), bound).requires_grad_(grad)
+        if op == "linear_distill":
+            x["teacher_hidden"] = uniform((n, h), 1.0)
+            x["teacher_weight"] = uniform((v, h), bound)
+    return x
+
+
+def leaves(x: dict) -> list:
+    return [t for t in x.values() if t.requires_grad]
+
+
+def tensor_bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+# ----------------------------------------------------------------------------- measuring
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
+                 commit: str) -> List[dict]:
+    device = args.device
+    dtype = getattr(torch, DTYPES[case["dtype"]])
+    timer = Timer(device, args.warmup, args.repeat)
+    op, kind, mode = case["op"], case.get("kind", "forward_kl"), case["mode"]
+    title = f"{op}{':' + kind if 'distill' in op else ''} {case['n']}x" \
+            f"{str(case['h']) + 'x' if case['h'] else ''}{case['v']} {case['dtype']} {mode}"
+    floor = gemm_floor(case, dtype, device, timer)
+    first = make_inputs(case, dtype, device, seed=1)
+    input_bytes = sum(tensor_bytes(t) for t in first.values())
+    copies = 1
+    if device == "cuda":
+        cache = torch.cuda.get_device_properties(0).L2_cache_size
+        if input_bytes < cache:  # rotate among copies so no repetition finds its inputs in L2
+            copies = min(16, 2 * cache // max(input_bytes, 1) + 1)
+    inputs = [first] + [make_inputs(case, dtype, device, seed=1 + c) for c in range(1, copies)]
+    element = torch.finfo(dtype).bits // 8
+    base = {
+        "op": op, "mode": mode, "options": "plain", "reduction": "mean",
+        "kind": kind if "distill" in op else None, "dtype": str(dtype).replace("torch.", ""),
+        "n": case["n"], "h": case["h"], "v": case["v"], "budget_bytes": None,
+        "label": case.get("label", ""),
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": floor, "commit": commit,
+    }
+    reference_loss = None
+    records = []
+    for impl in impls:
+        record = dict(base, impl=impl, time_ms=None, ratio=None, ratio_kind=None,
+                      min_bytes=None, peak_extra_bytes=None, workspace_bytes=None,
+                      loss_rel_err=None, grad_rel_err=None, error=None)
+        if impl == "eager":
+            loss_fn = eager_loss(op, kind)
+        elif impl == "compile":
+            loss_fn = torch.compile(eager_loss(op, kind))
+        else:
+            loss_fn = library_loss(impl, op, kind)
+        if isinstance(loss_fn, str):
+            record["error"] = loss_fn
+            progress(f"{impl:8s} {title}: skipped: {loss_fn}")
+            records.append(record)
+            continue
+
+        def step(i, loss_fn=loss_fn):
+            x = inputs[i % copies]
+            if mode == "fwd":
+                with torch.no_grad():
+                    return loss_fn(x)
+            for leaf in leaves(x):
+                leaf.grad = None
+            loss = loss_fn(x)
+            loss.backward()
+            return loss
+
+        try:
+            progress(f"{impl:8s} {title}: {args.warmup} warm-up + {args.repeat} timed ...")
+            loss = step(0).detach().float().item()  # compiles, autotunes, allocates
+            if reference_loss is None:
+                reference_loss = loss
+            record["loss_rel_err"] = abs(loss - reference_loss) / max(abs(reference_loss), 1e-30)
+            if device == "cuda":
+                for leaf in leaves(inputs[0]):
+                    leaf.grad = None
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+                step(0)
+                torch.cuda.synchronize()
+                grads = sum(tensor_bytes(leaf.grad) for leaf in leaves(inputs[0])
+                            if leaf.grad is not None)
+                # Beyond the inputs and their gradients, as PERF.md counts it.
+                record["peak_extra_bytes"] = max(
+                    0, torch.cuda.max_memory_allocated() - before - grads)
+            times = summarize(timer.run(step))
+            record["time_ms"] = times
+            if op in ("linear_ce", "linear_distill"):
+                record["ratio_kind"] = "gemm"
+                if floor:
+                    record["ratio"] = times["median"] / floor
+            else:
+                tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
+                record["ratio_kind"] = "bandwidth"
+                record["min_bytes"] = tensors * case["n"] * case["v"] * element
+                if bandwidth:
+                    record["ratio"] = record["min_bytes"] / (times["median"] / 1e3) / bandwidth
+            progress(f"{impl:8s} {title}: median {times['median']:.3f} ms"
+                     + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
+                     + (f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
+                        if record["peak_extra_bytes"] is not None else ""))
+        except Exception as error:  # one failing library must not stop the comparison
+            record["error"] = f"{error.__class__.__name__}: {error}"[:500]
+            progress(f"{impl:8s} {title}: error: {record['error']}")
+        finally:
+            for x in inputs:
+                for leaf in leaves(x):
+                    leaf.grad = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        records.append(record)
+    return records
+
+
+def print_table(records: List[dict]) -> None:
+    print(f"{'op':26s} {'impl':8s} {'shape':20s} {'dtype':9s} {'median ms':>10s} {'p20 ms':>10s}"
+          f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'loss diff':>10s}")
+    for r in records:
+        op = r["op"] + (":" + r["kind"] if r["kind"] else "") + (" fwd" if r["mode"] == "fwd" else "")
+        shape = f"{r['n']}x{str(r['h']) + 'x' if r['h'] else ''}{r['v']}"
+        head = f"{op:26s} {r['impl']:8s} {shape:20s} {r['dtype']:9s}"
+        if r["error"]:
+            print(f"{head} error: {r['error']}")
+            continue
+        t = r["time_ms"]
+        extra = "-" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 2**20:.1f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        diff = "-" if r["loss_rel_err"] is None else f"{r['loss_rel_err']:.2e}"
+        print(f"{head} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f} {extra:>10s}"
+              f" {ratio:>8s} {diff:>10s}")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", choices=("ce", "linear_ce", "distill", "linear_distill"),
+                        default="linear_ce")
+    parser.add_argument("--n", type=int)
+    parser.add_argument("--h", type=int, default=0)
+    parser.add_argument("--v", type=int)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
+    parser.add_argument("--kind", choices=DISTILL_KINDS, default="forward_kl")
+    parser.add_argument("--device", choices=("cuda", "cpu"))
+    parser.add_argument("--suite", choices=("perf-ce", "perf-distill", "perf-linear", "perf"))
+    parser.add_argument("--impls", default=",".join(IMPLS),
+                        help="comma list of " + ", ".join(IMPLS))
+    parser.add_argument("--repeat", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--json", help="write the records as a JSON array to this file")
+    parser.add_argument("--append", action="store_true",
+                        help="add to the records already in --json instead of replacing them")
+    args = parser.parse_args(argv)
+    impls = [impl for impl in args.impls.split(",") if impl]
+    for impl in impls:
+        if impl not in IMPLS:
+            parser.error(f"--impls: got '{impl}'; expected a comma list of {', '.join(IMPLS)}")
+    args.impls = impls
+    if args.suite is None:
+        if args.n is None or args.v is None:
+            parser.error("--n and --v are required without --suite")
+        if args.op in ("linear_ce", "linear_distill") and args.h <= 0:
+            parser.error(f"--h is required for --op {args.op}")
+        if min(args.n, args.v) <= 0:
+            parser.error("--n and --v must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if torch is None:
+        print("compare_torch.py: PyTorch is not installed (pip install torch)", file=sys.stderr)
+        return 1
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("compare_torch.py: --device cuda: no CUDA GPU is visible", file=sys.stderr)
+        return 2
+    cuda = args.device == "cuda"
+    args.repeat = args.repeat or (50 if cuda else 3)
+    args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products stay fp32, as in xent
+    if args.suite:
+        cases = suite_cases(args.suite)
+    else:
+        cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
+                      dtype=args.dtype, mode=args.mode, kind=args.kind, label="")]
+    commit = git_commit()
+    progress(f"device: {torch.cuda.get_device_name(0) if cuda else 'cpu'}, torch {torch.__version__}")
+    bandwidth = copy_bandwidth(args.device)
+    if bandwidth:
+        progress(f"copy bandwidth B = {bandwidth / 1e9:.1f} GB/s")
+    records = []
+    for case in cases:
+        records.extend(measure_case(case, args.impls, args, bandwidth, commit))
+    print_table(records)
+    if args.json:
+        existing = []
+        if args.append and os.path.exists(args.json):
+            with open(args.json) as f:
+                existing = json.load(f)
+        with open(args.json, "w") as f:
+            json.dump(existing + records, f, indent=1)
+        progress(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
