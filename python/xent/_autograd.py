@@ -19,9 +19,11 @@ class _DoubleBackwardError(torch.autograd.Function):
     """Identity whose backward raises: marks gradients that must not be differentiated again."""
 
     @staticmethod
-    def forward(ctx, name, *grads):
+    def forward(ctx, name, anchor, *grads):
+        # `anchor` is an input of the loss that requires grad: taking it makes autograd attach
+        # this node to the returned gradients, so differentiating them reaches backward below.
         ctx.name = name
-        return tuple(g.view_as(g) if g is not None else None for g in grads)
+        return tuple(g.clone() for g in grads)
 
     @staticmethod
     def backward(ctx, *unused):
@@ -32,14 +34,16 @@ class _DoubleBackwardError(torch.autograd.Function):
         )
 
 
-def _no_double_backward(name, grads):
-    """Returns `grads`, guarded against a second differentiation when the graph is being kept."""
+def _no_double_backward(name, grads, inputs):
+    """Returns `grads`, guarded against a second differentiation when the graph is being kept
+    (create_graph=True). `inputs` are the loss's saved inputs."""
     if not torch.is_grad_enabled():
         return grads
     present = [g for g in grads if g is not None]
-    if not present:
+    anchor = next((t for t in inputs if t is not None and t.requires_grad), None)
+    if not present or anchor is None:
         return grads
-    guarded = iter(_DoubleBackwardError.apply(name, *present))
+    guarded = iter(_DoubleBackwardError.apply(name, anchor, *present))
     return tuple(next(guarded) if g is not None else None for g in grads)
 
 
@@ -62,7 +66,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             with torch.no_grad():
                 grad = ops.ce_backward(logits, target, lse, grad_loss, class_weight, row_weight,
                                        *ctx.options)
-            (grad,) = _no_double_backward("xent.cross_entropy", (grad,))
+            (grad,) = _no_double_backward("xent.cross_entropy", (grad,), (logits,))
         return grad, None, None, None, None, None
 
 
@@ -94,7 +98,9 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.in_forward = in_forward
         if in_forward:
             kept = [g if w else None for g, w in zip(grads, wants)]
-            ctx.save_for_backward(*kept)
+            # The weight (a live parameter, so free to keep) anchors the double-backward guard.
+            anchor = weight if wants[1] else hidden if wants[0] else bias
+            ctx.save_for_backward(*kept, anchor)
         else:
             ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight)
         ctx.mark_non_differentiable(*stats[1:])
@@ -106,8 +112,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
+            *kept, anchor = ctx.saved_tensors
             with torch.no_grad():
-                grads = tuple(_scale(g, grad_loss) for g in ctx.saved_tensors)
+                grads = tuple(_scale(g, grad_loss) for g in kept)
+            anchors = (anchor,)
         else:
             hidden, weight, bias, target, lse, class_weight, row_weight = ctx.saved_tensors
             with torch.no_grad():
@@ -115,7 +123,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                                                 class_weight, row_weight, *ctx.options,
                                                 *ctx.wants)
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
-        grads = _no_double_backward("xent.linear_cross_entropy", grads)
+            anchors = (hidden, weight, bias)
+        grads = _no_double_backward("xent.linear_cross_entropy", grads, anchors)
         return tuple(grads) + none
 
 
@@ -137,7 +146,7 @@ class DistillFunction(torch.autograd.Function):
             with torch.no_grad():
                 grad = ops.distill_backward(student, teacher, target, grad_loss, class_weight,
                                             *ctx.options)
-            (grad,) = _no_double_backward("xent.distill", (grad,))
+            (grad,) = _no_double_backward("xent.distill", (grad,), (student,))
         return grad, None, None, None, None
 
 
@@ -156,8 +165,9 @@ class LinearDistillFunction(torch.autograd.Function):
         ctx.wants = wants
         ctx.in_forward = in_forward
         if in_forward:
+            anchor = student_weight if wants[1] else student_hidden
             ctx.save_for_backward(grad_hidden if wants[0] else None,
-                                  grad_weight if wants[1] else None)
+                                  grad_weight if wants[1] else None, anchor)
         else:
             ctx.save_for_backward(student_hidden, student_weight, teacher_logits, teacher_hidden,
                                   teacher_weight, target, class_weight)
@@ -169,13 +179,16 @@ class LinearDistillFunction(torch.autograd.Function):
         if grad_loss is None:
             return (None, None) + none
         if ctx.in_forward:
+            *kept, anchor = ctx.saved_tensors
             with torch.no_grad():
-                grads = tuple(_scale(g, grad_loss) for g in ctx.saved_tensors)
+                grads = tuple(_scale(g, grad_loss) for g in kept)
+            anchors = (anchor,)
         else:
             saved = ctx.saved_tensors
             with torch.no_grad():
                 result = ops.linear_distill_backward(*saved[:6], grad_loss, saved[6],
                                                      *ctx.options, *ctx.wants)
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
-        grads = _no_double_backward("xent.linear_distill", grads)
+            anchors = saved[:2]
+        grads = _no_double_backward("xent.linear_distill", grads, anchors)
         return tuple(grads) + none
