@@ -426,15 +426,19 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="write the records as a JSON array to this file")
     parser.add_argument("--append", action="store_true",
                         help="add to the records already in --json instead of replacing them")
+    parser.add_argument("--time-limit", type=float,
+                        help="seconds after which no further case is started (default: none, "
+                             "800 for the default suite run)")
     args = parser.parse_args(argv)
     impls = [impl for impl in args.impls.split(",") if impl]
     for impl in impls:
         if impl not in IMPLS:
             parser.error(f"--impls: got '{impl}'; expected a comma list of {', '.join(IMPLS)}")
     args.impls = impls
-    if args.suite is None:
+    args.default_run = args.suite is None and args.n is None and args.v is None
+    if args.suite is None and not args.default_run:
         if args.n is None or args.v is None:
-            parser.error("--n and --v are required without --suite")
+            parser.error("--n and --v go together (or give neither for the default run)")
         if args.op in ("linear_ce", "linear_distill") and args.h <= 0:
             parser.error(f"--h is required for --op {args.op}")
         if min(args.n, args.v) <= 0:
@@ -457,6 +461,14 @@ def main(argv=None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products stay fp32, as in xent
+    if args.default_run:
+        # No shape given: the PERF.md rows on a GPU, xent-bench's default case on the CPU.
+        if cuda:
+            args.suite = "perf"
+            if args.time_limit is None:
+                args.time_limit = 800.0
+        else:
+            args.op, args.n, args.h, args.v, args.dtype = "linear_ce", 1024, 256, 32000, "fp32"
     if args.suite:
         cases = suite_cases(args.suite)
     else:
@@ -467,17 +479,23 @@ def main(argv=None) -> int:
     bandwidth = copy_bandwidth(args.device)
     if bandwidth:
         progress(f"copy bandwidth B = {bandwidth / 1e9:.1f} GB/s")
+    existing = []
+    if args.json and args.append and os.path.exists(args.json):
+        with open(args.json) as f:
+            existing = json.load(f)
+    started = time.monotonic()
     records = []
-    for case in cases:
+    for index, case in enumerate(cases):
+        if args.time_limit is not None and time.monotonic() - started > args.time_limit:
+            progress(f"time limit of {args.time_limit:.0f} s reached: "
+                     f"{len(cases) - index} cases not run")
+            break
         records.extend(measure_case(case, args.impls, args, bandwidth, commit))
+        if args.json:  # after every case, so a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(existing + records, f, indent=1)
     print_table(records)
     if args.json:
-        existing = []
-        if args.append and os.path.exists(args.json):
-            with open(args.json) as f:
-                existing = json.load(f)
-        with open(args.json, "w") as f:
-            json.dump(existing + records, f, indent=1)
         progress(f"wrote {len(records)} records to {args.json}")
     return 0
 

@@ -86,13 +86,15 @@ int main(int argc, char** argv) {
                    settings.copy_bandwidth / 1e9);
     }
     std::vector<Record> records;
-    for (const Case& c : config.cases) measure_case(*device, c, settings, records);
+    for (const Case& c : config.cases) {
+      measure_case(*device, c, settings, records);
+      // After every case, so a run cut short keeps what it measured.
+      if (!config.json_path.empty()) write_json(config.json_path, records);
+    }
     print_table(records);
-    if (!config.json_path.empty()) {
-      write_json(config.json_path, records);
+    if (!config.json_path.empty())
       std::fprintf(stderr, "[xent-bench] wrote %zu records to %s\n", records.size(),
                    config.json_path.c_str());
-    }
     int status = 0;
     if (config.max_error >= 0) {
       for (const Record& r : records) {
