@@ -47,6 +47,14 @@ struct DistillProblem {
 
 void check_distill(const DistillProblem& problem, Rng& rng);
 
+// tvd has a kink at p_s = p_t, where the side a backend takes depends on rounding: the reference
+// with near-ties (within `band`) at the midpoint subgradient, to bound that freedom. Returns the
+// reference itself for the other kinds.
+reference::DistillResult tvd_ties_at_midpoint(const Matrix& student, const Matrix& teacher,
+                                              const std::vector<int64_t>* target,
+                                              reference::DistillSpec spec,
+                                              const reference::Upstream& upstream, double band);
+
 // Student logits and a teacher correlated with them (as a real teacher is).
 Matrix make_teacher(Rng& rng, const Matrix& student, double sd);
 

@@ -230,6 +230,7 @@ DistillResult distill(const Matrix& student, const Matrix& teacher,
         case DistillKind::tvd:
           loss += 0.5 * std::abs(pt[i] - ps[i]);
           u[i] = 0.5 * (ps[i] > pt[i] ? 1.0 : (ps[i] < pt[i] ? -1.0 : 0.0));
+          if (std::abs(ps[i] - pt[i]) <= spec.tvd_tie_band * std::max(ps[i], pt[i])) u[i] = 0.0;
           break;
       }
     }

@@ -65,6 +65,10 @@ struct DistillSpec {
   double softcap = 0.0;
   double soft_weight = 1.0;
   double hard_weight = 0.0;
+  // tvd is not differentiable where p_s = p_t: elements with |p_s − p_t| <= band·max(p_s, p_t)
+  // take the subgradient 0 there. Tests use it to bound how much a rounding-dependent choice of
+  // side at a near-tie may move the gradient; 0 is the plain formula.
+  double tvd_tie_band = 0.0;
   CeSpec ce;  // ignore_index and reduction of the whole op; the rest configures the hard term
 };
 

@@ -1,0 +1,284 @@
+// linear_distill (SPEC §4): student logits h_s·W_sᵀ against a teacher given as logits or as
+// h_t·W_tᵀ, every kind and option, checked through linear_distill_forward (with and without
+// gradients) and linear_distill_backward.
+#include <cmath>
+
+#include "linear_check.hpp"
+
+namespace xent::test {
+namespace {
+
+struct LinearDistillProblem {
+  DType dtype = DType::f32;
+  DType teacher_logits_dtype = DType::f32;  // used when the teacher comes as logits
+  int64_t rows = 37, hidden = 67, teacher_hidden = 53, vocab = 1031;
+  DistillKind kind = DistillKind::forward_kl;
+  unsigned options = 0;
+  double beta = 0.5;
+  Reduction reduction = Reduction::mean;
+  bool teacher_as_logits = false;
+  Budget budget = Budget::default_budget;
+  bool fp32_logits = false;
+  bool fp32_param_grads = false;
+  bool ignored_rows = true, all_ignored = false;
+  bool unit_grad_output = false;
+  bool want_hidden = true, want_weight = true;
+};
+
+void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
+  const int64_t rows = p.rows, vocab = p.vocab;
+  const DType param_dtype = p.fp32_param_grads ? DType::f32 : p.dtype;
+  const bool with_target = !(p.options & kNoTarget);
+  const DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
+  const LinearLayer student = make_linear_layer(rng, rows, p.hidden, vocab, false, 2.0, p.dtype);
+  const LinearLayer teacher =
+      make_linear_layer(rng, rows, p.teacher_hidden, vocab, false, 2.0, p.dtype);
+  const std::vector<int64_t> target =
+      make_targets(rng, rows, vocab, -100, p.ignored_rows, p.all_ignored, false);
+  const std::vector<int64_t>* target_or_null = with_target ? &target : nullptr;
+  const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, p.unit_grad_output);
+
+  const Matrix student_logits = reference::linear_logits(student.hidden, student.weight, {});
+  Matrix teacher_logits = reference::linear_logits(teacher.hidden, teacher.weight, {});
+  if (p.teacher_as_logits) teacher_logits = rounded(teacher_logits, p.teacher_logits_dtype);
+  const reference::DistillResult ref =
+      reference::distill(student_logits, teacher_logits, target_or_null, setup.spec, upstream);
+  const reference::LinearGrads ref_grads =
+      reference::linear_backward(ref.grad, student.hidden, student.weight);
+  // PyTorch at this dtype holds both logits in the input dtype.
+  const bool half = is_half(p.dtype);
+  const reference::DistillResult torch =
+      half ? reference::distill(rounded(student_logits, p.dtype), rounded(teacher_logits, p.dtype),
+                                target_or_null, setup.spec, upstream)
+           : ref;
+  const reference::LinearGrads torch_grads =
+      half ? rounded_linear_backward(torch.grad, student, p.dtype, param_dtype) : ref_grads;
+
+  const Tensor hidden = Tensor::of(student.hidden, p.dtype);
+  const Tensor weight = Tensor::of(student.weight, p.dtype);
+  const Tensor teacher_logits_tensor =
+      p.teacher_as_logits ? Tensor::of(teacher_logits, p.teacher_logits_dtype) : Tensor();
+  const Tensor teacher_hidden = p.teacher_as_logits ? Tensor() : Tensor::of(teacher.hidden, p.dtype);
+  const Tensor teacher_weight = p.teacher_as_logits ? Tensor() : Tensor::of(teacher.weight, p.dtype);
+  const Teacher teacher_views{teacher_logits_tensor.view(), teacher_hidden.view(),
+                              teacher_weight.view()};
+  const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
+  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows);
+
+  LinearDistillOptions options;
+  options.distill = setup.options;
+  options.fp32_logits = p.fp32_logits;
+  const int64_t teacher_h = p.teacher_as_logits ? 0 : p.teacher_hidden;
+  auto scratch_for = [&](const LinearDistillOptions& o, bool with_gradients) {
+    return Scratch(on_gpu() ? linear_distill_workspace_size(rows, p.hidden, teacher_h, vocab,
+                                                            p.dtype, o, test_device(),
+                                                            with_gradients)
+                            : 0);
+  };
+  options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
+    LinearDistillOptions trial = options;
+    trial.workspace_budget = bytes;
+    Tensor loss = loss_tensor(p.reduction, rows);
+    LinearDistillOutputs out;
+    out.loss = loss.view();
+    try {
+      const Scratch scratch = scratch_for(trial, false);
+      linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                             trial, out, {}, scratch.workspace());
+      finish();
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
+      throw;
+    }
+    return true;
+  });
+  SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
+
+  const double loss_tol = stat_tolerance(p.dtype, Family::linear, torch.loss, ref.loss);
+  // tvd near-ties may take either side; the band covers the rounding of the chunk logits.
+  const reference::LinearGrads midpoint_grads = reference::linear_backward(
+      tvd_ties_at_midpoint(student_logits, teacher_logits, target_or_null, setup.spec, upstream,
+                           half ? 3e-2 : 1e-4)
+          .grad,
+      student.hidden, student.weight);
+  const double hidden_slack =
+      2 * relative_error(midpoint_grads.hidden.values, ref_grads.hidden.values);
+  const double weight_slack =
+      2 * relative_error(midpoint_grads.weight.values, ref_grads.weight.values);
+  auto check_grads = [&](const Tensor& grad_hidden, const Tensor& grad_weight) {
+    if (grad_hidden.present()) {
+      EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), ref_grads.hidden.values,
+                        grad_tolerance(p.dtype, Family::linear, torch_grads.hidden.values,
+                                       ref_grads.hidden.values) + hidden_slack));
+    }
+    if (grad_weight.present()) {
+      EXPECT_TRUE(close("grads.weight", grad_weight.download(), ref_grads.weight.values,
+                        grad_tolerance(p.dtype, Family::linear, torch_grads.weight.values,
+                                       ref_grads.weight.values) + weight_slack));
+    }
+  };
+
+  {
+    SCOPED_TRACE("linear_distill_forward, loss only");
+    Tensor loss = loss_tensor(p.reduction, rows);
+    LinearDistillOutputs out;
+    out.loss = loss.view();
+    const Scratch scratch = scratch_for(options, false);
+    linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                           options, out, {}, scratch.workspace());
+    finish();
+    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
+  }
+  Tensor grad_hidden = p.want_hidden ? Tensor::matrix(p.dtype, rows, p.hidden) : Tensor();
+  Tensor grad_weight = p.want_weight ? Tensor::matrix(param_dtype, vocab, p.hidden) : Tensor();
+  const LinearGradients grads{grad_hidden.view(), grad_weight.view(), {}};
+  {
+    SCOPED_TRACE("linear_distill_forward, with gradients");
+    Tensor loss = loss_tensor(p.reduction, rows);
+    LinearDistillOutputs out;
+    out.loss = loss.view();
+    out.grads = grads;
+    const Scratch scratch = scratch_for(options, true);
+    linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                           options, out, grad_output.view(), scratch.workspace());
+    finish();
+    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
+    check_grads(grad_hidden, grad_weight);
+  }
+  {
+    SCOPED_TRACE("linear_distill_backward");
+    for (Tensor* t : {&grad_hidden, &grad_weight})
+      if (t->present()) t->poison();
+    const Scratch scratch = scratch_for(options, true);
+    linear_distill_backward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                            grad_output.view(), options, grads, scratch.workspace());
+    finish();
+    check_grads(grad_hidden, grad_weight);
+  }
+}
+
+const std::vector<DistillKind> kKinds = {DistillKind::forward_kl, DistillKind::reverse_kl,
+                                         DistillKind::jsd, DistillKind::soft_ce, DistillKind::tvd};
+
+// ---- grid: every kind with each option and every pair, teacher as hidden+weight --------------
+
+using GridParam = std::tuple<DType, DistillKind, unsigned, Reduction>;
+class LinearDistillGrid : public ::testing::TestWithParam<GridParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(LinearDistillGrid, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  LinearDistillProblem p;
+  std::tie(p.dtype, p.kind, p.options, p.reduction) = GetParam();
+  check_linear_distill(p, rng);
+}
+
+std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
+  return short_name(std::get<0>(info.param)) + "_" + distill_kind_name(std::get<1>(info.param)) +
+         "_" + distill_options_label(std::get<2>(info.param)) + "_" +
+         reduction_label(std::get<3>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, LinearDistillGrid,
+                         ::testing::Combine(::testing::Values(DType::f32),
+                                            ::testing::ValuesIn(kKinds),
+                                            ::testing::ValuesIn(distill_option_sets_up_to_pairs()),
+                                            ::testing::Values(Reduction::none, Reduction::mean)),
+                         grid_name);
+
+std::vector<DType> other_dtypes() {
+  std::vector<DType> dtypes = {DType::bf16, DType::f16};
+  if (!on_gpu()) dtypes.push_back(DType::f64);
+  return dtypes;
+}
+
+INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearDistillGrid,
+                         ::testing::Combine(::testing::ValuesIn(other_dtypes()),
+                                            ::testing::ValuesIn(kKinds),
+                                            ::testing::Values(kHardAndSoft | kTemperature),
+                                            ::testing::Values(Reduction::sum)),
+                         grid_name);
+
+// ---- teacher forms, budgets and special cases -------------------------------------------------
+
+enum class LinearDistillCase {
+  teacher_logits, teacher_logits_f32, smallest_budget, uneven_chunks, fp32_logits,
+  fp32_param_grads, all_rows_ignored, empty_batch, absent_grad_output, hidden_grad_only,
+  weight_grad_only, jsd_beta_quarter,
+};
+
+const char* case_name(LinearDistillCase c) {
+  static const char* names[] = {
+      "teacher_logits", "teacher_logits_f32", "smallest_budget", "uneven_chunks", "fp32_logits",
+      "fp32_param_grads", "all_rows_ignored", "empty_batch", "absent_grad_output",
+      "hidden_grad_only", "weight_grad_only", "jsd_beta025"};
+  return names[static_cast<int>(c)];
+}
+
+using CaseParam = std::tuple<DType, LinearDistillCase, DistillKind>;
+class LinearDistillCases : public ::testing::TestWithParam<CaseParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(LinearDistillCases, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  LinearDistillProblem p;
+  LinearDistillCase which;
+  std::tie(p.dtype, which, p.kind) = GetParam();
+  p.reduction = Reduction::mean;
+  p.teacher_logits_dtype = p.dtype;
+  switch (which) {
+    case LinearDistillCase::teacher_logits: p.teacher_as_logits = true; break;
+    case LinearDistillCase::teacher_logits_f32:
+      p.teacher_as_logits = true;
+      p.teacher_logits_dtype = DType::f32;
+      p.reduction = Reduction::none;
+      break;
+    case LinearDistillCase::smallest_budget: p.budget = Budget::smallest; p.rows = 11; break;
+    case LinearDistillCase::uneven_chunks:
+      p.budget = Budget::uneven_chunks;
+      p.reduction = Reduction::none;
+      break;
+    case LinearDistillCase::fp32_logits: p.fp32_logits = true; break;
+    case LinearDistillCase::fp32_param_grads: p.fp32_param_grads = true; break;
+    case LinearDistillCase::all_rows_ignored: p.all_ignored = true; break;
+    case LinearDistillCase::empty_batch: p.rows = 0; break;
+    case LinearDistillCase::absent_grad_output: p.unit_grad_output = true; break;
+    case LinearDistillCase::hidden_grad_only: p.want_weight = false; break;
+    case LinearDistillCase::weight_grad_only: p.want_hidden = false; break;
+    case LinearDistillCase::jsd_beta_quarter: p.kind = DistillKind::jsd; p.beta = 0.25; break;
+  }
+  check_linear_distill(p, rng);
+}
+
+std::string case_param_name(const ::testing::TestParamInfo<CaseParam>& info) {
+  return short_name(std::get<0>(info.param)) + "_" + case_name(std::get<1>(info.param)) + "_" +
+         distill_kind_name(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Special, LinearDistillCases,
+    ::testing::Combine(
+        ::testing::Values(DType::f32, DType::bf16),
+        ::testing::Values(LinearDistillCase::teacher_logits, LinearDistillCase::teacher_logits_f32,
+                          LinearDistillCase::smallest_budget, LinearDistillCase::uneven_chunks,
+                          LinearDistillCase::fp32_logits, LinearDistillCase::fp32_param_grads,
+                          LinearDistillCase::all_rows_ignored, LinearDistillCase::empty_batch,
+                          LinearDistillCase::absent_grad_output,
+                          LinearDistillCase::hidden_grad_only,
+                          LinearDistillCase::weight_grad_only),
+        ::testing::Values(DistillKind::forward_kl, DistillKind::reverse_kl)),
+    case_param_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    JsdBeta, LinearDistillCases,
+    ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
+                       ::testing::Values(LinearDistillCase::jsd_beta_quarter),
+                       ::testing::Values(DistillKind::jsd)),
+    case_param_name);
+
+}  // namespace
+}  // namespace xent::test
