@@ -16,7 +16,7 @@ void ce_forward_typed(TensorView logits, TensorView target, const CeOptions& opt
   const CeRowRequest request{out.stats.entropy.present(), out.grad_logits.present()};
   CeResults<T> results(out.loss, out.stats, options.reduction, rows);
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * vocab >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
     S* grad = request.gradient ? row_pointer<S>(out.grad_logits, n) : nullptr;
     results.store(n, ce_process_row(call, row_pointer<const S>(logits, n),
@@ -36,7 +36,7 @@ void ce_backward_typed(TensorView logits, TensorView target, TensorView lse,
   const auto counts = count_valid_rows(target, rows, options.ignore_index, options.class_weight);
   const auto call = make_ce_call<T>(options, vocab, counts);
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * vocab >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
     ce_backward_row(call, row_pointer<const S>(logits, n), row_pointer<S>(grad_logits, n),
                     read_target(target, n), n, lse,

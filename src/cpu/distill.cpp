@@ -25,7 +25,7 @@ void distill_typed(TensorView student, TensorView teacher, TensorView target,
                        : T(1);
 
   std::vector<T> soft(rows), hard_loss(rows), hard_z(rows);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (2 * rows * vocab >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
     const T upstream = reduction == Reduction::none && grad_output.present()
                            ? read_scalar<T>(grad_output, n)

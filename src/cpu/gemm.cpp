@@ -1,5 +1,7 @@
 #include "cpu/gemm.hpp"
 
+#include "cpu/tensor_access.hpp"
+
 #include <algorithm>
 
 #if defined(XENT_WITH_OPENBLAS)
@@ -11,7 +13,7 @@ namespace {
 
 template <class T>
 void scale_result(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * n >= kParallelWork)
   for (int64_t i = 0; i < m; ++i) {
     T* row = c + i * ldc;
     if (beta == T(0)) {
@@ -34,7 +36,7 @@ void fallback_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
     // C[i, j] += alpha·Σ_p A[i, p]·B[j, p]: dot products; blocks of B rows stay in cache while
     // every row of A passes over them.
     constexpr int64_t block = 32;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * n * k >= kParallelWork)
     for (int64_t j0 = 0; j0 < n; j0 += block) {
       const int64_t j1 = std::min(n, j0 + block);
       for (int64_t i = 0; i < m; ++i) {
@@ -55,7 +57,7 @@ void fallback_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
     return;
   }
   // C[i, :] += alpha·Σ_p A[i, p]·B[p, :]: contiguous row updates that vectorise.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * n * k >= kParallelWork)
   for (int64_t i = 0; i < m; ++i) {
     T* c_row = c + i * ldc;
     for (int64_t p = 0; p < k; ++p) {

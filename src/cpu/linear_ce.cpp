@@ -47,7 +47,7 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
   for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
     const int64_t count = std::min(plan.chunk_rows, rows - row0);
     layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count * vocab >= kParallelWork)
     for (int64_t r = 0; r < count; ++r) row_function(row0 + r, logits + r * vocab);
     if (accumulator) accumulator->add_chunk(layer, row0, count, logits, hidden_copy);
   }

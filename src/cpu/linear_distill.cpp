@@ -33,7 +33,7 @@ template <class T>
 void teacher_logits_chunk(TensorView logits, int64_t row0, int64_t rows, T* out) {
   dispatch_float(logits.dtype, [&](auto storage) {
     using U = decltype(storage);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * logits.cols >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
       const U* source = row_pointer<const U>(logits, row0 + r);
       for (int64_t i = 0; i < logits.cols; ++i) out[r * logits.cols + i] = to_compute<T>(source[i]);
@@ -92,7 +92,7 @@ void linear_distill_typed(TensorView student_hidden, TensorView student_weight,
     } else {
       teacher_logits_chunk(teacher.logits, row0, count, teacher_logits);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count * vocab >= kParallelWork)
     for (int64_t r = 0; r < count; ++r) {
       const int64_t n = row0 + r;
       T* row = logits + r * vocab;

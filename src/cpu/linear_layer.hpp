@@ -63,7 +63,7 @@ ComputeMatrix<T> as_compute_matrix(TensorView view, int64_t row0, int64_t rows, 
     return {row_pointer<const S>(view, row0), view.row_stride};
   } else {
     const int64_t cols = view.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
       const S* source = row_pointer<const S>(view, row0 + r);
       T* destination = copy + r * cols;
@@ -97,7 +97,7 @@ class LinearLayer {
     gemm<T>(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data,
             weight_.stride, T(0), logits, vocab_);
     if (!bias_ && !(round_logits && !std::is_same_v<S, T>)) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * vocab_ >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
       T* row = logits + r * vocab_;
       if (bias_) {
@@ -183,7 +183,7 @@ class LinearGradientAccumulator {
     }
     if (grad_bias_) {
       // Each column summed over the chunk's rows in order: deterministic.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * vocab_ >= kParallelWork)
       for (int64_t i = 0; i < vocab_; ++i) {
         T sum = 0;
         for (int64_t r = 0; r < rows; ++r) sum += gradient[r * vocab_ + i];
@@ -222,7 +222,7 @@ class LinearGradientAccumulator {
   }
 
   static void zero(T* data, int64_t rows, int64_t cols, int64_t stride) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) std::fill(data + r * stride, data + r * stride + cols, T(0));
   }
 
@@ -230,7 +230,7 @@ class LinearGradientAccumulator {
                          int64_t stride) {
     dispatch_float(out.dtype, [&](auto storage) {
       using D = decltype(storage);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * out.cols >= kParallelWork)
       for (int64_t r = 0; r < rows; ++r) {
         D* destination = row_pointer<D>(out, row0 + r);
         for (int64_t i = 0; i < out.cols; ++i) {
