@@ -9,6 +9,19 @@
 namespace xent::torch_binding {
 namespace {
 
+// The names Python users see (torch.int8 prints as int8; c10 would say Char).
+std::string torch_dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kBool: return "bool";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: return c10::toString(type);
+  }
+}
+
 DType dtype_of(const at::Tensor& tensor, const char* function, const char* argument) {
   switch (tensor.scalar_type()) {
     case at::kFloat: return DType::f32;
@@ -19,7 +32,7 @@ DType dtype_of(const at::Tensor& tensor, const char* function, const char* argum
     case at::kInt: return DType::i32;
     default:
       TORCH_CHECK_VALUE(false, function, ": ", argument, " dtype unsupported: got ",
-                        tensor.scalar_type(),
+                        torch_dtype_name(tensor.scalar_type()),
                         "; expected float32, bfloat16, float16, float64, int64 or int32");
   }
 }

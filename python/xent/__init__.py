@@ -16,7 +16,7 @@ from xent.functional import (
     linear_cross_entropy,
     linear_distill,
 )
-from xent import nn  # noqa: E402
+from xent import hf, nn  # noqa: E402  (hf imports transformers only when used)
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,7 @@ __all__ = [
     "cross_entropy",
     "distill",
     "linear_cross_entropy",
+    "hf",
     "linear_distill",
     "nn",
 ]

@@ -8,6 +8,7 @@ F.cross_entropy under autocast does); gradients come back in each input's dtype.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -33,6 +34,16 @@ __all__ = [
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
 _REDUCTIONS = ("none", "sum", "mean")
+
+# XENT_VALIDATE=1: after every op on a CUDA tensor, synchronise and raise what the kernels flagged
+# (out-of-range targets), as the CPU backend does at once. Off by default: it costs a sync.
+_VALIDATE = os.environ.get("XENT_VALIDATE", "0") not in ("", "0")
+
+
+def _validated(result, like: Tensor):
+    if _VALIDATE and like.is_cuda:
+        ops.check_errors(like)
+    return result
 
 
 class CrossEntropyResult(NamedTuple):
@@ -78,7 +89,9 @@ def _rows(function: str, argument: str, tensor: Tensor, target: Optional[Tensor]
             _fail(function, target_name, "shape mismatch", tuple(target.shape),
                   f"{row_shape} (the leading dimensions of {argument})")
         target = target.reshape(-1)
-    return tensor.reshape(-1, tensor.shape[-1]), target, row_shape
+    # flatten, not reshape(-1, X): it stays a view whenever it can and handles X = 0 (which the
+    # core then reports by name).
+    return (tensor.flatten(0, 1) if tensor.dim() == 3 else tensor), target, row_shape
 
 
 def _row_weight(function: str, row_weight: Optional[Tensor], row_shape) -> Optional[Tensor]:
@@ -165,7 +178,7 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     else:
         outputs = ops.ce_forward(logits2d, target1d, class_weight, row_weight1d, *options,
                                  bool(return_stats))
-    return _result(outputs, reduction, row_shape, return_stats)
+    return _validated(_result(outputs, reduction, row_shape, return_stats), logits)
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
@@ -209,7 +222,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
         outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, class_weight,
                                         row_weight1d, *options, bool(return_stats), False, False,
                                         False)[:7]
-    return _result(outputs, reduction, row_shape, return_stats)
+    return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
 
 
 def _distill_options(function: str, kind: str, temperature: float, beta: float,
@@ -243,7 +256,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
         _fail(function, "teacher_logits", "shape mismatch", tuple(teacher_logits.shape),
               f"{tuple(student_logits.shape)} (the shape of student_logits)")
-    teacher2d = teacher_logits.reshape(-1, teacher_logits.shape[-1]).detach()
+    teacher2d = (teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3
+                 else teacher_logits).detach()
     options = _distill_options(function, kind, temperature, beta, softcap, soft_weight,
                                hard_weight, ignore_index, reduction, label_smoothing, z_loss)
     class_weight = _class_weight(function, None, class_weight)
@@ -251,7 +265,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
         loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options)
     else:
         loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
-    return _reshape_rows(loss, row_shape) if reduction == "none" else loss
+    return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
+                      student_logits)
 
 
 def linear_distill(student_hidden: Tensor, student_weight: Tensor,
@@ -275,10 +290,12 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     teacher_logits2d = teacher_hidden2d = None
     if teacher_logits is not None:
         _check_tensor(function, "teacher_logits", teacher_logits)
-        teacher_logits2d = teacher_logits.reshape(-1, teacher_logits.shape[-1]).detach()
+        teacher_logits2d = (teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3
+                            else teacher_logits).detach()
     if teacher_hidden is not None:
         _check_tensor(function, "teacher_hidden", teacher_hidden)
-        teacher_hidden2d = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).detach()
+        teacher_hidden2d = (teacher_hidden.flatten(0, 1) if teacher_hidden.dim() == 3
+                            else teacher_hidden).detach()
     if teacher_weight is not None:
         teacher_weight = teacher_weight.detach()
     options = _distill_options(function, kind, temperature, beta, softcap, soft_weight,
@@ -303,4 +320,5 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     else:
         loss = ops.linear_distill_forward(hidden2d, student_weight, *teacher, target1d,
                                           class_weight, *options, False, False)[0]
-    return _reshape_rows(loss, row_shape) if reduction == "none" else loss
+    return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
+                      student_hidden)

@@ -1,0 +1,31 @@
+// torch op xent::check_errors: reports what CUDA kernels flagged (out-of-range targets) since the
+// last check, with the CPU backend's message. Synchronises the stream, so it is never called by
+// the loss ops themselves; users call it (xent.check_errors) or set XENT_VALIDATE=1.
+#include <c10/core/DeviceGuard.h>
+
+#include "binding_support.hpp"
+
+namespace xent::torch_binding {
+namespace {
+
+void check_errors_op(const at::Tensor& device_tensor) {
+  translate_errors([&] {
+    c10::DeviceGuard guard(device_tensor.device());
+    check_errors(xent_device(device_tensor), current_stream(device_tensor));
+  });
+}
+
+}  // namespace
+}  // namespace xent::torch_binding
+
+TORCH_LIBRARY_FRAGMENT(xent, m) { m.def("check_errors(Tensor device_tensor) -> ()"); }
+
+TORCH_LIBRARY_IMPL(xent, CPU, m) {
+  m.impl("check_errors", &xent::torch_binding::check_errors_op);
+}
+
+#if defined(XENT_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(xent, CUDA, m) {
+  m.impl("check_errors", &xent::torch_binding::check_errors_op);
+}
+#endif

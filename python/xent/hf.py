@@ -1,0 +1,139 @@
+"""Hugging Face causal LMs whose training loss never materialises the (tokens × vocabulary) logits.
+
+    model = AutoModelForCausalLM.from_config(config)
+    xent.hf.patch(model)
+    loss = model(input_ids, labels=labels).loss   # lm_head + loss fused: no logits tensor
+
+The patched forward keeps the model's own loss semantics: labels are shifted by one (or
+`shift_labels` taken as given), `ignore_index` (-100) rows are skipped, and with
+`num_items_in_batch` (gradient accumulation in Trainer) the loss is the sum over valid tokens
+divided by it; otherwise the mean over valid tokens. Gemma 2/3 `final_logit_softcapping` is applied
+inside the fused loss. Without labels (inference, generation), or in eval mode by default, the
+original forward runs and returns logits.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from xent.functional import linear_cross_entropy
+
+__all__ = ["patch", "unpatch", "SUPPORTED_ARCHITECTURES"]
+
+# The classes whose forward this patch reproduces (the same structure: self.model -> hidden states,
+# self.lm_head, then ForCausalLMLoss on optionally softcapped logits).
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+)
+
+_ORIGINAL = "_xent_original_forward"
+
+
+def _softcap_of(config) -> Optional[float]:
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return float(softcap) if softcap else None
+
+
+def _check_model(model, strict: bool) -> None:
+    name = type(model).__name__
+    if name in SUPPORTED_ARCHITECTURES:
+        return
+    layout = hasattr(model, "model") and isinstance(getattr(model, "lm_head", None),
+                                                    torch.nn.Linear)
+    if strict or not layout:
+        raise ValueError(
+            f"xent.hf.patch: model unsupported: got {name}; expected one of "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (or strict=False for a model with the same "
+            "layout: .model returning hidden states and an nn.Linear .lm_head)")
+
+
+def patch(model, *, skip_logits: Optional[bool] = None, workspace_bytes: Optional[int] = None,
+          fp32_logits: bool = False, strict: bool = True):
+    """Patches `model` (in place) so forward passes with labels use xent.linear_cross_entropy.
+
+    skip_logits: None (default) fuses when labels are given and the model is in training mode;
+    True fuses whenever labels are given; False never (the patch is then a no-op).
+    The returned output has logits=None whenever the fused loss was used.
+    Returns the model. Patching twice is a no-op; xent.hf.unpatch restores the original.
+    """
+    _check_model(model, strict)
+    if hasattr(model, _ORIGINAL):
+        return model
+    original = model.forward
+    names = [p.name for p in inspect.signature(original).parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    options = dict(workspace_bytes=workspace_bytes, fp32_logits=fp32_logits)
+
+    def forward(*args, **kwargs):
+        if len(args) > len(names):
+            raise TypeError(f"forward() takes {len(names)} positional arguments "
+                            f"but {len(args)} were given")
+        kwargs.update(zip(names, args))
+        has_labels = kwargs.get("labels") is not None or kwargs.get("shift_labels") is not None
+        fuse = model.training if skip_logits is None else skip_logits
+        if not (has_labels and fuse):
+            return original(**kwargs)
+        return _fused_forward(model, kwargs, options)
+
+    setattr(model, _ORIGINAL, original)
+    model.forward = forward
+    return model
+
+
+def unpatch(model):
+    """Restores the forward that patch replaced; returns the model."""
+    original = model.__dict__.pop(_ORIGINAL, None)
+    if original is not None:
+        del model.forward
+    return model
+
+
+def _fused_forward(model, kwargs: dict, options: dict):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    labels = kwargs.pop("labels", None)
+    logits_to_keep = kwargs.pop("logits_to_keep", 0)
+    return_dict = kwargs.pop("return_dict", None)
+    # Everything else goes to the decoder exactly as the original forward passes it (it also
+    # receives num_items_in_batch, ignore_index and shift_labels there, and ignores them).
+    outputs = model.model(**kwargs)
+    hidden = outputs[0]
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    hidden = hidden[:, keep, :]
+
+    ignore_index = kwargs.get("ignore_index", -100)
+    shift_labels = kwargs.get("shift_labels")
+    if shift_labels is None:
+        # As ForCausalLMLoss: position t predicts labels[t + 1]; the last position predicts nothing.
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    num_items_in_batch = kwargs.get("num_items_in_batch")
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    head = model.lm_head
+    loss = linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), head.bias,
+                                ignore_index=ignore_index, reduction=reduction,
+                                softcap=_softcap_of(model.config), **options)
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+
+    result = CausalLMOutputWithPast(
+        loss=loss,
+        logits=None,
+        past_key_values=getattr(outputs, "past_key_values", None),
+        hidden_states=getattr(outputs, "hidden_states", None),
+        attentions=getattr(outputs, "attentions", None),
+    )
+    if return_dict is False:
+        return result.to_tuple()
+    return result
