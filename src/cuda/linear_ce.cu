@@ -33,21 +33,12 @@ T* offset_rows(const TensorView& view, int64_t first_row) {
 struct LinearCePlan {
   ChunkPlan chunks;
   DType logits_dtype = DType::bf16;
-  // Reduction none with options.logits_cache_bytes >= N·V logits: the whole batch is one chunk
-  // whose buffer, at the start of the workspace, keeps the forward's logits for the backward.
-  bool logits_cached = false;
 };
 
-// The cache contract: the backward of `none` given the SAME workspace (and options) that the
-// forward filled skips the logits product; it then overwrites the cache with the gradient, so
-// one backward per forward. A caller who cannot keep the workspace leaves logits_cache_bytes 0.
-bool logits_fit_cache(int64_t rows, int64_t vocab, std::size_t element,
-                      const LinearCeOptions& options) {
-  const std::size_t logits = static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab) *
-                             element;
-  return options.ce.reduction == Reduction::none && rows > 0 &&
-         options.logits_cache_bytes >= logits;
-}
+// options.logits_cache_bytes is not used on CUDA: keeping the forward's logits for the backward
+// needs memory that survives from one call to the next, and the op API has none (each call gets
+// its own workspace, which callers free in between). Measured gain if it had: a 30 % shorter
+// `none` forward + backward (docs/perf-notes.md); it needs an API-level cache handle.
 
 // One call of the op: the forward (loss, statistics, optional gradients) or the backward
 // (gradients only, per-row or scalar upstream gradient).
@@ -73,17 +64,6 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.fixed_bytes = row_scratch_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = with_gradients && linear_overlap_enabled();
-  const bool cached = logits_fit_cache(rows, vocab, request.logits_element_bytes, options);
-  if (cached) {  // one chunk of all rows: the budget no longer bounds the logits buffer
-    request.overlap = false;
-    // Room for every row in one buffer plus the budget's own share (cuBLASLt scratch, O(N)
-    // arrays), so the planner cannot split the batch.
-    request.budget_bytes = align_up(static_cast<std::size_t>(rows) *
-                                    static_cast<std::size_t>(vocab) *
-                                    request.logits_element_bytes) +
-                           options.workspace_budget + align_up(request.fixed_bytes) +
-                           (std::size_t{32} << 20);
-  }
   if (weight_accumulator) {
     request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) *
                                           static_cast<std::size_t>(hidden) * sizeof(float));
@@ -94,7 +74,6 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
-  plan.logits_cached = cached;
   return plan;
 }
 
@@ -125,7 +104,6 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
 
-  // Chunk buffers first: the logits cache must sit where both forward and backward find it.
   WorkspaceCarver carver(workspace);
   const std::size_t buffer_stride = align_up(plan.chunks.logits_buffer_bytes);
   void* chunk_buffer = carver.take(buffer_stride * plan.chunks.buffer_count);
@@ -166,10 +144,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
   auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
 
-  // Stage 1: L = h_chunk·Wᵀ (+ bias), unless a cached forward left them in the buffer.
-  const bool reuse_cached_logits = plan.logits_cached && call.op == OpCode::linear_ce_backward;
+  // Stage 1: L = h_chunk·Wᵀ (+ bias).
   auto form_logits = [&](int64_t chunk) {
-    if (reuse_cached_logits) return;
     GemmProduct forward;
     forward.a = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
     forward.b = weight;

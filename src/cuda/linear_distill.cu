@@ -52,6 +52,26 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   return plan;
 }
 
+// The workspace query cannot see the dtype of teacher logits and assumes the student's. Teacher
+// logits of another dtype need a conversion buffer per chunk row as well; the chunks then shrink
+// until the plan fits the workspace the caller sized by the query (slower, never wrong).
+LinearDistillPlan fit_to_workspace(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                   const LinearDistillOptions& options, bool teacher_from_hidden,
+                                   DType teacher_dtype, std::size_t accumulator_bytes,
+                                   std::size_t workspace_bytes) {
+  LinearDistillOptions fitted = options;
+  LinearDistillPlan plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted,
+                                               teacher_from_hidden, teacher_dtype,
+                                               accumulator_bytes);
+  while (plan.chunks.total_bytes > workspace_bytes && plan.chunks.chunk_rows > 1 &&
+         fitted.workspace_budget > 0) {
+    fitted.workspace_budget = fitted.workspace_budget / 4 * 3;
+    plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted, teacher_from_hidden,
+                               teacher_dtype, accumulator_bytes);
+  }
+  return plan;
+}
+
 struct LinearDistillCall {
   TensorView student_hidden, student_weight;
   const Teacher& teacher;
@@ -72,9 +92,9 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const LinearGradients& grads = call.grads;
   const bool want_grad = grads.hidden.present() || grads.weight.present();
   const LinearDistillPlan plan =
-      plan_linear_distill(rows, hidden, vocab, call.student_hidden.dtype, call.options,
-                          teacher_from_hidden, teacher_dtype,
-                          gradient_sums_bytes(grads, vocab, hidden));
+      fit_to_workspace(rows, hidden, vocab, call.student_hidden.dtype, call.options,
+                       teacher_from_hidden, teacher_dtype,
+                       gradient_sums_bytes(grads, vocab, hidden), workspace.bytes);
   const DistillOptions& distill = call.options.distill;
   const Reduction reduction = distill.ce.reduction;
   const bool sum_or_mean = reduction != Reduction::none;

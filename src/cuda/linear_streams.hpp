@@ -7,8 +7,8 @@
 
 namespace xent::cuda {
 
-// Whether the planner may grant two chunk buffers for overlap: XENT_LINEAR_OVERLAP=0 turns it off
-// (read once; used to measure both schedules, see docs/perf-notes.md).
+// Whether the planner may grant two chunk buffers for overlap: XENT_LINEAR_OVERLAP=1 turns it on
+// (read once; off by default because it measured no faster, see linear_streams.cu).
 bool linear_overlap_enabled();
 
 class SideStream {
