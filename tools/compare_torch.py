@@ -53,6 +53,22 @@ def git_commit() -> str:
         return "unknown"
 
 
+def device_name(device: str) -> str:
+    """The name xent-bench gives the same device, so records of both tools group together."""
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    model = "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} ({os.cpu_count()} threads)"
+
+
 # ----------------------------------------------------------------------------- cases
 
 def suite_cases(name: str) -> List[dict]:
@@ -309,7 +325,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
         "kind": kind if "distill" in op else None, "dtype": str(dtype).replace("torch.", ""),
         "n": case["n"], "h": case["h"], "v": case["v"], "budget_bytes": None,
         "label": case.get("label", ""),
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "device": device_name(device),
         "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": floor, "commit": commit,
     }
     reference_loss = None
@@ -475,7 +491,7 @@ def main(argv=None) -> int:
         cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
                       dtype=args.dtype, mode=args.mode, kind=args.kind, label="")]
     commit = git_commit()
-    progress(f"device: {torch.cuda.get_device_name(0) if cuda else 'cpu'}, torch {torch.__version__}")
+    progress(f"device: {device_name(args.device)}, torch {torch.__version__}")
     bandwidth = copy_bandwidth(args.device)
     if bandwidth:
         progress(f"copy bandwidth B = {bandwidth / 1e9:.1f} GB/s")
