@@ -64,7 +64,9 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.fixed_bytes = row_scratch_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = with_gradients && linear_overlap_enabled();
-  if (weight_accumulator) {
+  // A single chunk writes ∂W straight into the output (linear_support.hpp): no accumulator.
+  const bool single_chunk = plan_chunks(request).chunk_count <= 1;
+  if (weight_accumulator && !single_chunk) {
     request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) *
                                           static_cast<std::size_t>(hidden) * sizeof(float));
   }
@@ -114,7 +116,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   auto* row_correct = static_cast<float*>(carver.take(row_array));
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
-  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden);
+  const GradientSums sums =
+      carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks.chunk_count <= 1);
 
   const CeRowOptions row_options = ce_row_options(ce);
   const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();

@@ -35,7 +35,7 @@ struct LinearDistillPlan {
 LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                       const LinearDistillOptions& options,
                                       bool teacher_from_hidden, DType teacher_dtype,
-                                      std::size_t accumulator_bytes) {
+                                      const LinearGradients& grads) {
   LinearDistillPlan plan;
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
   plan.teacher_buffer = teacher_from_hidden || teacher_dtype != plan.logits_dtype;
@@ -47,7 +47,9 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows);
-  request.accumulator_bytes = accumulator_bytes;
+  // A single chunk writes ∂W straight into the output (linear_support.hpp): no accumulator.
+  const bool single_chunk = plan_chunks(request).chunk_count <= 1;
+  request.accumulator_bytes = gradient_sums_bytes(grads, vocab, hidden, single_chunk);
   plan.chunks = plan_chunks(request);
   return plan;
 }
@@ -57,17 +59,16 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
 // until the plan fits the workspace the caller sized by the query (slower, never wrong).
 LinearDistillPlan fit_to_workspace(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                    const LinearDistillOptions& options, bool teacher_from_hidden,
-                                   DType teacher_dtype, std::size_t accumulator_bytes,
+                                   DType teacher_dtype, const LinearGradients& grads,
                                    std::size_t workspace_bytes) {
   LinearDistillOptions fitted = options;
   LinearDistillPlan plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted,
-                                               teacher_from_hidden, teacher_dtype,
-                                               accumulator_bytes);
+                                               teacher_from_hidden, teacher_dtype, grads);
   while (plan.chunks.total_bytes > workspace_bytes && plan.chunks.chunk_rows > 1 &&
          fitted.workspace_budget > 0) {
     fitted.workspace_budget = fitted.workspace_budget / 4 * 3;
     plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted, teacher_from_hidden,
-                               teacher_dtype, accumulator_bytes);
+                               teacher_dtype, grads);
   }
   return plan;
 }
@@ -93,8 +94,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const bool want_grad = grads.hidden.present() || grads.weight.present();
   const LinearDistillPlan plan =
       fit_to_workspace(rows, hidden, vocab, call.student_hidden.dtype, call.options,
-                       teacher_from_hidden, teacher_dtype,
-                       gradient_sums_bytes(grads, vocab, hidden), workspace.bytes);
+                       teacher_from_hidden, teacher_dtype, grads, workspace.bytes);
   const DistillOptions& distill = call.options.distill;
   const Reduction reduction = distill.ce.reduction;
   const bool sum_or_mean = reduction != Reduction::none;
@@ -108,7 +108,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
   char* chunk_buffer = static_cast<char*>(carver.take(plan.chunks.logits_buffer_bytes));
-  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden);
+  const GradientSums sums =
+      carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks.chunk_count <= 1);
   // The teacher half of each chunk buffer follows the student half.
   const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
                                     static_cast<std::size_t>(vocab) *
@@ -240,7 +241,7 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
     worst.weight = TensorView{nullptr, dtype, 2, vocab, student_hidden, student_hidden};
   }
   return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
-                             dtype, gradient_sums_bytes(worst, vocab, student_hidden))
+                             dtype, worst)
       .chunks.total_bytes;
 }
 

@@ -156,9 +156,10 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
   }
 }
 
-std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden) {
+std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden,
+                                bool single_chunk) {
   std::size_t bytes = 0;
-  if (grads.weight.present() && grads.weight.dtype != DType::f32) {
+  if (grads.weight.present() && grads.weight.dtype != DType::f32 && !single_chunk) {
     bytes += align_up(static_cast<std::size_t>(vocab) * static_cast<std::size_t>(hidden) *
                       sizeof(float));
   }
@@ -169,16 +170,20 @@ std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int
 }
 
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
-                                 int64_t vocab, int64_t hidden) {
+                                 int64_t vocab, int64_t hidden, bool single_chunk) {
   GradientSums sums;
   if (grads.weight.present()) {
-    sums.weight_in_workspace = grads.weight.dtype != DType::f32;
-    sums.weight = sums.weight_in_workspace
-                      ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
-                                                        static_cast<std::size_t>(hidden) *
-                                                        sizeof(float)))
-                      : static_cast<float*>(grads.weight.data);
-    sums.weight_stride = sums.weight_in_workspace ? hidden : grads.weight.row_stride;
+    sums.weight_in_workspace = grads.weight.dtype != DType::f32 && !single_chunk;
+    if (sums.weight_in_workspace) {
+      sums.weight = carver.take(static_cast<std::size_t>(vocab) *
+                                static_cast<std::size_t>(hidden) * sizeof(float));
+      sums.weight_dtype = DType::f32;
+      sums.weight_stride = hidden;
+    } else {
+      sums.weight = grads.weight.data;
+      sums.weight_dtype = grads.weight.dtype;
+      sums.weight_stride = grads.weight.row_stride;
+    }
   }
   if (grads.bias.present()) {
     sums.bias_in_workspace = grads.bias.dtype != DType::f32;
@@ -206,7 +211,8 @@ void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hi
     product.a = gradient;
     product.a_transposed = true;
     product.b = hidden_rows;
-    product.c = GemmMatrix{sums.weight, DType::f32, weight.rows, weight.cols, sums.weight_stride};
+    product.c = GemmMatrix{sums.weight, sums.weight_dtype, weight.rows, weight.cols,
+                           sums.weight_stride};
     product.beta = first_chunk ? 0.0f : 1.0f;
     gemm(product, scratch, stream);
   }
@@ -223,7 +229,9 @@ void finish_gradient_sums(const LinearGradients& grads, const GradientSums& sums
     if (grads.bias.present()) fill_zero(grads.bias, stream);
     return;
   }
-  if (sums.weight_in_workspace) write_from_fp32(sums.weight, hidden, grads.weight, stream);
+  if (sums.weight_in_workspace) {
+    write_from_fp32(static_cast<const float*>(sums.weight), hidden, grads.weight, stream);
+  }
   if (sums.bias_in_workspace) write_from_fp32(sums.bias, 1, grads.bias, stream);
 }
 

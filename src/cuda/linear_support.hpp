@@ -55,17 +55,21 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
                   cudaStream_t stream);
 
 // Where ∂W and ∂bias accumulate across chunks: the outputs themselves when they are fp32, else
-// fp32 accumulators in the workspace, written back once at the end (linear_ce.hpp).
+// fp32 accumulators in the workspace, written back once at the end (linear_ce.hpp). A plan of a
+// single chunk needs no accumulation: its one ∂W product writes the output in its own dtype (one
+// rounding, as a plain Gᵀ·h would), so no V×H fp32 buffer exists at all.
 struct GradientSums {
-  float* weight = nullptr;
+  void* weight = nullptr;
+  DType weight_dtype = DType::f32;
   int64_t weight_stride = 0;
   bool weight_in_workspace = false;
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
-std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden);
+std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden,
+                                bool single_chunk);
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
-                                 int64_t vocab, int64_t hidden);
+                                 int64_t vocab, int64_t hidden, bool single_chunk);
 
 // The products of one chunk after its gradient G [rows, V] is formed: ∂h rows = G·W (written),
 // ∂W (+)= Gᵀ·h_chunk and ∂bias (+)= Σ_rows G into the sums (overwriting on the first chunk).
