@@ -179,6 +179,20 @@ void write_element(DType dtype, double value, unsigned char* out) {
 }
 }  // namespace
 
+std::vector<unsigned char> encode(DType dtype, const std::vector<double>& values) {
+  const std::size_t size = element_size(dtype);
+  std::vector<unsigned char> bytes(values.size() * size);
+  for (std::size_t i = 0; i < values.size(); ++i) write_element(dtype, values[i], &bytes[i * size]);
+  return bytes;
+}
+
+std::vector<double> decode(DType dtype, const std::vector<unsigned char>& bytes) {
+  const std::size_t size = element_size(dtype);
+  std::vector<double> values(bytes.size() / size);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = read_element(dtype, &bytes[i * size]);
+  return values;
+}
+
 Tensor::Tensor(DType dtype, int ndim, int64_t rows, int64_t cols, int64_t stride)
     : dtype_(dtype), ndim_(ndim), rows_(rows), cols_(cols), stride_(stride) {
   host_.assign(bytes(), 0);

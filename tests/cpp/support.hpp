@@ -100,6 +100,11 @@ class Tensor {
   std::shared_ptr<void> device_;  // CUDA memory in the GPU binary
 };
 
+// Host bytes of `values` stored as `dtype`, and back: for views on the CPU inside the GPU binary
+// (the CUDA-vs-CPU cross-checks).
+std::vector<unsigned char> encode(DType dtype, const std::vector<double>& values);
+std::vector<double> decode(DType dtype, const std::vector<unsigned char>& bytes);
+
 // Workspace memory on the test device (empty when bytes is 0).
 class Scratch {
  public:
