@@ -75,14 +75,18 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
 
   // Row sums in double: Σ p_s·u is subtracted from each u_i in the gradient, where it nearly
   // cancels for peaked rows (jsd, tvd), so its own rounding must stay far below the result's.
+  // tvd's gradient uses the per-side sums of common::TvdSums instead of Σ p_s·u (see there).
+  const bool tvd = c.kind == common::DistillKindCode::tvd;
+  common::TvdSums<double> tvd_sums;
   T sum_prob_u = 0;
   if (want_loss || common::distill_needs_sum_pu(c.kind)) {
     double loss = 0, prob_u = 0;
     for (int64_t i = 0; i < vocab; ++i) {
-      const auto term = common::distill_term(c, lse_s, lse_t, transform.value(to_compute<T>(s[i])),
-                                             transform.value(to_compute<T>(t[i])));
+      const T vs = transform.value(to_compute<T>(s[i])), vt = transform.value(to_compute<T>(t[i]));
+      const auto term = common::distill_term(c, lse_s, lse_t, vs, vt);
       loss += term.loss;
       prob_u += term.prob_u;
+      if (tvd) tvd_sums.add(lse_s, lse_t, vs, vt);
     }
     result.soft = static_cast<T>(loss);
     sum_prob_u = static_cast<T>(prob_u);
@@ -111,8 +115,9 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
     for (int64_t i = 0; i < vocab; ++i) {
       const T x = to_compute<T>(s[i]);
       const T vs = transform.value(x), vt = transform.value(to_compute<T>(t[i]));
-      T g = soft_coef * common::distill_grad_element(c, lse_s, lse_t, vs, vt, sum_prob_u) *
-            transform.slope(x);
+      const T row_grad = tvd ? common::tvd_grad_element(tvd_sums, lse_s, lse_t, vs, vt)
+                             : common::distill_grad_element(c, lse_s, lse_t, vs, vt, sum_prob_u);
+      T g = soft_coef * row_grad * transform.slope(x);
       if (with_hard) {
         const T w = call.hard.class_weight ? static_cast<T>(call.hard.class_weight[i]) : T(1);
         g += common::ce_grad_element(call.hard.constants, hard_row, x, i, w);
