@@ -16,13 +16,19 @@
 // the 512 MiB default, bf16 logits and N = 8192: V = 128256 gives R = 1664 in 5 chunks (2× over the
 // balance point), V = 256000 gives R = 912 in 9 chunks (just above it); 64 MiB budgets give
 // R ≈ 125–250, where ∂W is accumulator-bound by design (the caller chose memory over time).
+// Measured on an H200 (docs/perf-notes.md): cuBLASLt hides the accumulator traffic only in part,
+// so the cost is closer to additive, 2·R·V·H / P + 8·V·H / B per chunk: at R = 912, V = 256000 the
+// ∂W product took 2.56 ms, 1.5 ms of arithmetic plus 1.1 ms of accumulator traffic. Larger R is
+// therefore always better, which is what the planner does; the 800-row balance point is where the
+// traffic equals the arithmetic, not where it disappears.
 //
 // The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: 0.67·(P/B)/H, i.e. ≈ 18 % of
 // the product time at H = 768, 6 % at H = 2304, 3 % at H = 4096 when run back to back; running it on
 // a second stream beside the next chunk's products hides it, at the price of a second chunk buffer
-// (half the rows under the same budget). The planner only grants the overlap when the halved chunk
-// still sits above the balance point (kEfficientRows), since losing the ∂W efficiency costs more
-// than the row kernel it hides.
+// (half the rows under the same budget). The planner only grants the overlap when it is asked to
+// (linear_streams.hpp: off by default, it measured −5 % to +2 %) and the halved chunk still sits
+// above the balance point (kEfficientRows), since losing ∂W efficiency costs more than the row
+// kernel it hides.
 #include "cuda/chunk_plan.hpp"
 
 #include <algorithm>
