@@ -112,7 +112,7 @@ void measure_case(BenchDevice& device, const Case& c, const MeasureSettings& set
   // Inputs smaller than the cache are rotated among copies so no repetition finds them hot.
   std::optional<Problem> problem;
   try {
-    const std::size_t probe = Problem(device, c, 1).input_bytes();
+    const std::size_t probe = Problem::input_bytes(c);
     int copies = 1;
     if (device.cache_bytes() > 0 && probe < device.cache_bytes())
       copies = static_cast<int>(std::min<std::size_t>(16, 2 * device.cache_bytes() / probe + 1));

@@ -15,6 +15,19 @@ std::size_t elements_bytes(int64_t count, DType dtype) {
   return static_cast<std::size_t>(count) * dtype_size(dtype);
 }
 
+std::size_t Problem::input_bytes(const Case& c) {
+  const int64_t matrices = c.op == Op::ce ? c.n * c.v
+                           : c.op == Op::distill ? 2 * c.n * c.v
+                           : c.op == Op::linear_ce ? (c.n + c.v) * c.h
+                                                   : 2 * (c.n + c.v) * c.h;
+  std::size_t bytes = elements_bytes(matrices, c.dtype) + elements_bytes(c.n, DType::i64);
+  if (c.options.class_weight && !is_distill(c.op)) bytes += elements_bytes(c.v, DType::f32);
+  if (c.options.row_weight && !is_distill(c.op)) bytes += elements_bytes(c.n, DType::f32);
+  if (c.mode == Mode::fwdbwd && c.reduction == Reduction::none)
+    bytes += elements_bytes(c.n, DType::f32);
+  return bytes;
+}
+
 TensorView Problem::add_matrix(DType dtype, int64_t rows, int64_t cols, float low, float high) {
   buffers_.emplace_back(device_, elements_bytes(rows * cols, dtype));
   void* data = buffers_.back().data();
@@ -33,7 +46,8 @@ TensorView Problem::add_vector(DType dtype, int64_t length, float low, float hig
   return vector(data, dtype, length, device_.device());
 }
 
-Problem::Problem(BenchDevice& device, const Case& c, int copies) : device_(device), case_(c) {
+Problem::Problem(BenchDevice& device, const Case& c, int copies)
+    : device_(device), case_(c), input_bytes_(input_bytes(c)) {
   const int64_t n = c.n, h = c.h, v = c.v;
   const float weight_range = is_linear(c.op) ? 8.0f * std::sqrt(3.0f / static_cast<float>(h)) : 0;
   for (int copy = 0; copy < copies; ++copy) {
@@ -64,12 +78,6 @@ Problem::Problem(BenchDevice& device, const Case& c, int copies) : device_(devic
       in.row_weight = add_vector(DType::f32, n, 0.0f, 2.0f);
     if (c.mode == Mode::fwdbwd && c.reduction == Reduction::none)
       in.grad_output = add_vector(DType::f32, n, 0.5f, 1.5f);
-    if (copy == 0) {
-      for (const TensorView* view : {&in.logits, &in.teacher, &in.hidden, &in.weight,
-                                     &in.teacher_hidden, &in.teacher_weight, &in.target,
-                                     &in.class_weight, &in.row_weight, &in.grad_output})
-        if (view->present()) input_bytes_ += elements_bytes(view->numel(), view->dtype);
-    }
     inputs_.push_back(in);
   }
   if (c.mode == Mode::fwdbwd) {

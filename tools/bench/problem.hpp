@@ -49,6 +49,8 @@ class Problem {
   const Inputs& inputs(int copy) const { return inputs_[static_cast<std::size_t>(copy)]; }
   const Outputs& gradients() const { return gradients_; }
   std::size_t input_bytes() const { return input_bytes_; }  // one copy
+  // The same without allocating anything: decides how many copies to make.
+  static std::size_t input_bytes(const Case& c);
 
   // Loss and lse views on fresh buffers (owned by the Problem), for one implementation.
   Outputs make_outputs(const Outputs& gradients);
