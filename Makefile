@@ -3,7 +3,7 @@ BUILD_DIR := build
 JOBS ?= $(shell nproc)
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps configure build test test-cpp run clean
+.PHONY: all deps configure build test test-cpp test-python python-deps run clean
 
 all: build
 
@@ -19,7 +19,20 @@ build: configure
 test-cpp: build
 	@ctest --preset default -j $(JOBS)
 
-test: test-cpp
+# The PyTorch package: install torch & co. (scripts/deps-python.sh), configure again so CMake
+# finds torch, build the binding into python/xent, run the Python tests (the GPU ones skip
+# themselves without a CUDA device).
+PYTHON ?= python3
+python-deps:
+	@bash scripts/deps-python.sh
+
+test-python: build python-deps
+	@cmake --preset default -Wno-dev -DPython3_EXECUTABLE="$$(command -v $(PYTHON))" \
+		>$(BUILD_DIR).configure.log 2>&1 || (cat $(BUILD_DIR).configure.log; exit 1)
+	@cmake --build --preset default --target xent_torch -j $(JOBS)
+	@PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
+test: test-cpp test-python
 
 run: build
 	@./$(BUILD_DIR)/tools/xent-bench

@@ -120,7 +120,9 @@ def test_linear_distill_against_reference(device, gen, reduction, kind, teacher_
     teacher_logits = ref.linear_logits(ht.cpu(), wt.cpu(), round_to=torch.float32)
     expected = ref.distill(student_logits, teacher_logits, target.cpu(), reduction=reduction,
                            **options)
-    _compare(gen, loss, expected, params, ref_params, 1e-4)
+    # tvd's gradient jumps where p_t = p_s: the fp32 products of the op and the float64 ones of
+    # the reference put a few near-equal entries on different sides, hence the wider bound.
+    _compare(gen, loss, expected, params, ref_params, 1e-3 if kind == "tvd" else 1e-4)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
