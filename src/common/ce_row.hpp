@@ -148,16 +148,25 @@ XENT_HD CeGradRow<T> ce_grad_row(const CeConstants<T>& c, T lse, int64_t target,
   return row;
 }
 
-// ∂loss/∂x_i for element i with raw logit x and class weight w_i. The target term is subtracted
-// in T before any rounding, so p_y − 1 keeps its precision when p_y → 1 (SPEC §1).
+// ∂loss/∂x_i from p_i = exp(x̃_i − lse) and the slope dx̃_i/dx_i, for a backend that forms p its
+// own way (the GPU kernels use the ex2 unit); ce_grad_element below is this with std::exp. The
+// target term is subtracted in T before any rounding, so p_y − 1 keeps its precision when
+// p_y → 1 (SPEC §1).
+template <class T>
+XENT_HD T ce_grad_from_prob(const CeGradRow<T>& row, T p, T slope, bool is_target,
+                            T class_weight) {
+  T g = row.prob_coef * p - row.smoothing_coef * class_weight;
+  if (is_target) g -= row.target_coef;
+  return g * slope;
+}
+
+// ∂loss/∂x_i for element i with raw logit x and class weight w_i.
 template <class T>
 XENT_HD T ce_grad_element(const CeConstants<T>& c, const CeGradRow<T>& row, T x, int64_t index,
                           T class_weight) {
   const T v = c.transform.value(x);
   const T p = std::exp(v - row.lse);
-  T g = row.prob_coef * p - row.smoothing_coef * class_weight;
-  if (index == row.target) g -= row.target_coef;
-  return g * c.transform.slope(x);
+  return ce_grad_from_prob(row, p, c.transform.slope(x), index == row.target, class_weight);
 }
 
 }  // namespace xent::common

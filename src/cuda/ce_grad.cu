@@ -4,6 +4,7 @@
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_grad.cuh"
 #include "cuda/row_slice.cuh"
+#include "cuda/row_stats.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -71,18 +72,26 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
       }
     }
   }
+  const int target_in_tile =  // -1 when y lies in another tile
+      target >= begin && target < begin + length ? static_cast<int>(target - begin) : -1;
+  const bool weighted = o.class_weight != nullptr && c.smoothing > 0;
+  with_transform(c.transform, [&](const auto& transform) {
 #pragma unroll
-  for (int u = 0; u < kVectorsPerThread; ++u) {
-    const int64_t j = threadIdx.x + int64_t{u} * kThreads;
-    if (j * kVec >= length) continue;
+    for (int u = 0; u < kVectorsPerThread; ++u) {
+      const int j = threadIdx.x + u * kThreads;
+      if (j * kVec >= length) continue;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const int64_t column = begin + j * kVec + k;
-      const float w = o.class_weight && j * kVec + k < length ? o.class_weight[column] : 1.0f;
-      values[u].value[k] = common::ce_grad_element(c, grad_row, values[u].value[k], column, w);
+      for (int k = 0; k < kVec; ++k) {
+        const int i = j * kVec + k;
+        const float w = weighted && i < length ? o.class_weight[begin + i] : 1.0f;
+        const float xk = values[u].value[k];
+        const float prob = fast_exp(transform.value(xk) - grad_row.lse);
+        values[u].value[k] =
+            common::ce_grad_from_prob(grad_row, prob, transform.slope(xk), i == target_in_tile, w);
+      }
+      store_vector(grad, j, length, p.grad_vector_ok, values[u]);
     }
-    store_vector(grad, j, length, p.grad_vector_ok, values[u]);
-  }
+  });
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
 #include "cuda/row_slice.cuh"
+#include "cuda/row_stats.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -45,9 +46,31 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
   }
 }
 
+// Writes ∂loss/∂x of a slice from its staged (or re-read) logits. The class weight of a column
+// enters only through label smoothing (kWeighted: weighted and ε > 0).
+template <bool kWeighted, class S, class Transform>
+__device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Transform& transform,
+                                              const CeGradRow<float>& row,
+                                              int target_in_slice, const float* class_weight,
+                                              S* grad, bool grad_vector_ok) {
+  constexpr int kVec = kVectorElements<S>;
+  const int vectors = static_cast<int>(slice.vectors());
+  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
+    Vector<S> x = slice.reload(j);  // this thread waited on the piece in the statistics sweep
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int i = j * kVec + k;
+      const float w = kWeighted && i < slice.length ? class_weight[slice.begin + i] : 1.0f;
+      const float p = fast_exp(transform.value(x.value[k]) - row.lse);
+      x.value[k] = common::ce_grad_from_prob(row, p, transform.slope(x.value[k]),
+                                             i == target_in_slice, w);
+    }
+    store_vector(grad, j, slice.length, grad_vector_ok, x);
+  }
+}
+
 template <class S>
 __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelParams p) {
-  constexpr int kVec = kVectorElements<S>;
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
@@ -95,19 +118,13 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
 
   const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const float* class_weight = o.class_weight;
+  // Entropy and label smoothing need the extra sums; plain rows skip them.
+  const bool full = a.entropy != nullptr || c.smoothing > 0;
   RowStats<float> stats;
-  const int64_t vectors = slice.vectors();
-  for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
-    const Vector<S> x = slice.load(j, piece);
-    const int64_t column = begin + j * kVec;
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (j * kVec + k < length) {
-        const float w = class_weight ? class_weight[column + k] : 1.0f;
-        stats.add(c.transform.value(x.value[k]), column + k, w);
-      }
-    }
-  }
+  with_transform(c.transform, [&](const auto& transform) {
+    stats = full ? slice_row_stats<true>(slice, transform, class_weight)
+                 : slice_row_stats<false>(slice, transform, class_weight);
+  });
 
   CePartial mine;
   mine.stats = block_merge(stats, warp_scratch);
@@ -173,16 +190,18 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
                          valid ? quiet_nan() : 0.0f);
     } else {
       const CeGradRow<float> grad_row = row_shared.grad_row;
-      for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-        Vector<S> x = slice.reload(j);  // this thread waited on the piece in the first sweep
-        const int64_t column = begin + j * kVec;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float w = class_weight && j * kVec + k < length ? class_weight[column + k] : 1.0f;
-          x.value[k] = common::ce_grad_element(c, grad_row, x.value[k], column + k, w);
+      const int target_in_slice =  // -1 when y lies in another CTA's slice
+          target >= begin && target < begin + length ? static_cast<int>(target - begin) : -1;
+      const bool weighted = class_weight != nullptr && c.smoothing > 0;
+      with_transform(c.transform, [&](const auto& transform) {
+        if (weighted) {
+          ce_grad_sweep<true>(slice, transform, grad_row, target_in_slice, class_weight, grad,
+                              p.grad_vector_ok);
+        } else {
+          ce_grad_sweep<false>(slice, transform, grad_row, target_in_slice, nullptr, grad,
+                               p.grad_vector_ok);
         }
-        store_vector(grad, j, length, p.grad_vector_ok, x);
-      }
+      });
     }
   }
   cluster_finish(p.cluster);
