@@ -20,9 +20,10 @@ struct LinearCeProblem {
   bool fp32_logits = false;
   bool fp32_param_grads = false;  // grads.weight / grads.bias in fp32
   bool ignored_rows = true, all_ignored = false, nan_row = false;
+  bool targets_at_edges = false;
   bool unit_grad_output = false;
   bool caller_workspace = false;  // CPU: pass the queried workspace instead of none
-  std::size_t logits_cache_bytes = 0;
+  bool logits_cache = false;  // pass a caller-owned [N, V] cache to forward and backwards
   bool want_hidden = true, want_weight = true;
 };
 
@@ -41,7 +42,7 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
   const int64_t nan_row = p.nan_row && rows > 3 ? 3 : -1;
   if (nan_row >= 0) layer.hidden.at(nan_row, 1) = std::numeric_limits<double>::quiet_NaN();
   const std::vector<int64_t> target =
-      make_targets(rng, rows, vocab, -100, p.ignored_rows, p.all_ignored, false);
+      make_targets(rng, rows, vocab, -100, p.ignored_rows, p.all_ignored, p.targets_at_edges);
   CeSetup setup = make_ce_setup(p.options, p.reduction, -100, rows, vocab, rng);
   const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, p.unit_grad_output);
 
@@ -65,7 +66,11 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
   LinearCeOptions options;
   options.ce = setup.options;
   options.fp32_logits = p.fp32_logits;
-  options.logits_cache_bytes = p.logits_cache_bytes;
+  // A forward without gradients fills the cache; the backwards below read their logits from it.
+  Tensor logits_cache = p.logits_cache
+                            ? Tensor::matrix(p.fp32_logits ? DType::f32 : p.dtype, rows, vocab)
+                            : Tensor();
+  options.logits_cache = logits_cache.view();
   auto scratch_for = [&](const LinearCeOptions& o, bool with_gradients) {
     const bool query = on_gpu() || p.caller_workspace;
     return Scratch(query ? linear_ce_workspace_size(rows, p.hidden, vocab, p.dtype, o,
@@ -177,6 +182,14 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     }
   }
 
+  if (logits_cache.present()) {
+    SCOPED_TRACE("logits_cache filled by the forward");
+    const Matrix stored = half && !p.fp32_logits ? rounded(logits, p.dtype) : logits;
+    EXPECT_TRUE(close("logits_cache", without_row(logits_cache.download(), vocab, nan_row),
+                      without_row(stored.values, vocab, nan_row),
+                      half && !p.fp32_logits ? 1e-2 : 1e-5));
+  }
+
   Tensor grad_hidden =
       p.want_hidden ? Tensor::matrix(p.dtype, rows, p.hidden, p.hidden_stride) : Tensor();
   Tensor grad_weight =
@@ -264,7 +277,7 @@ INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearCeGrid,
 enum class LinearCase {
   smallest_budget, several_chunks, uneven_chunks, no_bias, fp32_logits, fp32_param_grads,
   all_rows_ignored, empty_batch, nan_row, padded_hidden, absent_grad_output, caller_workspace,
-  logits_cache, hidden_grad_only, weight_grads_only, wide_vocab, all_options,
+  logits_cache, hidden_grad_only, weight_grads_only, wide_vocab, all_options, targets_at_edges,
 };
 
 const char* case_name(LinearCase c) {
@@ -272,7 +285,7 @@ const char* case_name(LinearCase c) {
       "smallest_budget", "several_chunks", "uneven_chunks", "no_bias", "fp32_logits",
       "fp32_param_grads", "all_rows_ignored", "empty_batch", "nan_row", "padded_hidden",
       "absent_grad_output", "caller_workspace", "logits_cache", "hidden_grad_only",
-      "weight_grads_only", "vocab5003", "all_options"};
+      "weight_grads_only", "vocab5003", "all_options", "targets_at_edges"};
   return names[static_cast<int>(c)];
 }
 
@@ -300,11 +313,12 @@ TEST_P(LinearCeCases, MatchesReference) {
     case LinearCase::padded_hidden: p.hidden_stride = p.hidden + 5; break;
     case LinearCase::absent_grad_output: p.unit_grad_output = true; break;
     case LinearCase::caller_workspace: p.caller_workspace = true; p.budget = Budget::several_chunks; break;
-    case LinearCase::logits_cache: p.logits_cache_bytes = std::size_t{64} << 20; break;
+    case LinearCase::logits_cache: p.logits_cache = true; break;
     case LinearCase::hidden_grad_only: p.want_weight = false; break;
     case LinearCase::weight_grads_only: p.want_hidden = false; break;
     case LinearCase::wide_vocab: p.rows = 7; p.vocab = 5003; break;
     case LinearCase::all_options: p.options = kAllCeOptions; p.budget = Budget::uneven_chunks; break;
+    case LinearCase::targets_at_edges: p.targets_at_edges = true; p.options = kSmoothing; break;
   }
   check_linear_ce(p, rng);
 }
@@ -325,7 +339,7 @@ INSTANTIATE_TEST_SUITE_P(
                           LinearCase::absent_grad_output, LinearCase::caller_workspace,
                           LinearCase::logits_cache, LinearCase::hidden_grad_only,
                           LinearCase::weight_grads_only, LinearCase::wide_vocab,
-                          LinearCase::all_options),
+                          LinearCase::all_options, LinearCase::targets_at_edges),
         ::testing::Values(Reduction::none, Reduction::mean)),
     case_param_name);
 
