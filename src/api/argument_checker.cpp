@@ -31,13 +31,14 @@ std::string device_string(Device device) {
 }
 
 std::string number_string(double value) {
+  if (std::isnan(value)) return "nan";  // printf may write "-nan" for 0/0
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.17g", value);
   // Prefer the shortest form that reads back exactly (1.5, not 1.5000000000000000).
   for (int precision = 1; precision <= 17; ++precision) {
     char shorter[64];
     std::snprintf(shorter, sizeof shorter, "%.*g", precision, value);
-    if (std::strtod(shorter, nullptr) == value || std::isnan(value)) return shorter;
+    if (std::strtod(shorter, nullptr) == value) return shorter;
   }
   return buffer;
 }
