@@ -9,7 +9,11 @@ struct LinearCeOptions {
   CeOptions ce;                                    // every option of §1
   std::size_t workspace_budget = std::size_t{512} << 20;  // bytes for chunk buffers
   bool fp32_logits = false;  // keep chunk logits in fp32 instead of rounding to the input dtype
-  std::size_t logits_cache_bytes = 0;  // `none`: keep chunk logits for the backward when they fit
+  // Optional [N, V] buffer in the chunk-logits dtype (fp32 with fp32_logits, else the input
+  // dtype), owned by the caller. A forward that forms no gradient fills it with the logits it
+  // computes; a backward given it reads the logits from it instead of recomputing h·Wᵀ. It trades
+  // N×V memory for one product in `none` training, so it is off unless the caller opts in.
+  TensorView logits_cache;
 };
 
 // Gradients of the linear layer; each absent view is not computed. grad weight/bias are

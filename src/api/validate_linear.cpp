@@ -85,6 +85,29 @@ void check_linear_memory(const ArgumentChecker& check, const cpu::LinearShape& s
   }
 }
 
+// The caller's logits cache: [N, V] in the chunk-logits dtype, disjoint from every other tensor
+// (the forward writes it while reading the inputs; the backward reads it while writing grads).
+void check_logits_cache(const ArgumentChecker& check, const LinearCeOptions& options,
+                        const TensorView& hidden, const TensorView& weight,
+                        const TensorView& bias, const LinearGradients& grads) {
+  const TensorView& cache = options.logits_cache;
+  if (!cache.present()) return;
+  check.matrix(cache, "logits_cache", hidden.rows, weight.rows,
+               "[N, V] = [" + std::to_string(hidden.rows) + ", " + std::to_string(weight.rows) +
+                   "] (rows of hidden, rows of weight)");
+  if (options.fp32_logits) {
+    check.dtype_in(cache, "logits_cache", {DType::f32}, "float32 (fp32_logits is set)");
+  } else {
+    check.same_dtype(cache, "logits_cache", hidden, "hidden");
+  }
+  const std::pair<const TensorView*, const char*> others[] = {
+      {&hidden, "hidden"},        {&weight, "weight"},      {&bias, "bias"},
+      {&grads.hidden, "grads.hidden"}, {&grads.weight, "grads.weight"}, {&grads.bias, "grads.bias"}};
+  for (const auto& [other, other_name] : others) {
+    check.no_overlap(cache, "logits_cache", *other, other_name, false);
+  }
+}
+
 void check_linear_ce(const TensorView& hidden, const TensorView& weight,
                      const TensorView& bias, const TensorView& target,
                      const LinearCeOptions& options, const LinearGradients& grads,
@@ -99,6 +122,7 @@ void check_linear_ce(const TensorView& hidden, const TensorView& weight,
     check_ce_stats(check, loss_and_stats->stats, options.ce.reduction, rows);
   }
   check_linear_gradients(check, grads, hidden, "hidden", weight, "weight", bias, true);
+  check_logits_cache(check, options, hidden, weight, bias, grads);
   check_grad_output(check, grad_output, options.ce.reduction, rows);
   cpu::LinearShape shape;
   shape.rows = rows;

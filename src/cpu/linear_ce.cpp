@@ -24,12 +24,17 @@ LinearShape linear_ce_shape(TensorView hidden, TensorView weight, bool with_grad
   return shape;
 }
 
-// What a pass does with each chunk row once the logits are there; returns nothing, writes the
-// row's gradient in place when the pass has gradients.
+// Where a pass takes its chunk logits from: the product, the product stored on into the
+// caller's logits cache (a forward without gradients), or the cache (a backward).
+enum class CacheUse { none, fill, read };
+
+// Runs `row_function(n, logits_row)` on every row, chunk by chunk, once the chunk logits are
+// formed; when the pass has gradients the function leaves ∂loss/∂x in the row, and the chunk's
+// products follow.
 template <class S, class RowFunction>
 void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
                     const LinearGradients& grads, const LinearCeOptions& options,
-                    Workspace workspace, RowFunction&& row_function) {
+                    CacheUse cache_use, Workspace workspace, RowFunction&& row_function) {
   using T = ComputeType<S>;
   const bool with_gradients = any_gradient(grads);
   const auto plan =
@@ -46,7 +51,14 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
   const int64_t rows = hidden.rows, vocab = layer.vocab();
   for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
     const int64_t count = std::min(plan.chunk_rows, rows - row0);
-    layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
+    if (cache_use == CacheUse::read) {
+      layer.cached_logits(row0, count, hidden_copy, logits, options.logits_cache);
+    } else {
+      layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
+    }
+    if (cache_use == CacheUse::fill) {
+      store_compute_rows(options.logits_cache, row0, count, logits, vocab);
+    }
 #pragma omp parallel for schedule(static) if (count * vocab >= kParallelWork)
     for (int64_t r = 0; r < count; ++r) row_function(row0 + r, logits + r * vocab);
     if (accumulator) accumulator->add_chunk(layer, row0, count, logits, hidden_copy);
@@ -66,7 +78,9 @@ void linear_ce_forward_typed(TensorView hidden, TensorView weight, TensorView bi
   const auto call = make_ce_call<T>(ce, vocab, counts);
   const CeRowRequest request{out.stats.entropy.present(), any_gradient(out.grads)};
   CeResults<T> results(out.loss, out.stats, ce.reduction, rows);
-  for_each_chunk<S>(hidden, weight, bias, out.grads, options, workspace,
+  const bool fill_cache = options.logits_cache.present() && !any_gradient(out.grads);
+  for_each_chunk<S>(hidden, weight, bias, out.grads, options,
+                    fill_cache ? CacheUse::fill : CacheUse::none, workspace,
                     [&](int64_t n, T* logits_row) {
                       results.store(n, ce_process_row(call, logits_row, read_target(target, n),
                                                       n, request,
@@ -89,7 +103,8 @@ void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView b
   const auto call = make_ce_call<T>(ce, vocab, counts);
   // The per-row g_n of `none` is folded into G before the products (SPEC §2: never rescale a
   // summed ∂W).
-  for_each_chunk<S>(hidden, weight, bias, grads, options, workspace,
+  for_each_chunk<S>(hidden, weight, bias, grads, options,
+                    options.logits_cache.present() ? CacheUse::read : CacheUse::none, workspace,
                     [&](int64_t n, T* logits_row) {
                       ce_backward_row(call, logits_row, logits_row, read_target(target, n), n,
                                       lse, upstream_of_row<T>(grad_output, ce.reduction, n));

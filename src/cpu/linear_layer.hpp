@@ -40,6 +40,9 @@ class WorkspaceCursor {
                             LinearPlan::alignment;
     T* result = reinterpret_cast<T*>(next_ + pad);
     next_ += pad + bytes;
+    if (next_ > end_) {  // validation sized the workspace by the same plan: a bug if reached
+      throw Error(ErrorKind::runtime, "linear workspace: plan exceeds the workspace");
+    }
     return result;
   }
 
@@ -73,6 +76,34 @@ ComputeMatrix<T> as_compute_matrix(TensorView view, int64_t row0, int64_t rows, 
   }
 }
 
+// Rows [row0, row0 + rows) of `out` (any float dtype) from a dense compute-type buffer.
+template <class T>
+void store_compute_rows(TensorView out, int64_t row0, int64_t rows, const T* source,
+                        int64_t stride) {
+  dispatch_float(out.dtype, [&](auto storage) {
+    using D = decltype(storage);
+#pragma omp parallel for schedule(static) if (rows * out.cols >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+      D* destination = row_pointer<D>(out, row0 + r);
+      for (int64_t i = 0; i < out.cols; ++i) destination[i] = from_compute<D>(source[r * stride + i]);
+    }
+  });
+}
+
+// The reverse: rows of `in` (any float dtype) into a dense compute-type buffer.
+template <class T>
+void load_compute_rows(TensorView in, int64_t row0, int64_t rows, T* destination,
+                       int64_t stride) {
+  dispatch_float(in.dtype, [&](auto storage) {
+    using D = decltype(storage);
+#pragma omp parallel for schedule(static) if (rows * in.cols >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+      const D* source = row_pointer<const D>(in, row0 + r);
+      for (int64_t i = 0; i < in.cols; ++i) destination[r * stride + i] = to_compute<T>(source[i]);
+    }
+  });
+}
+
 // One linear layer (student, or teacher of linear distillation) over the chunks of a call.
 template <class S>
 class LinearLayer {
@@ -81,7 +112,7 @@ class LinearLayer {
 
   LinearLayer(TensorView hidden, TensorView weight, TensorView bias, std::size_t weight_copy,
               std::size_t bias_copy, WorkspaceCursor& cursor)
-      : hidden_(hidden), bias_view_(bias), vocab_(weight.rows), width_(weight.cols) {
+      : hidden_(hidden), vocab_(weight.rows), width_(weight.cols) {
     weight_ = as_compute_matrix<T, S>(weight, 0, vocab_, cursor.take<T>(weight_copy));
     T* bias_buffer = cursor.take<T>(bias_copy);
     if (bias.present()) {
@@ -111,6 +142,14 @@ class LinearLayer {
     }
   }
 
+  // Like logits(), with the values a forward stored in `cache` instead of the product; the
+  // hidden chunk is still converted, because the ∂W product needs it.
+  void cached_logits(int64_t row0, int64_t rows, T* hidden_copy, T* logits,
+                     TensorView cache) const {
+    as_compute_matrix<T, S>(hidden_, row0, rows, hidden_copy);
+    load_compute_rows(cache, row0, rows, logits, vocab_);
+  }
+
   const ComputeMatrix<T>& weight() const { return weight_; }
   TensorView hidden() const { return hidden_; }
   int64_t vocab() const { return vocab_; }
@@ -126,7 +165,7 @@ class LinearLayer {
     return row;
   }
 
-  TensorView hidden_, bias_view_;
+  TensorView hidden_;
   int64_t vocab_, width_;
   ComputeMatrix<T> weight_;
   const T* bias_ = nullptr;
@@ -170,7 +209,7 @@ class LinearGradientAccumulator {
       } else {
         gemm<T>(false, false, rows, width_, vocab_, T(1), gradient, vocab_, w.data, w.stride,
                 T(0), grad_hidden_copy_, width_);
-        store_rows(grads_.hidden, row0, rows, grad_hidden_copy_, width_);
+        store_compute_rows(grads_.hidden, row0, rows, grad_hidden_copy_, width_);
       }
     }
     if (grad_weight_.data) {
@@ -195,7 +234,7 @@ class LinearGradientAccumulator {
   // Writes accumulated ∂W and ∂bias in the outputs' dtypes (once, after the last chunk).
   void finish() {
     if (grad_weight_.data && !direct<T>(grads_.weight)) {
-      store_rows(grads_.weight, 0, vocab_, grad_weight_.data, width_);
+      store_compute_rows(grads_.weight, 0, vocab_, grad_weight_.data, width_);
     }
     if (grad_bias_ && !direct<T>(grads_.bias)) {
       TensorView row = grads_.bias;
@@ -203,7 +242,7 @@ class LinearGradientAccumulator {
       row.rows = 1;
       row.cols = vocab_;
       row.row_stride = vocab_;
-      store_rows(row, 0, 1, grad_bias_, vocab_);
+      store_compute_rows(row, 0, 1, grad_bias_, vocab_);
     }
   }
 
@@ -224,20 +263,6 @@ class LinearGradientAccumulator {
   static void zero(T* data, int64_t rows, int64_t cols, int64_t stride) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) std::fill(data + r * stride, data + r * stride + cols, T(0));
-  }
-
-  static void store_rows(TensorView out, int64_t row0, int64_t rows, const T* source,
-                         int64_t stride) {
-    dispatch_float(out.dtype, [&](auto storage) {
-      using D = decltype(storage);
-#pragma omp parallel for schedule(static) if (rows * out.cols >= kParallelWork)
-      for (int64_t r = 0; r < rows; ++r) {
-        D* destination = row_pointer<D>(out, row0 + r);
-        for (int64_t i = 0; i < out.cols; ++i) {
-          destination[i] = from_compute<D>(source[r * stride + i]);
-        }
-      }
-    });
   }
 
   LinearGradients grads_;
