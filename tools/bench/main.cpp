@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
       if (!config.json_path.empty()) write_json(config.json_path, records);
     }
     print_table(records);
+    std::fflush(stdout);  // the table first, then anything --compare prints
     if (!config.json_path.empty())
       std::fprintf(stderr, "[xent-bench] wrote %zu records to %s\n", records.size(),
                    config.json_path.c_str());
