@@ -83,8 +83,12 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     Tensor loss = loss_tensor(p.reduction, rows);
     LinearCeOutputs out;
     out.loss = loss.view();
+    // With every gradient, the call that needs the most chunk memory per row.
+    Tensor grad_h = Tensor::matrix(p.dtype, rows, p.hidden);
+    Tensor grad_w = Tensor::matrix(param_dtype, vocab, p.hidden);
+    out.grads = {grad_h.view(), grad_w.view(), {}};
     try {
-      const Scratch scratch = scratch_for(trial, false);
+      const Scratch scratch = scratch_for(trial, true);
       linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), trial,
                         out, {}, scratch.workspace());
       finish();

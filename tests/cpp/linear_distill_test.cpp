@@ -81,8 +81,12 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
     Tensor loss = loss_tensor(p.reduction, rows);
     LinearDistillOutputs out;
     out.loss = loss.view();
+    // With every gradient, the call that needs the most chunk memory per row.
+    Tensor grad_h = Tensor::matrix(p.dtype, rows, p.hidden);
+    Tensor grad_w = Tensor::matrix(param_dtype, vocab, p.hidden);
+    out.grads = {grad_h.view(), grad_w.view(), {}};
     try {
-      const Scratch scratch = scratch_for(trial, false);
+      const Scratch scratch = scratch_for(trial, true);
       linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
                              trial, out, {}, scratch.workspace());
       finish();
