@@ -1,8 +1,10 @@
 #include "cpu/gemm.hpp"
 
-#include "cpu/tensor_access.hpp"
-
 #include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/tensor_access.hpp"
 
 #if defined(XENT_WITH_OPENBLAS)
 #include <cblas.h>
@@ -11,61 +13,82 @@
 namespace xent::cpu {
 namespace {
 
+// Fallback for machines without OpenBLAS (the GPU machines). Each thread owns a block of
+// kColumns output columns and packs op(B) for them into strips of kTileColumns; rows of op(A)
+// are packed kTileRows at a time. The kTileRows × kTileColumns tile of C then stays in registers
+// (8 SSE registers for float, the baseline x86-64 target) while k is walked in order, so results
+// do not depend on the thread count. Measured (CPU time, one core, the three products of a
+// 300 × 256 × 5000 linear_ce): 30 / 29 / 29 ms for h·Wᵀ / G·W / Gᵀ·h, against 42 / 31 / 27 ms for
+// the plain dot/axpy loops it replaced; about 60 % of the SSE peak.
+constexpr int64_t kColumns = 64;
+// Multiply-adds below which a product runs on one thread: ~1.5 ms on one core. Waking the
+// OpenMP team for the small products of a test suite cost more than it saved (the idle threads'
+// spin-wait took 3/4 of the CPU time of the C++ suite on 2 cores).
+constexpr int64_t kParallelProductWork = int64_t{1} << 24;
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileColumns = 8;
+
+// kTileRows × kTileColumns += Σ_p a_strip[p] ⊗ b_strip[p]. The accumulators are vectors of the
+// GCC/Clang vector extension (16 bytes: SSE on baseline x86-64, NEON on ARM), which compilers
+// keep in registers.
 template <class T>
-void scale_result(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
-#pragma omp parallel for schedule(static) if (m * n >= kParallelWork)
-  for (int64_t i = 0; i < m; ++i) {
-    T* row = c + i * ldc;
-    if (beta == T(0)) {
-      std::fill(row, row + n, T(0));  // beta = 0 must not propagate NaN from C's old contents
-    } else if (beta != T(1)) {
-      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+void multiply_tile(int64_t k, const T* a_strip, const T* b_strip,
+                   T (&tile)[kTileRows][kTileColumns]) {
+  typedef T Vec __attribute__((vector_size(16)));
+  constexpr int64_t lanes = 16 / sizeof(T);
+  constexpr int64_t vectors = kTileColumns / lanes;
+  Vec sum[kTileRows][vectors];
+  for (auto& row : sum)
+    for (auto& v : row) v = Vec{};
+  for (int64_t p = 0; p < k; ++p) {
+    Vec b_row[vectors];
+    std::memcpy(b_row, b_strip + p * kTileColumns, sizeof b_row);
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const T factor = a_strip[p * kTileRows + r];
+      for (int64_t v = 0; v < vectors; ++v) sum[r][v] += factor * b_row[v];
     }
   }
+  for (int64_t r = 0; r < kTileRows; ++r) std::memcpy(tile[r], sum[r], sizeof sum[r]);
 }
 
-// Fallback for machines without OpenBLAS. Each output element is owned by one thread and summed
-// over k in order, so results do not depend on the thread count.
 template <class T>
 void fallback_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                    const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  scale_result(m, n, beta, c, ldc);
-  if (k == 0 || alpha == T(0)) return;
-  auto a_at = [&](int64_t i, int64_t p) { return trans_a ? a[p * lda + i] : a[i * lda + p]; };
-  if (trans_b) {
-    // C[i, j] += alpha·Σ_p A[i, p]·B[j, p]: dot products; blocks of B rows stay in cache while
-    // every row of A passes over them.
-    constexpr int64_t block = 32;
-#pragma omp parallel for schedule(static) if (m * n * k >= kParallelWork)
-    for (int64_t j0 = 0; j0 < n; j0 += block) {
-      const int64_t j1 = std::min(n, j0 + block);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const T* b_row = b + j * ldb;
-          T sum = 0;
-          if (!trans_a) {
-            const T* a_row = a + i * lda;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t p = 0; p < k; ++p) sum += a_row[p] * b_row[p];
-          } else {
-            for (int64_t p = 0; p < k; ++p) sum += a_at(i, p) * b_row[p];
-          }
-          c[i * ldc + j] += alpha * sum;
-        }
+  const int64_t column_blocks = (n + kColumns - 1) / kColumns;
+  constexpr int64_t strips = kColumns / kTileColumns;
+#pragma omp parallel for schedule(static) if (m * n * k >= kParallelProductWork)
+  for (int64_t block = 0; block < column_blocks; ++block) {
+    const int64_t j0 = block * kColumns;
+    const int64_t width = std::min(kColumns, n - j0);
+    // Strip s holds columns j0 + 8s .. j0 + 8s + 7 as k rows of 8 (zero beyond n).
+    std::vector<T> b_panel(static_cast<std::size_t>(strips * k * kTileColumns), T(0));
+    for (int64_t j = 0; j < width; ++j) {
+      T* strip = b_panel.data() + (j / kTileColumns) * k * kTileColumns + j % kTileColumns;
+      for (int64_t p = 0; p < k; ++p) {
+        strip[p * kTileColumns] = trans_b ? b[(j0 + j) * ldb + p] : b[p * ldb + j0 + j];
       }
     }
-    return;
-  }
-  // C[i, :] += alpha·Σ_p A[i, p]·B[p, :]: contiguous row updates that vectorise.
-#pragma omp parallel for schedule(static) if (m * n * k >= kParallelWork)
-  for (int64_t i = 0; i < m; ++i) {
-    T* c_row = c + i * ldc;
-    for (int64_t p = 0; p < k; ++p) {
-      const T factor = alpha * a_at(i, p);
-      if (factor == T(0)) continue;
-      const T* b_row = b + p * ldb;
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) c_row[j] += factor * b_row[j];
+    std::vector<T> a_strip(static_cast<std::size_t>(k * kTileRows));
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t height = std::min(kTileRows, m - i0);
+      for (int64_t p = 0; p < k; ++p) {
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          a_strip[p * kTileRows + r] =
+              r < height ? (trans_a ? a[p * lda + i0 + r] : a[(i0 + r) * lda + p]) : T(0);
+        }
+      }
+      for (int64_t s = 0; s * kTileColumns < width; ++s) {
+        T tile[kTileRows][kTileColumns];
+        multiply_tile(k, a_strip.data(), b_panel.data() + s * k * kTileColumns, tile);
+        const int64_t columns = std::min(kTileColumns, width - s * kTileColumns);
+        for (int64_t r = 0; r < height; ++r) {
+          T* out = c + (i0 + r) * ldc + j0 + s * kTileColumns;
+          for (int64_t j = 0; j < columns; ++j) {
+            // beta = 0 must not read C: its old contents may be NaN (uninitialised workspace).
+            out[j] = beta == T(0) ? alpha * tile[r][j] : beta * out[j] + alpha * tile[r][j];
+          }
+        }
+      }
     }
   }
 }
