@@ -337,6 +337,9 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
         if impl == "eager":
             loss_fn = eager_loss(op, kind)
         elif impl == "compile":
+            # A fresh compile per case specialises on its shape, as a training run with fixed
+            # shapes gets; otherwise dynamo would turn to dynamic shapes after the first case.
+            torch._dynamo.reset()
             loss_fn = torch.compile(eager_loss(op, kind))
         else:
             loss_fn = library_loss(impl, op, kind)
