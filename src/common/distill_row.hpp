@@ -84,11 +84,12 @@ XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps) {
   return m + std::log(std::exp(a - m) + std::exp(b - m));
 }
 
-// vs, vt: transformed student and teacher logits of one element; lse_s, lse_t of their rows.
+// One element's terms from its log-probabilities and probabilities (log_p = v − lse, p = e^log_p),
+// for a backend that forms the exponentials its own way (the GPU kernels use the ex2 unit);
+// distill_term below is this with std::exp.
 template <class T>
-XENT_HD DistillTerm<T> distill_term(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt) {
-  const T log_ps = vs - lse_s, log_pt = vt - lse_t;
-  const T ps = std::exp(log_ps), pt = std::exp(log_pt);
+XENT_HD DistillTerm<T> distill_term_from_probs(const DistillConstants<T>& c, T log_ps, T log_pt,
+                                               T ps, T pt) {
   switch (c.kind) {
     case DistillKindCode::forward_kl:
       return {weighted_log_ratio(pt, log_pt - log_ps), T(0)};
@@ -114,17 +115,23 @@ XENT_HD DistillTerm<T> distill_term(const DistillConstants<T>& c, T lse_s, T lse
   return {T(0), T(0)};
 }
 
-// ∂(row loss)/∂vs for one element, given Σ p_s·u of the row (unused by forward_kl and soft_ce).
-// The caller multiplies by the row coefficient and by transform.slope(s) for ∂/∂s.
+// vs, vt: transformed student and teacher logits of one element; lse_s, lse_t of their rows.
 template <class T>
-XENT_HD T distill_grad_element(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt,
-                               T sum_prob_u) {
+XENT_HD DistillTerm<T> distill_term(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt) {
   const T log_ps = vs - lse_s, log_pt = vt - lse_t;
-  const T ps = std::exp(log_ps);
+  return distill_term_from_probs(c, log_ps, log_pt, std::exp(log_ps), std::exp(log_pt));
+}
+
+// ∂(row loss)/∂vs for one element from its log-probabilities and probabilities, given Σ p_s·u of
+// the row (unused by forward_kl and soft_ce). The caller multiplies by the row coefficient and by
+// transform.slope(s) for ∂/∂s. distill_grad_element below is this with std::exp.
+template <class T>
+XENT_HD T distill_grad_from_probs(const DistillConstants<T>& c, T log_ps, T log_pt, T ps, T pt,
+                                  T sum_prob_u) {
   switch (c.kind) {
     case DistillKindCode::forward_kl:
     case DistillKindCode::soft_ce:
-      return ps - std::exp(log_pt);
+      return ps - pt;
     case DistillKindCode::reverse_kl:
       return ps == T(0) ? T(0) : ps * (log_ps - log_pt - sum_prob_u);
     case DistillKindCode::jsd: {
@@ -133,12 +140,19 @@ XENT_HD T distill_grad_element(const DistillConstants<T>& c, T lse_s, T lse_t, T
       return ps * (u - sum_prob_u);
     }
     case DistillKindCode::tvd: {
-      const T pt = std::exp(log_pt);
       const T u = T(0.5) * (ps > pt ? T(1) : (ps < pt ? T(-1) : T(0)));
       return ps * (u - sum_prob_u);
     }
   }
   return T(0);
+}
+
+template <class T>
+XENT_HD T distill_grad_element(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt,
+                               T sum_prob_u) {
+  const T log_ps = vs - lse_s, log_pt = vt - lse_t;
+  return distill_grad_from_probs(c, log_ps, log_pt, std::exp(log_ps), std::exp(log_pt),
+                                 sum_prob_u);
 }
 
 // tvd gradient without cancellation (an alternative to distill_grad_element for kind tvd).
@@ -157,7 +171,12 @@ struct TvdSums {
 
   template <class T>
   XENT_HD void add(T lse_s, T lse_t, T vs, T vt) {
-    const T ps = std::exp(vs - lse_s), pt = std::exp(vt - lse_t);
+    add_probs(std::exp(vs - lse_s), std::exp(vt - lse_t));
+  }
+
+  // The same from the element's probabilities (formed by the caller).
+  template <class T>
+  XENT_HD void add_probs(T ps, T pt) {
     if (ps > pt) {
       above += ps;
     } else if (ps < pt) {
@@ -170,8 +189,7 @@ struct TvdSums {
 
 // ∂(row loss)/∂vs of tvd for one element, from the row's TvdSums.
 template <class T, class A>
-XENT_HD T tvd_grad_element(const TvdSums<A>& sums, T lse_s, T lse_t, T vs, T vt) {
-  const T ps = std::exp(vs - lse_s), pt = std::exp(vt - lse_t);
+XENT_HD T tvd_grad_from_probs(const TvdSums<A>& sums, T ps, T pt) {
   if (ps == T(0)) return T(0);
   const A total = sums.above + sums.below + sums.equal;
   A d;
@@ -183,6 +201,11 @@ XENT_HD T tvd_grad_element(const TvdSums<A>& sums, T lse_s, T lse_t, T vs, T vt)
     d = A(0.5) * (sums.below - sums.above) / total;
   }
   return ps * static_cast<T>(d);
+}
+
+template <class T, class A>
+XENT_HD T tvd_grad_element(const TvdSums<A>& sums, T lse_s, T lse_t, T vs, T vt) {
+  return tvd_grad_from_probs(sums, std::exp(vs - lse_s), std::exp(vt - lse_t));
 }
 
 }  // namespace xent::common

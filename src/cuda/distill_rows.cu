@@ -1,9 +1,12 @@
 // The CUDA distillation row kernel (SPEC.md §3): one cluster per row, student and teacher slices
-// staged on chip once, then the three sweeps of common/distill_row.hpp over shared memory
-// (statistics; loss terms and Σ p_s·u; gradient), with the hard-label ce term fused in.
+// staged on chip once, then the sweeps of common/distill_row.hpp over shared memory: statistics;
+// loss terms and the row sums the gradient needs (Σ p_s·u, or tvd's per-side sums); gradient,
+// with the hard-label ce term fused in. forward_kl and soft_ce need no row sum before their
+// gradient, so their loss and gradient share one sweep.
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
 #include "cuda/row_slice.cuh"
+#include "cuda/row_stats.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -11,6 +14,7 @@ namespace {
 using common::CeConstants;
 using common::CeGradRow;
 using common::DistillConstants;
+using common::DistillKindCode;
 using common::RowStats;
 
 struct DistillKernelParams {
@@ -30,9 +34,10 @@ struct DistillPartial {
   float hard_target_logit;
 };
 
+// Row sums of the loss sweep: Σ term, Σ p_s·u, and tvd's Σ p_s per side of p_t.
+constexpr int kSums = 5;
 struct DistillSums {
-  float loss;
-  float sum_prob_u;
+  float value[kSums];
 };
 
 struct DistillRowShared {
@@ -41,6 +46,35 @@ struct DistillRowShared {
   CeGradRow<float> hard_row;
   float soft_coef;
 };
+
+// Calls f(transform) with the softcap branch resolved at compile time (see with_transform).
+template <class F>
+__device__ __forceinline__ void with_distill_transform(const common::DistillTransform<float>& t,
+                                                       F&& f) {
+  if (t.softcap > 0) {
+    f(t);
+  } else {
+    common::DistillTransform<float> plain;
+    plain.inv_temperature = t.inv_temperature;
+    plain.softcap = 0.0f;
+    f(plain);
+  }
+}
+
+// log-probabilities and probabilities of one element of the student and teacher rows.
+struct ElementProbs {
+  float log_ps, log_pt, ps, pt;
+};
+template <class Transform>
+__device__ __forceinline__ ElementProbs element_probs(const Transform& transform, float s, float t,
+                                                      float lse_s, float lse_t) {
+  ElementProbs e;
+  e.log_ps = transform.value(s) - lse_s;
+  e.log_pt = transform.value(t) - lse_t;
+  e.ps = fast_exp(e.log_ps);
+  e.pt = fast_exp(e.log_pt);
+  return e;
+}
 
 template <class S>
 __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
@@ -53,13 +87,74 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
   }
 }
 
+// One sweep over the slice: accumulates the loss sums (kLoss) and/or writes the gradient
+// (kGrad). `sums` carries the row sums in for the gradient and the thread's partial sums out.
+template <bool kLoss, bool kGrad, class S, class Transform>
+__device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
+                                              const RowSlice<S>& teacher,
+                                              const Transform& transform,
+                                              const DistillConstants<float>& dc, float lse_s,
+                                              float lse_t, const DistillSums& row_sums,
+                                              DistillSums& partial, float soft_coef,
+                                              bool with_hard, const CeConstants<float>& hc,
+                                              const CeGradRow<float>& hard_row,
+                                              int target_in_slice, const float* class_weight,
+                                              S* grad, bool grad_vector_ok) {
+  constexpr int kVec = kVectorElements<S>;
+  const bool tvd = dc.kind == DistillKindCode::tvd;
+  common::TvdSums<float> tvd_row;
+  tvd_row.above = row_sums.value[2];
+  tvd_row.below = row_sums.value[3];
+  tvd_row.equal = row_sums.value[4];
+  const int vectors = static_cast<int>(student.vectors());
+  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
+    Vector<S> s = student.reload(j);  // sweep 1 waited on every piece this thread reads
+    const Vector<S> t = teacher.reload(j);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int i = j * kVec + k;
+      const ElementProbs e = element_probs(transform, s.value[k], t.value[k], lse_s, lse_t);
+      if (kLoss && i < student.length) {
+        const auto term = common::distill_term_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt);
+        partial.value[0] += term.loss;
+        partial.value[1] += term.prob_u;
+        if (tvd) {
+          common::TvdSums<float> one;
+          one.add_probs(e.ps, e.pt);
+          partial.value[2] += one.above;
+          partial.value[3] += one.below;
+          partial.value[4] += one.equal;
+        }
+      }
+      if (kGrad) {
+        const float x = s.value[k];
+        const float row_grad =
+            tvd ? common::tvd_grad_from_probs(tvd_row, e.ps, e.pt)
+                : common::distill_grad_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt,
+                                                  row_sums.value[1]);
+        float g = soft_coef * row_grad * transform.slope(x);
+        if (with_hard) {
+          const float w =
+              class_weight && hc.smoothing > 0 && i < student.length
+                  ? class_weight[student.begin + i]
+                  : 1.0f;
+          const float p = fast_exp(hc.transform.value(x) - hard_row.lse);
+          g += common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x), i == target_in_slice,
+                                         w);
+        }
+        s.value[k] = g;
+      }
+    }
+    if (kGrad) store_vector(grad, j, student.length, grad_vector_ok, s);
+  }
+}
+
 template <class S>
 __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const DistillKernelParams p) {
-  constexpr int kVec = kVectorElements<S>;
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> scratch_storage;
-  __shared__ float sum_scratch[2 * kMaxThreads / 32];
+  __shared__ float sum_scratch[kSums * kMaxThreads / 32];
   __shared__ SharedStorage<DistillPartial> stats_slot_storage;
   __shared__ SharedStorage<DistillSums> sums_slot_storage;
   __shared__ SharedStorage<DistillRowShared> row_shared_storage;
@@ -114,22 +209,15 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
 
   // Sweep 1: row statistics of the student and teacher (and of the student for the ce term).
   RowStats<float> s_stats, t_stats, h_stats;
-  const int64_t vectors = student.vectors();
-  for (int64_t j = threadIdx.x, piece = 0; j < vectors; j += blockDim.x, ++piece) {
-    const Vector<S> s = student.load(j, piece);
-    const Vector<S> t = teacher.load(j, piece);
-    const int64_t column = begin + j * kVec;
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (j * kVec + k < length) {
-        s_stats.add(dc.transform.value(s.value[k]), column + k, 1.0f);
-        t_stats.add(dc.transform.value(t.value[k]), column + k, 1.0f);
-        if (with_hard) {
-          const float w = class_weight ? class_weight[column + k] : 1.0f;
-          h_stats.add(hc.transform.value(s.value[k]), column + k, w);
-        }
-      }
-    }
+  with_distill_transform(dc.transform, [&](const auto& transform) {
+    s_stats = slice_row_stats<false>(student, transform, nullptr);
+    t_stats = slice_row_stats<false>(teacher, transform, nullptr);
+  });
+  if (with_hard) {
+    with_transform(hc.transform, [&](const auto& transform) {
+      h_stats = hc.smoothing > 0 ? slice_row_stats<true>(student, transform, class_weight)
+                                 : slice_row_stats<false>(student, transform, class_weight);
+    });
   }
   DistillPartial mine;
   mine.student = block_merge(s_stats, scratch);
@@ -152,97 +240,87 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
                    });
   const float lse_s = row_shared.stats.student.lse();
   const float lse_t = row_shared.stats.teacher.lse();
-
-  // Sweep 2: the loss terms, and Σ p_s·u that the gradient of some kinds needs first.
-  const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
-  const bool need_sums = want_loss || (a.grad && common::distill_needs_sum_pu(dc.kind));
-  if (need_sums) {
-    float sums[2] = {0.0f, 0.0f};
-    for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-      const Vector<S> s = student.reload(j);  // sweep 1 waited on every piece
-      const Vector<S> t = teacher.reload(j);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        if (j * kVec + k < length) {
-          const auto term = common::distill_term(dc, lse_s, lse_t, dc.transform.value(s.value[k]),
-                                                 dc.transform.value(t.value[k]));
-          sums[0] += term.loss;
-          sums[1] += term.prob_u;
-        }
-      }
-    }
-    block_sum(sums, sum_scratch);
-    cluster_exchange(DistillSums{sums[0], sums[1]}, &sums_slot_storage.get(), &row_shared.sums,
-                     p.cluster, [](DistillSums& into, const DistillSums& other) {
-                       into.loss += other.loss;
-                       into.sum_prob_u += other.sum_prob_u;
-                     });
-  }
-
-  if (threadIdx.x == 0) {
-    const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
-    const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-    const float target_weight = with_hard && class_weight ? class_weight[target] : 1.0f;
-    const RowStats<float>& hs = row_shared.stats.hard;
-    const float hard_lse = hs.lse();
-    if (rank == 0) {
-      const float soft = need_sums ? row_shared.sums.loss : 0.0f;
-      float hard_loss = 0.0f, hard_z = 0.0f;
-      if (with_hard) {
-        const auto parts = common::ce_row_loss(hc, hs, hard_lse,
-                                               row_shared.stats.hard_target_logit, target_weight);
-        hard_loss = r * parts.loss;
-        hard_z = r * parts.z_loss;
-      }
-      if (a.row_soft) a.row_soft[row] = soft;
-      if (a.row_hard_loss) a.row_hard_loss[row] = hard_loss;
-      if (a.row_hard_z) a.row_hard_z[row] = hard_z;
-      if (a.row_total) {
-        double total = 0;
-        if (o.soft_weight != 0.0) total += o.soft_weight * soft;
-        if (o.hard_weight != 0.0) total += o.hard_weight * (double{hard_loss} + hard_z);
-        a.row_total[row] = static_cast<float>(total);
-      }
-    }
-    if (a.grad) {
-      const bool mean = o.ce.reduction == Reduction::mean;
-      const double valid_rows = a.totals->valid_rows;
-      const float soft_factor =
-          mean ? (valid_rows > 0 ? static_cast<float>(o.soft_weight / valid_rows) : 0.0f)
-               : static_cast<float>(o.soft_weight);
-      row_shared.soft_coef = upstream * soft_factor;
-      if (with_hard) {
-        const float coef = static_cast<float>(o.hard_weight) * upstream * r;
-        row_shared.hard_row = common::ce_grad_row(hc, hard_lse, target, target_weight,
-                                                  coef * a.totals->loss_factor,
-                                                  coef * a.totals->z_factor);
-      }
+  const RowStats<float>& hs = row_shared.stats.hard;
+  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+  const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+  const float target_weight = with_hard && class_weight ? class_weight[target] : 1.0f;
+  if (threadIdx.x == 0 && a.grad) {
+    const bool mean = o.ce.reduction == Reduction::mean;
+    const double valid_rows = a.totals->valid_rows;
+    const float soft_factor =
+        mean ? (valid_rows > 0 ? static_cast<float>(o.soft_weight / valid_rows) : 0.0f)
+             : static_cast<float>(o.soft_weight);
+    row_shared.soft_coef = upstream * soft_factor;
+    if (with_hard) {
+      const float coef = static_cast<float>(o.hard_weight) * upstream * r;
+      row_shared.hard_row = common::ce_grad_row(hc, hs.lse(), target, target_weight,
+                                                coef * a.totals->loss_factor,
+                                                coef * a.totals->z_factor);
     }
   }
   __syncthreads();
 
-  // Sweep 3: ∂loss/∂s, soft and hard parts together, one write per element.
-  if (grad) {
-    const float soft_coef = row_shared.soft_coef;
-    const float sum_prob_u = need_sums ? row_shared.sums.sum_prob_u : 0.0f;
-    const CeGradRow<float> hard_row = row_shared.hard_row;
-    for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-      Vector<S> s = student.reload(j);
-      const Vector<S> t = teacher.reload(j);
-      const int64_t column = begin + j * kVec;
+  // Sweeps 2 and 3: loss terms and row sums, then the gradient; one sweep when the gradient
+  // needs no row sum (forward_kl, soft_ce).
+  const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
+  const bool needs_row_sums = common::distill_needs_sum_pu(dc.kind);
+  const bool loss_sweep = want_loss || (a.grad && needs_row_sums);
+  const bool fused = a.grad && !needs_row_sums;
+  const int target_in_slice =
+      with_hard && target >= begin && target < begin + length ? static_cast<int>(target - begin)
+                                                              : -1;
+  const CeGradRow<float> hard_row = with_hard ? row_shared.hard_row : CeGradRow<float>{};
+  const float soft_coef = a.grad ? row_shared.soft_coef : 0.0f;
+  DistillSums partial{};
+  with_distill_transform(dc.transform, [&](const auto& transform) {
+    if (fused && want_loss) {
+      distill_sweep<true, true>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
+                                partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
+                                class_weight, grad, p.grad_vector_ok);
+    } else if (fused) {
+      distill_sweep<false, true>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
+                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
+                                 class_weight, grad, p.grad_vector_ok);
+    } else if (loss_sweep) {
+      distill_sweep<true, false>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
+                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
+                                 class_weight, grad, p.grad_vector_ok);
+    }
+  });
+  if (loss_sweep) {
+    block_sum(partial.value, sum_scratch);
+    cluster_exchange(partial, &sums_slot_storage.get(), &row_shared.sums, p.cluster,
+                     [](DistillSums& into, const DistillSums& other) {
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float x = s.value[k];
-        const float vs = dc.transform.value(x), vt = dc.transform.value(t.value[k]);
-        float g = soft_coef * common::distill_grad_element(dc, lse_s, lse_t, vs, vt, sum_prob_u) *
-                  dc.transform.slope(x);
-        if (with_hard) {
-          const float w = class_weight && j * kVec + k < length ? class_weight[column + k] : 1.0f;
-          g += common::ce_grad_element(hc, hard_row, x, column + k, w);
-        }
-        s.value[k] = g;
-      }
-      store_vector(grad, j, length, p.grad_vector_ok, s);
+                       for (int k = 0; k < kSums; ++k) into.value[k] += other.value[k];
+                     });
+  }
+  if (a.grad && !fused) {
+    const DistillSums row_sums = row_shared.sums;
+    with_distill_transform(dc.transform, [&](const auto& transform) {
+      distill_sweep<false, true>(student, teacher, transform, dc, lse_s, lse_t, row_sums,
+                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
+                                 class_weight, grad, p.grad_vector_ok);
+    });
+  }
+
+  if (threadIdx.x == 0 && rank == 0) {
+    const float soft = loss_sweep ? row_shared.sums.value[0] : 0.0f;
+    float hard_loss = 0.0f, hard_z = 0.0f;
+    if (with_hard) {
+      const auto parts = common::ce_row_loss(hc, hs, hs.lse(), row_shared.stats.hard_target_logit,
+                                             target_weight);
+      hard_loss = r * parts.loss;
+      hard_z = r * parts.z_loss;
+    }
+    if (a.row_soft) a.row_soft[row] = soft;
+    if (a.row_hard_loss) a.row_hard_loss[row] = hard_loss;
+    if (a.row_hard_z) a.row_hard_z[row] = hard_z;
+    if (a.row_total) {
+      double total = 0;
+      if (o.soft_weight != 0.0) total += o.soft_weight * soft;
+      if (o.hard_weight != 0.0) total += o.hard_weight * (double{hard_loss} + hard_z);
+      a.row_total[row] = static_cast<float>(total);
     }
   }
   cluster_finish(p.cluster);
