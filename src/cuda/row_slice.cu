@@ -36,7 +36,10 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   plan.staged = bytes_for(plan.slice_elements) <= limit;
   plan.shared_bytes = plan.staged ? bytes_for(plan.slice_elements) : 0;
   const int64_t vectors = plan.slice_elements / vec;
-  plan.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up(vectors, 32))));
+  // At least four 16-byte vectors per thread: short rows (V <= 4096) then run in CTAs of 64-128
+  // threads, so more rows (CTAs) share a multiprocessor instead of idle threads filling it.
+  plan.threads = static_cast<int>(
+      std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up((vectors + 3) / 4, 32))));
   // Every staged piece is threads × 16 bytes and needs its own mbarrier (inputs share them).
   if (plan.staged && (vectors + plan.threads - 1) / plan.threads > kMaxPieces / inputs) {
     plan.staged = false;
