@@ -1,10 +1,21 @@
 // Host side of the row-slice plan shared by the ce and distill row kernels (row_slice.cuh).
 #include "cuda/row_slice.cuh"
 
+#include <cstdlib>
+
 namespace xent::cuda {
 
 namespace {
-constexpr std::size_t kSharedSliceBytes = 64 * 1024;  // three CTAs per multiprocessor
+// 64 KiB: three CTAs per multiprocessor. XENT_CUDA_SLICE_BYTES overrides it (a tuning knob for
+// measurements, read once; not part of the API).
+std::size_t shared_slice_bytes() {
+  static const std::size_t bytes = [] {
+    const char* text = std::getenv("XENT_CUDA_SLICE_BYTES");
+    const long long value = text ? std::atoll(text) : 0;
+    return value >= 4096 ? static_cast<std::size_t>(value) : std::size_t{64 * 1024};
+  }();
+  return bytes;
+}
 constexpr int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
 
 std::size_t max_shared_per_block() {
@@ -26,7 +37,7 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   const std::size_t limit = max_shared_per_block();
   plan.cluster = 0;
   for (int cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
-    if (bytes_for(slice_for(cluster)) <= kSharedSliceBytes) {
+    if (bytes_for(slice_for(cluster)) <= shared_slice_bytes()) {
       plan.cluster = cluster;
       break;
     }
