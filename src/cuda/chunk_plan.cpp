@@ -1,34 +1,49 @@
-// Chunk planner. Cost model (bf16 operands, H100 SXM / H200 figures measured on this project's
-// devices: dense bf16 products P ≈ 650–790 TFLOP/s, HBM B ≈ 3.0–4.2 TB/s; ridge P/B ≈ 200 FLOP/B):
+// Chunk planner. Cost model (bf16 operands; H100 SXM / H200 figures measured on this project's
+// devices: dense bf16 products P ≈ 650–790 TFLOP/s, HBM B ≈ 3.0–4.2 TB/s; ridge P/B ≈ 200 FLOP/B).
+// The model below uses P = 700 TFLOP/s and B = 3.0 TB/s for every memory-bound pass.
 //
 // Per row chunk of R rows the op runs three products and one memory-bound row kernel:
 //   logits  L = h·Wᵀ       2·R·V·H FLOP, writes R·V logits (2 B each)   intensity ≈ H FLOP/B
 //   ∂h      = G·W          2·R·V·H FLOP, reads R·V gradients            intensity ≈ H FLOP/B
-//   ∂W     += Gᵀ·h         2·R·V·H FLOP, reads AND writes the fp32 V×H accumulator: 8·V·H bytes
+//   ∂W     += Gᵀ·h         2·R·V·H FLOP, reads AND writes an fp32 V×H accumulator: 8·V·H bytes
 //   row kernel             reads and writes R·V logits: 4·R·V bytes, no matrix work
-// The first two are compute-bound for any H ≥ 256 whatever R is. The ∂W product is the one chunking
-// can ruin: its accumulator traffic does not shrink with R, so its intensity is 2·R·V·H / 8·V·H =
-// R/4 FLOP/B, and it is compute-bound only for R ≥ 4·P/B ≈ 4·200 = 800 rows. At R = 128 (the chunk
-// size of libraries that chunk by a fixed small count) the ∂W product runs at ~1/6 of the tensor
-// rate, which is where their 4–7× slowdowns against the bare products come from. Hence: the planner
-// takes the largest R the budget allows (never a fixed small count), balances the chunks so the last
-// one is not a sliver, and rounds R to the 128-row tile of the products when that still fits. With
-// the 512 MiB default, bf16 logits and N = 8192: V = 128256 gives R = 1664 in 5 chunks (2× over the
-// balance point), V = 256000 gives R = 912 in 9 chunks (just above it); 64 MiB budgets give
-// R ≈ 125–250, where ∂W is accumulator-bound by design (the caller chose memory over time).
-// Measured on an H200 (docs/perf-notes.md): cuBLASLt hides the accumulator traffic only in part,
-// so the cost is closer to additive, 2·R·V·H / P + 8·V·H / B per chunk: at R = 912, V = 256000 the
-// ∂W product took 2.56 ms, 1.5 ms of arithmetic plus 1.1 ms of accumulator traffic. Larger R is
-// therefore always better, which is what the planner does; the 800-row balance point is where the
-// traffic equals the arithmetic, not where it disappears.
+// The ∂W accumulator traffic does not shrink with R: its intensity is R/4 FLOP/B, compute-bound
+// only for R ≥ 4·P/B ≈ 800 rows, and measured on an H200 (docs/perf-notes.md) closer to additive
+// than hidden: 2·R·V·H / P + 8·V·H / B per chunk. Hence large chunks, balanced, on the 128-row
+// product tile.
 //
-// The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: 0.67·(P/B)/H, i.e. ≈ 18 % of
-// the product time at H = 768, 6 % at H = 2304, 3 % at H = 4096 when run back to back; running it on
-// a second stream beside the next chunk's products hides it, at the price of a second chunk buffer
-// (half the rows under the same budget). The planner only grants the overlap when it is asked to
-// (linear_streams.hpp: off by default, it measured −5 % to +2 %) and the halved chunk still sits
-// above the balance point (kEfficientRows), since losing ∂W efficiency costs more than the row
-// kernel it hides.
+// Memory. workspace_budget bounds ALL extra memory of the op (PERF.md), including the fp32 ∂W
+// accumulator of a 16-bit weight gradient, which alone is V·H·4 bytes: 2004 MiB at (V, H) =
+// (128256, 4096), 2250 MiB at (256000, 2304), 376 MiB at (128256, 768), i.e. more than the 512 MiB
+// default for two PERF.md shapes. Three schedules, cheapest that fits (predicted_ms):
+//   (a) row_chunks: no accumulator — ∂W not wanted, fp32 ∂W (accumulated in place), or a single
+//       chunk whose one ∂W product writes the 16-bit output directly. 3 products.
+//   (b) row_chunks_accumulated: (a) plus the V×H fp32 accumulator; chunks get what is left.
+//       3 products + chunk_count × 8·V·H / B accumulator traffic.
+//   (c) vocabulary_blocks: pass 1 = row chunks as in (a) forming loss, statistics, lse, ∂h = G·W
+//       and ∂bias, but no ∂W; pass 2 = for each block of vocabulary columns, the logits of the
+//       block again (h·W_blockᵀ), the gradient of the block elementwise from the saved lse, and
+//       ∂W_block = G_blockᵀ·h. When all N rows of a block tile fit (N·block·2 bytes), ∂W of the
+//       block is ONE product written straight into the output: no accumulator at all; otherwise
+//       tiles of rows accumulate into a block×H fp32 accumulator. 4 products + one more
+//       read+write pass over N×V. (∂h is formed in pass 1, where rows are whole, so unlike a
+//       blocks-first order it needs no fp32 N×H accumulator and no accumulation across blocks.)
+//       Distillation's gradient needs whole-row sums (Σ p_s·u, TVD side sums), so its pass 2
+//       recomputes full row chunks (student and teacher logits and the row kernel) per block and
+//       accumulates ∂W of the block: block_count × (1 or 2) + 2 products.
+// Predicted, bf16, fwd+bwd (t_p = 2·N·V·H / P; row pass = 4·N·V / B; acc pass = 8·V·H / B):
+//   (8192, 4096, 128256): t_p 12.3 ms, row pass 1.4 ms, acc pass 1.4 ms.
+//     512 MiB: (b) cannot fit (2004 MiB accumulator) → (c): 4·t_p + 2 row passes ≈ 52 ms (1.41×F
+//     with F = 3·t_p). 4 GiB: (b) with 2 chunks ≈ 3·t_p + 1.4 + 2·1.4 ≈ 41 ms (1.11×F).
+//   (32768, 768, 128256): t_p 9.2 ms, row pass 5.6 ms, acc pass 0.26 ms.
+//     512 MiB: (b) leaves ~100 MiB of chunks → R ≈ 400, 82 chunks × 0.26 ms = +21 ms ≈ 54 ms;
+//     (c) ≈ 4·t_p + 2·5.6 ≈ 48 ms → (c). 1 GiB: (b) R ≈ 2500, 14 chunks ≈ 37 ms → (b).
+//   64 MiB, every shape → (c) with tiles of fewer than N rows and a block accumulator.
+//
+// The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: ≈ 18 % of the product time
+// at H = 768, 3 % at H = 4096 when run back to back; a second stream hides it at the price of a
+// second chunk buffer. The planner grants that overlap only when asked (linear_streams.hpp: off by
+// default, it measured −5 % to +2 %) and the halved chunk stays above kEfficientRows.
 #include "cuda/chunk_plan.hpp"
 
 #include <algorithm>
@@ -42,11 +57,18 @@ namespace {
 constexpr int64_t kEfficientRows = 1024;
 // Row tile of the products: chunk boundaries on multiples of it keep every tile full.
 constexpr int64_t kTileRows = 128;
+// Narrowest vocabulary block worth a product launch (and the column grid of block widths).
+constexpr int64_t kMinimumBlockColumns = 128;
 // cuBLASLt scratch: the 32 MiB NVIDIA recommends on Hopper, or a sixteenth of a smaller budget.
 // The ∂h product of a chunk is short and deep (H × R output, K = V), where split-K kernels that
 // need scratch of H·R floats per split are the fast ones; starving them costs more than the rows
 // the scratch takes from the chunk (32 MiB = 64 rows of V = 128256 logits).
 constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
+
+// Cost model constants (see the top of this file).
+constexpr double kProductFlops = 700e12;
+constexpr double kBandwidth = 3.0e12;
+constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small tiles pay it)
 
 std::size_t gemm_workspace_for(std::size_t budget) {
   const std::size_t share = std::min(kGemmWorkspaceBytes, budget / 16);
@@ -56,14 +78,6 @@ std::size_t gemm_workspace_for(std::size_t budget) {
 std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
   return static_cast<std::size_t>(request.vocab) * request.logits_element_bytes *
          static_cast<std::size_t>(std::max(1, request.logits_buffers_per_row));
-}
-
-// Workspace of a plan with `rows` rows per chunk and `buffers` chunk buffers.
-std::size_t total_for(const ChunkRequest& request, int64_t rows, int buffers,
-                      std::size_t gemm_bytes) {
-  const std::size_t buffer = align_up(static_cast<std::size_t>(rows) * bytes_per_chunk_row(request));
-  return buffer * buffers + gemm_bytes + align_up(request.fixed_bytes) +
-         align_up(request.accumulator_bytes);
 }
 
 // Rows per chunk: the fewest chunks the row limit allows, evened out, on the tile grid when
@@ -78,47 +92,204 @@ int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
   return rows;
 }
 
-}  // namespace
-
-std::size_t minimum_budget_bytes(const ChunkRequest& request) {
-  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
-  return total_for(request, kMinimumChunkRows, 1, gemm) - align_up(request.accumulator_bytes);
+// Columns per vocabulary block: balanced like rows, on a grid of 8 columns (16-byte rows of
+// 16-bit values, so vector loads and cuBLASLt's aligned kernels apply to every block).
+int64_t balanced_columns(int64_t vocab, int64_t max_columns) {
+  const int64_t count = (vocab + max_columns - 1) / max_columns;
+  const int64_t columns = (vocab + count - 1) / count;
+  const int64_t rounded = (columns + 7) / 8 * 8;
+  return std::min(rounded <= max_columns ? rounded : columns, vocab);
 }
 
-ChunkPlan plan_chunks(const ChunkRequest& request) {
-  ChunkPlan plan;
-  plan.gemm_workspace_bytes = gemm_workspace_for(request.budget_bytes);
-  plan.fixed_bytes = request.fixed_bytes;
-  plan.accumulator_bytes = request.accumulator_bytes;
-  plan.fits_budget = minimum_budget_bytes(request) <= request.budget_bytes;
+// Rows of `row_bytes` each that fit in `bytes` (at least one: the smallest plan).
+int64_t rows_within(std::size_t bytes, std::size_t row_bytes) {
+  return std::max<int64_t>(kMinimumChunkRows, static_cast<int64_t>(bytes / row_bytes));
+}
 
+int64_t count_of(int64_t total, int64_t per) { return per > 0 ? (total + per - 1) / per : 0; }
+
+struct Model {
+  double product_ms;  // one full product 2·N·V·H
+  double pass_ms;     // one read (or write) of N×V chunk logits
+  double acc_ms;      // one read + write of a V×H fp32 accumulator
+};
+
+Model model_of(const ChunkRequest& r) {
+  const double nvh = static_cast<double>(r.rows) * r.vocab * r.hidden;
+  const double nv = static_cast<double>(r.rows) * r.vocab * r.logits_element_bytes;
+  return {2 * nvh / kProductFlops * 1e3, nv / kBandwidth * 1e3,
+          8.0 * r.vocab * r.hidden / kBandwidth * 1e3};
+}
+
+// Bytes reserved before any chunk buffer.
+std::size_t reserved_bytes(const ChunkRequest& request, std::size_t gemm) {
+  return gemm + align_up(request.fixed_bytes) + align_up(request.bias_accumulator_bytes);
+}
+
+ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::size_t accumulator) {
+  ChunkPlan plan;
+  plan.gemm_workspace_bytes = gemm;
+  plan.fixed_bytes = request.fixed_bytes;
+  plan.bias_accumulator_bytes = request.bias_accumulator_bytes;
+  plan.accumulator_bytes = accumulator;
+  plan.schedule = accumulator > 0 ? Schedule::row_chunks_accumulated : Schedule::row_chunks;
   const int64_t rows = std::max<int64_t>(request.rows, 0);
   const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
-  const std::size_t reserved = plan.gemm_workspace_bytes + align_up(request.fixed_bytes) +
+  const std::size_t reserved = reserved_bytes(request, gemm) + align_up(accumulator) +
                                2 * kWorkspaceAlignment;  // padding of up to two buffers
   const std::size_t available =
       request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
   const int64_t max_rows_one_buffer =
       std::max<int64_t>(kMinimumChunkRows, static_cast<int64_t>(available / per_row));
-
   // Overlap only pays when both halves still keep ∂W compute-bound and there are two chunks.
   const int64_t max_rows_two_buffers = max_rows_one_buffer / 2;
   const bool overlap = request.overlap && max_rows_two_buffers >= kEfficientRows &&
                        rows > max_rows_two_buffers;
   plan.buffer_count = overlap ? 2 : 1;
   const int64_t max_rows = overlap ? max_rows_two_buffers : max_rows_one_buffer;
-
-  if (rows == 0) {
-    plan.chunk_rows = 0;
-    plan.chunk_count = 0;
-  } else {
-    plan.chunk_rows = balanced_rows(rows, max_rows);
-    plan.chunk_count = (rows + plan.chunk_rows - 1) / plan.chunk_rows;
-  }
+  plan.chunk_rows = rows == 0 ? 0 : balanced_rows(rows, max_rows);
+  plan.chunk_count = count_of(rows, plan.chunk_rows);
   const int64_t buffer_rows = std::max<int64_t>(plan.chunk_rows, kMinimumChunkRows);
   plan.logits_buffer_bytes = static_cast<std::size_t>(buffer_rows) * per_row;
   plan.total_bytes =
-      total_for(request, buffer_rows, plan.buffer_count, plan.gemm_workspace_bytes);
+      chunk_region_bytes(plan) + reserved_bytes(request, gemm) + align_up(accumulator);
+
+  const Model m = model_of(request);
+  const int products = request.products_per_logits_chunk + 2;
+  plan.predicted_ms = products * m.product_ms + (request.logits_buffers_per_row + 1) * m.pass_ms +
+                      (accumulator > 0 ? plan.chunk_count * m.acc_ms : 0.0) +
+                      plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;
+  return plan;
+}
+
+// Schedule (c) with blocks of `max_columns` columns (before balancing).
+ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns) {
+  ChunkPlan plan;
+  plan.schedule = Schedule::vocabulary_blocks;
+  plan.gemm_workspace_bytes = gemm;
+  plan.fixed_bytes = request.fixed_bytes;
+  plan.bias_accumulator_bytes = request.bias_accumulator_bytes;
+  const int64_t rows = std::max<int64_t>(request.rows, 1);
+  const std::size_t element = request.logits_element_bytes;
+  const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
+  plan.block_columns = balanced_columns(request.vocab, std::max<int64_t>(max_columns, 1));
+  plan.block_count = count_of(request.vocab, plan.block_columns);
+  const std::size_t block_accumulator = align_up(static_cast<std::size_t>(plan.block_columns) *
+                                                 static_cast<std::size_t>(request.hidden) * 4);
+  plan.lse_bytes = request.blocks_recompute_rows ? 0 : align_up(static_cast<std::size_t>(rows) * 4);
+  const std::size_t reserved =
+      reserved_bytes(request, gemm) + plan.lse_bytes + 2 * kWorkspaceAlignment;
+  const std::size_t available =
+      request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
+  const Model m = model_of(request);
+
+  if (request.blocks_recompute_rows) {
+    // Full row chunks beside the block accumulator, recomputed for every block.
+    plan.accumulator_bytes = block_accumulator;
+    const std::size_t for_rows = available > block_accumulator ? available - block_accumulator : 0;
+    plan.chunk_rows = balanced_rows(rows, rows_within(for_rows, per_row));
+    plan.chunk_count = count_of(rows, plan.chunk_rows);
+    plan.tile_rows = plan.chunk_rows;
+    plan.tile_count = plan.chunk_count;
+    plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
+    plan.tile_buffer_bytes = plan.logits_buffer_bytes;
+    const int forward_products = request.products_per_logits_chunk;
+    plan.predicted_ms =
+        plan.block_count * (forward_products * m.product_ms +
+                            (request.logits_buffers_per_row + 1) * m.pass_ms) +
+        2 * m.product_ms + plan.chunk_count * m.acc_ms +
+        plan.block_count * plan.chunk_count * (forward_products + 2) * kLaunchSeconds * 1e3;
+  } else {
+    plan.chunk_rows = balanced_rows(rows, rows_within(available, per_row));
+    plan.chunk_count = count_of(rows, plan.chunk_rows);
+    plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
+    const std::size_t tile_row_bytes = static_cast<std::size_t>(plan.block_columns) * element;
+    if (static_cast<std::size_t>(rows) * tile_row_bytes + kWorkspaceAlignment <= available) {
+      plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
+    } else {
+      plan.accumulator_bytes = block_accumulator;
+      const std::size_t for_tiles =
+          available > block_accumulator ? available - block_accumulator : 0;
+      plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
+    }
+    plan.tile_count = count_of(rows, plan.tile_rows);
+    plan.tile_buffer_bytes = static_cast<std::size_t>(plan.tile_rows) * tile_row_bytes;
+    plan.predicted_ms = 4 * m.product_ms + 4 * m.pass_ms +
+                        (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                        (3 * plan.chunk_count + 3 * plan.block_count * plan.tile_count) *
+                            kLaunchSeconds * 1e3;
+  }
+  if (request.rows == 0) plan.chunk_count = plan.tile_count = 0;
+  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
+  return plan;
+}
+
+// The best vocabulary-blocked plan: block widths from all of V down to kMinimumBlockColumns.
+ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  ChunkPlan best;
+  bool have = false;
+  // Block counts 1 (2 for distillation), 2, 3, 4, 6, 9, 13, ...: a geometric scan is enough, the
+  // cost changes smoothly with the block width.
+  int64_t blocks = request.blocks_recompute_rows ? 2 : 1;
+  for (;; blocks = blocks < 4 ? blocks + 1 : blocks * 3 / 2) {
+    const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
+    const ChunkPlan plan = block_plan(request, gemm, columns);
+    const bool fits = plan.total_bytes <= request.budget_bytes;
+    const bool best_fits = have && best.total_bytes <= request.budget_bytes;
+    // Among fitting plans the fastest; while none fits, the smallest.
+    if (!have || (fits && (!best_fits || plan.predicted_ms < best.predicted_ms)) ||
+        (!fits && !best_fits && plan.total_bytes < best.total_bytes)) {
+      best = plan;
+      have = true;
+    }
+    if (columns <= kMinimumBlockColumns || columns <= 1) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::size_t chunk_region_bytes(const ChunkPlan& plan) {
+  const std::size_t chunks = align_up(plan.logits_buffer_bytes) * plan.buffer_count;
+  if (plan.schedule != Schedule::vocabulary_blocks) return chunks;
+  return std::max(chunks, align_up(plan.tile_buffer_bytes) + align_up(plan.accumulator_bytes));
+}
+
+std::size_t minimum_budget_bytes(const ChunkRequest& request) {
+  ChunkRequest smallest = request;
+  smallest.budget_bytes = 0;
+  smallest.overlap = false;
+  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
+  ChunkPlan plan = row_chunk_plan(smallest, gemm, 0);
+  const bool accumulate = request.weight_accumulator && request.rows > 1;
+  if (accumulate) plan = best_block_plan(smallest, gemm);
+  return plan.total_bytes;
+}
+
+ChunkPlan plan_chunks(const ChunkRequest& request) {
+  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
+  const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
+  ChunkPlan plan = plain;
+  if (request.weight_accumulator && plain.chunk_count > 1) {
+    const std::size_t accumulator = align_up(static_cast<std::size_t>(request.vocab) *
+                                             static_cast<std::size_t>(request.hidden) * 4);
+    const ChunkPlan accumulated = row_chunk_plan(request, gemm, accumulator);
+    const ChunkPlan blocked = best_block_plan(request, gemm);
+    const bool accumulated_fits = accumulated.total_bytes <= request.budget_bytes;
+    const bool blocked_fits = blocked.total_bytes <= request.budget_bytes;
+    if (accumulated_fits && (!blocked_fits || accumulated.predicted_ms <= blocked.predicted_ms)) {
+      plan = accumulated;
+    } else if (blocked_fits || blocked.total_bytes < accumulated.total_bytes) {
+      plan = blocked;
+    } else {
+      plan = accumulated;
+    }
+  }
+  plan.fits_budget = plan.total_bytes <= request.budget_bytes;
+  if (request.rows <= 0) {
+    plan.fits_budget = true;
+    plan.chunk_rows = plan.chunk_count = 0;
+  }
   return plan;
 }
 

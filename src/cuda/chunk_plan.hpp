@@ -1,6 +1,8 @@
-// Chunk planner of the fused linear losses on CUDA: how many rows of logits are formed at once so
-// that the workspace stays within the caller's budget while the matrix products stay efficient.
-// Plain C++ (no CUDA headers): unit-tested on the CPU.
+// Chunk planner of the fused linear losses on CUDA: which schedule runs and how many rows (and
+// vocabulary columns) of logits are formed at once, so that ALL extra memory of the op (chunk
+// buffers, fp32 gradient accumulators, row scratch, product scratch) stays within the caller's
+// budget while the matrix products stay efficient. Plain C++ (no CUDA headers): unit-tested on the
+// CPU.
 #pragma once
 
 #include <cstddef>
@@ -17,30 +19,57 @@ struct ChunkRequest {
   int logits_buffers_per_row = 1;        // 2 when teacher chunk logits are formed as well
   std::size_t budget_bytes = std::size_t{512} << 20;  // options.workspace_budget
   std::size_t fixed_bytes = 0;           // O(N) scratch of the row kernels, part of the budget
-  // fp32 accumulators that sit on top of the budget (linear_ce.hpp: the budget is for chunk
-  // buffers; a non-fp32 ∂W / ∂bias needs V×H / V floats to accumulate across chunks exactly).
-  std::size_t accumulator_bytes = 0;
+  // ∂W is wanted in a 16-bit dtype: accumulating it over several row chunks needs fp32 (V×H, or
+  // block×H in the vocabulary-blocked schedule). Not set for fp32 ∂W (accumulated in place).
+  bool weight_accumulator = false;
+  std::size_t bias_accumulator_bytes = 0;  // fp32 ∂bias of a 16-bit bias (V floats)
+  // How the vocabulary-blocked schedule forms a block's gradient: false (cross-entropy) from the
+  // lse saved by a first pass (elementwise, one product per block); true (distillation, whose
+  // gradient needs whole-row sums) by recomputing full row chunks for every block.
+  bool blocks_recompute_rows = false;
+  int products_per_logits_chunk = 1;  // 2 when the teacher's logits are a product too
   bool overlap = false;  // two chunk buffers, so one chunk's row kernel runs beside the products
 };
 
+enum class Schedule {
+  // (a) row chunks, no V×H accumulator: one chunk, fp32 ∂W accumulated in place, or no ∂W.
+  row_chunks,
+  // (b) row chunks and an fp32 V×H ∂W accumulator in the workspace.
+  row_chunks_accumulated,
+  // (c) row chunks for the loss, ∂h (and ∂bias); then ∂W per vocabulary block.
+  vocabulary_blocks,
+};
+
 struct ChunkPlan {
-  int64_t chunk_rows = 0;   // rows per chunk (the last chunk may be shorter)
+  Schedule schedule = Schedule::row_chunks;
+  int64_t chunk_rows = 0;   // rows per full-vocabulary chunk (the last chunk may be shorter)
   int64_t chunk_count = 0;  // ceil(N / chunk_rows); 0 when N = 0
   int buffer_count = 1;     // 1, or 2 when overlapping
   std::size_t logits_buffer_bytes = 0;  // one buffer: chunk_rows × V × element × buffers_per_row
+  // vocabulary_blocks only. A block is block_columns columns of ∂W; its gradient is formed in
+  // tiles of tile_rows rows (cross-entropy; all N rows when they fit, then ∂W of the block is one
+  // product written straight into the output) or of chunk_rows full rows (distillation).
+  int64_t block_columns = 0;
+  int64_t block_count = 0;
+  int64_t tile_rows = 0;
+  int64_t tile_count = 0;
+  std::size_t tile_buffer_bytes = 0;  // tile_rows × block_columns × element (shares the buffer)
+  std::size_t lse_bytes = 0;          // N fp32 lse of the first pass (cross-entropy)
   std::size_t gemm_workspace_bytes = 0; // scratch handed to cuBLASLt
   std::size_t fixed_bytes = 0;
-  std::size_t accumulator_bytes = 0;
+  std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c), or 0
+  std::size_t bias_accumulator_bytes = 0;
   std::size_t total_bytes = 0;          // everything above, with alignment padding
-  bool fits_budget = false;             // false when even the smallest chunk exceeds the budget
+  double predicted_ms = 0;              // cost model (chunk_plan.cpp), H200-class figures
+  bool fits_budget = false;             // false when even the smallest plan exceeds the budget
 };
 
 // The smallest row block any plan uses, and the budget it needs: below it the op cannot run.
 constexpr int64_t kMinimumChunkRows = 1;
 std::size_t minimum_budget_bytes(const ChunkRequest& request);
 
-// Chooses the chunk shape; never fails (a budget below the minimum gives the minimal plan with
-// fits_budget = false, which the API layer reports as an invalid workspace_budget).
+// Chooses the schedule and chunk shape; never fails (a budget below the minimum gives the smallest
+// plan with fits_budget = false: its total_bytes is what the op then needs).
 ChunkPlan plan_chunks(const ChunkRequest& request);
 
 // Alignment of every workspace region (cuBLASLt picks its fastest kernels for 256-byte
@@ -49,5 +78,9 @@ constexpr std::size_t kWorkspaceAlignment = 256;
 constexpr std::size_t align_up(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
+
+// Bytes of the one region that holds the chunk buffers, and in the vocabulary-blocked schedule
+// (which never needs both at once) the tile buffer followed by the block accumulator.
+std::size_t chunk_region_bytes(const ChunkPlan& plan);
 
 }  // namespace xent::cuda

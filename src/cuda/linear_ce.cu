@@ -5,11 +5,20 @@
 //      (N_valid, D and the upstream gradient come from a pre-pass over all targets);
 //   3. ∂h_chunk = G·W (written straight into grad hidden) and ∂W += Gᵀ·h_chunk into an fp32
 //      accumulator (beta = 1 after the first chunk), ∂bias += column sums of G.
+// When the fp32 ∂W accumulator of a 16-bit weight gradient does not fit the budget with useful
+// chunks, the planner picks the vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above
+// without ∂W, saving each row's lse, then per vocabulary block the block's logits again, its
+// gradient elementwise (linear_block_grad.cuh) and ∂W of the block.
+// options.logits_cache: a forward without gradients writes the logits of all rows into the cache
+// (one product, the row kernel reads them there); a backward reads every chunk's and block's logits
+// from it instead of forming h·Wᵀ, and writes gradients into its own buffers (the cache stays
+// intact for further backwards).
 // The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
 // with the host, so the op is graph-capturable.
 #include "api/backend.hpp"
 #include "cuda/ce_rows.cuh"
 #include "cuda/gemm.hpp"
+#include "cuda/linear_block_grad.cuh"
 #include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
@@ -35,11 +44,6 @@ struct LinearCePlan {
   DType logits_dtype = DType::bf16;
 };
 
-// options.logits_cache_bytes is not used on CUDA: keeping the forward's logits for the backward
-// needs memory that survives from one call to the next, and the op API has none (each call gets
-// its own workspace, which callers free in between). Measured gain if it had: a 30 % shorter
-// `none` forward + backward (docs/perf-notes.md); it needs an API-level cache handle.
-
 // One call of the op: the forward (loss, statistics, optional gradients) or the backward
 // (gradients only, per-row or scalar upstream gradient).
 struct LinearCeCall {
@@ -64,15 +68,9 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.fixed_bytes = row_scratch_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = with_gradients && linear_overlap_enabled();
-  // A single chunk writes ∂W straight into the output (linear_support.hpp): no accumulator.
-  const bool single_chunk = plan_chunks(request).chunk_count <= 1;
-  if (weight_accumulator && !single_chunk) {
-    request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) *
-                                          static_cast<std::size_t>(hidden) * sizeof(float));
-  }
-  if (bias_accumulator) {
-    request.accumulator_bytes += align_up(static_cast<std::size_t>(vocab) * sizeof(float));
-  }
+  request.weight_accumulator = with_gradients && weight_accumulator;
+  request.bias_accumulator_bytes =
+      bias_accumulator_bytes(DType::bf16, with_gradients && bias_accumulator, vocab);
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
@@ -83,15 +81,117 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
 
 std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                      const LinearCeOptions& options, bool with_gradients) {
-  // The query cannot see the gradient dtypes: it reserves fp32 accumulators for 16-bit inputs
-  // (a caller passing fp32 grad weight/bias leaves them unused).
-  const bool accumulate = with_gradients && dtype != DType::f32;
-  return plan_linear_ce(rows, hidden, vocab, dtype, options, with_gradients, accumulate,
-                        accumulate)
-      .chunks.total_bytes;
+  // The query cannot see which gradients come, nor their dtypes: it reports the largest plan a
+  // call of these sizes may choose (with and without fp32 accumulators for 16-bit ∂W and ∂bias).
+  // Each is within the budget whenever the budget holds the smallest plan.
+  std::size_t bytes = 0;
+  const bool half = dtype != DType::f32;
+  for (const bool weight : {false, half}) {
+    for (const bool bias : {false, half}) {
+      bytes = std::max(bytes, plan_linear_ce(rows, hidden, vocab, dtype, options, with_gradients,
+                                             weight, bias)
+                                  .chunks.total_bytes);
+    }
+  }
+  return bytes;
 }
 
 namespace {
+
+// Pass 2 of the vocabulary-blocked schedule: ∂W one block of columns at a time.
+struct BlockPass {
+  const LinearCeCall& call;
+  const LinearCePlan& plan;
+  void* region;             // tile buffer, then the block accumulator
+  const float* lse;         // [N] from pass 1
+  GemmScratch scratch;
+  const CeBatchTotals* totals;
+  CeRowOptions row_options;
+  bool per_row_upstream;
+  bool read_cache;
+};
+
+void weight_gradient_by_blocks(const BlockPass& pass, cudaStream_t stream) {
+  const LinearCeCall& call = pass.call;
+  const ChunkPlan& chunks = pass.plan.chunks;
+  const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
+  const DType logits_dtype = pass.plan.logits_dtype, operand_dtype = call.hidden.dtype;
+  const std::size_t element = dtype_size(logits_dtype);
+  const TensorView& cache = call.options.logits_cache;
+  void* tile = pass.region;
+  float* accumulator = reinterpret_cast<float*>(static_cast<char*>(pass.region) +
+                                                align_up(chunks.tile_buffer_bytes));
+  const bool accumulate = chunks.tile_count > 1;
+  for (int64_t block = 0; block < chunks.block_count; ++block) {
+    const int64_t first_column = block * chunks.block_columns;
+    const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
+    const GemmMatrix weight_block = gemm_matrix(call.weight, first_column, columns);
+    TensorView grad_block = call.grads.weight;
+    grad_block.data = static_cast<char*>(grad_block.data) +
+                      static_cast<std::size_t>(first_column) *
+                          static_cast<std::size_t>(grad_block.row_stride) *
+                          dtype_size(grad_block.dtype);
+    grad_block.rows = columns;
+    for (int64_t t = 0; t < chunks.tile_count; ++t) {
+      const int64_t first = t * chunks.tile_rows;
+      const int64_t count = std::min(chunks.tile_rows, rows - first);
+      const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first, count);
+      BlockGradArgs args;
+      if (pass.read_cache) {
+        const std::size_t offset =
+            static_cast<std::size_t>(first) * static_cast<std::size_t>(cache.row_stride) +
+            static_cast<std::size_t>(first_column);
+        args.logits = static_cast<const char*>(cache.data) + offset * element;
+        args.logits_stride = cache.row_stride;
+      } else {
+        GemmProduct forward;
+        forward.a = hidden_rows;
+        forward.b = weight_block;
+        forward.b_transposed = true;
+        forward.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
+        if (call.bias.present()) {
+          forward.bias = static_cast<const char*>(call.bias.data) +
+                         static_cast<std::size_t>(first_column) * dtype_size(call.bias.dtype);
+        }
+        gemm(forward, pass.scratch, stream);
+        args.logits = tile;
+        args.logits_stride = columns;
+      }
+      args.grad = tile;
+      args.grad_stride = columns;
+      args.dtype = logits_dtype;
+      args.rows = count;
+      args.columns = columns;
+      args.first_column = first_column;
+      args.vocab = vocab;
+      args.target = static_cast<const char*>(call.target.data) +
+                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+      args.target_dtype = call.target.dtype;
+      args.lse = pass.lse + first;
+      args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
+      args.grad_output_rows =
+          pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+      args.options = pass.row_options;
+      args.totals = pass.totals;
+      block_grad_from_lse(args, stream);
+      GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
+      if (logits_dtype != operand_dtype) {
+        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
+        gradient.dtype = operand_dtype;
+        gradient.stride = 2 * columns;
+      }
+      GemmProduct product;
+      product.a = gradient;
+      product.a_transposed = true;
+      product.b = hidden_rows;
+      product.c = accumulate ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
+                             : gemm_matrix(grad_block, 0, columns);
+      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
+      gemm(product, pass.scratch, stream);
+    }
+    if (accumulate) write_from_fp32(accumulator, hidden, grad_block, stream);
+  }
+}
 
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
@@ -105,10 +205,12 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
                                            want_grad, weight_accumulator, bias_accumulator);
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
+  const CeStats* stats = call.stats;
 
+  const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks;
   WorkspaceCarver carver(workspace);
   const std::size_t buffer_stride = align_up(plan.chunks.logits_buffer_bytes);
-  void* chunk_buffer = carver.take(buffer_stride * plan.chunks.buffer_count);
+  void* chunk_buffer = carver.take(chunk_region_bytes(plan.chunks));
   auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
   const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
   auto* row_loss = static_cast<float*>(carver.take(row_array));
@@ -116,8 +218,13 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   auto* row_correct = static_cast<float*>(carver.take(row_array));
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
-  const GradientSums sums =
-      carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks.chunk_count <= 1);
+  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
+  float* saved_lse = blocked ? static_cast<float*>(carver.take(plan.chunks.lse_bytes)) : nullptr;
+  if (blocked && stats && stats->lse.present()) saved_lse = static_cast<float*>(stats->lse.data);
+  // The logits cache (linear_ce.hpp): filled by a forward without gradients, read by a backward.
+  const TensorView& cache = call.options.logits_cache;
+  const bool fill_cache = cache.present() && !want_grad && call.op == OpCode::linear_ce_forward;
+  const bool read_cache = cache.present() && call.op == OpCode::linear_ce_backward;
 
   const CeRowOptions row_options = ce_row_options(ce);
   const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();
@@ -134,9 +241,9 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   ce_batch_totals(batch, totals, stream);
 
   const bool sum_or_mean = reduction != Reduction::none;
-  const CeStats* stats = call.stats;
   const bool want_accuracy = stats && stats->accuracy.present();
-  const int64_t chunk_rows = plan.chunks.chunk_rows;
+  // Filling the cache needs no chunk buffer: all rows are one product into the cache.
+  const int64_t chunk_rows = fill_cache ? std::max<int64_t>(rows, 1) : plan.chunks.chunk_rows;
   const DType operand_dtype = call.hidden.dtype;
   const bool narrow_gradient = plan.logits_dtype != operand_dtype;
 
@@ -146,6 +253,19 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   };
   auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
   auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
+  const std::size_t logits_element = dtype_size(plan.logits_dtype);
+  auto cache_at = [&](int64_t row, int64_t column) -> void* {
+    return static_cast<char*>(cache.data) +
+           (static_cast<std::size_t>(row) * static_cast<std::size_t>(cache.row_stride) +
+            static_cast<std::size_t>(column)) * logits_element;
+  };
+  // Where a chunk's logits are (the cache, or the chunk buffer) and their row stride.
+  auto logits_of = [&](int64_t chunk) -> void* {
+    return fill_cache || read_cache ? cache_at(first_row(chunk), 0) : buffer_of(chunk);
+  };
+  const int64_t logits_stride = fill_cache || read_cache ? cache.row_stride : vocab;
+  // Pass 1 of the blocked schedule forms no ∂W; its gradient is only needed for ∂h and ∂bias.
+  const bool chunk_grad = want_grad && (!blocked || want_hidden || want_bias);
 
   // Stage 1: L = h_chunk·Wᵀ (+ bias).
   auto form_logits = [&](int64_t chunk) {
@@ -153,7 +273,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
     forward.a = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
     forward.b = weight;
     forward.b_transposed = true;
-    forward.c = GemmMatrix{buffer_of(chunk), plan.logits_dtype, row_count(chunk), vocab, vocab};
+    forward.c = GemmMatrix{logits_of(chunk), plan.logits_dtype, row_count(chunk), vocab,
+                           logits_stride};
     forward.bias = call.bias.present() ? call.bias.data : nullptr;
     gemm(forward, scratch, stream);
   };
@@ -163,11 +284,11 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
     const int64_t first = first_row(chunk);
     void* buffer = buffer_of(chunk);
     CeRowsArgs args;
-    args.logits = buffer;
+    args.logits = logits_of(chunk);
     args.dtype = plan.logits_dtype;
     args.rows = row_count(chunk);
     args.vocab = vocab;
-    args.row_stride = vocab;
+    args.row_stride = logits_stride;
     args.target = static_cast<const char*>(call.target.data) +
                   static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
     args.target_dtype = call.target.dtype;
@@ -195,14 +316,15 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
       args.entropy = offset_rows<float>(stats->entropy, first);
       args.argmax = offset_rows<int64_t>(stats->argmax, first);
     }
-    if (want_grad) {
+    if (saved_lse) args.lse = saved_lse + first;
+    if (chunk_grad) {
       args.grad = buffer;
       args.grad_row_stride = vocab;
     }
     ce_rows(args, on);
     // The products take operands of one dtype: fp32 chunk gradients of 16-bit inputs are rounded
     // to the input dtype in place (as F.cross_entropy's bf16 gradient would be).
-    if (want_grad && narrow_gradient) {
+    if (chunk_grad && narrow_gradient) {
       narrow_rows_in_place(buffer, args.rows, vocab, vocab, operand_dtype, on);
     }
   };
@@ -219,25 +341,25 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
                                sums, scratch, stream);
   };
 
-  const int64_t chunks = plan.chunks.chunk_count;
+  const int64_t chunks = fill_cache ? (rows > 0 ? 1 : 0) : plan.chunks.chunk_count;
   if (plan.chunks.buffer_count == 1 || !want_grad) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      form_logits(chunk);
+      if (!read_cache) form_logits(chunk);
       row_kernel(chunk, stream);
-      if (want_grad) products(chunk);
+      if (chunk_grad) products(chunk);
     }
   } else {
     // Two buffers: the row kernel of chunk i+1 runs on a side stream while chunk i's products run
     // on the caller's stream. Caller-stream order L(0) L(1) P(0) L(2) P(1) ...; buffer i%2 is
     // rewritten by L(i+2) only after P(i), which waited for the row kernel of chunk i.
     SideStream side(stream);
-    form_logits(0);
+    if (!read_cache) form_logits(0);
     side.fork();
     row_kernel(0, side.stream());
     side.mark_done();
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const bool has_next = chunk + 1 < chunks;
-      if (has_next) form_logits(chunk + 1);
+      if (has_next && !read_cache) form_logits(chunk + 1);
       side.wait_done();  // row kernel of `chunk`
       if (has_next) {
         side.fork();
@@ -248,6 +370,11 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
     }
   }
 
+  if (blocked && want_weight) {
+    BlockPass pass{call, plan, chunk_buffer, saved_lse, scratch, totals, row_options,
+                   per_row_upstream, read_cache};
+    weight_gradient_by_blocks(pass, stream);
+  }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
   if (call.loss || want_accuracy || (stats && stats->z_loss_value.present() && sum_or_mean)) {

@@ -47,9 +47,10 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows);
-  // A single chunk writes ∂W straight into the output (linear_support.hpp): no accumulator.
-  const bool single_chunk = plan_chunks(request).chunk_count <= 1;
-  request.accumulator_bytes = gradient_sums_bytes(grads, vocab, hidden, single_chunk);
+  // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
+  request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
+  request.blocks_recompute_rows = true;
+  request.products_per_logits_chunk = teacher_from_hidden ? 2 : 1;
   plan.chunks = plan_chunks(request);
   return plan;
 }
@@ -107,9 +108,15 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   auto* row_hard_z = static_cast<float*>(carver.take(row_array));
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
-  char* chunk_buffer = static_cast<char*>(carver.take(plan.chunks.logits_buffer_bytes));
-  const GradientSums sums =
-      carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks.chunk_count <= 1);
+  char* chunk_buffer = static_cast<char*>(carver.take(chunk_region_bytes(plan.chunks)));
+  const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
+  // Vocabulary-blocked schedule (chunk_plan.cpp (c)): the row chunks run once per block of ∂W
+  // columns, each block accumulated in fp32 beside the chunk buffer; loss and ∂h come from the
+  // first sweep.
+  const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks;
+  const int64_t block_count = blocked && grads.weight.present() ? plan.chunks.block_count : 1;
+  float* block_accumulator = reinterpret_cast<float*>(chunk_buffer +
+                                                      align_up(plan.chunks.tile_buffer_bytes));
   // The teacher half of each chunk buffer follows the student half.
   const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
                                     static_cast<std::size_t>(vocab) *
@@ -132,84 +139,114 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
 
   const int64_t chunk_rows = plan.chunks.chunk_rows;
   const DType operand_dtype = call.student_hidden.dtype;
-  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
-    const int64_t first = chunk * chunk_rows;
-    const int64_t count = std::min(chunk_rows, rows - first);
-    const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
-    const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
+  for (int64_t block = 0; block < block_count; ++block) {
+    const bool first_sweep = block == 0;
+    for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
+      const int64_t first = chunk * chunk_rows;
+      const int64_t count = std::min(chunk_rows, rows - first);
+      const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
+      const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
 
-    GemmProduct student;
-    student.a = hidden_rows;
-    student.b = weight;
-    student.b_transposed = true;
-    student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
-    gemm(student, scratch, stream);
+      GemmProduct student;
+      student.a = hidden_rows;
+      student.b = weight;
+      student.b_transposed = true;
+      student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+      gemm(student, scratch, stream);
 
-    const void* teacher_rows = nullptr;
-    int64_t teacher_stride = vocab;
-    if (teacher_from_hidden) {
-      GemmProduct product;
-      product.a = gemm_matrix(teacher.hidden, first, count);
-      product.b = gemm_matrix(teacher.weight, 0, vocab);
-      product.b_transposed = true;
-      product.c = GemmMatrix{teacher_buffer, plan.logits_dtype, count, vocab, vocab};
-      gemm(product, scratch, stream);
-      teacher_rows = teacher_buffer;
-    } else if (plan.teacher_buffer) {
-      convert_rows(gemm_matrix(teacher.logits, first, count).data, teacher.logits.dtype,
-                   teacher.logits.row_stride, teacher_buffer, plan.logits_dtype, vocab, count,
-                   vocab, stream);
-      teacher_rows = teacher_buffer;
-    } else {
-      teacher_rows = gemm_matrix(teacher.logits, first, count).data;
-      teacher_stride = teacher.logits.row_stride;
-    }
-
-    DistillRowsArgs args;
-    args.student = chunk_buffer;
-    args.student_row_stride = vocab;
-    args.teacher = teacher_rows;
-    args.teacher_row_stride = teacher_stride;
-    args.dtype = plan.logits_dtype;
-    args.rows = count;
-    args.vocab = vocab;
-    if (call.target.present()) {
-      args.target = static_cast<const char*>(call.target.data) +
-                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-      args.target_dtype = call.target.dtype;
-    }
-    args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
-    args.options = row_options;
-    args.totals = totals;
-    args.grad_output_rows = (!sum_or_mean && call.grad_output.present())
-                                ? offset_rows<const float>(call.grad_output, first)
-                                : nullptr;
-    if (call.loss) {
-      if (sum_or_mean) {
-        args.row_soft = row_soft + first;
-        if (hard_term) {
-          args.row_hard_loss = row_hard_loss + first;
-          args.row_hard_z = row_hard_z + first;
-        }
+      const void* teacher_rows = nullptr;
+      int64_t teacher_stride = vocab;
+      if (teacher_from_hidden) {
+        GemmProduct product;
+        product.a = gemm_matrix(teacher.hidden, first, count);
+        product.b = gemm_matrix(teacher.weight, 0, vocab);
+        product.b_transposed = true;
+        product.c = GemmMatrix{teacher_buffer, plan.logits_dtype, count, vocab, vocab};
+        gemm(product, scratch, stream);
+        teacher_rows = teacher_buffer;
+      } else if (plan.teacher_buffer) {
+        convert_rows(gemm_matrix(teacher.logits, first, count).data, teacher.logits.dtype,
+                     teacher.logits.row_stride, teacher_buffer, plan.logits_dtype, vocab, count,
+                     vocab, stream);
+        teacher_rows = teacher_buffer;
       } else {
-        args.row_total = offset_rows<float>(*call.loss, first);
+        teacher_rows = gemm_matrix(teacher.logits, first, count).data;
+        teacher_stride = teacher.logits.row_stride;
+      }
+
+      DistillRowsArgs args;
+      args.student = chunk_buffer;
+      args.student_row_stride = vocab;
+      args.teacher = teacher_rows;
+      args.teacher_row_stride = teacher_stride;
+      args.dtype = plan.logits_dtype;
+      args.rows = count;
+      args.vocab = vocab;
+      if (call.target.present()) {
+        args.target = static_cast<const char*>(call.target.data) +
+                      static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+        args.target_dtype = call.target.dtype;
+      }
+      args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
+      args.options = row_options;
+      args.totals = totals;
+      args.grad_output_rows = (!sum_or_mean && call.grad_output.present())
+                                  ? offset_rows<const float>(call.grad_output, first)
+                                  : nullptr;
+      if (call.loss && first_sweep) {
+        if (sum_or_mean) {
+          args.row_soft = row_soft + first;
+          if (hard_term) {
+            args.row_hard_loss = row_hard_loss + first;
+            args.row_hard_z = row_hard_z + first;
+          }
+        } else {
+          args.row_total = offset_rows<float>(*call.loss, first);
+        }
+      }
+      if (want_grad) {
+        args.grad = chunk_buffer;
+        args.grad_row_stride = vocab;
+      }
+      distill_rows(args, stream);
+      if (!want_grad) continue;
+
+      GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+      if (plan.logits_dtype != operand_dtype) {
+        narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
+        gradient.dtype = operand_dtype;
+        gradient.stride = 2 * vocab;
+      }
+      if (first_sweep) {
+        accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
+                                   scratch, stream);
+      }
+      if (blocked && grads.weight.present()) {
+        const int64_t first_column = block * plan.chunks.block_columns;
+        const int64_t columns = std::min(plan.chunks.block_columns, vocab - first_column);
+        GemmMatrix gradient_block = gradient;
+        gradient_block.data = static_cast<const char*>(gradient.data) +
+                              static_cast<std::size_t>(first_column) * dtype_size(gradient.dtype);
+        gradient_block.cols = columns;
+        GemmProduct product;
+        product.a = gradient_block;
+        product.a_transposed = true;
+        product.b = hidden_rows;
+        product.c = GemmMatrix{block_accumulator, DType::f32, columns, hidden, hidden};
+        product.beta = chunk == 0 ? 0.0f : 1.0f;
+        gemm(product, scratch, stream);
       }
     }
-    if (want_grad) {
-      args.grad = chunk_buffer;
-      args.grad_row_stride = vocab;
+    if (blocked && grads.weight.present() && plan.chunks.chunk_count > 0) {
+      const int64_t first_column = block * plan.chunks.block_columns;
+      TensorView grad_block = grads.weight;
+      grad_block.data = static_cast<char*>(grad_block.data) +
+                        static_cast<std::size_t>(first_column) *
+                            static_cast<std::size_t>(grad_block.row_stride) *
+                            dtype_size(grad_block.dtype);
+      grad_block.rows = std::min(plan.chunks.block_columns, vocab - first_column);
+      write_from_fp32(block_accumulator, hidden, grad_block, stream);
     }
-    distill_rows(args, stream);
-    if (!want_grad) continue;
-
-    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
-    if (plan.logits_dtype != operand_dtype) {
-      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
-      gradient.dtype = operand_dtype;
-      gradient.stride = 2 * vocab;
-    }
-    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
-                               scratch, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
@@ -235,14 +272,19 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
                                           const LinearDistillOptions& options,
                                           bool with_gradients) {
   // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits of the input dtype.
-  // As for linear_ce, the query reserves fp32 accumulators for 16-bit inputs.
-  LinearGradients worst;
+  // As for linear_ce, the query reports the largest plan a call may choose: with and without an
+  // fp32 accumulator for a 16-bit ∂W.
+  LinearGradients with_accumulator;
   if (with_gradients && dtype != DType::f32) {
-    worst.weight = TensorView{nullptr, dtype, 2, vocab, student_hidden, student_hidden};
+    with_accumulator.weight = TensorView{nullptr, dtype, 2, vocab, student_hidden, student_hidden};
   }
-  return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
-                             dtype, worst)
-      .chunks.total_bytes;
+  std::size_t bytes = 0;
+  for (const LinearGradients& grads : {LinearGradients{}, with_accumulator}) {
+    bytes = std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
+                                                teacher_hidden > 0, dtype, grads)
+                                .chunks.total_bytes);
+  }
+  return bytes;
 }
 
 void linear_distill_forward(TensorView student_hidden, TensorView student_weight,

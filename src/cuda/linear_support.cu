@@ -156,24 +156,17 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
   }
 }
 
-std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden,
-                                bool single_chunk) {
-  std::size_t bytes = 0;
-  if (grads.weight.present() && grads.weight.dtype != DType::f32 && !single_chunk) {
-    bytes += align_up(static_cast<std::size_t>(vocab) * static_cast<std::size_t>(hidden) *
-                      sizeof(float));
-  }
-  if (grads.bias.present() && grads.bias.dtype != DType::f32) {
-    bytes += align_up(static_cast<std::size_t>(vocab) * sizeof(float));
-  }
-  return bytes;
+std::size_t bias_accumulator_bytes(DType bias_dtype, bool want_bias, int64_t vocab) {
+  return want_bias && bias_dtype != DType::f32
+             ? align_up(static_cast<std::size_t>(vocab) * sizeof(float))
+             : 0;
 }
 
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
-                                 int64_t vocab, int64_t hidden, bool single_chunk) {
+                                 int64_t vocab, int64_t hidden, const ChunkPlan& plan) {
   GradientSums sums;
-  if (grads.weight.present()) {
-    sums.weight_in_workspace = grads.weight.dtype != DType::f32 && !single_chunk;
+  if (grads.weight.present() && plan.schedule != Schedule::vocabulary_blocks) {
+    sums.weight_in_workspace = plan.schedule == Schedule::row_chunks_accumulated;
     if (sums.weight_in_workspace) {
       sums.weight = carver.take(static_cast<std::size_t>(vocab) *
                                 static_cast<std::size_t>(hidden) * sizeof(float));

@@ -55,9 +55,10 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
                   cudaStream_t stream);
 
 // Where ∂W and ∂bias accumulate across chunks: the outputs themselves when they are fp32, else
-// fp32 accumulators in the workspace, written back once at the end (linear_ce.hpp). A plan of a
-// single chunk needs no accumulation: its one ∂W product writes the output in its own dtype (one
-// rounding, as a plain Gᵀ·h would), so no V×H fp32 buffer exists at all.
+// fp32 accumulators in the workspace, written back once at the end (linear_ce.hpp). Only the
+// row_chunks_accumulated schedule keeps a V×H fp32 ∂W (accumulate_weight): a single chunk writes
+// ∂W straight into the 16-bit output (one rounding, as a plain Gᵀ·h would), and the
+// vocabulary-blocked schedule forms ∂W block by block after the row chunks (weight = null here).
 struct GradientSums {
   void* weight = nullptr;
   DType weight_dtype = DType::f32;
@@ -66,10 +67,10 @@ struct GradientSums {
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
-std::size_t gradient_sums_bytes(const LinearGradients& grads, int64_t vocab, int64_t hidden,
-                                bool single_chunk);
+// fp32 ∂bias bytes of a 16-bit bias gradient (V floats), part of every plan's budget.
+std::size_t bias_accumulator_bytes(DType bias_dtype, bool want_bias, int64_t vocab);
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
-                                 int64_t vocab, int64_t hidden, bool single_chunk);
+                                 int64_t vocab, int64_t hidden, const ChunkPlan& plan);
 
 // The products of one chunk after its gradient G [rows, V] is formed: ∂h rows = G·W (written),
 // ∂W (+)= Gᵀ·h_chunk and ∂bias (+)= Σ_rows G into the sums (overwriting on the first chunk).

@@ -100,13 +100,146 @@ TEST(ChunkPlan, BudgetBelowOneRowIsReported) {
   EXPECT_EQ(plan.chunk_rows, 1);
 }
 
-TEST(ChunkPlan, AccumulatorsSitOnTopOfTheBudget) {
-  ChunkRequest request = request_for(8192, 4096, 128256, 512 * kMiB);
-  const ChunkPlan without = plan_chunks(request);
-  request.accumulator_bytes = std::size_t{128256} * 4096 * 4;
-  const ChunkPlan with = plan_chunks(request);
-  EXPECT_EQ(with.chunk_rows, without.chunk_rows);
-  EXPECT_EQ(with.total_bytes, without.total_bytes + align_up(request.accumulator_bytes));
+// ---- the budget bounds the fp32 ∂W accumulator too (16-bit weight gradients) -----------------
+
+ChunkRequest training_request(int64_t rows, int64_t hidden, int64_t vocab, std::size_t budget) {
+  ChunkRequest request = request_for(rows, hidden, vocab, budget);
+  request.weight_accumulator = true;
+  request.bias_accumulator_bytes = align_up(static_cast<std::size_t>(vocab) * 4);
+  return request;
+}
+
+class ChunkPlanTrainingBudget : public ChunkPlanBudget {};
+
+TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
+  const auto [shape, budget_mib] = GetParam();
+  const auto [rows, hidden, vocab] = shape;
+  const std::size_t budget = static_cast<std::size_t>(budget_mib) * kMiB;
+  for (const bool distill : {false, true}) {
+    SCOPED_TRACE(distill ? "distillation (blocks recompute rows)" : "cross-entropy");
+    ChunkRequest request = training_request(rows, hidden, vocab, budget);
+    request.blocks_recompute_rows = distill;
+    const ChunkPlan plan = plan_chunks(request);
+    ASSERT_TRUE(plan.fits_budget);
+    expect_covers_rows(plan, rows);
+    EXPECT_LE(plan.total_bytes, budget);
+    const std::size_t full_accumulator = static_cast<std::size_t>(vocab) * hidden * 4;
+    switch (plan.schedule) {
+      case Schedule::row_chunks:
+        EXPECT_EQ(plan.chunk_count, 1) << "a 16-bit ∂W over several chunks needs fp32 sums";
+        break;
+      case Schedule::row_chunks_accumulated:
+        EXPECT_GE(plan.accumulator_bytes, full_accumulator);
+        break;
+      case Schedule::vocabulary_blocks:
+        ASSERT_GT(plan.block_columns, 0);
+        EXPECT_GE(plan.block_columns * plan.block_count, vocab);
+        EXPECT_LT((plan.block_count - 1) * plan.block_columns, vocab) << "an empty last block";
+        EXPECT_GE(plan.tile_rows * plan.tile_count, rows);
+        EXPECT_EQ(plan.accumulator_bytes == 0, !distill && plan.tile_count == 1)
+            << "only whole-row-count tiles write ∂W of a block without an accumulator";
+        EXPECT_LT(plan.accumulator_bytes, full_accumulator);
+        EXPECT_GE(chunk_region_bytes(plan), plan.tile_buffer_bytes + plan.accumulator_bytes);
+        break;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PerfShapes, ChunkPlanTrainingBudget,
+    ::testing::Combine(::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+                                         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+                                         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
+                                         std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
+                       ::testing::Values(64, 512, 1024, 4096)));
+
+// The schedule choices the cost model predicts (chunk_plan.cpp) for the PERF.md shapes.
+TEST(ChunkPlan, AccumulatorLargerThanTheBudgetGivesVocabularyBlocks) {
+  // (8192, 4096, 128256): the V×H fp32 accumulator alone is 2004 MiB.
+  const ChunkPlan plan = plan_chunks(training_request(8192, 4096, 128256, 512 * kMiB));
+  EXPECT_EQ(plan.schedule, Schedule::vocabulary_blocks);
+  EXPECT_EQ(plan.tile_rows, 8192) << "all rows of a block fit: ∂W of a block in one product";
+  EXPECT_EQ(plan.accumulator_bytes, 0u);
+  EXPECT_GE(plan.chunk_rows, 1024);
+  EXPECT_LE(plan.total_bytes, 512 * kMiB);
+}
+
+TEST(ChunkPlan, LargeBudgetKeepsTheAccumulatedRowChunks) {
+  // (8192, 2304, 256000) at 3 GiB: a 2250 MiB accumulator and ~1600-row chunks (6 accumulator
+  // passes, +9 ms) beat one more product (+14 ms). At 4 GiB all 8192 rows are one chunk: no
+  // accumulator at all.
+  const ChunkPlan plan = plan_chunks(training_request(8192, 2304, 256000, 3072 * kMiB));
+  EXPECT_EQ(plan.schedule, Schedule::row_chunks_accumulated);
+  EXPECT_GE(plan.chunk_rows, 1024);
+  EXPECT_LE(plan.total_bytes, 3072 * kMiB);
+  const ChunkPlan single = plan_chunks(training_request(8192, 2304, 256000, 4096 * kMiB));
+  EXPECT_EQ(single.schedule, Schedule::row_chunks);
+  EXPECT_EQ(single.chunk_count, 1);
+}
+
+TEST(ChunkPlan, SmallChunksBesideTheAccumulatorLoseToBlocks) {
+  // (32768, 768, 128256): a 376 MiB accumulator leaves ~400-row chunks at 512 MiB (82 accumulator
+  // passes, +21 ms predicted) against one extra product (+9 ms): blocks. At 1 GiB chunks of ~2500
+  // rows make the accumulator cheap: row chunks.
+  const ChunkPlan tight = plan_chunks(training_request(32768, 768, 128256, 512 * kMiB));
+  EXPECT_EQ(tight.schedule, Schedule::vocabulary_blocks);
+  const ChunkPlan roomy = plan_chunks(training_request(32768, 768, 128256, 1024 * kMiB));
+  EXPECT_EQ(roomy.schedule, Schedule::row_chunks_accumulated);
+  EXPECT_GE(roomy.chunk_rows, 2048);
+}
+
+TEST(ChunkPlan, SmallBudgetTilesRowsIntoABlockAccumulator) {
+  // 64 MiB still holds all 8192 rows of a ~3700-column block: no accumulator.
+  const ChunkPlan all_rows = plan_chunks(training_request(8192, 4096, 128256, 64 * kMiB));
+  EXPECT_EQ(all_rows.schedule, Schedule::vocabulary_blocks);
+  EXPECT_EQ(all_rows.tile_rows, 8192);
+  EXPECT_LE(all_rows.total_bytes, 64 * kMiB);
+  // 16 MiB and 65536 rows: not even 128 columns of all rows fit, so row tiles accumulate.
+  const ChunkPlan plan = plan_chunks(training_request(65536, 4096, 256000, 16 * kMiB));
+  EXPECT_EQ(plan.schedule, Schedule::vocabulary_blocks);
+  EXPECT_LT(plan.tile_rows, 65536);
+  EXPECT_GT(plan.accumulator_bytes, 0u);
+  EXPECT_LE(plan.total_bytes, 16 * kMiB);
+}
+
+TEST(ChunkPlan, Fp32WeightGradientOrOneChunkNeedsNoAccumulator) {
+  ChunkRequest request = request_for(8192, 4096, 128256, 512 * kMiB);  // fp32 ∂W: in place
+  const ChunkPlan fp32_weight = plan_chunks(request);
+  EXPECT_EQ(fp32_weight.schedule, Schedule::row_chunks);
+  EXPECT_EQ(fp32_weight.accumulator_bytes, 0u);
+  EXPECT_GT(fp32_weight.chunk_count, 1);
+  const ChunkPlan one_chunk = plan_chunks(training_request(512, 4096, 128256, 512 * kMiB));
+  EXPECT_EQ(one_chunk.schedule, Schedule::row_chunks);
+  EXPECT_EQ(one_chunk.chunk_count, 1);
+  EXPECT_EQ(one_chunk.accumulator_bytes, 0u);
+}
+
+TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
+  // Blocks: 4 products + 4 passes over N×V; accumulated rows: 3 products + 2 passes + one
+  // accumulator pass (8·V·H bytes) per chunk. P = 700 TFLOP/s, B = 3 TB/s (chunk_plan.cpp).
+  const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
+  const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
+  const ChunkPlan blocks = plan_chunks(training_request(8192, 4096, 128256, 512 * kMiB));
+  EXPECT_NEAR(blocks.predicted_ms, 4 * product_ms + 4 * pass_ms, 0.5);
+  const double product2_ms = 2.0 * 8192 * 256000 * 2304 / 700e12 * 1e3;  // 13.8 ms
+  const double pass2_ms = 8192.0 * 256000 * 2 / 3e12 * 1e3;                // 1.40 ms
+  const double accumulator_ms = 8.0 * 256000 * 2304 / 3e12 * 1e3;           // 1.57 ms
+  const ChunkPlan rows = plan_chunks(training_request(8192, 2304, 256000, 3072 * kMiB));
+  EXPECT_NEAR(rows.predicted_ms,
+              3 * product2_ms + 2 * pass2_ms + rows.chunk_count * accumulator_ms, 0.5);
+}
+
+TEST(ChunkPlan, SmallestTrainingPlanReportsItsOwnBytes) {
+  ChunkRequest request = training_request(37, 67, 1031, 0);
+  request.budget_bytes = minimum_budget_bytes(request);
+  const ChunkPlan plan = plan_chunks(request);
+  EXPECT_TRUE(plan.fits_budget);
+  EXPECT_LE(plan.total_bytes, request.budget_bytes);
+  request.budget_bytes = 1024;  // far below: the smallest plan, flagged
+  const ChunkPlan below = plan_chunks(request);
+  EXPECT_FALSE(below.fits_budget);
+  EXPECT_GT(below.total_bytes, request.budget_bytes);
+  expect_covers_rows(below, 37);
 }
 
 TEST(ChunkPlan, OverlapOnlyWhenHalvedChunksStayEfficient) {

@@ -1,0 +1,32 @@
+// The cross-entropy gradient of one vocabulary block of logits, elementwise from a saved lse: the
+// second pass of the vocabulary-blocked linear_ce schedule (chunk_plan.hpp, schedule (c)). The same
+// per-row coefficients and element formula as the ce row kernel (common::ce_grad_row,
+// common::ce_grad_from_prob), so both passes form one gradient.
+#pragma once
+
+#include "cuda/ce_rows.cuh"
+
+namespace xent::cuda {
+
+struct BlockGradArgs {
+  const void* logits = nullptr;  // tile: [rows, columns] with logits_stride (row 0 = first row)
+  int64_t logits_stride = 0;
+  void* grad = nullptr;          // tile: [rows, columns] with grad_stride, same dtype (may alias)
+  int64_t grad_stride = 0;
+  DType dtype = DType::bf16;
+  int64_t rows = 0;
+  int64_t columns = 0;
+  int64_t first_column = 0;      // global index of the block's first column
+  int64_t vocab = 0;             // V of the whole row (smoothing divides by it)
+  const void* target = nullptr;  // tile rows
+  DType target_dtype = DType::i64;
+  const float* lse = nullptr;               // tile rows, from the first pass
+  const float* row_weight = nullptr;        // tile rows or null
+  const float* grad_output_rows = nullptr;  // tile rows (reduction none) or null
+  CeRowOptions options;
+  const CeBatchTotals* totals = nullptr;
+};
+
+void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream);
+
+}  // namespace xent::cuda
