@@ -38,4 +38,4 @@ run: build
 	@./$(BUILD_DIR)/tools/xent-bench
 
 clean:
-	rm -rf build build-* build.configure.log
+	rm -rf build build-* build.configure.log python/xent/_C.so

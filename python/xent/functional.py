@@ -138,7 +138,7 @@ def _autocast_dtype(tensor: Tensor) -> Optional[torch.dtype]:
         if torch.is_autocast_enabled(device_type):
             return torch.get_autocast_dtype(device_type)
         return None
-    except TypeError:  # older signatures without a device argument
+    except (TypeError, AttributeError):  # torch < 2.4: per-device functions
         if device_type == "cuda" and torch.is_autocast_enabled():
             return torch.get_autocast_gpu_dtype()
         if device_type == "cpu" and torch.is_autocast_cpu_enabled():
