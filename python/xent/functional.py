@@ -304,6 +304,8 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     autocast = _autocast_dtype(hidden2d)
     if autocast is not None:
         hidden2d, student_weight = hidden2d.to(autocast), student_weight.to(autocast)
+        if teacher_logits2d is not None:  # the core takes student and teacher in one dtype
+            teacher_logits2d = teacher_logits2d.to(autocast)
         if teacher_hidden2d is not None:
             teacher_hidden2d = teacher_hidden2d.to(autocast)
         if teacher_weight is not None:

@@ -145,3 +145,19 @@ def test_linear_distill_gradcheck(gen):
         lambda h, w: xent.linear_distill(h, w, t, y, kind="forward_kl", temperature=2.0,
                                          hard_weight=0.5, reduction="none"),
         (h, w), eps=1e-3, atol=2e-3, rtol=1e-3)
+
+
+def test_linear_distill_under_autocast(gen):
+    h, w, ht, wt, target = _linear_inputs(gen, "cpu")
+    teacher_logits = ht @ wt.T
+    params = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = xent.linear_distill(*params, teacher_logits, target)
+        fused_teacher = xent.linear_distill(h, w, None, target, teacher_hidden=ht,
+                                            teacher_weight=wt)
+    assert loss.dtype == torch.float32
+    plain = xent.distill((h.bfloat16() @ w.bfloat16().T), teacher_logits.bfloat16(), target)
+    torch.testing.assert_close(loss, plain, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fused_teacher, plain, rtol=2e-2, atol=2e-2)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
