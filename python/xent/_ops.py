@@ -123,3 +123,8 @@ def _linear_distill_backward_fake(student_hidden, student_weight, teacher_logits
                                   ignore_index, reduction, label_smoothing, z_loss,
                                   workspace_bytes, fp32_logits, grad_hidden, grad_weight):
     return _student_gradients(student_hidden, student_weight, grad_hidden, grad_weight)
+
+
+@_register_fake("xent::check_errors")
+def _check_errors_fake(device_tensor):
+    return None
