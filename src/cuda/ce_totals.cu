@@ -37,22 +37,33 @@ __global__ void __launch_bounds__(kThreads)
   long long valid = 0;
   long long first_bad = LLONG_MAX;
   double target_weight_sum = 0;
-  for (int64_t n = threadIdx.x; n < r.rows; n += kThreads) {
-    if (r.target == nullptr) {
-      ++valid;
-      target_weight_sum += 1.0;
-      continue;
+  // Targets in batches of kBatch per thread, every load of a batch issued before any is used:
+  // one CTA walks all N targets, so it must keep many loads in flight, not one per iteration.
+  constexpr int kBatch = 8;
+  for (int64_t base = threadIdx.x; base < r.rows; base += int64_t{kThreads} * kBatch) {
+    int64_t y[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t n = base + int64_t{b} * kThreads;
+      y[b] = 0;
+      if (n < r.rows && r.target != nullptr) {
+        y[b] = r.target_dtype == DType::i32 ? int64_t{static_cast<const int32_t*>(r.target)[n]}
+                                            : static_cast<const int64_t*>(r.target)[n];
+      }
     }
-    const int64_t y = r.target_dtype == DType::i32
-                          ? int64_t{static_cast<const int32_t*>(r.target)[n]}
-                          : static_cast<const int64_t*>(r.target)[n];
-    if (y == r.options.ignore_index) continue;
-    ++valid;
-    if (y < 0 || y >= r.vocab) {
-      if (n < first_bad) first_bad = n;
-      continue;  // its row is NaN; it must not poison D and with it every other row's gradient
+    float w[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t n = base + int64_t{b} * kThreads;
+      const bool counted = n < r.rows && (r.target == nullptr || y[b] != r.options.ignore_index);
+      const bool in_range = y[b] >= 0 && y[b] < r.vocab;
+      valid += counted ? 1 : 0;
+      // An out-of-range row is NaN; it must not poison D and with it every other row's gradient.
+      if (counted && !in_range && n < first_bad) first_bad = n;
+      w[b] = counted && in_range ? (class_weight && r.target ? class_weight[y[b]] : 1.0f) : 0.0f;
     }
-    target_weight_sum += class_weight ? double{class_weight[y]} : 1.0;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) target_weight_sum += w[b];
   }
   double weight_sum = 0;
   if (class_weight) {
@@ -94,6 +105,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs a) {
   __shared__ double scratch[32];
   double loss = 0, z = 0, correct = 0;
+#pragma unroll 4
   for (int64_t n = threadIdx.x; n < a.rows; n += kThreads) {
     if (a.row_loss) loss += a.row_loss[n];
     if (a.row_z_loss) z += a.row_z_loss[n];
