@@ -2,6 +2,9 @@
 #include "cuda/row_slice.cuh"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace xent::cuda {
 
@@ -26,6 +29,20 @@ std::size_t max_shared_per_block() {
   return static_cast<std::size_t>(bytes) - 4096;
 }
 }  // namespace
+
+void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
+  if (bytes <= 48 * 1024) return;  // the default limit
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::size_t& current = allowed[{kernel, device}];
+  if (current >= bytes) return;
+  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+  current = bytes;
+}
 
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   const int64_t vec = 16 / static_cast<int64_t>(element);

@@ -36,13 +36,17 @@ inline constexpr int kMaxCluster = 8;  // portable cluster size
 // falling back to streaming.
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs);
 
+// Raises `kernel`'s dynamic shared-memory limit on the current device to at least `bytes`, once
+// per kernel, device and size: later calls (e.g. inside CUDA-graph capture, after warm-up) then
+// make no runtime call at all.
+void allow_dynamic_shared(const void* kernel, std::size_t bytes);
+
 // Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster.
 template <class Params>
 void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t rows,
                        const SlicePlan& plan, cudaStream_t stream) {
   if (rows <= 0) return;
-  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(plan.shared_bytes)));
+  allow_dynamic_shared(reinterpret_cast<const void*>(kernel), plan.shared_bytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(rows * plan.cluster));
   config.blockDim = dim3(static_cast<unsigned>(plan.threads));
