@@ -80,25 +80,36 @@ std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
          static_cast<std::size_t>(std::max(1, request.logits_buffers_per_row));
 }
 
-// Rows per chunk: the fewest chunks the row limit allows, evened out, on the tile grid when
-// chunks are large enough for tiles to matter.
+// Rows per chunk: the fewest chunks the row limit allows, evened out, on the 128-row tile grid
+// when chunks are large enough for tiles to matter: rounded up when that still fits, else down
+// when that loses at most an eighth of the rows (one more, shorter chunk), else on a grid of 8.
+// Measured: the logits product of 1928-row chunks ran at 565 TFLOP/s, of 1664-row chunks at 664
+// (docs/perf-notes.md): partial tiles cost more than a short last chunk.
 int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
   const int64_t count = (total_rows + max_rows - 1) / max_rows;
-  int64_t rows = (total_rows + count - 1) / count;
-  for (const int64_t grid : {rows >= kTileRows ? kTileRows : int64_t{8}, int64_t{8}}) {
-    const int64_t rounded = (rows + grid - 1) / grid * grid;
-    if (rounded <= max_rows) return std::min(rounded, total_rows);
+  const int64_t rows = (total_rows + count - 1) / count;
+  if (rows >= kTileRows) {
+    const int64_t up = (rows + kTileRows - 1) / kTileRows * kTileRows;
+    if (up <= max_rows) return std::min(up, total_rows);
+    const int64_t down = max_rows / kTileRows * kTileRows;
+    if (8 * down >= 7 * max_rows) return down;
   }
-  return rows;
+  const int64_t up8 = (rows + 7) / 8 * 8;
+  return up8 <= max_rows ? std::min(up8, total_rows) : rows;
 }
 
-// Columns per vocabulary block: balanced like rows, on a grid of 8 columns (16-byte rows of
-// 16-bit values, so vector loads and cuBLASLt's aligned kernels apply to every block).
+// Columns per vocabulary block: balanced like rows, on a grid of 256 columns for wide blocks (the
+// product tiles) and of 8 at least (16-byte rows of 16-bit values, so vector loads and cuBLASLt's
+// aligned kernels apply to every block). Measured: odd block widths (28445, 6751 columns) made
+// the blocked schedule 3× slower than aligned ones (docs/perf-notes.md).
 int64_t balanced_columns(int64_t vocab, int64_t max_columns) {
   const int64_t count = (vocab + max_columns - 1) / max_columns;
   const int64_t columns = (vocab + count - 1) / count;
-  const int64_t rounded = (columns + 7) / 8 * 8;
-  return std::min(rounded <= max_columns ? rounded : columns, vocab);
+  const int64_t grid = columns >= 1024 ? 256 : 8;
+  const int64_t up = (columns + grid - 1) / grid * grid;
+  if (up <= max_columns) return std::min(up, vocab);
+  if (max_columns >= grid) return max_columns / grid * grid;
+  return std::min(columns, vocab);
 }
 
 // Rows of `row_bytes` each that fit in `bytes` (at least one: the smallest plan).
@@ -156,8 +167,12 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
 
   const Model m = model_of(request);
   const int products = request.products_per_logits_chunk + 2;
+  // ∂W over several chunks re-reads and re-writes V×H fp32 per chunk, in the workspace
+  // accumulator or in an fp32 output alike.
+  const bool accumulates =
+      (request.weight_gradient || request.weight_accumulator) && plan.chunk_count > 1;
   plan.predicted_ms = products * m.product_ms + (request.logits_buffers_per_row + 1) * m.pass_ms +
-                      (accumulator > 0 ? plan.chunk_count * m.acc_ms : 0.0) +
+                      (accumulates ? plan.chunk_count * m.acc_ms : 0.0) +
                       plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;
   return plan;
 }
@@ -183,10 +198,13 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
       request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
   const Model m = model_of(request);
 
+  // An fp32 ∂W accumulates in place: a block accumulator only for a 16-bit one.
+  const std::size_t needed_accumulator = request.weight_accumulator ? block_accumulator : 0;
   if (request.blocks_recompute_rows) {
     // Full row chunks beside the block accumulator, recomputed for every block.
-    plan.accumulator_bytes = block_accumulator;
-    const std::size_t for_rows = available > block_accumulator ? available - block_accumulator : 0;
+    plan.accumulator_bytes = needed_accumulator;
+    const std::size_t for_rows =
+        available > needed_accumulator ? available - needed_accumulator : 0;
     plan.chunk_rows = balanced_rows(rows, rows_within(for_rows, per_row));
     plan.chunk_count = count_of(rows, plan.chunk_rows);
     plan.tile_rows = plan.chunk_rows;
@@ -207,9 +225,9 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
     if (static_cast<std::size_t>(rows) * tile_row_bytes + kWorkspaceAlignment <= available) {
       plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
     } else {
-      plan.accumulator_bytes = block_accumulator;
+      plan.accumulator_bytes = needed_accumulator;
       const std::size_t for_tiles =
-          available > block_accumulator ? available - block_accumulator : 0;
+          available > needed_accumulator ? available - needed_accumulator : 0;
       plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
     }
     plan.tile_count = count_of(rows, plan.tile_rows);
@@ -261,8 +279,7 @@ std::size_t minimum_budget_bytes(const ChunkRequest& request) {
   smallest.overlap = false;
   const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
   ChunkPlan plan = row_chunk_plan(smallest, gemm, 0);
-  const bool accumulate = request.weight_accumulator && request.rows > 1;
-  if (accumulate) plan = best_block_plan(smallest, gemm);
+  if (request.weight_accumulator && request.rows > 1) plan = best_block_plan(smallest, gemm);
   return plan.total_bytes;
 }
 
@@ -270,9 +287,13 @@ ChunkPlan plan_chunks(const ChunkRequest& request) {
   const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
   const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
   ChunkPlan plan = plain;
-  if (request.weight_accumulator && plain.chunk_count > 1) {
-    const std::size_t accumulator = align_up(static_cast<std::size_t>(request.vocab) *
-                                             static_cast<std::size_t>(request.hidden) * 4);
+  if ((request.weight_gradient || request.weight_accumulator) && plain.chunk_count > 1) {
+    // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
+    // place (the plain plan), which may still lose to blocks when chunks are small.
+    const std::size_t accumulator =
+        request.weight_accumulator ? align_up(static_cast<std::size_t>(request.vocab) *
+                                              static_cast<std::size_t>(request.hidden) * 4)
+                                   : 0;
     const ChunkPlan accumulated = row_chunk_plan(request, gemm, accumulator);
     const ChunkPlan blocked = best_block_plan(request, gemm);
     const bool accumulated_fits = accumulated.total_bytes <= request.budget_bytes;

@@ -58,7 +58,8 @@ struct LinearCeCall {
 
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                             const LinearCeOptions& options, bool with_gradients,
-                            bool weight_accumulator, bool bias_accumulator) {
+                            bool weight_gradient, bool weight_accumulator,
+                            bool bias_accumulator) {
   ChunkRequest request;
   request.rows = rows;
   request.hidden = hidden;
@@ -68,7 +69,8 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.fixed_bytes = row_scratch_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = with_gradients && linear_overlap_enabled();
-  request.weight_accumulator = with_gradients && weight_accumulator;
+  request.weight_gradient = with_gradients && weight_gradient;
+  request.weight_accumulator = with_gradients && weight_gradient && weight_accumulator;
   request.bias_accumulator_bytes =
       bias_accumulator_bytes(DType::bf16, with_gradients && bias_accumulator, vocab);
   LinearCePlan plan;
@@ -86,11 +88,13 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   // Each is within the budget whenever the budget holds the smallest plan.
   std::size_t bytes = 0;
   const bool half = dtype != DType::f32;
-  for (const bool weight : {false, half}) {
-    for (const bool bias : {false, half}) {
-      bytes = std::max(bytes, plan_linear_ce(rows, hidden, vocab, dtype, options, with_gradients,
-                                             weight, bias)
-                                  .chunks.total_bytes);
+  for (const bool weight : {false, true}) {
+    for (const bool weight_16_bit : {false, half && weight}) {
+      for (const bool bias : {false, half}) {
+        bytes = std::max(bytes, plan_linear_ce(rows, hidden, vocab, dtype, options,
+                                               with_gradients, weight, weight_16_bit, bias)
+                                    .chunks.total_bytes);
+      }
     }
   }
   return bytes;
@@ -121,7 +125,10 @@ void weight_gradient_by_blocks(const BlockPass& pass, cudaStream_t stream) {
   void* tile = pass.region;
   float* accumulator = reinterpret_cast<float*>(static_cast<char*>(pass.region) +
                                                 align_up(chunks.tile_buffer_bytes));
+  // Tiles of fewer than N rows accumulate ∂W of the block: in place for an fp32 ∂W, else in the
+  // fp32 block accumulator, written back once per block.
   const bool accumulate = chunks.tile_count > 1;
+  const bool in_accumulator = accumulate && call.grads.weight.dtype != DType::f32;
   for (int64_t block = 0; block < chunks.block_count; ++block) {
     const int64_t first_column = block * chunks.block_columns;
     const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
@@ -184,12 +191,12 @@ void weight_gradient_by_blocks(const BlockPass& pass, cudaStream_t stream) {
       product.a = gradient;
       product.a_transposed = true;
       product.b = hidden_rows;
-      product.c = accumulate ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
-                             : gemm_matrix(grad_block, 0, columns);
+      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
+                                 : gemm_matrix(grad_block, 0, columns);
       product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
       gemm(product, pass.scratch, stream);
     }
-    if (accumulate) write_from_fp32(accumulator, hidden, grad_block, stream);
+    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
   }
 }
 
@@ -201,8 +208,9 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const bool want_grad = want_hidden || want_weight || want_bias;
   const bool weight_accumulator = want_weight && grads.weight.dtype != DType::f32;
   const bool bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
-  const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options,
-                                           want_grad, weight_accumulator, bias_accumulator);
+  const LinearCePlan plan =
+      plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options, want_grad, want_weight,
+                     weight_accumulator, bias_accumulator);
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
   const CeStats* stats = call.stats;

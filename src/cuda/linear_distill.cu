@@ -48,6 +48,7 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows);
   // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
+  request.weight_gradient = grads.weight.present();
   request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
   request.blocks_recompute_rows = true;
   request.products_per_logits_chunk = teacher_from_hidden ? 2 : 1;
@@ -141,6 +142,19 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const DType operand_dtype = call.student_hidden.dtype;
   for (int64_t block = 0; block < block_count; ++block) {
     const bool first_sweep = block == 0;
+    // ∂W of this block's columns: accumulated over the chunks in place when ∂W is fp32, else in
+    // the fp32 block accumulator and written back after the last chunk.
+    const int64_t first_column = block * plan.chunks.block_columns;
+    const int64_t columns = std::min(plan.chunks.block_columns, vocab - first_column);
+    TensorView grad_block = grads.weight;
+    if (blocked && grads.weight.present()) {
+      grad_block.data = static_cast<char*>(grad_block.data) +
+                        static_cast<std::size_t>(first_column) *
+                            static_cast<std::size_t>(grad_block.row_stride) *
+                            dtype_size(grad_block.dtype);
+      grad_block.rows = columns;
+    }
+    const bool in_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
     for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
       const int64_t first = chunk * chunk_rows;
       const int64_t count = std::min(chunk_rows, rows - first);
@@ -222,8 +236,6 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                                    scratch, stream);
       }
       if (blocked && grads.weight.present()) {
-        const int64_t first_column = block * plan.chunks.block_columns;
-        const int64_t columns = std::min(plan.chunks.block_columns, vocab - first_column);
         GemmMatrix gradient_block = gradient;
         gradient_block.data = static_cast<const char*>(gradient.data) +
                               static_cast<std::size_t>(first_column) * dtype_size(gradient.dtype);
@@ -232,19 +244,14 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
         product.a = gradient_block;
         product.a_transposed = true;
         product.b = hidden_rows;
-        product.c = GemmMatrix{block_accumulator, DType::f32, columns, hidden, hidden};
+        product.c = in_accumulator
+                        ? GemmMatrix{block_accumulator, DType::f32, columns, hidden, hidden}
+                        : gemm_matrix(grad_block, 0, columns);
         product.beta = chunk == 0 ? 0.0f : 1.0f;
         gemm(product, scratch, stream);
       }
     }
-    if (blocked && grads.weight.present() && plan.chunks.chunk_count > 0) {
-      const int64_t first_column = block * plan.chunks.block_columns;
-      TensorView grad_block = grads.weight;
-      grad_block.data = static_cast<char*>(grad_block.data) +
-                        static_cast<std::size_t>(first_column) *
-                            static_cast<std::size_t>(grad_block.row_stride) *
-                            dtype_size(grad_block.dtype);
-      grad_block.rows = std::min(plan.chunks.block_columns, vocab - first_column);
+    if (blocked && in_accumulator && plan.chunks.chunk_count > 0) {
       write_from_fp32(block_accumulator, hidden, grad_block, stream);
     }
   }
@@ -272,14 +279,17 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
                                           const LinearDistillOptions& options,
                                           bool with_gradients) {
   // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits of the input dtype.
-  // As for linear_ce, the query reports the largest plan a call may choose: with and without an
-  // fp32 accumulator for a 16-bit ∂W.
-  LinearGradients with_accumulator;
-  if (with_gradients && dtype != DType::f32) {
-    with_accumulator.weight = TensorView{nullptr, dtype, 2, vocab, student_hidden, student_hidden};
+  // As for linear_ce, the query reports the largest plan a call may choose: without ∂W, with an
+  // fp32 ∂W, and with a 16-bit ∂W (fp32 accumulation).
+  LinearGradients fp32_weight, input_dtype_weight;
+  if (with_gradients) {
+    fp32_weight.weight =
+        TensorView{nullptr, DType::f32, 2, vocab, student_hidden, student_hidden};
+    input_dtype_weight.weight = fp32_weight.weight;
+    input_dtype_weight.weight.dtype = dtype;
   }
   std::size_t bytes = 0;
-  for (const LinearGradients& grads : {LinearGradients{}, with_accumulator}) {
+  for (const LinearGradients& grads : {LinearGradients{}, fp32_weight, input_dtype_weight}) {
     bytes = std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
                                                 teacher_hidden > 0, dtype, grads)
                                 .chunks.total_bytes);

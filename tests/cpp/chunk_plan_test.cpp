@@ -50,7 +50,14 @@ TEST_P(ChunkPlanBudget, StaysWithinBudgetAndCoversEveryRow) {
     const std::size_t bigger =
         static_cast<std::size_t>(bigger_rows) * static_cast<std::size_t>(vocab) * 2 +
         plan.gemm_workspace_bytes + plan.fixed_bytes;
-    EXPECT_GT(bigger, budget) << "chunk_rows " << plan.chunk_rows << " leaves budget unused";
+    // Or the chunk is on the 128-row tile grid and one more tile would not fit (the planner rounds
+    // down to the grid when that costs at most an eighth of the rows).
+    const std::size_t one_more_tile =
+        static_cast<std::size_t>(plan.chunk_rows + 128) * static_cast<std::size_t>(vocab) * 2 +
+        plan.gemm_workspace_bytes + plan.fixed_bytes;
+    const bool tile_limited = plan.chunk_rows % 128 == 0 && one_more_tile > budget;
+    EXPECT_TRUE(bigger > budget || tile_limited)
+        << "chunk_rows " << plan.chunk_rows << " leaves budget unused";
   }
 }
 
