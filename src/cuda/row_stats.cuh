@@ -3,7 +3,7 @@
 // RowStats::add is exact but costs a data-dependent branch, a precise expf and int64 index work
 // per element; at 8 bf16 columns per 16-byte load that made the first ce kernel issue-bound at
 // ~0.2 of copy bandwidth (docs/perf-notes.md). Here the same fields are accumulated per vector:
-// the vector's max and first argmax by a pairwise tree, one rescale branch per vector (taken a
+// the vector's max by an fmaxf tree, one rescale branch per vector (taken a
 // handful of times per row), the shifted exponentials on the ex2 unit, and the vector's sums
 // added pairwise. The fields keep RowStats' meaning, so RowStats::add (for ragged tails and for
 // rows with NaN or ±Inf, where the exact path is re-run) and RowStats::merge apply unchanged.
@@ -47,25 +47,23 @@ struct VectorRowStats {
   // NaN and +Inf are caught by needs_exact_path()). `weights` are their class weights (kFull).
   template <int N>
   __device__ __forceinline__ void add(const float (&v)[N], int64_t column, const float (&w)[N]) {
-    // Max and first argmax of the vector by a pairwise tree (left wins ties: lower column).
+    // The vector's max by an fmaxf tree; its first column is searched only when the running max
+    // moves (a handful of times per row). fmaxf drops NaN, which then shows in the sums below.
     float best[N];
-    int where[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      best[k] = v[k];
-      where[k] = k;
-    }
+    for (int k = 0; k < N; ++k) best[k] = v[k];
 #pragma unroll
     for (int width = N; width > 1; width /= 2) {
 #pragma unroll
-      for (int k = 0; k < width / 2; ++k) {
-        const bool right = best[2 * k + 1] > best[2 * k];
-        best[k] = right ? best[2 * k + 1] : best[2 * k];
-        where[k] = right ? where[2 * k + 1] : where[2 * k];
-      }
+      for (int k = 0; k < width / 2; ++k) best[k] = fmaxf(best[2 * k], best[2 * k + 1]);
     }
     if (stats.argmax < 0) stats.argmax = column;  // RowStats: the first column, even at -inf
     if (best[0] > stats.max) {
+      int where = 0;
+#pragma unroll
+      for (int k = N - 1; k >= 0; --k) {
+        if (v[k] == best[0]) where = k;  // the lowest column holding the max
+      }
       if (stats.sum_exp > 0) {
         const float shift = stats.max - best[0];
         const float alpha = fast_exp(shift);
@@ -73,7 +71,7 @@ struct VectorRowStats {
         stats.sum_exp *= alpha;
       }
       stats.max = best[0];
-      stats.argmax = column + where[0];
+      stats.argmax = column + where;
     }
     if (kFull) {
       float weighted[N];
