@@ -78,6 +78,7 @@ step configure 300 bash -c "$(declare -f configure); configure" || { printf '%s\
 # The library and test binaries first: a tool that does not build must not stop the tests.
 step build 900 cmake --build "$BUILD" -j "$JOBS" --target xent_tests xent_gpu_tests \
   || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+step build-bench 900 cmake --build "$BUILD" -j "$JOBS" --target xent-bench
 step build-all 900 cmake --build "$BUILD" -j "$JOBS"
 cuobjdump --list-elf "$BUILD/libxent.a" 2>/dev/null | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' \
   | sort | uniq -c >>"$OUT/tools.log" || true
