@@ -7,7 +7,12 @@ namespace xent {
 
 struct LinearCeOptions {
   CeOptions ce;                                    // every option of §1
-  std::size_t workspace_budget = std::size_t{512} << 20;  // bytes for chunk buffers
+  // Bytes of extra memory the op may use. On CUDA it bounds everything beyond the inputs and
+  // outputs: chunk buffers and the fp32 accumulators of 16-bit weight/bias gradients (a budget
+  // too small for those accumulators selects a slower schedule that needs only small ones). On
+  // the CPU it bounds the chunk buffers; fp32 copies of a 16-bit weight and the accumulators of
+  // its gradients come on top (nothing comes on top for fp32 and fp64 layers).
+  std::size_t workspace_budget = std::size_t{512} << 20;
   bool fp32_logits = false;  // keep chunk logits in fp32 instead of rounding to the input dtype
   // Optional [N, V] buffer in the chunk-logits dtype (fp32 with fp32_logits, else the input
   // dtype), owned by the caller. A forward that forms no gradient fills it with the logits it
@@ -30,8 +35,8 @@ struct LinearCeOutputs {
   LinearGradients grads;  // optional: gradients formed during the forward
 };
 
-// Bytes of workspace for these sizes: the chunk buffers the planner chooses within
-// options.workspace_budget, plus fp32 accumulators for non-fp32 weight/bias gradients.
+// Bytes of workspace for these sizes: what the planner chooses within options.workspace_budget
+// (on the CPU plus the fp32 copies and accumulators that a 16-bit layer needs, see above).
 std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                      const LinearCeOptions& options, Device device,
                                      bool with_gradients);

@@ -16,7 +16,7 @@ struct Teacher {
 
 struct LinearDistillOptions {
   DistillOptions distill;
-  std::size_t workspace_budget = std::size_t{512} << 20;
+  std::size_t workspace_budget = std::size_t{512} << 20;  // as in LinearCeOptions
   bool fp32_logits = false;
 };
 

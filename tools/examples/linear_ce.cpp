@@ -14,7 +14,7 @@ int main() {
   float loss = 0;
 
   xent::LinearCeOptions options;
-  options.workspace_budget = 1 << 20;  // bytes for the chunk buffers
+  options.workspace_budget = 1 << 20;  // bytes of extra memory
   xent::LinearCeOutputs out;
   out.loss = xent::scalar(&loss, xent::DType::f32);
   out.grads.hidden = xent::matrix(grad_h.data(), xent::DType::f32, rows, hidden);
