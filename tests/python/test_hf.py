@@ -134,3 +134,14 @@ def test_return_dict_false_and_unpatch(device, gen):
 def test_unsupported_model_is_refused():
     with pytest.raises(ValueError, match="model unsupported"):
         xent.hf.patch(torch.nn.Linear(3, 4))
+
+
+def test_patched_under_bf16_autocast_matches(gen):
+    model, patched = _models("llama", "cpu")
+    input_ids, labels = _batch(gen, "cpu")
+    results = []
+    for m in (model, patched):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(_loss_and_grads(m, input_ids=input_ids, labels=labels))
+    # Both round the logits to bf16 and do the softmax in fp32; only summation order differs.
+    _assert_same(results[0], results[1], tol=2e-3)
