@@ -105,20 +105,22 @@ def test_ops_run_on_the_current_stream(gen):
     torch.testing.assert_close(loss, expected)
 
 
-def test_fused_form_does_not_hold_the_logits():
+def test_fused_form_stays_within_its_workspace_budget():
     rows, hidden, vocab = 4096, 256, 65536
     h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.05).requires_grad_()
     y = torch.randint(0, vocab, (rows,), device="cuda")
-    budget = 64 << 20
+    budget = 128 << 20
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     xent.linear_cross_entropy(h, w, y, workspace_bytes=budget).backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
-    logits_bytes = rows * vocab * 2
-    gradients = h.numel() * 2 + w.numel() * 2
-    # Beyond the gradients it must return: the workspace (budget + fp32 accumulators), nowhere
-    # near the 512 MiB of bf16 logits.
-    assert extra - gradients < logits_bytes / 2, (extra, gradients, logits_bytes)
+    gradients = (h.numel() + w.numel()) * 2
+    accumulator = vocab * hidden * 4  # fp32 ∂W accumulated across chunks (SPEC §2)
+    # The gradients (formed in the forward, then scaled by the upstream gradient: twice), the
+    # fp32 accumulator and the chunk buffers within the budget; the bf16 logits alone would be
+    # 512 MiB, their fp32 upcast 1 GiB.
+    allowed = 2 * gradients + accumulator + budget + (16 << 20)
+    assert extra <= allowed, (extra, allowed)
