@@ -70,11 +70,21 @@ class CrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def _scale(grad, upstream):
-    """The gradient computed in the forward (for upstream 1), scaled by the scalar upstream."""
-    if grad is None:
-        return None
-    return grad * upstream.to(grad.dtype)
+def _scale_saved(ctx, name, upstream):
+    """The gradients formed in the forward (for an upstream gradient of 1), scaled in place by
+    the scalar upstream gradient. In place because ∂W is as large as the weight (a second copy at
+    the peak of the backward would cost V·H elements); the price is that this graph can be
+    backpropagated once only, which is checked here rather than left to corrupt a second pass."""
+    if ctx.scaled:
+        raise RuntimeError(
+            f"{name}: backward through this loss ran twice (retain_graph=True): with "
+            "reduction 'sum' or 'mean' its gradient is formed in the forward and scaled in place "
+            "by the first backward; pass grad_in_forward=False to recompute it in each backward")
+    ctx.scaled = True
+    *kept, anchor = ctx.saved_tensors
+    with torch.no_grad():
+        grads = tuple(g.mul_(upstream.to(g.dtype)) if g is not None else None for g in kept)
+    return grads, (anchor,)
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -83,12 +93,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
-                wants):
+                wants, grad_in_forward):
         reduction = options[1]
         # sum/mean: the gradient for an upstream of 1 is formed in the same pass as the loss and
-        # the backward only scales it (SPEC §2). none: the backward recomputes with the real
-        # per-row upstream gradient.
-        in_forward = reduction != "none" and any(wants)
+        # the backward only scales it (SPEC §2). none (or grad_in_forward=False): the backward
+        # recomputes the chunk logits with the real upstream gradient.
+        in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False, False)
         outputs = ops.linear_ce_forward(hidden, weight, bias, target, class_weight, row_weight,
                                         *options, with_stats, *flags)
@@ -96,6 +106,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ctx.options = options
         ctx.wants = wants
         ctx.in_forward = in_forward
+        ctx.scaled = False
         if in_forward:
             kept = [g if w else None for g, w in zip(grads, wants)]
             # The weight (a live parameter, so free to keep) anchors the double-backward guard.
@@ -108,14 +119,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        none = (None,) * 6
+        none = (None,) * 7
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
-            *kept, anchor = ctx.saved_tensors
-            with torch.no_grad():
-                grads = tuple(_scale(g, grad_loss) for g in kept)
-            anchors = (anchor,)
+            grads, anchors = _scale_saved(ctx, "xent.linear_cross_entropy", grad_loss)
         else:
             hidden, weight, bias, target, lse, class_weight, row_weight = ctx.saved_tensors
             with torch.no_grad():
@@ -154,9 +162,9 @@ class LinearDistillFunction(torch.autograd.Function):
     # options: distill options + (workspace_bytes, fp32_logits); wants: (hidden, weight).
     @staticmethod
     def forward(ctx, student_hidden, student_weight, teacher_logits, teacher_hidden,
-                teacher_weight, target, class_weight, options, wants):
+                teacher_weight, target, class_weight, options, wants, grad_in_forward):
         reduction = options[7]
-        in_forward = reduction != "none" and any(wants)
+        in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False)
         loss, grad_hidden, grad_weight = ops.linear_distill_forward(
             student_hidden, student_weight, teacher_logits, teacher_hidden, teacher_weight,
@@ -164,6 +172,7 @@ class LinearDistillFunction(torch.autograd.Function):
         ctx.options = options
         ctx.wants = wants
         ctx.in_forward = in_forward
+        ctx.scaled = False
         if in_forward:
             anchor = student_weight if wants[1] else student_hidden
             ctx.save_for_backward(grad_hidden if wants[0] else None,
@@ -175,14 +184,11 @@ class LinearDistillFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        none = (None,) * 7
+        none = (None,) * 8
         if grad_loss is None:
             return (None, None) + none
         if ctx.in_forward:
-            *kept, anchor = ctx.saved_tensors
-            with torch.no_grad():
-                grads = tuple(_scale(g, grad_loss) for g in kept)
-            anchors = (anchor,)
+            grads, anchors = _scale_saved(ctx, "xent.linear_distill", grad_loss)
         else:
             saved = ctx.saved_tensors
             with torch.no_grad():

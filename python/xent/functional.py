@@ -188,7 +188,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          logit_scale: float = 1.0, class_weight: Optional[Tensor] = None,
                          row_weight: Optional[Tensor] = None,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
-                         return_stats: bool = False):
+                         grad_in_forward: bool = True, return_stats: bool = False):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -196,6 +196,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     chunks are rounded to the input dtype before the softmax, as F.cross_entropy(h @ W.T) sees
     them, unless fp32_logits=True. Under autocast, hidden/weight/bias are cast to the autocast
     dtype first, as F.linear would be.
+
+    With reduction "sum"/"mean" the gradients are formed in the forward pass (one pass over the
+    vocabulary instead of two) and the backward scales them in place, so the graph supports one
+    backward; grad_in_forward=False recomputes them in the backward instead (several backward
+    passes, retain_graph, gradcheck). reduction "none" always recomputes with the per-row
+    upstream gradient.
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -217,7 +223,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     if any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
-                                                   wants)
+                                                   wants, bool(grad_in_forward))
     else:
         outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, class_weight,
                                         row_weight1d, *options, bool(return_stats), False, False,
@@ -277,12 +283,12 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
                    soft_weight: float = 1.0, hard_weight: float = 0.0, ignore_index: int = -100,
                    reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                    class_weight: Optional[Tensor] = None, workspace_bytes: Optional[int] = None,
-                   fp32_logits: bool = False) -> Tensor:
+                   fp32_logits: bool = False, grad_in_forward: bool = True) -> Tensor:
     """distill(student_hidden @ student_weight.T, teacher, target) without (N, V) logits.
 
     The teacher is either teacher_logits (N, V) / (B, T, V), or teacher_hidden (N, H_t) with
     teacher_weight (V, H_t), whose logits are computed chunk by chunk too. Gradients flow to the
-    student hidden states and weight only.
+    student hidden states and weight only. grad_in_forward as in linear_cross_entropy.
     """
     function = "linear_distill"
     _check_tensor(function, "student_weight", student_weight)
@@ -318,7 +324,7 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     teacher = (teacher_logits2d, teacher_hidden2d, teacher_weight)
     if any(wants):
         loss = LinearDistillFunction.apply(hidden2d, student_weight, *teacher, target1d,
-                                           class_weight, options, wants)
+                                           class_weight, options, wants, bool(grad_in_forward))
     else:
         loss = ops.linear_distill_forward(hidden2d, student_weight, *teacher, target1d,
                                           class_weight, *options, False, False)[0]

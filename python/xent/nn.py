@@ -68,7 +68,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, class_weight: Optional[Tensor] = None, ignore_index: int = -100,
                  reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
                  softcap: Optional[float] = None, logit_scale: float = 1.0,
-                 workspace_bytes: Optional[int] = None, fp32_logits: bool = False):
+                 workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
+                 grad_in_forward: bool = True):
         super().__init__()
         self.register_buffer("class_weight", class_weight)
         self.ignore_index = ignore_index
@@ -79,6 +80,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.logit_scale = logit_scale
         self.workspace_bytes = workspace_bytes
         self.fp32_logits = fp32_logits
+        self.grad_in_forward = grad_in_forward
 
     def forward(self, input: Tensor, weight: Tensor, target: Tensor,
                 bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None):
@@ -86,7 +88,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             input, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
             class_weight=self.class_weight, row_weight=row_weight,
-            workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits)
+            workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits,
+            grad_in_forward=self.grad_in_forward)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
@@ -155,11 +158,12 @@ class LinearDistillationLoss(_DistillOptions):
                  softcap: Optional[float] = None, soft_weight: float = 1.0,
                  hard_weight: float = 0.0, label_smoothing: float = 0.0, z_loss: float = 0.0,
                  class_weight: Optional[Tensor] = None, workspace_bytes: Optional[int] = None,
-                 fp32_logits: bool = False):
+                 fp32_logits: bool = False, grad_in_forward: bool = True):
         super().__init__(kind, temperature, beta, softcap, soft_weight, hard_weight,
                          ignore_index, reduction, label_smoothing, z_loss, class_weight)
         self.workspace_bytes = workspace_bytes
         self.fp32_logits = fp32_logits
+        self.grad_in_forward = grad_in_forward
 
     def forward(self, student_input: Tensor, student_weight: Tensor,
                 teacher_logits: Optional[Tensor] = None, target: Optional[Tensor] = None, *,
@@ -168,4 +172,5 @@ class LinearDistillationLoss(_DistillOptions):
         return F.linear_distill(student_input, student_weight, teacher_logits, target,
                                 teacher_hidden=teacher_input, teacher_weight=teacher_weight,
                                 workspace_bytes=self.workspace_bytes,
-                                fp32_logits=self.fp32_logits, **self._options())
+                                fp32_logits=self.fp32_logits,
+                                grad_in_forward=self.grad_in_forward, **self._options())

@@ -145,6 +145,10 @@ def test_linear_distill_gradcheck(gen):
         lambda h, w: xent.linear_distill(h, w, t, y, kind="forward_kl", temperature=2.0,
                                          hard_weight=0.5, reduction="none"),
         (h, w), eps=1e-3, atol=2e-3, rtol=1e-3)
+    assert torch.autograd.gradcheck(
+        lambda h, w: xent.linear_distill(h, w, t, y, kind="jsd", temperature=2.0,
+                                         reduction="mean", grad_in_forward=False),
+        (h, w), eps=1e-3, atol=2e-3, rtol=1e-3)
 
 
 def test_linear_distill_under_autocast(gen):

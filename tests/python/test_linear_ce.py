@@ -31,7 +31,7 @@ def _check(gen, h, w, b, y, reduction, tol, wants=(True, True, True), **kwargs):
     round_to = None if kwargs.get("fp32_logits") else h.dtype
     logits = ref.linear_logits(*ref_params, round_to=round_to)
     cpu_kwargs = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in kwargs.items()
-                  if k not in ("workspace_bytes", "fp32_logits")}
+                  if k not in ("workspace_bytes", "fp32_logits", "grad_in_forward")}
     expected = ref.cross_entropy(logits, y.cpu(), reduction=reduction, **cpu_kwargs)
     assert loss.dtype == torch.float32 and loss.shape == expected.shape
     assert ref.rel_error(loss, expected) <= tol
@@ -81,13 +81,14 @@ def test_small_workspace_budgets_chunk_the_work(device, gen, reduction, budget):
         pytest.skip(f"budget below the backend's minimum: {error}")
 
 
+@pytest.mark.parametrize("in_forward", [True, False], ids=["grad_in_forward", "recompute"])
 @pytest.mark.parametrize("wants", [(True, False, False), (False, True, False),
                                    (False, False, True), (True, True, False)],
                          ids=["hidden", "weight", "bias", "hidden+weight"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_gradient_subsets(device, gen, wants, reduction):
+def test_gradient_subsets(device, gen, wants, reduction, in_forward):
     h, w, b, y = _inputs(gen, device)
-    _check(gen, h, w, b, y, reduction, 1e-4, wants=wants)
+    _check(gen, h, w, b, y, reduction, 1e-4, wants=wants, grad_in_forward=in_forward)
 
 
 def test_without_bias_and_3d(device, gen):
@@ -172,7 +173,8 @@ def test_gradcheck(gen, reduction):
     # fp32 loss: see test_ce.test_gradcheck for the step size.
     assert torch.autograd.gradcheck(
         lambda h, w, b: xent.linear_cross_entropy(h, w, y, b, reduction=reduction,
-                                                  label_smoothing=0.1, z_loss=0.01),
+                                                  label_smoothing=0.1, z_loss=0.01,
+                                                  grad_in_forward=False),
         inputs, eps=1e-3, atol=2e-3, rtol=1e-3)
 
 
@@ -184,3 +186,16 @@ def test_double_backward_raises(gen):
     (grad,) = torch.autograd.grad(loss, w, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         grad.sum().backward()
+
+
+def test_second_backward_through_the_same_graph_raises(gen):
+    h, w, b, y = _inputs(gen, "cpu")
+    w.requires_grad_()
+    loss = xent.linear_cross_entropy(h, w, y, b)
+    (first,) = torch.autograd.grad(loss, w, retain_graph=True)
+    with pytest.raises(RuntimeError, match="grad_in_forward=False"):
+        torch.autograd.grad(loss, w)
+    recomputed = xent.linear_cross_entropy(h, w, y, b, grad_in_forward=False)
+    for _ in range(2):  # the recomputing form supports several backward passes
+        grad = torch.autograd.grad(recomputed, w, retain_graph=True)[0]
+        assert ref.rel_error(grad, first) <= 1e-5
