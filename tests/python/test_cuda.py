@@ -119,8 +119,8 @@ def test_fused_form_stays_within_its_workspace_budget():
     extra = torch.cuda.max_memory_allocated() - before
     gradients = (h.numel() + w.numel()) * 2
     accumulator = vocab * hidden * 4  # fp32 ∂W accumulated across chunks (SPEC §2)
-    # The gradients (formed in the forward, then scaled by the upstream gradient: twice), the
-    # fp32 accumulator and the chunk buffers within the budget; the bf16 logits alone would be
-    # 512 MiB, their fp32 upcast 1 GiB.
-    allowed = 2 * gradients + accumulator + budget + (16 << 20)
+    # The gradients (formed in the forward, scaled in place by the backward), the fp32
+    # accumulator and the chunk buffers within the budget, with a little slack; the bf16 logits
+    # alone would be 512 MiB, their fp32 upcast 1 GiB.
+    allowed = gradients + accumulator + budget + (32 << 20)
     assert extra <= allowed, (extra, allowed)
