@@ -34,11 +34,17 @@
 // Predicted, bf16, fwd+bwd (t_p = 2·N·V·H / P; row pass = 4·N·V / B; acc pass = 8·V·H / B):
 //   (8192, 4096, 128256): t_p 12.3 ms, row pass 1.4 ms, acc pass 1.4 ms.
 //     512 MiB: (b) cannot fit (2004 MiB accumulator) → (c): 4·t_p + 2 row passes ≈ 52 ms (1.41×F
-//     with F = 3·t_p). 4 GiB: (b) with 2 chunks ≈ 3·t_p + 1.4 + 2·1.4 ≈ 41 ms (1.11×F).
+//     with F = 3·t_p). 4 GiB: all rows in one chunk (2004 MiB of logits) → (a): ≈ 38 ms (1.04×F).
 //   (32768, 768, 128256): t_p 9.2 ms, row pass 5.6 ms, acc pass 0.26 ms.
 //     512 MiB: (b) leaves ~100 MiB of chunks → R ≈ 400, 82 chunks × 0.26 ms = +21 ms ≈ 54 ms;
 //     (c) ≈ 4·t_p + 2·5.6 ≈ 48 ms → (c). 1 GiB: (b) R ≈ 2500, 14 chunks ≈ 37 ms → (b).
-//   64 MiB, every shape → (c) with tiles of fewer than N rows and a block accumulator.
+//   64 MiB, every PERF.md shape → (c), still with all N rows per block tile (no accumulator).
+// Measured on an H200 (docs/perf-notes.md, xent-bench): (c) at 512 MiB 55.8 / 65.3 / 54.2 ms for
+// the three shapes (1.51 / 1.57 / 1.90 F; the model says 52.2 / 61.2 / 48.8), (b) at 1 GiB for
+// (32768, 768, 128256) 39.2 ms (model 37.3), (a) one chunk at 4 GiB 38.7 ms (model 38.3).
+// fp32 ∂W: (a) accumulates in place at no memory cost, but over many small chunks the in-place
+// traffic (chunk_count × 8·V·H / B) is priced too, and (c) may win (it did at 64 MiB: 170 → 83 ms
+// for (8192, 2304, 256000)).
 //
 // The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: ≈ 18 % of the product time
 // at H = 768, 3 % at H = 4096 when run back to back; a second stream hides it at the price of a
