@@ -5,10 +5,11 @@
 //      (N_valid, D and the upstream gradient come from a pre-pass over all targets);
 //   3. ∂h_chunk = G·W (written straight into grad hidden) and ∂W += Gᵀ·h_chunk into an fp32
 //      accumulator (beta = 1 after the first chunk), ∂bias += column sums of G.
-// When the fp32 ∂W accumulator of a 16-bit weight gradient does not fit the budget with useful
-// chunks, the planner picks the vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above
-// without ∂W, saving each row's lse, then per vocabulary block the block's logits again, its
-// gradient elementwise (linear_block_grad.cuh) and ∂W of the block.
+// When the budget leaves too little room for the V×H fp32 ∂W accumulator of a 16-bit weight
+// gradient (or in-place accumulation over many small chunks costs more), the planner picks the
+// vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above without ∂W, saving each row's
+// lse, then per vocabulary block the block's logits again, its gradient elementwise
+// (linear_block_grad.cuh) and ∂W of the block.
 // options.logits_cache: a forward without gradients writes the logits of all rows into the cache
 // (one product, the row kernel reads them there); a backward reads every chunk's and block's logits
 // from it instead of forming h·Wᵀ, and writes gradients into its own buffers (the cache stays
@@ -72,7 +73,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.weight_gradient = with_gradients && weight_gradient;
   request.weight_accumulator = with_gradients && weight_gradient && weight_accumulator;
   request.bias_accumulator_bytes =
-      bias_accumulator_bytes(DType::bf16, with_gradients && bias_accumulator, vocab);
+      bias_accumulator_bytes(with_gradients && bias_accumulator, vocab);
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;

@@ -156,10 +156,8 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
   }
 }
 
-std::size_t bias_accumulator_bytes(DType bias_dtype, bool want_bias, int64_t vocab) {
-  return want_bias && bias_dtype != DType::f32
-             ? align_up(static_cast<std::size_t>(vocab) * sizeof(float))
-             : 0;
+std::size_t bias_accumulator_bytes(bool sixteen_bit_bias_gradient, int64_t vocab) {
+  return sixteen_bit_bias_gradient ? align_up(static_cast<std::size_t>(vocab) * sizeof(float)) : 0;
 }
 
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,

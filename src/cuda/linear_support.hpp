@@ -67,8 +67,8 @@ struct GradientSums {
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
-// fp32 ∂bias bytes of a 16-bit bias gradient (V floats), part of every plan's budget.
-std::size_t bias_accumulator_bytes(DType bias_dtype, bool want_bias, int64_t vocab);
+// fp32 ∂bias bytes (V floats) when a 16-bit bias gradient is wanted, part of every plan's budget.
+std::size_t bias_accumulator_bytes(bool sixteen_bit_bias_gradient, int64_t vocab);
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
                                  int64_t vocab, int64_t hidden, const ChunkPlan& plan);
 
