@@ -10,6 +10,10 @@ namespace {
 
 using at::Tensor;
 
+c10::optional<Tensor> optional_rows(const c10::optional<Tensor>& tensor) {
+  return tensor.has_value() ? c10::optional<Tensor>(contiguous_rows(*tensor)) : tensor;
+}
+
 struct LinearInputs {
   Tensor hidden, weight, target;
   c10::optional<Tensor> bias, class_weight, row_weight;
@@ -67,14 +71,17 @@ GradientBuffers make_gradients(const char* function, const LinearInputs& inputs,
   return grads;
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
+// (loss, lse, logprob, entropy, argmax, accuracy, z_loss_value, grad_hidden, grad_weight,
+//  grad_bias, logits_cache): unrequested ones are empty [0] tensors. The logits cache [N, V] is
+// filled by a forward that forms no gradient, for a backward that then skips h·Wᵀ.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                      const Tensor& target, const c10::optional<Tensor>& class_weight,
                      const c10::optional<Tensor>& row_weight, int64_t ignore_index,
                      c10::string_view reduction, double label_smoothing, double z_loss,
                      c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes,
                      bool fp32_logits, bool with_stats, bool grad_hidden, bool grad_weight,
-                     bool grad_bias) {
+                     bool grad_bias, bool cache_logits) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -96,6 +103,13 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     Tensor accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
     Tensor z_loss_value = with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, f32);
     GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
+    LinearCeOptions cached_options = options;
+    Tensor logits_cache = at::empty({0}, hidden.options());
+    if (cache_logits) {
+      const int64_t vocab = weight.dim() >= 1 ? weight.size(0) : 0;
+      logits_cache = at::empty({rows, vocab}, fp32_logits ? f32 : hidden.options());
+      cached_options.logits_cache = matrix_view(logits_cache, function, "logits_cache");
+    }
 
     LinearCeOutputs out;
     out.loss = vector_view(loss, function, "loss");
@@ -113,14 +127,14 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
     const bool with_gradients = grad_hidden || grad_weight || grad_bias;
     const std::size_t bytes = linear_ce_workspace_size(
-        rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options, hidden_view.device,
-        with_gradients);
+        rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, cached_options,
+        hidden_view.device, with_gradients);
     auto [buffer, workspace] = allocate_workspace(hidden, bytes);
     linear_ce_forward(hidden_view, weight_view, optional_vector_view(inputs.bias, function, "bias"),
-                      vector_view(inputs.target, function, "target"), options, out, TensorView{},
-                      workspace, current_stream(hidden));
+                      vector_view(inputs.target, function, "target"), cached_options, out,
+                      TensorView{}, workspace, current_stream(hidden));
     return std::make_tuple(loss, lse, logprob, entropy, argmax, accuracy, z_loss_value,
-                           grads.hidden, grads.weight, grads.bias);
+                           grads.hidden, grads.weight, grads.bias, logits_cache);
   });
 }
 
@@ -130,15 +144,18 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     const c10::optional<Tensor>& class_weight, const c10::optional<Tensor>& row_weight,
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
-    bool grad_hidden, bool grad_weight, bool grad_bias) {
+    bool grad_hidden, bool grad_weight, bool grad_bias,
+    const c10::optional<Tensor>& logits_cache) {
   constexpr const char* function = "linear_ce_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
     const LinearInputs inputs =
         prepare_inputs(hidden, weight, bias, target, class_weight, row_weight);
-    const LinearCeOptions options =
+    LinearCeOptions options =
         make_linear_options(function, inputs, ignore_index, reduction, label_smoothing, z_loss,
                             softcap, logit_scale, workspace_bytes, fp32_logits);
+    const auto cache_rows = optional_rows(logits_cache);
+    options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
     const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
     GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
@@ -169,14 +186,14 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "Tensor? class_weight, Tensor? row_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
-      "bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor)");
+      "bool grad_weight, bool grad_bias, bool cache_logits) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "
       "Tensor grad_output, Tensor? class_weight, Tensor? row_weight, int ignore_index, "
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
-      "bool grad_bias) -> (Tensor, Tensor, Tensor)");
+      "bool grad_bias, Tensor? logits_cache) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {

@@ -93,16 +93,18 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
-                wants, grad_in_forward):
+                wants, grad_in_forward, cache_logits):
         reduction = options[1]
         # sum/mean: the gradient for an upstream of 1 is formed in the same pass as the loss and
         # the backward only scales it (SPEC §2). none (or grad_in_forward=False): the backward
-        # recomputes the chunk logits with the real upstream gradient.
+        # recomputes the chunk logits with the real upstream gradient, or reads them from the
+        # [N, V] cache the forward filled when cache_logits (memory traded for one product).
         in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False, False)
+        cache = cache_logits and not in_forward
         outputs = ops.linear_ce_forward(hidden, weight, bias, target, class_weight, row_weight,
-                                        *options, with_stats, *flags)
-        stats, grads = outputs[:7], outputs[7:]
+                                        *options, with_stats, *flags, cache)
+        stats, grads, logits_cache = outputs[:7], outputs[7:10], outputs[10]
         ctx.options = options
         ctx.wants = wants
         ctx.in_forward = in_forward
@@ -113,23 +115,24 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             anchor = weight if wants[1] else hidden if wants[0] else bias
             ctx.save_for_backward(*kept, anchor)
         else:
-            ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight)
+            ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight,
+                                  logits_cache if cache else None)
         ctx.mark_non_differentiable(*stats[1:])
         return stats
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        none = (None,) * 7
+        none = (None,) * 8
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
             grads, anchors = _scale_saved(ctx, "xent.linear_cross_entropy", grad_loss)
         else:
-            hidden, weight, bias, target, lse, class_weight, row_weight = ctx.saved_tensors
+            hidden, weight, bias, target, lse, class_weight, row_weight, cache = ctx.saved_tensors
             with torch.no_grad():
                 result = ops.linear_ce_backward(hidden, weight, bias, target, lse, grad_loss,
                                                 class_weight, row_weight, *ctx.options,
-                                                *ctx.wants)
+                                                *ctx.wants, cache)
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
             anchors = (hidden, weight, bias)
         grads = _no_double_backward("xent.linear_cross_entropy", grads, anchors)

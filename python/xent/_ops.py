@@ -64,9 +64,12 @@ def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight
 def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weight, ignore_index,
                             reduction, label_smoothing, z_loss, softcap, logit_scale,
                             workspace_bytes, fp32_logits, with_stats, grad_hidden, grad_weight,
-                            grad_bias):
+                            grad_bias, cache_logits):
     grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
-    return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads
+    cache_dtype = torch.float32 if fp32_logits else hidden.dtype
+    cache_shape = (hidden.shape[0], weight.shape[0]) if cache_logits else (0,)
+    cache = hidden.new_empty(cache_shape, dtype=cache_dtype if cache_logits else hidden.dtype)
+    return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads + (cache,)
 
 
 def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias):
@@ -81,7 +84,7 @@ def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
 def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, class_weight,
                              row_weight, ignore_index, reduction, label_smoothing, z_loss,
                              softcap, logit_scale, workspace_bytes, fp32_logits, grad_hidden,
-                             grad_weight, grad_bias):
+                             grad_weight, grad_bias, logits_cache):
     return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
 
 

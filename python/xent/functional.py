@@ -188,7 +188,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          logit_scale: float = 1.0, class_weight: Optional[Tensor] = None,
                          row_weight: Optional[Tensor] = None,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
-                         grad_in_forward: bool = True, return_stats: bool = False):
+                         grad_in_forward: bool = True, cache_logits: bool = False,
+                         return_stats: bool = False):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -201,7 +202,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     vocabulary instead of two) and the backward scales them in place, so the graph supports one
     backward; grad_in_forward=False recomputes them in the backward instead (several backward
     passes, retain_graph, gradcheck). reduction "none" always recomputes with the per-row
-    upstream gradient.
+    upstream gradient; cache_logits=True keeps the (N, V) logits from the forward for that
+    backward instead (one product less, N·V elements more: opt-in).
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -223,11 +225,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     if any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
-                                                   wants, bool(grad_in_forward))
+                                                   wants, bool(grad_in_forward),
+                                                   bool(cache_logits))
     else:
         outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, class_weight,
                                         row_weight1d, *options, bool(return_stats), False, False,
-                                        False)[:7]
+                                        False, False)[:7]
     return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
 
 

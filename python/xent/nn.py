@@ -69,7 +69,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                  reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
                  softcap: Optional[float] = None, logit_scale: float = 1.0,
                  workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
-                 grad_in_forward: bool = True):
+                 grad_in_forward: bool = True, cache_logits: bool = False):
         super().__init__()
         self.register_buffer("class_weight", class_weight)
         self.ignore_index = ignore_index
@@ -81,6 +81,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.workspace_bytes = workspace_bytes
         self.fp32_logits = fp32_logits
         self.grad_in_forward = grad_in_forward
+        self.cache_logits = cache_logits
 
     def forward(self, input: Tensor, weight: Tensor, target: Tensor,
                 bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None):
@@ -89,7 +90,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
             class_weight=self.class_weight, row_weight=row_weight,
             workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits,
-            grad_in_forward=self.grad_in_forward)
+            grad_in_forward=self.grad_in_forward, cache_logits=self.cache_logits)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
