@@ -62,8 +62,9 @@ struct Stream {
   void* handle = nullptr;
 };
 
-// invalid_argument: the caller passed something SPEC.md rejects (ValueError in Python);
-// runtime: the environment failed (CUDA error, device-side error flag; RuntimeError).
+// invalid_argument: the caller passed something SPEC.md rejects, out-of-range targets reported by
+// check_errors included (ValueError in Python); runtime: the environment failed (CUDA error;
+// RuntimeError).
 enum class ErrorKind : int8_t { invalid_argument, runtime };
 
 class Error : public std::runtime_error {

@@ -56,8 +56,9 @@ void check_errors(Device device, Stream stream) {
   if (!host.pending) return;
   XENT_CUDA_CHECK(cudaMemsetAsync(state, 0, sizeof host, s));
   XENT_CUDA_CHECK(cudaStreamSynchronize(s));
-  // Same words as the CPU backend's check (src/api), which reports the case at once.
-  throw Error(ErrorKind::runtime,
+  // Same words and kind as the CPU backend's check (src/api), which reports the case at once:
+  // a bad target is the caller's argument (ValueError in Python on either device).
+  throw Error(ErrorKind::invalid_argument,
               std::string(op_name(static_cast<OpCode>(host.op))) +
                   ": target out of range: got target[" + std::to_string(host.row) +
                   "] = " + std::to_string(host.value) + "; expected a class index in [0, " +
