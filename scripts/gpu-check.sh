@@ -6,7 +6,10 @@
 #   PERF.md suite and the PyTorch comparison when they are there.
 # Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
 # Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; GPU_CHECK_DEADLINE=SECONDS
-# caps the whole run (steps are cut to fit); JOBS sets build parallelism.
+# caps the whole run (steps are cut to fit); JOBS sets build parallelism; GPU_CHECK_GTEST_FILTER
+# runs the GPU test binary with that gtest filter instead of every ctest "gpu" case;
+# GPU_CHECK_BENCH_SUITES="perf-ce perf-distill" runs those xent-bench suites (default: perf), one
+# JSON each (bench-SUITE.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
@@ -85,9 +88,16 @@ cuobjdump --list-elf "$BUILD/libxent.a" 2>/dev/null | sed 's/.*\.\(sm_[0-9a-z]*\
 
 step cpu 900 ctest --test-dir "$BUILD" -L cpu -j "$JOBS" --timeout 600 --output-on-failure
 # GPU test processes share the one GPU; a few at a time keeps memory and contexts in bounds.
-step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
-
 GPU_TESTS="$BUILD/tests/cpp/xent_gpu_tests"
+if [[ -n "${GPU_CHECK_GTEST_FILTER:-}" ]]; then
+  step gpu 900 "$GPU_TESTS" --gtest_filter="$GPU_CHECK_GTEST_FILTER" --gtest_brief=1
+else
+  step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
+fi
+
+# The probe before the sanitizers: its numbers matter most when GPU_CHECK_DEADLINE cuts the run.
+step probe 600 "$GPU_TESTS" --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'
+
 # Sanitizers run a subset: every kernel path of the row kernels (cluster splits, streaming,
 # unaligned, errors) plus a slice of the shared grids; the full grids under memcheck take hours.
 SANITIZER_FILTER="${SANITIZER_FILTER:-Paths/CudaCeRowKernel.*:Paths/CudaDistillRowKernel.*:CudaCeErrors.*:*CeGrid*bf16*:*DistillGrid*bf16*}"
@@ -101,10 +111,11 @@ else
   note_skip racecheck "compute-sanitizer not found"
 fi
 
-step probe 600 "$GPU_TESTS" --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'
-
 if [[ -x "$BUILD/tools/xent-bench" ]]; then
-  step bench 900 "$BUILD/tools/xent-bench" --suite perf --device cuda --json "$OUT/bench.json"
+  for suite in ${GPU_CHECK_BENCH_SUITES:-perf}; do
+    step "bench-$suite" 900 "$BUILD/tools/xent-bench" --suite "$suite" --device cuda \
+      --json "$OUT/bench-$suite.json"
+  done
 else
   note_skip bench "$BUILD/tools/xent-bench not built yet"
 fi

@@ -55,17 +55,28 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
                                               S* grad, bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
+  // p = 2^(x̃·log2(e) − lse·log2(e)): one fused multiply-add per element (see fast_exp2).
+  const float scaled_lse = row.lse * kLog2e;
+  // Only one vector of the row holds the target: the others skip the per-column comparison.
+  const int target_vector = target_in_slice >= 0 ? target_in_slice / kVec : -1;
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
-    Vector<S> x = slice.reload(j);  // this thread waited on the piece in the statistics sweep
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
+    const Vector<S> x = slice.reload(j);  // this thread waited on its piece in the first sweep
+    Vector<S> g;
+    auto element = [&](int k, bool is_target) {
       const int i = j * kVec + k;
       const float w = kWeighted && i < slice.length ? class_weight[slice.begin + i] : 1.0f;
-      const float p = fast_exp(transform.value(x.value[k]) - row.lse);
-      x.value[k] = common::ce_grad_from_prob(row, p, transform.slope(x.value[k]),
-                                             i == target_in_slice, w);
+      const float p = fast_exp2(fmaf(transform.value(x.value[k]), kLog2e, -scaled_lse));
+      return common::ce_grad_from_prob(row, p, transform.slope(x.value[k]), is_target, w);
+    };
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) g.value[k] = element(k, false);
+    if (j == target_vector) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k == target_in_slice) g.value[k] = element(k, true);
+      }
     }
-    store_vector(grad, j, slice.length, grad_vector_ok, x);
+    store_vector(grad, j, slice.length, grad_vector_ok, g);
   }
 }
 

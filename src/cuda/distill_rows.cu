@@ -53,6 +53,8 @@ __device__ __forceinline__ void with_distill_transform(const common::DistillTran
                                                        F&& f) {
   if (t.softcap > 0) {
     f(t);
+  } else if (t.inv_temperature == 1.0f) {
+    f(IdentityTransform{});
   } else {
     common::DistillTransform<float> plain;
     plain.inv_temperature = t.inv_temperature;

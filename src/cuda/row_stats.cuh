@@ -24,6 +24,23 @@ __device__ __forceinline__ float fast_exp(float x) {
   return y;
 }
 
+// 2^x on the ex2 unit. The sweeps form e^(v−m) as 2^(v·log2(e) − m·log2(e)) with one fused
+// multiply-add: m·log2(e) is rounded once per row (an absolute error of |m|·2^-23.5 in the
+// exponent, the size of the fp32 rounding of m itself), the rest as fast_exp.
+inline constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// x̃ = x (logit_scale 1, no softcap) resolved at compile time: the plain case then skips a
+// multiply per element in every sweep. Same values as common::Transform with scale 1.
+struct IdentityTransform {
+  __device__ __forceinline__ float value(float x) const { return x; }
+  __device__ __forceinline__ float slope(float) const { return 1.0f; }
+};
+
 template <int N>
 __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
   float partial[N];
@@ -57,7 +74,8 @@ struct VectorRowStats {
 #pragma unroll
       for (int k = 0; k < width / 2; ++k) best[k] = fmaxf(best[2 * k], best[2 * k + 1]);
     }
-    if (stats.argmax < 0) stats.argmax = column;  // RowStats: the first column, even at -inf
+    // RowStats keeps the first column as argmax even at -inf: the caller sets it before the
+    // first vector (slice_row_stats), so no per-vector check here.
     if (best[0] > stats.max) {
       int where = 0;
 #pragma unroll
@@ -90,11 +108,16 @@ struct VectorRowStats {
       return;
     }
     float e[N], ed[N];
+    const float scaled_max = stats.max * kLog2e;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const float d = v[k] - stats.max;
-      e[k] = fast_exp(d);
-      if (kFull) ed[k] = e[k] > 0.0f ? e[k] * d : 0.0f;  // -inf columns add 0, not 0·(-inf)
+      if (kFull) {
+        const float d = v[k] - stats.max;
+        e[k] = fast_exp(d);
+        ed[k] = e[k] > 0.0f ? e[k] * d : 0.0f;  // -inf columns add 0, not 0·(-inf)
+      } else {
+        e[k] = fast_exp2(fmaf(v[k], kLog2e, -scaled_max));  // -inf columns give 0
+      }
     }
     stats.sum_exp += pairwise_sum(e);
     if (kFull) stats.sum_exp_shift += pairwise_sum(ed);
@@ -124,6 +147,10 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
   const int vectors = static_cast<int>(slice.vectors());
   const int full_vectors = static_cast<int>(slice.length / kVec);
   VectorRowStats<kFull> acc;
+  // The first column this thread sees is its argmax until a value beats -inf (RowStats::add).
+  if (static_cast<int>(threadIdx.x) < full_vectors) {
+    acc.stats.argmax = slice.begin + int64_t{threadIdx.x} * kVec;
+  }
   int piece = 0;
   for (int j = threadIdx.x; j < vectors; j += blockDim.x, ++piece) {
     const Vector<S> x = slice.load(j, piece);
@@ -171,6 +198,8 @@ template <class F>
 __device__ __forceinline__ void with_transform(const common::Transform<float>& transform, F&& f) {
   if (transform.softcap > 0) {
     f(transform);
+  } else if (transform.scale == 1.0f) {
+    f(IdentityTransform{});
   } else {
     common::Transform<float> plain;
     plain.scale = transform.scale;
