@@ -217,10 +217,10 @@ def test_module_matches_functional(device, gen):
     assert ref.rel_error(plain(logits, target), expected) <= 1e-5
 
 
-def test_autocast_returns_float32_like_torch(gen):
-    logits, target = _inputs(gen, "cpu", rows=32, vocab=300)
+def test_autocast_returns_float32_like_torch(device, gen):
+    logits, target = _inputs(gen, device, rows=32, vocab=300)
     x = logits.bfloat16().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         loss = xent.cross_entropy(x, target)
         torch_loss = F.cross_entropy(x, target)
     assert loss.dtype == torch_loss.dtype == torch.float32

@@ -138,10 +138,10 @@ def test_half_precision_no_worse_than_torch(device, gen, dtype):
                 <= ref.rel_error(torch_grad, expected_grad) + 1e-3)
 
 
-def test_autocast_casts_like_f_linear(gen):
-    h, w, b, y = _inputs(gen, "cpu")
+def test_autocast_casts_like_f_linear(device, gen):
+    h, w, b, y = _inputs(gen, device)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         loss = xent.linear_cross_entropy(params[0], params[1], y, params[2])
         torch_loss = F.cross_entropy(F.linear(h, w, b), y)
     assert loss.dtype == torch.float32
