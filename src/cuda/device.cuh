@@ -133,6 +133,25 @@ __device__ __forceinline__ uint4 pack<bf16_t>(const Vector<bf16_t>& v) {
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// e^x through the ex2 unit: ex2.approx has a relative error of about 2^-22; the x·log2(e)
+// product adds |x|·2^-24 relative, which matters only for probabilities far below the ones
+// that set a row's loss and gradient. Flushes results below 2^-126 to 0 (p_i < 1e-38).
+__device__ __forceinline__ float fast_exp(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
+// 2^x on the ex2 unit. The sweeps form e^(v−m) as 2^(v·log2(e) − m·log2(e)) with one fused
+// multiply-add: m·log2(e) is rounded once per row (an absolute error of |m|·2^-23.5 in the
+// exponent, the size of the fp32 rounding of m itself), the rest as fast_exp.
+inline constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // True when `pointer` and every row start (row_stride elements apart) are 16-byte aligned, so a
 // row can move in 16-byte vectors; otherwise the scalar path is taken.
 inline bool rows_are_vector_aligned(const void* pointer, int64_t row_stride, std::size_t element) {

@@ -15,25 +15,6 @@
 
 namespace xent::cuda {
 
-// e^x through the ex2 unit: ex2.approx has a relative error of about 2^-22; the x·log2(e)
-// product adds |x|·2^-24 relative, which matters only for probabilities far below the ones
-// that set a row's loss and gradient. Flushes results below 2^-126 to 0 (p_i < 1e-38).
-__device__ __forceinline__ float fast_exp(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-  return y;
-}
-
-// 2^x on the ex2 unit. The sweeps form e^(v−m) as 2^(v·log2(e) − m·log2(e)) with one fused
-// multiply-add: m·log2(e) is rounded once per row (an absolute error of |m|·2^-23.5 in the
-// exponent, the size of the fp32 rounding of m itself), the rest as fast_exp.
-inline constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // x̃ = x (logit_scale 1, no softcap) resolved at compile time: the plain case then skips a
 // multiply per element in every sweep. Same values as common::Transform with scale 1.
 struct IdentityTransform {
