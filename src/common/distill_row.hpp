@@ -52,7 +52,7 @@ XENT_HD DistillConstants<T> make_distill_constants(DistillKindCode kind, T tempe
 }
 
 // True when the gradient needs Σ_j p_s,j·u_j of the whole row before any element is written.
-XENT_HD bool distill_needs_sum_pu(DistillKindCode kind) {
+constexpr XENT_HD bool distill_needs_sum_pu(DistillKindCode kind) {
   return kind == DistillKindCode::reverse_kl || kind == DistillKindCode::jsd ||
          kind == DistillKindCode::tvd;
 }

@@ -131,10 +131,17 @@ __global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelPara
   const float* class_weight = o.class_weight;
   // Entropy and label smoothing need the extra sums; plain rows skip them.
   const bool full = a.entropy != nullptr || c.smoothing > 0;
+  // The argmax is tracked only for the outputs that report it.
+  const bool want_argmax = a.row_correct != nullptr || a.argmax != nullptr;
   RowStats<float> stats;
   with_transform(c.transform, [&](const auto& transform) {
-    stats = full ? slice_row_stats<true>(slice, transform, class_weight)
-                 : slice_row_stats<false>(slice, transform, class_weight);
+    if (want_argmax) {
+      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight)
+                   : slice_row_stats<false, true>(slice, transform, class_weight);
+    } else {
+      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight)
+                   : slice_row_stats<false, false>(slice, transform, class_weight);
+    }
   });
 
   CePartial mine;

@@ -3,6 +3,8 @@
 // loss terms and the row sums the gradient needs (Σ p_s·u, or tvd's per-side sums); gradient,
 // with the hard-label ce term fused in. forward_kl and soft_ce need no row sum before their
 // gradient, so their loss and gradient share one sweep.
+#include <type_traits>
+
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
 #include "cuda/row_slice.cuh"
@@ -63,6 +65,28 @@ __device__ __forceinline__ void with_distill_transform(const common::DistillTran
   }
 }
 
+// Calls f(std::integral_constant<DistillKindCode, kind>) for the runtime kind.
+template <class F>
+__device__ __forceinline__ void with_distill_kind(DistillKindCode kind, F&& f) {
+  switch (kind) {
+    case DistillKindCode::forward_kl:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::forward_kl>{});
+      break;
+    case DistillKindCode::reverse_kl:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::reverse_kl>{});
+      break;
+    case DistillKindCode::jsd:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::jsd>{});
+      break;
+    case DistillKindCode::soft_ce:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::soft_ce>{});
+      break;
+    case DistillKindCode::tvd:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::tvd>{});
+      break;
+  }
+}
+
 // log-probabilities and probabilities of one element of the student and teacher rows.
 struct ElementProbs {
   float log_ps, log_pt, ps, pt;
@@ -91,11 +115,14 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
 
 // One sweep over the slice: accumulates the loss sums (kLoss) and/or writes the gradient
 // (kGrad). `sums` carries the row sums in for the gradient and the thread's partial sums out.
-template <bool kLoss, bool kGrad, class S, class Transform>
+// The kind is a template argument: with it fixed in the constants, the switches of
+// common::distill_term_from_probs / distill_grad_from_probs fold away instead of running per
+// element.
+template <DistillKindCode kKind, bool kLoss, bool kGrad, class S, class Transform>
 __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                               const RowSlice<S>& teacher,
                                               const Transform& transform,
-                                              const DistillConstants<float>& dc, float lse_s,
+                                              DistillConstants<float> dc, float lse_s,
                                               float lse_t, const DistillSums& row_sums,
                                               DistillSums& partial, float soft_coef,
                                               bool with_hard, const CeConstants<float>& hc,
@@ -103,7 +130,8 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                               int target_in_slice, const float* class_weight,
                                               S* grad, bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
-  const bool tvd = dc.kind == DistillKindCode::tvd;
+  dc.kind = kKind;
+  constexpr bool tvd = kKind == DistillKindCode::tvd;
   common::TvdSums<float> tvd_row;
   tvd_row.above = row_sums.value[2];
   tvd_row.below = row_sums.value[3];
@@ -212,13 +240,14 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   // Sweep 1: row statistics of the student and teacher (and of the student for the ce term).
   RowStats<float> s_stats, t_stats, h_stats;
   with_distill_transform(dc.transform, [&](const auto& transform) {
-    s_stats = slice_row_stats<false>(student, transform, nullptr);
-    t_stats = slice_row_stats<false>(teacher, transform, nullptr);
+    s_stats = slice_row_stats<false, false>(student, transform, nullptr);
+    t_stats = slice_row_stats<false, false>(teacher, transform, nullptr);
   });
   if (with_hard) {
     with_transform(hc.transform, [&](const auto& transform) {
-      h_stats = hc.smoothing > 0 ? slice_row_stats<true>(student, transform, class_weight)
-                                 : slice_row_stats<false>(student, transform, class_weight);
+      h_stats = hc.smoothing > 0
+                    ? slice_row_stats<true, false>(student, transform, class_weight)
+                    : slice_row_stats<false, false>(student, transform, class_weight);
     });
   }
   DistillPartial mine;
@@ -275,19 +304,31 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   const float soft_coef = a.grad ? row_shared.soft_coef : 0.0f;
   DistillSums partial{};
   with_distill_transform(dc.transform, [&](const auto& transform) {
-    if (fused && want_loss) {
-      distill_sweep<true, true>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
-                                partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
-                                class_weight, grad, p.grad_vector_ok);
-    } else if (fused) {
-      distill_sweep<false, true>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
-                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
-                                 class_weight, grad, p.grad_vector_ok);
-    } else if (loss_sweep) {
-      distill_sweep<true, false>(student, teacher, transform, dc, lse_s, lse_t, DistillSums{},
-                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
-                                 class_weight, grad, p.grad_vector_ok);
-    }
+    with_distill_kind(dc.kind, [&](auto kind) {
+      constexpr DistillKindCode kKind = decltype(kind)::value;
+      if constexpr (!common::distill_needs_sum_pu(kKind)) {  // forward_kl, soft_ce
+        if (fused && want_loss) {
+          distill_sweep<kKind, true, true>(student, teacher, transform, dc, lse_s, lse_t,
+                                           DistillSums{}, partial, soft_coef, with_hard, hc,
+                                           hard_row, target_in_slice, class_weight, grad,
+                                           p.grad_vector_ok);
+          return;
+        }
+        if (fused) {
+          distill_sweep<kKind, false, true>(student, teacher, transform, dc, lse_s, lse_t,
+                                            DistillSums{}, partial, soft_coef, with_hard, hc,
+                                            hard_row, target_in_slice, class_weight, grad,
+                                            p.grad_vector_ok);
+          return;
+        }
+      }
+      if (loss_sweep) {
+        distill_sweep<kKind, true, false>(student, teacher, transform, dc, lse_s, lse_t,
+                                          DistillSums{}, partial, soft_coef, with_hard, hc,
+                                          hard_row, target_in_slice, class_weight, grad,
+                                          p.grad_vector_ok);
+      }
+    });
   });
   if (loss_sweep) {
     block_sum(partial.value, sum_scratch);
@@ -300,9 +341,15 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   if (a.grad && !fused) {
     const DistillSums row_sums = row_shared.sums;
     with_distill_transform(dc.transform, [&](const auto& transform) {
-      distill_sweep<false, true>(student, teacher, transform, dc, lse_s, lse_t, row_sums,
-                                 partial, soft_coef, with_hard, hc, hard_row, target_in_slice,
-                                 class_weight, grad, p.grad_vector_ok);
+      with_distill_kind(dc.kind, [&](auto kind) {
+        constexpr DistillKindCode kKind = decltype(kind)::value;
+        if constexpr (common::distill_needs_sum_pu(kKind)) {  // reverse_kl, jsd, tvd
+          distill_sweep<kKind, false, true>(student, teacher, transform, dc, lse_s, lse_t,
+                                            row_sums, partial, soft_coef, with_hard, hc, hard_row,
+                                            target_in_slice, class_weight, grad,
+                                            p.grad_vector_ok);
+        }
+      });
     });
   }
 

@@ -37,7 +37,9 @@ __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
 
 // kFull: also Σ e·d (entropy) and the logit sums of label smoothing; without it those fields
 // stay 0 and cost nothing.
-template <bool kFull>
+// kArgmax: also track the first column of the max (accuracy, argmax outputs); without it the
+// argmax field is left at the thread's first column and must not be read.
+template <bool kFull, bool kArgmax>
 struct VectorRowStats {
   common::RowStats<float> stats;
 
@@ -45,8 +47,7 @@ struct VectorRowStats {
   // NaN and +Inf are caught by needs_exact_path()). `weights` are their class weights (kFull).
   template <int N>
   __device__ __forceinline__ void add(const float (&v)[N], int64_t column, const float (&w)[N]) {
-    // The vector's max by an fmaxf tree; its first column is searched only when the running max
-    // moves (a handful of times per row). fmaxf drops NaN, which then shows in the sums below.
+    // The vector's max by an fmaxf tree. fmaxf drops NaN, which then shows in the sums below.
     float best[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) best[k] = v[k];
@@ -56,20 +57,14 @@ struct VectorRowStats {
       for (int k = 0; k < width / 2; ++k) best[k] = fmaxf(best[2 * k], best[2 * k + 1]);
     }
     // RowStats keeps the first column as argmax even at -inf: the caller sets it before the
-    // first vector (slice_row_stats), so no per-vector check here.
-    if (best[0] > stats.max) {
+    // first vector (slice_row_stats), so no per-vector check here. The search for the column
+    // runs only when the running max moves.
+    if (kArgmax && best[0] > stats.max) {
       int where = 0;
 #pragma unroll
       for (int k = N - 1; k >= 0; --k) {
         if (v[k] == best[0]) where = k;  // the lowest column holding the max
       }
-      if (stats.sum_exp > 0) {
-        const float shift = stats.max - best[0];
-        const float alpha = fast_exp(shift);
-        if (kFull) stats.sum_exp_shift = alpha * (stats.sum_exp_shift + shift * stats.sum_exp);
-        stats.sum_exp *= alpha;
-      }
-      stats.max = best[0];
       stats.argmax = column + where;
     }
     if (kFull) {
@@ -79,7 +74,8 @@ struct VectorRowStats {
       stats.sum_logits += pairwise_sum(v);
       stats.sum_weighted_logits += pairwise_sum(weighted);
     }
-    if (stats.max == -common::infinity<float>()) {
+    const float new_max = fmaxf(stats.max, best[0]);
+    if (new_max == -common::infinity<float>()) {
       // Everything so far is -inf, so e^(v−m) would be NaN: nothing to add, except that a NaN
       // hiding here (NaN loses every comparison) must still reach needs_exact_path().
 #pragma unroll
@@ -88,12 +84,24 @@ struct VectorRowStats {
       }
       return;
     }
+    // The sums so far move to the new max without a branch: in random rows the max moves in
+    // most warps' first vectors, and a divergent rescale branch (~30 instructions, run by the
+    // warp whenever one lane takes it) cost more than this ex2 on every vector. alpha is exactly
+    // 1 when the max stays, 0 while nothing has been summed (stats.max = -inf).
+    const float shift = stats.max - new_max;
+    const float alpha = fast_exp2(shift * kLog2e);
+    if (kFull) {
+      const float moved = stats.sum_exp > 0 ? shift * stats.sum_exp : 0.0f;  // not -inf·0
+      stats.sum_exp_shift = alpha * (stats.sum_exp_shift + moved);
+    }
+    stats.sum_exp *= alpha;
+    stats.max = new_max;
     float e[N], ed[N];
-    const float scaled_max = stats.max * kLog2e;
+    const float scaled_max = new_max * kLog2e;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       if (kFull) {
-        const float d = v[k] - stats.max;
+        const float d = v[k] - new_max;
         e[k] = fast_exp(d);
         ed[k] = e[k] > 0.0f ? e[k] * d : 0.0f;  // -inf columns add 0, not 0·(-inf)
       } else {
@@ -120,14 +128,14 @@ namespace xent::cuda {
 // The statistics sweep of one CTA over its slice: RowStats of transform(x) for the columns this
 // thread owns (vectors threadIdx.x, +blockDim.x, ...), exact on rows with NaN or +Inf.
 // `class_weight` is read only when kFull (the weighted logit sum of label smoothing).
-template <bool kFull, class S, class Transform>
+template <bool kFull, bool kArgmax, class S, class Transform>
 __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlice<S>& slice,
                                                    const Transform& transform,
                                                    const float* class_weight) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
   const int full_vectors = static_cast<int>(slice.length / kVec);
-  VectorRowStats<kFull> acc;
+  VectorRowStats<kFull, kArgmax> acc;
   // The first column this thread sees is its argmax until a value beats -inf (RowStats::add).
   if (static_cast<int>(threadIdx.x) < full_vectors) {
     acc.stats.argmax = slice.begin + int64_t{threadIdx.x} * kVec;
