@@ -119,7 +119,8 @@ struct RowSlice {
   bool vector_ok = false;     // `global` moves in 16-byte vectors
   bool bulk = false;          // staged pieces arrive on mbarriers (wait before the first use)
   uint64_t* barriers = nullptr;
-  int64_t bulk_vectors = 0;   // vectors covered by the bulk copies
+  int bulk_vectors = 0;       // vectors covered by the bulk copies (0 when not bulk); 32-bit,
+                              // so the per-vector wait test is one comparison (slices < 2^31 B)
 
   __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
 
@@ -127,7 +128,7 @@ struct RowSlice {
   // `piece` is the index of the piece that holds j (j / blockDim.x).
   __device__ __forceinline__ Vector<S> load(int64_t j, int64_t piece) const {
     if (staged) {
-      if (bulk && j < bulk_vectors) wait_piece(&barriers[piece]);
+      if (static_cast<int>(j) < bulk_vectors) wait_piece(&barriers[static_cast<int>(piece)]);
       return unpack<S>(load_shared_vector(reinterpret_cast<const uint4*>(staged) + j));
     }
     if (vector_ok && (j + 1) * kVec <= length) {
@@ -171,7 +172,7 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
   const int64_t piece_bytes = int64_t{blockDim.x} * 16;
   const int64_t bulk_bytes = vector_ok ? (length * int64_t{sizeof(S)}) / 16 * 16 : 0;
   slice.bulk = bulk_bytes > 0;
-  slice.bulk_vectors = bulk_bytes / 16;
+  slice.bulk_vectors = static_cast<int>(bulk_bytes / 16);
   if (slice.bulk && threadIdx.x == 0) {
     const int pieces = static_cast<int>((bulk_bytes + piece_bytes - 1) / piece_bytes);
     for (int p = 0; p < pieces; ++p) {
