@@ -80,8 +80,11 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
   }
 }
 
+// At most 48 registers (5 CTAs of 256 threads): short rows run CTAs of 64-128 threads with small
+// slices, and 76 registers (what nvcc chose unbounded) held those to 6 CTAs per multiprocessor.
+// Only the softcap + class-weight gradient loop spills (one 4-byte slot).
 template <class S>
-__global__ void __launch_bounds__(kMaxThreads) ce_rows_kernel(const CeKernelParams p) {
+__global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelParams p) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
