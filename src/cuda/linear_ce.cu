@@ -212,6 +212,9 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const LinearCePlan plan =
       plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options, want_grad, want_weight,
                      weight_accumulator, bias_accumulator);
+  if (!plan.chunks.fits_budget) {
+    throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
+  }
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
   const CeStats* stats = call.stats;

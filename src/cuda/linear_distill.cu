@@ -94,6 +94,12 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const DType teacher_dtype = teacher_from_hidden ? DType::f32 : teacher.logits.dtype;
   const LinearGradients& grads = call.grads;
   const bool want_grad = grads.hidden.present() || grads.weight.present();
+  const LinearDistillPlan requested =
+      plan_linear_distill(rows, hidden, vocab, call.student_hidden.dtype, call.options,
+                          teacher_from_hidden, teacher_dtype, grads);
+  if (!requested.chunks.fits_budget) {
+    throw_budget_too_small(call.op, call.options.workspace_budget, requested.chunks.total_bytes);
+  }
   const LinearDistillPlan plan =
       fit_to_workspace(rows, hidden, vocab, call.student_hidden.dtype, call.options,
                        teacher_from_hidden, teacher_dtype, grads, workspace.bytes);

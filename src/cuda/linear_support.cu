@@ -312,4 +312,11 @@ void narrow_rows_in_place(void* data, int64_t rows, int64_t cols, int64_t stride
   XENT_CUDA_CHECK_LAUNCH();
 }
 
+void throw_budget_too_small(OpCode op, std::size_t budget, std::size_t needed) {
+  throw Error(ErrorKind::invalid_argument,
+              std::string(op_name(op)) + ": workspace_budget too small: got " +
+                  std::to_string(budget) + " bytes; expected at least " + std::to_string(needed) +
+                  " bytes (the smallest chunk plan of these sizes)");
+}
+
 }  // namespace xent::cuda

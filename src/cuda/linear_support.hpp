@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/chunk_plan.hpp"
+#include "cuda/device.cuh"
 #include "cuda/gemm.hpp"
 #include "xent/linear_ce.hpp"
 #include "xent/types.hpp"
@@ -67,6 +68,10 @@ struct GradientSums {
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
+// A budget below the smallest plan cannot run (SPEC §2 bounds the workspace by it): the op says
+// so in the validation message format, before anything is written.
+[[noreturn]] void throw_budget_too_small(OpCode op, std::size_t budget, std::size_t needed);
+
 // fp32 ∂bias bytes (V floats) when a 16-bit bias gradient is wanted, part of every plan's budget.
 std::size_t bias_accumulator_bytes(bool sixteen_bit_bias_gradient, int64_t vocab);
 GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients& grads,
