@@ -12,18 +12,6 @@ namespace xent::cuda {
 
 namespace {
 
-std::size_t row_scratch_bytes(int64_t rows) {
-  const std::size_t per_row = align_up(static_cast<std::size_t>(rows) * sizeof(float));
-  return align_up(sizeof(CeBatchTotals)) + 3 * per_row;
-}
-
-template <class T>
-T* offset_rows(const TensorView& view, int64_t first_row) {
-  if (!view.present()) return nullptr;
-  return reinterpret_cast<T*>(static_cast<char*>(view.data) +
-                              static_cast<std::size_t>(first_row) * dtype_size(view.dtype));
-}
-
 struct LinearDistillPlan {
   ChunkPlan chunks;
   DType logits_dtype = DType::bf16;

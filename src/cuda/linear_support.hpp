@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/ce_rows.cuh"
 #include "cuda/chunk_plan.hpp"
 #include "cuda/device.cuh"
 #include "cuda/gemm.hpp"
@@ -68,6 +69,21 @@ struct GradientSums {
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
+// The per-row arrays of the whole batch that the row kernels fill chunk by chunk: the batch
+// totals and three fp32 arrays (loss, z-loss, correct) of N rows.
+inline std::size_t row_scratch_bytes(int64_t rows) {
+  const std::size_t per_row = align_up(static_cast<std::size_t>(rows) * sizeof(float));
+  return align_up(sizeof(CeBatchTotals)) + 3 * per_row;
+}
+
+// Element `first_row` of a 1-D view (the chunk's slice of a per-row input or output), or null.
+template <class T>
+T* offset_rows(const TensorView& view, int64_t first_row) {
+  if (!view.present()) return nullptr;
+  return reinterpret_cast<T*>(static_cast<char*>(view.data) +
+                              static_cast<std::size_t>(first_row) * dtype_size(view.dtype));
+}
+
 // A budget below the smallest plan cannot run (SPEC §2 bounds the workspace by it): the op says
 // so in the validation message format, before anything is written.
 [[noreturn]] void throw_budget_too_small(OpCode op, std::size_t budget, std::size_t needed);
