@@ -80,14 +80,22 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
     for (int u = 0; u < kVectorsPerThread; ++u) {
       const int j = threadIdx.x + u * kThreads;
       if (j * kVec >= length) continue;
+      float w[kVec];
+      if (weighted) {
+        load_class_weights(o.class_weight, begin + int64_t{j} * kVec, (j + 1) * kVec <= length,
+                           length - int64_t{j} * kVec, w);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) w[k] = 1.0f;
+      }
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const int i = j * kVec + k;
-        const float w = weighted && i < length ? o.class_weight[begin + i] : 1.0f;
-        const float xk = values[u].value[k];
-        const float prob = fast_exp(transform.value(xk) - grad_row.lse);
+        float value, slope;
+        value_and_slope(transform, values[u].value[k], value, slope);
+        const float prob = fast_exp(value - grad_row.lse);
         values[u].value[k] =
-            common::ce_grad_from_prob(grad_row, prob, transform.slope(xk), i == target_in_tile, w);
+            common::ce_grad_from_prob(grad_row, prob, slope, i == target_in_tile, w[k]);
       }
       store_vector(grad, j, length, p.grad_vector_ok, values[u]);
     }

@@ -62,11 +62,19 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
     const Vector<S> x = slice.reload(j);  // this thread waited on its piece in the first sweep
     Vector<S> g;
+    float w[kVec];
+    if (kWeighted) {
+      load_class_weights(class_weight, slice.begin + int64_t{j} * kVec,
+                         (j + 1) * kVec <= slice.length, slice.length - j * kVec, w);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) w[k] = 1.0f;
+    }
     auto element = [&](int k, bool is_target) {
-      const int i = j * kVec + k;
-      const float w = kWeighted && i < slice.length ? class_weight[slice.begin + i] : 1.0f;
-      const float p = fast_exp2(fmaf(transform.value(x.value[k]), kLog2e, -scaled_lse));
-      return common::ce_grad_from_prob(row, p, transform.slope(x.value[k]), is_target, w);
+      float value, slope;
+      value_and_slope(transform, x.value[k], value, slope);
+      const float p = fast_exp2(fmaf(value, kLog2e, -scaled_lse));
+      return common::ce_grad_from_prob(row, p, slope, is_target, w[k]);
     };
 #pragma unroll
     for (int k = 0; k < kVec; ++k) g.value[k] = element(k, false);

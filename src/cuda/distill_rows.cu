@@ -240,8 +240,7 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   // Sweep 1: row statistics of the student and teacher (and of the student for the ce term).
   RowStats<float> s_stats, t_stats, h_stats;
   with_distill_transform(dc.transform, [&](const auto& transform) {
-    s_stats = slice_row_stats<false, false>(student, transform, nullptr);
-    t_stats = slice_row_stats<false, false>(teacher, transform, nullptr);
+    slice_pair_row_stats(student, teacher, transform, s_stats, t_stats);
   });
   if (with_hard) {
     with_transform(hc.transform, [&](const auto& transform) {

@@ -22,6 +22,103 @@ struct IdentityTransform {
   __device__ __forceinline__ float slope(float) const { return 1.0f; }
 };
 
+// tanh for the softcap, with 1 − tanh² formed alongside (the slope of the chain rule).
+// The precise tanhf plus an IEEE division by s per element, twice per element (statistics and
+// gradient sweeps), made the every-option ce row issue-bound (docs/perf-notes.md, decision 12).
+// |x| < 0.6: x + x³·P(x²), P of degree 4 fitted (Lawson minimax) on [0, 0.6]; fp32 Horner
+//   evaluation measured over 2·10⁶ points: ≤ 7.3e-8 relative (< 1 ulp).
+// |x| ≥ 0.6: 1 − 2r with r = 1/(e^(2|x|) + 1) from ex2.approx (≤ 2^-22 relative) and
+//   rcp.approx (≤ 1 ulp); worst case of both errors: ≤ 4.5e-7 relative, ≤ 2.4e-7 absolute on tanh
+//   (below 0.6 the subtraction would cancel, hence the polynomial). 1 − tanh² = 4r(1 − r) there,
+//   which keeps its relative precision where tanh rounds to 1 (1 − t·t would be 0 or noise).
+// NaN stays NaN; ±Inf gives ±1 and a slope of 0. Against SPEC §6 (1e-5 norm-wise on fp32): with a
+// softcap s the value s·tanh moves by ≤ 2.4e-7·s absolute, e.g. 7e-6 on one logit at s = 30,
+// i.e. ~7e-6 relative on that p_i before averaging over the row — inside the contract, and the
+// size of the fp32 rounding of s·tanh itself (0.5 ulp of 15 is 1e-6).
+__device__ __forceinline__ void fast_tanh_and_sech2(float x, float& t, float& sech2) {
+  const float a = fabsf(x);
+  if (a < 0.6f) {
+    const float s = x * x;
+    float p = -5.895155947655439e-3f;
+    p = fmaf(p, s, 2.0795969292521477e-2f);
+    p = fmaf(p, s, -5.3783830255270004e-2f);
+    p = fmaf(p, s, 1.3331924378871918e-1f);
+    p = fmaf(p, s, -3.3333298563957214e-1f);
+    t = fmaf(p * s, x, x);
+    sech2 = fmaf(-t, t, 1.0f);
+  } else {
+    const float e = fast_exp2(a * (2.0f * kLog2e));  // +Inf past |x| ≈ 44: r = 0, t = ±1
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+    t = copysignf(fmaf(-2.0f, r, 1.0f), x);
+    const float four_r = 4.0f * r;
+    sech2 = fmaf(-four_r, r, four_r);
+  }
+}
+
+// x̃ = s·tanh(a·x / s) of common::Transform with a/s formed once per call (one rounding of the
+// argument, ≤ 1.5 ulp instead of 1) and tanh from fast_tanh_and_sech2 (error bound there).
+struct SoftcapTransform {
+  float scale = 1;               // a
+  float softcap = 0;             // s > 0
+  float scale_over_softcap = 0;  // a / s
+
+  __device__ __forceinline__ float value(float x) const {
+    float t, sech2;
+    fast_tanh_and_sech2(x * scale_over_softcap, t, sech2);
+    return softcap * t;
+  }
+  __device__ __forceinline__ float slope(float x) const {
+    float t, sech2;
+    fast_tanh_and_sech2(x * scale_over_softcap, t, sech2);
+    return scale * sech2;
+  }
+  // Both from one tanh (the gradient sweeps need x̃ for p and the slope for the chain rule).
+  __device__ __forceinline__ void value_and_slope(float x, float& value, float& slope) const {
+    float t, sech2;
+    fast_tanh_and_sech2(x * scale_over_softcap, t, sech2);
+    value = softcap * t;
+    slope = scale * sech2;
+  }
+};
+
+template <class Transform>
+__device__ __forceinline__ void value_and_slope(const Transform& transform, float x,
+                                                float& value, float& slope) {
+  value = transform.value(x);
+  slope = transform.slope(x);
+}
+__device__ __forceinline__ void value_and_slope(const SoftcapTransform& transform, float x,
+                                                float& value, float& slope) {
+  transform.value_and_slope(x, value, slope);
+}
+
+// N consecutive class weights from `column` on (1 past `length` columns of the slice). The
+// every-option sweeps read 8 weights per bf16 vector: as scalar loads they were 8 dependent
+// address computations and 8 load instructions per vector; 16-byte loads make them N/4
+// (the weights of a vector are 16-byte aligned when the array is: slices and vectors start at
+// multiples of N ≥ 4 columns).
+template <int N>
+__device__ __forceinline__ void load_class_weights(const float* class_weight, int64_t column,
+                                                   bool full_vector, int64_t valid,
+                                                   float (&w)[N]) {
+  static_assert(N % 4 == 0, "16-byte weight loads");
+  if (full_vector && (reinterpret_cast<uintptr_t>(class_weight) & 15) == 0) {
+    const float4* from = reinterpret_cast<const float4*>(class_weight + column);
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const float4 f = __ldg(from + q);
+      w[4 * q] = f.x;
+      w[4 * q + 1] = f.y;
+      w[4 * q + 2] = f.z;
+      w[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) w[k] = k < valid ? class_weight[column + k] : 1.0f;
+  }
+}
+
 template <int N>
 __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
   float partial[N];
@@ -125,6 +222,29 @@ struct VectorRowStats {
 
 namespace xent::cuda {
 
+// RowStats::add element by element (NaN / +Inf present: it decides argmax and the NaN
+// statistics). Call after a sweep that waited on every piece of the slice.
+template <class S, class Transform>
+__device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slice,
+                                                         const Transform& transform,
+                                                         const float* class_weight) {
+  constexpr int kVec = kVectorElements<S>;
+  const int vectors = static_cast<int>(slice.vectors());
+  common::RowStats<float> exact;
+  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
+    const Vector<S> x = slice.reload(j);
+    const int64_t column = slice.begin + int64_t{j} * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (j * kVec + k < slice.length) {
+        const float w = class_weight ? class_weight[column + k] : 1.0f;
+        exact.add(transform.value(x.value[k]), column + k, w);
+      }
+    }
+  }
+  return exact;
+}
+
 // The statistics sweep of one CTA over its slice: RowStats of transform(x) for the columns this
 // thread owns (vectors threadIdx.x, +blockDim.x, ...), exact on rows with NaN or +Inf.
 // `class_weight` is read only when kFull (the weighted logit sum of label smoothing).
@@ -151,10 +271,7 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
       w[k] = 1.0f;
     }
     if (kFull && class_weight) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        w[k] = j < full_vectors || j * kVec + k < slice.length ? class_weight[column + k] : 1.0f;
-      }
+      load_class_weights(class_weight, column, j < full_vectors, slice.length - j * kVec, w);
     }
     if (j < full_vectors) {
       acc.add(v, column, w);
@@ -166,27 +283,74 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
     }
   }
   if (!acc.needs_exact_path()) return acc.stats;
-  common::RowStats<float> exact;  // NaN / +Inf present: RowStats::add decides, element by element
-  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
-    const Vector<S> x = slice.reload(j);
-    const int64_t column = slice.begin + int64_t{j} * kVec;
+  return exact_slice_row_stats(slice, transform, class_weight);
+}
+
+// Statistics of two slices over the same columns (distill: student and teacher rows) in one
+// sweep. Two separate sweeps each had one ex2 chain and one piece wait per vector; here every
+// iteration carries two independent chains (student and teacher), which the latency-bound
+// sweep (ncu on v4: no eligible warp 45 % of the time) can overlap. Each side falls back to
+// exact_slice_row_stats on its own when it holds NaN or +Inf.
+template <class S, class Transform>
+__device__ __forceinline__ void slice_pair_row_stats(const RowSlice<S>& first,
+                                                     const RowSlice<S>& second,
+                                                     const Transform& transform,
+                                                     common::RowStats<float>& first_stats,
+                                                     common::RowStats<float>& second_stats) {
+  constexpr int kVec = kVectorElements<S>;
+  const int vectors = static_cast<int>(first.vectors());
+  const int full_vectors = static_cast<int>(first.length / kVec);
+  VectorRowStats<false, false> a, b;
+  if (static_cast<int>(threadIdx.x) < full_vectors) {
+    a.stats.argmax = first.begin + int64_t{threadIdx.x} * kVec;
+    b.stats.argmax = a.stats.argmax;
+  }
+  float ones[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) ones[k] = 1.0f;
+  int piece = 0;
+  for (int j = threadIdx.x; j < vectors; j += blockDim.x, ++piece) {
+    const Vector<S> x = first.load(j, piece);
+    const Vector<S> y = second.load(j, piece);
+    const int64_t column = first.begin + int64_t{j} * kVec;
+    float u[kVec], v[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      if (j * kVec + k < slice.length) {
-        const float w = class_weight ? class_weight[column + k] : 1.0f;
-        exact.add(transform.value(x.value[k]), column + k, w);
+      u[k] = transform.value(x.value[k]);
+      v[k] = transform.value(y.value[k]);
+    }
+    if (j < full_vectors) {
+      a.add(u, column, ones);
+      b.add(v, column, ones);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k < first.length) {
+          a.stats.add(u[k], column + k, 1.0f);
+          b.stats.add(v[k], column + k, 1.0f);
+        }
       }
     }
   }
-  return exact;
+  first_stats = a.needs_exact_path()
+                    ? exact_slice_row_stats(first, transform, static_cast<const float*>(nullptr))
+                    : a.stats;
+  second_stats = b.needs_exact_path()
+                     ? exact_slice_row_stats(second, transform, static_cast<const float*>(nullptr))
+                     : b.stats;
 }
 
 // Calls f(transform) with the softcap branch resolved at compile time: without a softcap the
-// transform is a multiply (the tanh path would otherwise sit in every element's code).
+// transform is a multiply (the tanh path would otherwise sit in every element's code); with one
+// it is SoftcapTransform (fast tanh, error bound at fast_tanh_and_sech2).
 template <class F>
 __device__ __forceinline__ void with_transform(const common::Transform<float>& transform, F&& f) {
   if (transform.softcap > 0) {
-    f(transform);
+    SoftcapTransform capped;
+    capped.scale = transform.scale;
+    capped.softcap = transform.softcap;
+    capped.scale_over_softcap = transform.scale / transform.softcap;
+    f(capped);
   } else if (transform.scale == 1.0f) {
     f(IdentityTransform{});
   } else {
