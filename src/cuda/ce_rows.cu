@@ -1,6 +1,9 @@
 // The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
-// from HBM once, statistics, loss, optional outputs and the gradient from the staged copy.
-// Semantics come from src/common/ce_row.hpp; this file only moves data.
+// from HBM once, statistics, loss, optional outputs and the gradient from the staged copy (a
+// forward without gradient streams its slices: nothing reads them twice). Semantics come from
+// src/common/ce_row.hpp; this file only moves data.
+#include <cstdlib>
+
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
 #include "cuda/row_slice.cuh"
@@ -236,6 +239,20 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   cluster_finish(p.cluster);
 }
 
+// Without a gradient each element is read once, so the shared-memory copy only adds the staging
+// latency and holds the multiprocessor to three CTAs (shared-memory bound); streamed slices read
+// HBM directly and run five CTAs (register bound). Measured on the H200 (docs/perf-notes.md,
+// decision 14): no-grad 16384 × 32768 / 131072 / 262144 bf16 from 0.61 / 0.50 / 0.45 to
+// 0.66 / 0.58 / 0.54 of copy bandwidth. XENT_CUDA_STREAM_FORWARD=0 (read once) restores the
+// staged forward, for measurements.
+bool stream_forward() {
+  static const bool on = [] {
+    const char* text = std::getenv("XENT_CUDA_STREAM_FORWARD");
+    return !(text != nullptr && text[0] == '0');
+  }();
+  return on;
+}
+
 }  // namespace
 
 CeRowOptions ce_row_options(const CeOptions& options) {
@@ -255,7 +272,11 @@ CeRowOptions ce_row_options(const CeOptions& options) {
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  const SlicePlan plan = plan_row_slices(args.vocab, element, 1);
+  SlicePlan plan = plan_row_slices(args.vocab, element, 1);
+  if (args.grad == nullptr && stream_forward()) {
+    plan.staged = false;
+    plan.shared_bytes = 0;
+  }
   CeKernelParams p{};
   p.args = args;
   p.cluster = plan.cluster;
