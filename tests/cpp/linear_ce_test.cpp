@@ -86,7 +86,8 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     // With every gradient, the call that needs the most chunk memory per row.
     Tensor grad_h = Tensor::matrix(p.dtype, rows, p.hidden);
     Tensor grad_w = Tensor::matrix(param_dtype, vocab, p.hidden);
-    out.grads = {grad_h.view(), grad_w.view(), {}};
+    Tensor grad_b = p.bias ? Tensor::vector(param_dtype, vocab) : Tensor();
+    out.grads = {grad_h.view(), grad_w.view(), grad_b.view()};
     try {
       const Scratch scratch = scratch_for(trial, true);
       linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), trial,
