@@ -44,6 +44,10 @@ def progress(message: str) -> None:
 
 
 def git_commit() -> str:
+    # A copy of the tree without .git (a GPU machine gets the files only) names it through the
+    # environment.
+    if os.environ.get("XENT_COMMIT"):
+        return os.environ["XENT_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
                              text=True, check=True, timeout=10)
