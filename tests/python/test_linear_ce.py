@@ -1,6 +1,8 @@
 """xent.linear_cross_entropy and xent.nn.LinearCrossEntropyLoss against float64 references
 built from torch.nn.functional on h·Wᵀ + b (SPEC §2)."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -77,9 +79,15 @@ def test_small_workspace_budgets_chunk_the_work(device, gen, reduction, budget):
     try:
         _check(gen, h, w, b, y, reduction, 1e-4, workspace_bytes=workspace,
                label_smoothing=0.05)
-    except ValueError as error:  # below the one-row-block minimum: the message says so
-        assert "workspace" in str(error)
-        pytest.skip(f"budget below the backend's minimum: {error}")
+    except ValueError as error:
+        # Below the backend's smallest plan (on CUDA it also holds product scratch): the message
+        # names the minimum; that plus a few rows still forces many uneven chunks.
+        found = re.search(r"workspace_budget too small: got \d+ bytes; expected at least (\d+)",
+                          str(error))
+        assert found, str(error)
+        _check(gen, h, w, b, y, reduction, 1e-4,
+               workspace_bytes=int(found.group(1)) + (budget - 1) * 8 * VOCAB * 4,
+               label_smoothing=0.05)
 
 
 @pytest.mark.parametrize("mode", ["grad_in_forward", "recompute", "cached_logits"])
