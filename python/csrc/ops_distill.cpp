@@ -1,12 +1,52 @@
 // torch ops xent::distill_forward and xent::distill_backward (SPEC.md §3).
 #include <c10/core/DeviceGuard.h>
 
+#include <tuple>
+
 #include "binding_support.hpp"
 
 namespace xent::torch_binding {
 namespace {
 
 using at::Tensor;
+
+// What the forward and the backward both take from their arguments: contiguous rows, the
+// target and class weights in the dtypes the core reads, the options and the workspace.
+// The tensors are kept here because the views point into them.
+struct DistillCall {
+  Tensor student_rows, teacher_rows;
+  c10::optional<Tensor> target_vector, class_weight32;
+  DistillOptions options;
+  TensorView student_view, teacher_view, target_view;
+  Tensor workspace_buffer;
+  Workspace workspace;
+};
+
+DistillCall prepare_distill(const char* function, const Tensor& student, const Tensor& teacher,
+                            const c10::optional<Tensor>& target,
+                            const c10::optional<Tensor>& class_weight, c10::string_view kind,
+                            double temperature, double beta, c10::optional<double> softcap,
+                            double soft_weight, double hard_weight, int64_t ignore_index,
+                            c10::string_view reduction, double label_smoothing, double z_loss) {
+  DistillCall call;
+  call.student_rows = contiguous_rows(student);
+  call.teacher_rows = contiguous_rows(teacher);
+  call.target_vector = target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
+  call.class_weight32 = as_fp32_vector(class_weight);
+  call.options = make_distill_options(
+      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+      reduction, label_smoothing, z_loss,
+      optional_vector_view(call.class_weight32, function, "class_weight"));
+  call.student_view = matrix_view(call.student_rows, function, "student");
+  call.teacher_view = matrix_view(call.teacher_rows, function, "teacher");
+  call.target_view = optional_vector_view(call.target_vector, function, "target");
+  const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
+  const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
+  const std::size_t bytes =
+      distill_workspace_size(rows, vocab, call.options, call.student_view.device);
+  std::tie(call.workspace_buffer, call.workspace) = allocate_workspace(student, bytes);
+  return call;
+}
 
 Tensor distill_forward_op(const Tensor& student, const Tensor& teacher,
                           const c10::optional<Tensor>& target,
@@ -17,27 +57,16 @@ Tensor distill_forward_op(const Tensor& student, const Tensor& teacher,
   constexpr const char* function = "distill_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(student.device());
-    const Tensor student_rows = contiguous_rows(student);
-    const Tensor teacher_rows = contiguous_rows(teacher);
-    const auto target_vector =
-        target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
-    const auto class_weight32 = as_fp32_vector(class_weight);
-    const DistillOptions options = make_distill_options(
-        function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-        reduction, label_smoothing, z_loss,
-        optional_vector_view(class_weight32, function, "class_weight"));
+    const DistillCall call =
+        prepare_distill(function, student, teacher, target, class_weight, kind, temperature,
+                        beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+                        label_smoothing, z_loss);
     const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
-    const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
-
-    Tensor loss = new_loss(student, options.ce.reduction, rows);
+    Tensor loss = new_loss(student, call.options.ce.reduction, rows);
     DistillOutputs out;
     out.loss = vector_view(loss, function, "loss");
-    const TensorView student_view = matrix_view(student_rows, function, "student");
-    const std::size_t bytes = distill_workspace_size(rows, vocab, options, student_view.device);
-    auto [buffer, workspace] = allocate_workspace(student, bytes);
-    distill_forward(student_view, matrix_view(teacher_rows, function, "teacher"),
-                    optional_vector_view(target_vector, function, "target"), options, out,
-                    TensorView{}, workspace, current_stream(student));
+    distill_forward(call.student_view, call.teacher_view, call.target_view, call.options, out,
+                    TensorView{}, call.workspace, current_stream(student));
     return loss;
   });
 }
@@ -51,27 +80,15 @@ Tensor distill_backward_op(const Tensor& student, const Tensor& teacher,
   constexpr const char* function = "distill_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(student.device());
-    const Tensor student_rows = contiguous_rows(student);
-    const Tensor teacher_rows = contiguous_rows(teacher);
-    const auto target_vector =
-        target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
+    const DistillCall call =
+        prepare_distill(function, student, teacher, target, class_weight, kind, temperature,
+                        beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+                        label_smoothing, z_loss);
     const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
-    const auto class_weight32 = as_fp32_vector(class_weight);
-    const DistillOptions options = make_distill_options(
-        function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-        reduction, label_smoothing, z_loss,
-        optional_vector_view(class_weight32, function, "class_weight"));
-    const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
-    const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
-
-    Tensor grad_student = at::empty(student_rows.sizes(), student.options());
-    const TensorView student_view = matrix_view(student_rows, function, "student");
-    const std::size_t bytes = distill_workspace_size(rows, vocab, options, student_view.device);
-    auto [buffer, workspace] = allocate_workspace(student, bytes);
-    distill_backward(student_view, matrix_view(teacher_rows, function, "teacher"),
-                     optional_vector_view(target_vector, function, "target"),
-                     vector_view(grad_output32, function, "grad_output"), options,
-                     matrix_view(grad_student, function, "grad_student"), workspace,
+    Tensor grad_student = at::empty(call.student_rows.sizes(), student.options());
+    distill_backward(call.student_view, call.teacher_view, call.target_view,
+                     vector_view(grad_output32, function, "grad_output"), call.options,
+                     matrix_view(grad_student, function, "grad_student"), call.workspace,
                      current_stream(student));
     return grad_student;
   });
