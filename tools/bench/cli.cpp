@@ -59,6 +59,9 @@ void print_help() {
       "  --warmup K             untimed repetitions first (default 1 CPU, 5 CUDA)\n"
       "  --suite S              perf-ce|perf-distill|perf-linear|perf: the PERF.md rows (CUDA)\n"
       "  --no-naive             skip the naive form (no time, memory or agreement for it)\n"
+      "  --profile-one-call     per case, one more xent call between cudaProfilerStart and\n"
+      "                         cudaProfilerStop, after the first call and before the timed\n"
+      "                         ones (for ncu --profile-from-start off; scripts/gpu-profile.sh)\n"
       "  --json FILE            write every measurement as a JSON array of records\n"
       "  --max-error E          exit 1 unless every xent run succeeds and agrees with the\n"
       "                         naive form within relative error E (loss and gradients)\n"
@@ -193,6 +196,8 @@ Config parse_command_line(int argc, char** argv) {
     } else if (flag == "--no-naive") {
       config.naive = false;
       config.check = false;
+    } else if (flag == "--profile-one-call") {
+      config.profile_one_call = true;
     } else if (flag == "--max-error") {
       const std::string text = value();
       char* end = nullptr;

@@ -58,6 +58,7 @@ struct Config {
   std::string compare;    // "torch": also run tools/compare_torch.py on the same cases
   std::string suite;      // the suite name, for the records
   double max_error = -1;  // >= 0: exit 1 unless every xent record ran and agrees within it
+  bool profile_one_call = false;  // one extra xent call per case inside the profiler range
   bool help = false;
 };
 

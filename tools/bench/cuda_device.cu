@@ -1,5 +1,6 @@
 // A CUDA GPU as a bench device: CUDA events on one stream, cudaMalloc'd memory, on-device random
 // fills, the copy bandwidth B and the cuBLASLt GEMM floor F measured in the same run.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -131,6 +132,14 @@ class CudaDevice final : public BenchDevice {
     return times;
   }
   void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void begin_profiled_call() override {
+    synchronize();
+    check(cudaProfilerStart(), "cudaProfilerStart");
+  }
+  void end_profiled_call() override {
+    synchronize();
+    check(cudaProfilerStop(), "cudaProfilerStop");
+  }
 
   std::size_t memory_in_use() override {
     std::size_t free_bytes = 0, total_bytes = 0;

@@ -38,6 +38,11 @@ class BenchDevice {
   virtual std::vector<double> time(const std::function<void(int)>& fn, int warmup,
                                    int repeat) = 0;
   virtual void synchronize() = 0;
+  // Bracket the one op call a profiler should capture (CUDA: cudaProfilerStart/Stop, seen by
+  // `ncu --profile-from-start off`), so warm-up, timing, fills and ceilings stay out of it.
+  // Both synchronize; no-ops where there is no profiler API.
+  virtual void begin_profiled_call() {}
+  virtual void end_profiled_call() {}
   virtual Stream stream() const { return {}; }
 
   // Bytes of device memory in use now (CUDA: total − free); 0 where it cannot be read.

@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
     settings.warmup = config.warmup >= 0 ? config.warmup : device->default_warmup();
     settings.naive = config.naive && config.suite.empty();
     settings.check = config.check && settings.naive;
+    settings.profile_one_call = config.profile_one_call;
     std::fprintf(stderr, "[xent-bench] device: %s\n", device->name().c_str());
     if (device->device().kind == xent::DeviceKind::cuda) {
       settings.copy_bandwidth = device->copy_bandwidth();

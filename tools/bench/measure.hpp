@@ -15,6 +15,7 @@ struct MeasureSettings {
   bool naive = true;
   bool check = true;
   double copy_bandwidth = 0;  // B of this run (0 on the CPU)
+  bool profile_one_call = false;  // see Config::profile_one_call
 };
 
 // Appends the records of this case (xent first, then naive). Failures of an implementation become
