@@ -16,9 +16,12 @@
 #                /opt/nvidia/nsight-compute/)
 #   PROFILE_ROW_TIMEOUT  seconds per row before it is cut (default 900)
 #   XENT_COMMIT  commit named in the records where the tree has no .git
-# Per row OUTDIR holds ROW.ncu-rep (open in the Nsight Compute UI), ROW.csv (`ncu --import
+#   PROFILE_PACK=0         leave the per-row files loose instead of packing them (see the end)
+#   PROFILE_KEEP_REPORTS=1 keep the .ncu-rep reports (in the archive, or loose)
+# Per row the run writes ROW.ncu-rep (open in the Nsight Compute UI), ROW.csv (`ncu --import
 # ROW.ncu-rep --csv --page raw`), ROW.log (ncu and xent-bench output, with xent-bench's own
-# timing of the row) and ROW.bench.json; rows.tsv lists what ran, with exit status and seconds.
+# timing of the row under ncu) and ROW.bench.json; rows.tsv lists what ran, with exit status and
+# seconds. By default these end in OUTDIR/captures.tar.gz, beside profile.json and profile.md.
 #
 # How one op call is isolated: xent-bench --profile-one-call makes one extra call per case
 # between cudaProfilerStart and cudaProfilerStop, and ncu runs with --profile-from-start off, so
@@ -175,4 +178,23 @@ done
 python3 tools/ncu_summary.py "$OUT" --json "$OUT/profile.json" --markdown >"$OUT/profile.md" ||
   failed=1
 cat "$OUT/profile.md"
+
+# Few files out: the captures go into one archive next to profile.json, profile.md and rows.tsv
+# (a machine that hands back only a handful of files still returns everything). The .ncu-rep
+# reports (2-10 MB each) go in only with PROFILE_KEEP_REPORTS=1; PROFILE_PACK=0 leaves every
+# file loose.
+if [[ "${PROFILE_PACK:-1}" == 1 ]]; then
+  (
+    cd "$OUT" || exit 1
+    files=(ncu-*.log build.log)
+    for entry in "${ROWS_TABLE[@]}"; do
+      id="${entry%%|*}"
+      files+=("$id.csv" "$id.log" "$id.bench.json")
+      [[ "${PROFILE_KEEP_REPORTS:-0}" == 1 ]] && files+=("$id.ncu-rep")
+    done
+    present=()
+    for f in "${files[@]}"; do [[ -f "$f" ]] && present+=("$f"); done
+    tar -czf captures.tar.gz "${present[@]}" && rm -f "${present[@]}" ./*.ncu-rep
+  ) || failed=1
+fi
 exit $failed

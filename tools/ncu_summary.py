@@ -50,6 +50,9 @@ LIMIT_REGISTERS = ("launch__occupancy_limit_registers",)
 LIMIT_SMEM = ("launch__occupancy_limit_shared_mem",)
 LIMIT_WARPS = ("launch__occupancy_limit_warps",)
 LIMIT_BLOCKS = ("launch__occupancy_limit_blocks",)
+CLUSTER = ("launch__cluster_size",)
+_STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+_STALL_SUFFIX = "_per_issue_active.ratio"
 # Tensor pipe busy: on Hopper the wgmma work counts in the tensor pipe's active cycles; older
 # names and the per-instruction view follow as fall-backs.
 TENSOR_PCT = ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
@@ -136,7 +139,9 @@ def _records(text):
 def short_kernel_name(name):
     """The kernel's own name without namespace, template arguments or parameters:
     "void xent::cuda::ce_rows_kernel<(int)8, bf16>(Params)" -> "ce_rows_kernel"."""
-    text = name.strip()
+    # ncu prints an anonymous namespace as "(anonymous namespace)" or, in some versions, as a
+    # bare "unnamed>" whose lone '>' would upset the bracket count below.
+    text = name.strip().replace("(anonymous namespace)", "anonymous").replace("unnamed>", "anonymous")
     depth, cut = 0, []
     for ch in text:  # drop everything inside <...> and (...)
         if ch in "<(":
@@ -176,6 +181,10 @@ def parse_raw_csv(text):
         def cell(name):
             return row[column[name]].strip() if name in column else None
 
+        # Stall reasons (WarpStateStats): cycles a warp spent stalled per issued instruction.
+        stalls = sorted(((m[len(_STALL_PREFIX):-len(_STALL_SUFFIX)], v) for m, v in metrics.items()
+                         if m.startswith(_STALL_PREFIX) and m.endswith(_STALL_SUFFIX)),
+                        key=lambda item: -item[1])
         issue = pick(ISSUE)
         smem = [pick(SMEM_STATIC), pick(SMEM_DYNAMIC)]
         tensor_metric = next((m for m in TENSOR_PCT if m in metrics), None)
@@ -209,6 +218,9 @@ def parse_raw_csv(text):
                 "warps": pick(LIMIT_WARPS), "blocks": pick(LIMIT_BLOCKS)},
             "tensor_pct": metrics.get(tensor_metric) if tensor_metric else None,
             "tensor_metric": tensor_metric,
+            "cluster_size": pick(CLUSTER),
+            "top_stalls": [[reason, value] for reason, value in stalls
+                           if reason != "selected"][:4],
             "device": cell("device__attribute_display_name") or None,
             "metrics": metrics,
         })
@@ -221,7 +233,16 @@ _WEIGHTED = ("dram_pct", "dram_read_gb_s", "dram_write_gb_s", "sm_pct", "issue_p
              "tensor_pct")
 _SUMMED = ("duration_us", "dram_read_bytes", "dram_write_bytes", "instructions")
 _FIRST = ("registers_per_thread", "smem_per_block_bytes", "grid_size", "block_size", "grid",
-          "block", "ctas_per_sm_limit")
+          "block", "cluster_size", "ctas_per_sm_limit")
+
+
+_GEMM_NAME = re.compile(r"nvjet|gemm|xmma|cutlass|cublas", re.IGNORECASE)
+
+
+def is_gemm(name):
+    """cuBLAS/cuBLASLt kernels (nvjet_*, *gemm*, sm90_xmma_*, cutlass_*): the matrix products of
+    the fused linear ops, as opposed to xent's own kernels."""
+    return bool(_GEMM_NAME.search(name or ""))
 
 
 def group_by_kernel(kernels):
@@ -249,6 +270,7 @@ def group_by_kernel(kernels):
                 entry[key] = sum(v for _, v in pairs) / len(pairs)
         for key in _FIRST:
             entry[key] = launches[0][key]
+        entry["top_stalls"] = max(launches, key=lambda k: k["duration_us"] or 0.0)["top_stalls"]
         entry["time_share"] = (entry["duration_us"] or 0.0) / total if total > 0 else None
         merged.append(entry)
     merged.sort(key=lambda e: -(e["duration_us"] or 0.0))
@@ -269,6 +291,8 @@ def summarize_row(meta, kernels):
     record["kernel_launches"] = len(kernels)
     record["total_kernel_us"] = total if kernels else None
     record["dominant_kernel"] = record["by_kernel"][0]["name"] if kernels else None
+    gemm_us = sum(k["duration_us"] or 0.0 for k in kernels if is_gemm(k["full_name"]))
+    record["gemm_time_share"] = gemm_us / total if total > 0 else None
     devices = {k["device"] for k in kernels if k["device"]}
     if devices and "device" not in record:
         record["device"] = sorted(devices)[0]
@@ -338,20 +362,23 @@ def markdown_table(records):
     lines = [
         "| row | kernel µs (launches) | dominant kernel | DRAM % | read / write GB/s | SM % "
         "| issue / scheduler | occupancy theor. / achieved % | CTA limit regs / smem "
-        "| regs | smem KiB | grid × block | tensor % | time shares |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| regs | smem KiB | grid × block | tensor % | top stalls (cycles / issue) | time shares |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
         shape = "×".join(str(x) for x in (r.get("n"), r.get("h"), r.get("v")) if x)
         title = " ".join(x for x in (r.get("op"), r.get("kind"), shape, r.get("mode"),
                                      r.get("options")) if x) or r.get("row") or "?"
         if r.get("error") or not r["by_kernel"]:
-            lines.append(f"| {title} | – | error: {r.get('error')} |" + " |" * 11)
+            lines.append(f"| {title} | – | error: {r.get('error')} |" + " |" * 12)
             continue
         d = r["by_kernel"][0]
         limits = d["ctas_per_sm_limit"] or {}
         shares = ", ".join(f"{_brief(g['name'])} {_fmt(g['time_share'], 0, 100)} %"
                            for g in r["by_kernel"][:4])
+        if r.get("gemm_time_share"):
+            shares = f"GEMMs {_fmt(r['gemm_time_share'], 0, 100)} %: " + shares
+        stalls = ", ".join(f"{reason} {value:.2f}" for reason, value in d["top_stalls"][:3])
         if len(r["by_kernel"]) > 4:
             shares += f", {len(r['by_kernel']) - 4} more"
         lines.append(
@@ -363,7 +390,7 @@ def markdown_table(records):
             f"| {_fmt(limits.get('registers'))} / {_fmt(limits.get('shared_mem'))} "
             f"| {_fmt(d['registers_per_thread'])} | {_fmt(d['smem_per_block_bytes'], 1, 1 / 1024)} "
             f"| {_fmt(d['grid_size'])} × {_fmt(d['block_size'])} | {_fmt(d['tensor_pct'])} "
-            f"| {shares} |")
+            f"| {stalls or '–'} | {shares} |")
     return "\n".join(lines)
 
 

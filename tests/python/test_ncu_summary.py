@@ -46,6 +46,10 @@ def test_short_kernel_names():
     assert short("void xent::cuda::(anonymous namespace)::ce_rows_kernel<(int)8, __nv_bfloat16>"
                  "(xent::cuda::RowParams)") == "ce_rows_kernel"
     assert short("void reduce_kernel<float>(const float *, long)") == "reduce_kernel"
+    # ncu 2025 prints the anonymous namespace as a bare "unnamed>".
+    assert short("void unnamed>::ce_rows_kernel<common::bf16_t>(unnamed>::CeKernelParams)") == \
+        "ce_rows_kernel"
+    assert short("unnamed>::ce_reduce_kernel(CeReduceArgs)") == "ce_reduce_kernel"
     assert short("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas") == \
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas"
 
@@ -106,6 +110,7 @@ def test_row_totals_shares_and_groups():
     assert groups[1]["tensor_pct"] is None
     assert groups[2]["dram_read_gb_s"] is None
     assert record["device"] == "NVIDIA H200"
+    assert record["gemm_time_share"] == pytest.approx(682.8 / total)
     json.dumps(record)  # the record serialises as it is
 
 
@@ -154,9 +159,33 @@ def test_profile_directory(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert len(table) == 4  # header, rule, one line per row
     assert table[2].startswith("| linear_ce 8192×4096×128256 fwdbwd plain | 972.4 (5) |")
-    assert "linear_ce_rows_kernel 30 %" in table[2]
+    assert "| GEMMs 70 %: sm90_xmma_gemm" in table[2] and "linear_ce_rows_kernel 30 %" in table[2]
     assert "| 71 | 3,075 / 178 | 84 | 0.34 | 12.5 / 12.4 | 1 / 1 | 168 |" in table[2]
     assert "error" in table[3]
+
+
+def test_ce_row_captured_on_an_h200():
+    """A real capture (columns trimmed to what the summary reads, values untouched): ce 16384 x
+    32768 bf16 fwd+grad, one op call = batch totals, row kernel, reduce."""
+    text = (DATA / "ncu_raw_h200_ce_16384x32768.csv").read_text()
+    kernels = ncu_summary.parse_raw_csv(text)
+    assert [k["name"] for k in kernels] == ["ce_batch_totals_kernel", "ce_rows_kernel",
+                                            "ce_reduce_kernel"]
+    rows = kernels[1]
+    assert rows["duration_us"] == pytest.approx(632.416)  # "632,416" ns
+    assert rows["dram_pct"] is not None and 50 < rows["dram_pct"] < 100  # gpu__dram_throughput
+    assert rows["dram_read_gb_s"] == pytest.approx(1698.258, rel=1e-5)  # byte/s
+    assert rows["dram_read_bytes"] == pytest.approx(1074005760)
+    assert rows["grid_size"] == 16384 and rows["block_size"] == 256
+    assert rows["ctas_per_sm_limit"]["registers"] == 5
+    assert rows["ctas_per_sm_limit"]["shared_mem"] == 3
+    assert rows["smem_per_block_bytes"] == 65536 + 896
+    assert rows["top_stalls"][0][0] == "barrier"
+    assert rows["device"] == "NVIDIA H200"
+    record = ncu_summary.summarize_row({"row": "ce-32k"}, kernels)
+    assert record["dominant_kernel"] == "ce_rows_kernel"
+    assert record["gemm_time_share"] == 0
+    assert record["by_kernel"][0]["time_share"] == pytest.approx(632.416 / 647.968, rel=1e-4)
 
 
 @pytest.mark.parametrize("capture", sorted(DATA.glob("ncu_raw_h*.csv")), ids=lambda p: p.name)
