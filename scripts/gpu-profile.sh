@@ -24,7 +24,7 @@
 # seconds. By default these end in OUTDIR/captures.tar.gz, beside profile.json and profile.md.
 # Time per row measured on an H200 (ncu 2025.3, wall time of the row including process start):
 # ce 16384 x 32768 4 s, distill forward_kl 4096 x 32768 5 s, linear_ce 8192 x 4096 x 128256 26 s
-# (38 kernel launches, ~20-40 replay passes each).
+# (38 kernel launches; ncu replays every kernel once per pass, 20 passes for the ce kernels).
 #
 # How one op call is isolated: xent-bench --profile-one-call makes one extra call per case
 # between cudaProfilerStart and cudaProfilerStop, and ncu runs with --profile-from-start off, so
