@@ -76,20 +76,39 @@ XENT_HD T weighted_log_ratio(T p, T log_ratio) {
   return p == T(0) ? T(0) : p * log_ratio;
 }
 
-template <class T>
-XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps) {
+// How the jsd terms evaluate e^x (x <= 0) and log y (y in [1, 2]): std::exp / std::log here; the
+// GPU kernels pass their ex2/lg2 forms, which keep log m within ~3e-7 absolute on every element
+// (cuda/distill_rows.cuh) instead of a precise expf and logf per element per sweep.
+struct StdExpLog {
+  template <class T>
+  XENT_HD T exp(T x) const {
+    return std::exp(x);
+  }
+  template <class T>
+  XENT_HD T log(T y) const {
+    return std::log(y);
+  }
+};
+
+// log m, m = β·p_t + (1−β)·p_s, from the log-probabilities: with a = log β + log p_t and
+// b = log(1−β) + log p_s, log m = max(a, b) + log(1 + e^(−|a−b|)). The larger side contributes
+// e^0 = 1 exactly (the same value as log(e^(a−m) + e^(b−m)), bit for bit), so only one
+// exponential is formed, and the log's argument lies in [1, 2], where its absolute error is
+// smallest. NaN passes through (|a − b| is NaN).
+template <class T, class Math = StdExpLog>
+XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps, Math math = {}) {
   const T a = c.log_beta + log_pt, b = c.log_one_minus_beta + log_ps;
   const T m = a > b ? a : b;
   if (m == -infinity<T>()) return m;
-  return m + std::log(std::exp(a - m) + std::exp(b - m));
+  return m + math.log(T(1) + math.exp(-(a > b ? a - b : b - a)));
 }
 
 // One element's terms from its log-probabilities and probabilities (log_p = v − lse, p = e^log_p),
 // for a backend that forms the exponentials its own way (the GPU kernels use the ex2 unit);
 // distill_term below is this with std::exp.
-template <class T>
+template <class T, class Math = StdExpLog>
 XENT_HD DistillTerm<T> distill_term_from_probs(const DistillConstants<T>& c, T log_ps, T log_pt,
-                                               T ps, T pt) {
+                                               T ps, T pt, Math math = {}) {
   switch (c.kind) {
     case DistillKindCode::forward_kl:
       return {weighted_log_ratio(pt, log_pt - log_ps), T(0)};
@@ -99,7 +118,7 @@ XENT_HD DistillTerm<T> distill_term_from_probs(const DistillConstants<T>& c, T l
     }
     case DistillKindCode::jsd: {
       if (distill_is_degenerate(c)) return {T(0), T(0)};
-      const T log_m = log_mixture(c, log_pt, log_ps);
+      const T log_m = log_mixture(c, log_pt, log_ps, math);
       const T loss = c.beta * weighted_log_ratio(pt, log_pt - log_m) +
                      (T(1) - c.beta) * weighted_log_ratio(ps, log_ps - log_m);
       return {loss, weighted_log_ratio(ps, (T(1) - c.beta) * (log_ps - log_m))};
@@ -125,9 +144,9 @@ XENT_HD DistillTerm<T> distill_term(const DistillConstants<T>& c, T lse_s, T lse
 // ∂(row loss)/∂vs for one element from its log-probabilities and probabilities, given Σ p_s·u of
 // the row (unused by forward_kl and soft_ce). The caller multiplies by the row coefficient and by
 // transform.slope(s) for ∂/∂s. distill_grad_element below is this with std::exp.
-template <class T>
+template <class T, class Math = StdExpLog>
 XENT_HD T distill_grad_from_probs(const DistillConstants<T>& c, T log_ps, T log_pt, T ps, T pt,
-                                  T sum_prob_u) {
+                                  T sum_prob_u, Math math = {}) {
   switch (c.kind) {
     case DistillKindCode::forward_kl:
     case DistillKindCode::soft_ce:
@@ -136,7 +155,7 @@ XENT_HD T distill_grad_from_probs(const DistillConstants<T>& c, T log_ps, T log_
       return ps == T(0) ? T(0) : ps * (log_ps - log_pt - sum_prob_u);
     case DistillKindCode::jsd: {
       if (distill_is_degenerate(c) || ps == T(0)) return T(0);
-      const T u = (T(1) - c.beta) * (log_ps - log_mixture(c, log_pt, log_ps));
+      const T u = (T(1) - c.beta) * (log_ps - log_mixture(c, log_pt, log_ps, math));
       return ps * (u - sum_prob_u);
     }
     case DistillKindCode::tvd: {
@@ -187,20 +206,39 @@ struct TvdSums {
   }
 };
 
+// The three quotients of tvd's gradient, one per side of p_t: u_i − Σ p_s·u / P for p_s > p_t,
+// p_s < p_t and p_s = p_t. They depend on the row only, so a sweep divides three times per row
+// instead of once per element (the same expressions, hence the same values).
+template <class A>
+struct TvdGradRow {
+  A above = 0;
+  A below = 0;
+  A equal = 0;
+};
+
+template <class A>
+XENT_HD TvdGradRow<A> tvd_grad_row(const TvdSums<A>& sums) {
+  const A total = sums.above + sums.below + sums.equal;
+  TvdGradRow<A> row;
+  row.above = (sums.below + A(0.5) * sums.equal) / total;
+  row.below = -(sums.above + A(0.5) * sums.equal) / total;
+  row.equal = A(0.5) * (sums.below - sums.above) / total;
+  return row;
+}
+
+// ∂(row loss)/∂vs of tvd for one element, from the row's quotients. NaN p_s takes the `equal`
+// side and stays NaN.
+template <class T, class A>
+XENT_HD T tvd_grad_from_row(const TvdGradRow<A>& row, T ps, T pt) {
+  if (ps == T(0)) return T(0);
+  const A d = ps > pt ? row.above : (ps < pt ? row.below : row.equal);
+  return ps * static_cast<T>(d);
+}
+
 // ∂(row loss)/∂vs of tvd for one element, from the row's TvdSums.
 template <class T, class A>
 XENT_HD T tvd_grad_from_probs(const TvdSums<A>& sums, T ps, T pt) {
-  if (ps == T(0)) return T(0);
-  const A total = sums.above + sums.below + sums.equal;
-  A d;
-  if (ps > pt) {
-    d = (sums.below + A(0.5) * sums.equal) / total;
-  } else if (ps < pt) {
-    d = -(sums.above + A(0.5) * sums.equal) / total;
-  } else {
-    d = A(0.5) * (sums.below - sums.above) / total;
-  }
-  return ps * static_cast<T>(d);
+  return tvd_grad_from_row(tvd_grad_row(sums), ps, pt);
 }
 
 template <class T, class A>

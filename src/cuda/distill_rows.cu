@@ -2,9 +2,9 @@
 // staged on chip once, then the sweeps of common/distill_row.hpp over shared memory: statistics;
 // loss terms and the row sums the gradient needs (Σ p_s·u, or tvd's per-side sums); gradient,
 // with the hard-label ce term fused in. forward_kl and soft_ce need no row sum before their
-// gradient, so their loss and gradient share one sweep.
-#include <type_traits>
-
+// gradient, so their loss and gradient share one sweep. On request the kernel exports the row's
+// statistics (DistillRowStatistics), from which linear_distill forms the gradient of a
+// vocabulary block later with the same per-element code (distill_element_grad).
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
 #include "cuda/row_slice.cuh"
@@ -49,59 +49,6 @@ struct DistillRowShared {
   float soft_coef;
 };
 
-// Calls f(transform) with the softcap branch resolved at compile time (see with_transform).
-template <class F>
-__device__ __forceinline__ void with_distill_transform(const common::DistillTransform<float>& t,
-                                                       F&& f) {
-  if (t.softcap > 0) {
-    f(t);
-  } else if (t.inv_temperature == 1.0f) {
-    f(IdentityTransform{});
-  } else {
-    common::DistillTransform<float> plain;
-    plain.inv_temperature = t.inv_temperature;
-    plain.softcap = 0.0f;
-    f(plain);
-  }
-}
-
-// Calls f(std::integral_constant<DistillKindCode, kind>) for the runtime kind.
-template <class F>
-__device__ __forceinline__ void with_distill_kind(DistillKindCode kind, F&& f) {
-  switch (kind) {
-    case DistillKindCode::forward_kl:
-      f(std::integral_constant<DistillKindCode, DistillKindCode::forward_kl>{});
-      break;
-    case DistillKindCode::reverse_kl:
-      f(std::integral_constant<DistillKindCode, DistillKindCode::reverse_kl>{});
-      break;
-    case DistillKindCode::jsd:
-      f(std::integral_constant<DistillKindCode, DistillKindCode::jsd>{});
-      break;
-    case DistillKindCode::soft_ce:
-      f(std::integral_constant<DistillKindCode, DistillKindCode::soft_ce>{});
-      break;
-    case DistillKindCode::tvd:
-      f(std::integral_constant<DistillKindCode, DistillKindCode::tvd>{});
-      break;
-  }
-}
-
-// log-probabilities and probabilities of one element of the student and teacher rows.
-struct ElementProbs {
-  float log_ps, log_pt, ps, pt;
-};
-template <class Transform>
-__device__ __forceinline__ ElementProbs element_probs(const Transform& transform, float s, float t,
-                                                      float lse_s, float lse_t) {
-  ElementProbs e;
-  e.log_ps = transform.value(s) - lse_s;
-  e.log_pt = transform.value(t) - lse_t;
-  e.ps = fast_exp(e.log_ps);
-  e.pt = fast_exp(e.log_pt);
-  return e;
-}
-
 template <class S>
 __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
   constexpr int kVec = kVectorElements<S>;
@@ -114,17 +61,15 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
 }
 
 // One sweep over the slice: accumulates the loss sums (kLoss) and/or writes the gradient
-// (kGrad). `sums` carries the row sums in for the gradient and the thread's partial sums out.
-// The kind is a template argument: with it fixed in the constants, the switches of
-// common::distill_term_from_probs / distill_grad_from_probs fold away instead of running per
-// element.
+// (kGrad) from the row constants in `row`. The kind is a template argument: with it fixed in the
+// constants, the switches of common::distill_term_from_probs / distill_grad_from_probs fold away
+// instead of running per element.
 template <DistillKindCode kKind, bool kLoss, bool kGrad, class S, class Transform>
 __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                               const RowSlice<S>& teacher,
                                               const Transform& transform,
-                                              DistillConstants<float> dc, float lse_s,
-                                              float lse_t, const DistillSums& row_sums,
-                                              DistillSums& partial, float soft_coef,
+                                              DistillConstants<float> dc,
+                                              const DistillGradRow& row, DistillSums& partial,
                                               bool with_hard, const CeConstants<float>& hc,
                                               const CeGradRow<float>& hard_row,
                                               int target_in_slice, const float* class_weight,
@@ -132,10 +77,7 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
   constexpr int kVec = kVectorElements<S>;
   dc.kind = kKind;
   constexpr bool tvd = kKind == DistillKindCode::tvd;
-  common::TvdSums<float> tvd_row;
-  tvd_row.above = row_sums.value[2];
-  tvd_row.below = row_sums.value[3];
-  tvd_row.equal = row_sums.value[4];
+  const bool weighted_hard = with_hard && class_weight && hc.smoothing > 0;
   const int vectors = static_cast<int>(student.vectors());
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
     Vector<S> s = student.reload(j);  // sweep 1 waited on every piece this thread reads
@@ -143,36 +85,31 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const int i = j * kVec + k;
-      const ElementProbs e = element_probs(transform, s.value[k], t.value[k], lse_s, lse_t);
+      const float x = s.value[k];
+      const ElementProbs e = element_probs(transform.value(x), transform.value(t.value[k]),
+                                           row.lse_student, row.lse_teacher);
       if (kLoss && i < student.length) {
-        const auto term = common::distill_term_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt);
-        partial.value[0] += term.loss;
-        partial.value[1] += term.prob_u;
         if (tvd) {
+          // tvd's gradient takes the per-side sums, never Σ p_s·u: only the loss and the sums.
+          const float diff = e.pt - e.ps;
+          partial.value[0] += 0.5f * (diff < 0 ? -diff : diff);
           common::TvdSums<float> one;
           one.add_probs(e.ps, e.pt);
           partial.value[2] += one.above;
           partial.value[3] += one.below;
           partial.value[4] += one.equal;
+        } else {
+          const auto term =
+              common::distill_term_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt, FastExpLog{});
+          partial.value[0] += term.loss;
+          partial.value[1] += term.prob_u;
         }
       }
       if (kGrad) {
-        const float x = s.value[k];
-        const float row_grad =
-            tvd ? common::tvd_grad_from_probs(tvd_row, e.ps, e.pt)
-                : common::distill_grad_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt,
-                                                  row_sums.value[1]);
-        float g = soft_coef * row_grad * transform.slope(x);
-        if (with_hard) {
-          const float w =
-              class_weight && hc.smoothing > 0 && i < student.length
-                  ? class_weight[student.begin + i]
-                  : 1.0f;
-          const float p = fast_exp(hc.transform.value(x) - hard_row.lse);
-          g += common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x), i == target_in_slice,
-                                         w);
-        }
-        s.value[k] = g;
+        const float w = weighted_hard && i < student.length ? class_weight[student.begin + i]
+                                                            : 1.0f;
+        s.value[k] = distill_element_grad<kKind>(dc, row, transform, x, e, with_hard, hc,
+                                                 hard_row, i == target_in_slice, w);
       }
     }
     if (kGrad) store_vector(grad, j, student.length, grad_vector_ok, s);
@@ -214,6 +151,7 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
       if (a.row_hard_z) a.row_hard_z[row] = fill;
       if (a.row_total) a.row_total[row] = fill;
     }
+    if (a.statistics && rank == 0 && threadIdx.x == 0) a.statistics[row] = DistillRowStatistics{};
     if (grad) write_constant_row(grad, length, p.grad_vector_ok, fill);
     return;
   }
@@ -268,64 +206,55 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
                      into.hard.merge(other.hard);
                      into.hard_target_logit += other.hard_target_logit;
                    });
-  const float lse_s = row_shared.stats.student.lse();
-  const float lse_t = row_shared.stats.teacher.lse();
   const RowStats<float>& hs = row_shared.stats.hard;
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
   const float r = a.row_weight ? a.row_weight[row] : 1.0f;
   const float target_weight = with_hard && class_weight ? class_weight[target] : 1.0f;
   if (threadIdx.x == 0 && a.grad) {
-    const bool mean = o.ce.reduction == Reduction::mean;
-    const double valid_rows = a.totals->valid_rows;
-    const float soft_factor =
-        mean ? (valid_rows > 0 ? static_cast<float>(o.soft_weight / valid_rows) : 0.0f)
-             : static_cast<float>(o.soft_weight);
-    row_shared.soft_coef = upstream * soft_factor;
+    row_shared.soft_coef = distill_soft_coef(o, a.totals, upstream);
     if (with_hard) {
-      const float coef = static_cast<float>(o.hard_weight) * upstream * r;
-      row_shared.hard_row = common::ce_grad_row(hc, hs.lse(), target, target_weight,
-                                                coef * a.totals->loss_factor,
-                                                coef * a.totals->z_factor);
+      row_shared.hard_row =
+          distill_hard_grad_row(o, hc, a.totals, hs.lse(), target, upstream, r);
     }
   }
   __syncthreads();
 
   // Sweeps 2 and 3: loss terms and row sums, then the gradient; one sweep when the gradient
-  // needs no row sum (forward_kl, soft_ce).
+  // needs no row sum (forward_kl, soft_ce). Exported statistics need the row sums too.
   const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
   const bool needs_row_sums = common::distill_needs_sum_pu(dc.kind);
-  const bool loss_sweep = want_loss || (a.grad && needs_row_sums);
+  const bool loss_sweep = want_loss || ((a.grad || a.statistics) && needs_row_sums);
   const bool fused = a.grad && !needs_row_sums;
   const int target_in_slice =
       with_hard && target >= begin && target < begin + length ? static_cast<int>(target - begin)
                                                               : -1;
   const CeGradRow<float> hard_row = with_hard ? row_shared.hard_row : CeGradRow<float>{};
-  const float soft_coef = a.grad ? row_shared.soft_coef : 0.0f;
+  DistillGradRow grad_row;
+  grad_row.lse_student = row_shared.stats.student.lse();
+  grad_row.lse_teacher = row_shared.stats.teacher.lse();
+  grad_row.soft_coef = a.grad ? row_shared.soft_coef : 0.0f;
   DistillSums partial{};
   with_distill_transform(dc.transform, [&](const auto& transform) {
     with_distill_kind(dc.kind, [&](auto kind) {
       constexpr DistillKindCode kKind = decltype(kind)::value;
       if constexpr (!common::distill_needs_sum_pu(kKind)) {  // forward_kl, soft_ce
         if (fused && want_loss) {
-          distill_sweep<kKind, true, true>(student, teacher, transform, dc, lse_s, lse_t,
-                                           DistillSums{}, partial, soft_coef, with_hard, hc,
-                                           hard_row, target_in_slice, class_weight, grad,
-                                           p.grad_vector_ok);
+          distill_sweep<kKind, true, true>(student, teacher, transform, dc, grad_row, partial,
+                                           with_hard, hc, hard_row, target_in_slice,
+                                           class_weight, grad, p.grad_vector_ok);
           return;
         }
         if (fused) {
-          distill_sweep<kKind, false, true>(student, teacher, transform, dc, lse_s, lse_t,
-                                            DistillSums{}, partial, soft_coef, with_hard, hc,
-                                            hard_row, target_in_slice, class_weight, grad,
-                                            p.grad_vector_ok);
+          distill_sweep<kKind, false, true>(student, teacher, transform, dc, grad_row, partial,
+                                            with_hard, hc, hard_row, target_in_slice,
+                                            class_weight, grad, p.grad_vector_ok);
           return;
         }
       }
       if (loss_sweep) {
-        distill_sweep<kKind, true, false>(student, teacher, transform, dc, lse_s, lse_t,
-                                          DistillSums{}, partial, soft_coef, with_hard, hc,
-                                          hard_row, target_in_slice, class_weight, grad,
-                                          p.grad_vector_ok);
+        distill_sweep<kKind, true, false>(student, teacher, transform, dc, grad_row, partial,
+                                          with_hard, hc, hard_row, target_in_slice, class_weight,
+                                          grad, p.grad_vector_ok);
       }
     });
   });
@@ -336,20 +265,37 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
 #pragma unroll
                        for (int k = 0; k < kSums; ++k) into.value[k] += other.value[k];
                      });
+    grad_row.sum_prob_u = row_shared.sums.value[1];
+    common::TvdSums<float> tvd_sums;
+    tvd_sums.above = row_shared.sums.value[2];
+    tvd_sums.below = row_shared.sums.value[3];
+    tvd_sums.equal = row_shared.sums.value[4];
+    if (dc.kind == DistillKindCode::tvd) grad_row.tvd = common::tvd_grad_row(tvd_sums);
   }
   if (a.grad && !fused) {
-    const DistillSums row_sums = row_shared.sums;
     with_distill_transform(dc.transform, [&](const auto& transform) {
       with_distill_kind(dc.kind, [&](auto kind) {
         constexpr DistillKindCode kKind = decltype(kind)::value;
         if constexpr (common::distill_needs_sum_pu(kKind)) {  // reverse_kl, jsd, tvd
-          distill_sweep<kKind, false, true>(student, teacher, transform, dc, lse_s, lse_t,
-                                            row_sums, partial, soft_coef, with_hard, hc, hard_row,
-                                            target_in_slice, class_weight, grad,
-                                            p.grad_vector_ok);
+          distill_sweep<kKind, false, true>(student, teacher, transform, dc, grad_row, partial,
+                                            with_hard, hc, hard_row, target_in_slice,
+                                            class_weight, grad, p.grad_vector_ok);
         }
       });
     });
+  }
+  if (a.statistics && threadIdx.x == 0 && rank == 0) {
+    DistillRowStatistics exported;
+    exported.lse_student = grad_row.lse_student;
+    exported.lse_teacher = grad_row.lse_teacher;
+    if (loss_sweep) {
+      exported.sum_prob_u = row_shared.sums.value[1];
+      exported.tvd_above = row_shared.sums.value[2];
+      exported.tvd_below = row_shared.sums.value[3];
+      exported.tvd_equal = row_shared.sums.value[4];
+    }
+    exported.hard_lse = with_hard ? hs.lse() : 0.0f;
+    a.statistics[row] = exported;
   }
 
   if (threadIdx.x == 0 && rank == 0) {

@@ -6,8 +6,12 @@
 // distill_reduce for the scalar loss.
 #pragma once
 
+#include <type_traits>
+
 #include "common/distill_row.hpp"
+#include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
+#include "cuda/row_stats.cuh"
 #include "xent/distill.hpp"
 
 namespace xent::cuda {
@@ -22,6 +26,20 @@ struct DistillRowOptions {
   CeRowOptions ce;           // ignore_index and reduction of the whole op; the rest: hard term
 };
 DistillRowOptions distill_row_options(const DistillOptions& options);
+
+// What the gradient of any column of a row needs beyond the column's own logits, exported by the
+// row kernel so that a later pass (the vocabulary-blocked linear_distill schedule,
+// linear_distill_block_grad.cuh) can form the gradient of a block of columns elementwise.
+struct DistillRowStatistics {
+  float lse_student = 0;  // of the transformed student row
+  float lse_teacher = 0;
+  float sum_prob_u = 0;   // Σ p_s·u (reverse_kl, jsd)
+  float tvd_above = 0;    // common::TvdSums (tvd)
+  float tvd_below = 0;
+  float tvd_equal = 0;
+  float hard_lse = 0;     // lse of the hard-label ce term (its own transform)
+  float unused = 0;       // 32 bytes a row
+};
 
 struct DistillRowsArgs {
   const void* student = nullptr;  // chunk [rows, vocab], fp32/bf16/fp16
@@ -46,6 +64,8 @@ struct DistillRowsArgs {
   // ∂loss/∂student (student dtype), or null; may be exactly the student buffer (in place).
   void* grad = nullptr;
   int64_t grad_row_stride = 0;
+  // Per-row statistics of the gradient (chunk pointer), or null. Zeros for ignored rows.
+  DistillRowStatistics* statistics = nullptr;
 };
 
 void distill_rows(const DistillRowsArgs& args, cudaStream_t stream);
@@ -67,5 +87,139 @@ void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream);
 
 // Bytes of device workspace distill on logits uses: totals + three per-row arrays.
 std::size_t distill_workspace_bytes(int64_t rows);
+
+// ---- device pieces shared by the row kernel and the blocked gradient ---------------------------
+
+// e^x and log y of the jsd terms (common::log_mixture) on the ex2 and lg2 units. log m is formed
+// as max(a, b) + log(1 + e^(−|a−b|)): ex2.approx (≤ 2^-22 relative) of a value in [0, 1] and
+// lg2.approx (≤ 2^-22 absolute for arguments in [1, 2]) keep log m within ~3e-7 absolute on every
+// element, the size of the fp32 rounding of log p = v − lse itself. The precise expf, expf and
+// logf it replaces were most of jsd's per-element instructions, twice per element (loss and
+// gradient sweeps).
+struct FastExpLog {
+  __device__ __forceinline__ float exp(float x) const { return fast_exp(x); }
+  __device__ __forceinline__ float log(float y) const {
+    float log2_y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(log2_y) : "f"(y));
+    return log2_y * 0.6931471805599453f;
+  }
+};
+
+// Calls f(transform) with the softcap branch resolved at compile time (see with_transform).
+template <class F>
+__device__ __forceinline__ void with_distill_transform(const common::DistillTransform<float>& t,
+                                                       F&& f) {
+  if (t.softcap > 0) {
+    f(t);
+  } else if (t.inv_temperature == 1.0f) {
+    f(IdentityTransform{});
+  } else {
+    common::DistillTransform<float> plain;
+    plain.inv_temperature = t.inv_temperature;
+    plain.softcap = 0.0f;
+    f(plain);
+  }
+}
+
+// Calls f(std::integral_constant<DistillKindCode, kind>) for the runtime kind, so that the
+// per-element switches of common/distill_row.hpp fold away.
+template <class F>
+__device__ __forceinline__ void with_distill_kind(common::DistillKindCode kind, F&& f) {
+  using common::DistillKindCode;
+  switch (kind) {
+    case DistillKindCode::forward_kl:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::forward_kl>{});
+      break;
+    case DistillKindCode::reverse_kl:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::reverse_kl>{});
+      break;
+    case DistillKindCode::jsd:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::jsd>{});
+      break;
+    case DistillKindCode::soft_ce:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::soft_ce>{});
+      break;
+    case DistillKindCode::tvd:
+      f(std::integral_constant<DistillKindCode, DistillKindCode::tvd>{});
+      break;
+  }
+}
+
+// log-probabilities and probabilities of one element of the student and teacher rows.
+struct ElementProbs {
+  float log_ps, log_pt, ps, pt;
+};
+__device__ __forceinline__ ElementProbs element_probs(float vs, float vt, float lse_s,
+                                                      float lse_t) {
+  ElementProbs e;
+  e.log_ps = vs - lse_s;
+  e.log_pt = vt - lse_t;
+  e.ps = fast_exp(e.log_ps);
+  e.pt = fast_exp(e.log_pt);
+  return e;
+}
+
+// The row constants of the soft gradient: what the row kernel holds after its loss sweep, and
+// what a blocked pass re-forms from DistillRowStatistics (the same values, so both passes form
+// one gradient).
+struct DistillGradRow {
+  float lse_student = 0;
+  float lse_teacher = 0;
+  float sum_prob_u = 0;
+  common::TvdGradRow<float> tvd;
+  float soft_coef = 0;  // g·σ (divided by N_valid for mean)
+};
+
+__device__ __forceinline__ float distill_soft_coef(const DistillRowOptions& o,
+                                                   const CeBatchTotals* totals, float upstream) {
+  const bool mean = o.ce.reduction == Reduction::mean;
+  const double valid_rows = totals->valid_rows;
+  const float soft_factor =
+      mean ? (valid_rows > 0 ? static_cast<float>(o.soft_weight / valid_rows) : 0.0f)
+           : static_cast<float>(o.soft_weight);
+  return upstream * soft_factor;
+}
+
+// Coefficients of the hard-label ce term of a row (SPEC §3: α·CE at the §1 options).
+__device__ __forceinline__ common::CeGradRow<float> distill_hard_grad_row(
+    const DistillRowOptions& o, const common::CeConstants<float>& hc, const CeBatchTotals* totals,
+    float hard_lse, int64_t target, float upstream, float row_weight) {
+  const float target_weight = o.ce.class_weight ? o.ce.class_weight[target] : 1.0f;
+  const float coef = static_cast<float>(o.hard_weight) * upstream * row_weight;
+  return common::ce_grad_row(hc, hard_lse, target, target_weight, coef * totals->loss_factor,
+                             coef * totals->z_factor);
+}
+
+// ∂(d_n)/∂ṽs of one element (before the row coefficient and the chain rule), kind fixed.
+template <common::DistillKindCode kKind>
+__device__ __forceinline__ float distill_soft_grad(const common::DistillConstants<float>& dc,
+                                                   const DistillGradRow& row,
+                                                   const ElementProbs& e) {
+  if constexpr (kKind == common::DistillKindCode::tvd) {
+    return common::tvd_grad_from_row(row.tvd, e.ps, e.pt);
+  } else {
+    common::DistillConstants<float> fixed = dc;
+    fixed.kind = kKind;
+    return common::distill_grad_from_probs(fixed, e.log_ps, e.log_pt, e.ps, e.pt,
+                                           row.sum_prob_u, FastExpLog{});
+  }
+}
+
+// The gradient of one student element x (raw logit) with respect to x: the soft part through the
+// distillation transform, plus the hard-label ce part when the row has one. `e` holds the
+// element's probabilities under `transform`.
+template <common::DistillKindCode kKind, class Transform>
+__device__ __forceinline__ float distill_element_grad(
+    const common::DistillConstants<float>& dc, const DistillGradRow& row,
+    const Transform& transform, float x, const ElementProbs& e, bool with_hard,
+    const common::CeConstants<float>& hc, const common::CeGradRow<float>& hard_row,
+    bool is_target, float class_weight) {
+  float g = row.soft_coef * distill_soft_grad<kKind>(dc, row, e) * transform.slope(x);
+  if (with_hard) {
+    const float p = fast_exp(hc.transform.value(x) - hard_row.lse);
+    g += common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x), is_target, class_weight);
+  }
+  return g;
+}
 
 }  // namespace xent::cuda
