@@ -28,9 +28,12 @@
 //       tiles of rows accumulate into a block×H fp32 accumulator. 4 products + one more
 //       read+write pass over N×V. (∂h is formed in pass 1, where rows are whole, so unlike a
 //       blocks-first order it needs no fp32 N×H accumulator and no accumulation across blocks.)
-//       Distillation's gradient needs whole-row sums (Σ p_s·u, TVD side sums), so its pass 2
-//       recomputes full row chunks (student and teacher logits and the row kernel) per block and
-//       accumulates ∂W of the block: block_count × (1 or 2) + 2 products.
+//       Distillation takes the same shape: pass 1 saves per row lse_s, lse_t, the row sums of
+//       its gradient (Σ p_s·u, tvd's side sums) and the hard term's lse (32 bytes), pass 2 forms
+//       the block's student logits (and the teacher's, when it comes as hidden + weight) and its
+//       gradient elementwise. 2·(1 or 2) + 2 products and 2·(buffers + 1) passes over N×V.
+//       (Before, pass 2 recomputed whole row chunks per block: block_count × (1 or 2) + 2
+//       products, measured 6.04 F at 512 MiB for (8192, 4096, 128256) with a teacher product.)
 // Predicted, bf16, fwd+bwd (t_p = 2·N·V·H / P; row pass = 4·N·V / B; acc pass = 8·V·H / B):
 //   (8192, 4096, 128256): t_p 12.3 ms, row pass 1.4 ms, acc pass 1.4 ms.
 //     512 MiB: (b) cannot fit (2004 MiB accumulator) → (c): 4·t_p + 2 row passes ≈ 52 ms (1.41×F
@@ -197,7 +200,7 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   plan.block_count = count_of(request.vocab, plan.block_columns);
   const std::size_t block_accumulator = align_up(static_cast<std::size_t>(plan.block_columns) *
                                                  static_cast<std::size_t>(request.hidden) * 4);
-  plan.lse_bytes = request.blocks_recompute_rows ? 0 : align_up(static_cast<std::size_t>(rows) * 4);
+  plan.lse_bytes = align_up(static_cast<std::size_t>(rows) * request.saved_row_bytes);
   const std::size_t reserved =
       reserved_bytes(request, gemm) + plan.lse_bytes + 2 * kWorkspaceAlignment;
   const std::size_t available =
@@ -206,43 +209,41 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
 
   // An fp32 ∂W accumulates in place: a block accumulator only for a 16-bit one.
   const std::size_t needed_accumulator = request.weight_accumulator ? block_accumulator : 0;
-  if (request.blocks_recompute_rows) {
-    // Full row chunks beside the block accumulator, recomputed for every block.
-    plan.accumulator_bytes = needed_accumulator;
-    const std::size_t for_rows =
-        available > needed_accumulator ? available - needed_accumulator : 0;
-    plan.chunk_rows = balanced_rows(rows, rows_within(for_rows, per_row));
-    plan.chunk_count = count_of(rows, plan.chunk_rows);
-    plan.tile_rows = plan.chunk_rows;
-    plan.tile_count = plan.chunk_count;
-    plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
-    plan.tile_buffer_bytes = plan.logits_buffer_bytes;
-    const int forward_products = request.products_per_logits_chunk;
-    plan.predicted_ms =
-        plan.block_count * (forward_products * m.product_ms +
-                            (request.logits_buffers_per_row + 1) * m.pass_ms) +
-        2 * m.product_ms + plan.chunk_count * m.acc_ms +
-        plan.block_count * plan.chunk_count * (forward_products + 2) * kLaunchSeconds * 1e3;
+  plan.chunk_rows = balanced_rows(rows, rows_within(available, per_row));
+  plan.chunk_count = count_of(rows, plan.chunk_rows);
+  plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
+  // A tile holds block columns of every logits buffer of a row (student, and teacher when it is
+  // formed or converted), each buffer starting on the workspace alignment.
+  const int buffers = std::max(1, request.logits_buffers_per_row);
+  const std::size_t tile_row_bytes =
+      static_cast<std::size_t>(plan.block_columns) * element * static_cast<std::size_t>(buffers);
+  const std::size_t tile_padding = static_cast<std::size_t>(buffers) * kWorkspaceAlignment;
+  if (static_cast<std::size_t>(rows) * tile_row_bytes + tile_padding <= available) {
+    plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
   } else {
-    plan.chunk_rows = balanced_rows(rows, rows_within(available, per_row));
-    plan.chunk_count = count_of(rows, plan.chunk_rows);
-    plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
-    const std::size_t tile_row_bytes = static_cast<std::size_t>(plan.block_columns) * element;
-    if (static_cast<std::size_t>(rows) * tile_row_bytes + kWorkspaceAlignment <= available) {
-      plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
-    } else {
-      plan.accumulator_bytes = needed_accumulator;
-      const std::size_t for_tiles =
-          available > needed_accumulator ? available - needed_accumulator : 0;
-      plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
-    }
-    plan.tile_count = count_of(rows, plan.tile_rows);
-    plan.tile_buffer_bytes = static_cast<std::size_t>(plan.tile_rows) * tile_row_bytes;
-    plan.predicted_ms = 4 * m.product_ms + 4 * m.pass_ms +
-                        (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
-                        (3 * plan.chunk_count + 3 * plan.block_count * plan.tile_count) *
-                            kLaunchSeconds * 1e3;
+    plan.accumulator_bytes = needed_accumulator;
+    const std::size_t reserved_for_tiles = needed_accumulator + tile_padding - kWorkspaceAlignment;
+    const std::size_t for_tiles =
+        available > reserved_for_tiles ? available - reserved_for_tiles : 0;
+    plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
   }
+  plan.tile_count = count_of(rows, plan.tile_rows);
+  const std::size_t one_tile =
+      static_cast<std::size_t>(plan.tile_rows) * static_cast<std::size_t>(plan.block_columns) *
+      element;
+  plan.tile_buffer_bytes =
+      buffers > 1 ? align_up(one_tile) * static_cast<std::size_t>(buffers - 1) + one_tile
+                  : one_tile;
+  // Per pass: the logits products (1, or 2 with a teacher product) and one more (∂h in pass 1,
+  // ∂W in pass 2); the row kernel and the block kernel each read every logits buffer and write
+  // the gradient once.
+  const int products = request.products_per_logits_chunk + 1;
+  const int launches = request.products_per_logits_chunk + 2;
+  plan.predicted_ms = 2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
+                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                      (launches * plan.chunk_count +
+                       launches * plan.block_count * plan.tile_count) *
+                          kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.chunk_count = plan.tile_count = 0;
   plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
   return plan;
@@ -252,9 +253,9 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
   ChunkPlan best;
   bool have = false;
-  // Block counts 1 (2 for distillation), 2, 3, 4, 6, 9, 13, ...: a geometric scan is enough, the
-  // cost changes smoothly with the block width.
-  int64_t blocks = request.blocks_recompute_rows ? 2 : 1;
+  // Block counts 1, 2, 3, 4, 6, 9, 13, ...: a geometric scan is enough, the cost changes
+  // smoothly with the block width.
+  int64_t blocks = 1;
   for (;; blocks = blocks < 4 ? blocks + 1 : blocks * 3 / 2) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
     const ChunkPlan plan = block_plan(request, gemm, columns);

@@ -25,10 +25,10 @@ struct ChunkRequest {
   // block×H in the vocabulary-blocked schedule). Not set for fp32 ∂W (accumulated in place).
   bool weight_accumulator = false;
   std::size_t bias_accumulator_bytes = 0;  // fp32 ∂bias of a 16-bit bias (V floats)
-  // How the vocabulary-blocked schedule forms a block's gradient: false (cross-entropy) from the
-  // lse saved by a first pass (elementwise, one product per block); true (distillation, whose
-  // gradient needs whole-row sums) by recomputing full row chunks for every block.
-  bool blocks_recompute_rows = false;
+  // Bytes per row that the first pass of the vocabulary-blocked schedule saves for the block
+  // gradients: the lse for cross-entropy; lse of student and teacher, the row sums and the hard
+  // term's lse for distillation (32).
+  std::size_t saved_row_bytes = 4;
   int products_per_logits_chunk = 1;  // 2 when the teacher's logits are a product too
   bool overlap = false;  // two chunk buffers, so one chunk's row kernel runs beside the products
 };
@@ -49,14 +49,16 @@ struct ChunkPlan {
   int buffer_count = 1;     // 1, or 2 when overlapping
   std::size_t logits_buffer_bytes = 0;  // one buffer: chunk_rows × V × element × buffers_per_row
   // vocabulary_blocks only. A block is block_columns columns of ∂W; its gradient is formed in
-  // tiles of tile_rows rows (cross-entropy; all N rows when they fit, then ∂W of the block is one
-  // product written straight into the output) or of chunk_rows full rows (distillation).
+  // tiles of tile_rows rows (all N rows when they fit, then ∂W of the block is one product
+  // written straight into the output).
   int64_t block_columns = 0;
   int64_t block_count = 0;
   int64_t tile_rows = 0;
   int64_t tile_count = 0;
-  std::size_t tile_buffer_bytes = 0;  // tile_rows × block_columns × element (shares the buffer)
-  std::size_t lse_bytes = 0;          // N fp32 lse of the first pass (cross-entropy)
+  // tile_rows × block_columns × element per logits buffer of a row (shares the chunk region;
+  // a teacher tile starts at the next kWorkspaceAlignment boundary after the student tile)
+  std::size_t tile_buffer_bytes = 0;
+  std::size_t lse_bytes = 0;          // N × saved_row_bytes saved by the first pass
   std::size_t gemm_workspace_bytes = 0; // scratch handed to cuBLASLt
   std::size_t fixed_bytes = 0;
   std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c), or 0

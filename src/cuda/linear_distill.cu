@@ -3,9 +3,15 @@
 // read where the caller's teacher logits sit, or formed as t = h_t·W_tᵀ into a second buffer (no
 // gradient ever flows to the teacher); the distill row kernel of distill_rows.cuh reads both
 // once and writes ∂loss/∂s over the student buffer; then ∂h_s = G·W_s and ∂W_s += Gᵀ·h_s.
+// When the budget has no room for a V×H fp32 ∂W accumulator (chunk_plan.cpp (c)), the row chunks
+// form loss and ∂h_s and save each row's statistics (DistillRowStatistics), and ∂W_s follows per
+// block of vocabulary columns: the block's logits again, its gradient elementwise from the saved
+// statistics (linear_distill_block_grad.cuh), one product per block.
 #include "api/backend.hpp"
 #include "cuda/distill_rows.cuh"
 #include "cuda/gemm.hpp"
+#include "cuda/linear_distill_block_grad.cuh"
+#include "cuda/linear_distill_plan.hpp"
 #include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
@@ -38,8 +44,9 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
   request.weight_gradient = grads.weight.present();
   request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
-  request.blocks_recompute_rows = true;
   request.products_per_logits_chunk = teacher_from_hidden ? 2 : 1;
+  // The blocked schedule keeps the row statistics of its first pass for the block gradients.
+  request.saved_row_bytes = sizeof(DistillRowStatistics);
   plan.chunks = plan_chunks(request);
   return plan;
 }
@@ -74,6 +81,127 @@ struct LinearDistillCall {
   OpCode op = OpCode::linear_distill_forward;
 };
 
+// What the row-chunk pass and the block pass of one call share.
+struct DistillPasses {
+  const LinearDistillCall& call;
+  const LinearDistillPlan& plan;
+  GemmScratch scratch;
+  const CeBatchTotals* totals;
+  DistillRowOptions row_options;
+  bool per_row_upstream;
+};
+
+// The teacher rows [first, first + count) and columns [first_column, first_column + columns):
+// formed as h_t·W_tᵀ into `buffer`, converted into `buffer`, or read where the caller's teacher
+// logits sit. Returns the rows and sets their row stride.
+const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count,
+                         int64_t first_column, int64_t columns, void* buffer, int64_t& stride,
+                         cudaStream_t stream) {
+  const Teacher& teacher = pass.call.teacher;
+  const DType logits_dtype = pass.plan.logits_dtype;
+  if (!teacher.logits.present()) {
+    GemmProduct product;
+    product.a = gemm_matrix(teacher.hidden, first, count);
+    product.b = gemm_matrix(teacher.weight, first_column, columns);
+    product.b_transposed = true;
+    product.c = GemmMatrix{buffer, logits_dtype, count, columns, columns};
+    gemm(product, pass.scratch, stream);
+    stride = columns;
+    return buffer;
+  }
+  const char* source = static_cast<const char*>(gemm_matrix(teacher.logits, first, count).data) +
+                       static_cast<std::size_t>(first_column) * dtype_size(teacher.logits.dtype);
+  if (pass.plan.teacher_buffer) {
+    convert_rows(source, teacher.logits.dtype, teacher.logits.row_stride, buffer, logits_dtype,
+                 columns, count, columns, stream);
+    stride = columns;
+    return buffer;
+  }
+  stride = teacher.logits.row_stride;
+  return source;
+}
+
+// Pass 2 of the vocabulary-blocked schedule: per block of vocabulary columns, the student (and
+// teacher) logits of the block again, the block's gradient elementwise from the row statistics
+// of pass 1, and ∂W of the block — one product straight into the output when all rows fit a
+// tile, else row tiles accumulated (in place for fp32 ∂W, in the fp32 block accumulator else).
+void weight_gradient_by_blocks(const DistillPasses& pass, void* region,
+                               const DistillRowStatistics* statistics, cudaStream_t stream) {
+  const LinearDistillCall& call = pass.call;
+  const ChunkPlan& chunks = pass.plan.chunks;
+  const int64_t rows = call.student_hidden.rows, hidden = call.student_hidden.cols,
+                vocab = call.student_weight.rows;
+  const DType logits_dtype = pass.plan.logits_dtype, operand_dtype = call.student_hidden.dtype;
+  const std::size_t element = dtype_size(logits_dtype);
+  char* tile = static_cast<char*>(region);
+  char* teacher_tile =
+      tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
+                      static_cast<std::size_t>(chunks.block_columns) * element);
+  float* accumulator = reinterpret_cast<float*>(tile + align_up(chunks.tile_buffer_bytes));
+  const bool accumulate = chunks.tile_count > 1;
+  const bool in_accumulator = accumulate && call.grads.weight.dtype != DType::f32;
+  for (int64_t block = 0; block < chunks.block_count; ++block) {
+    const int64_t first_column = block * chunks.block_columns;
+    const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
+    TensorView grad_block = call.grads.weight;
+    grad_block.data = static_cast<char*>(grad_block.data) +
+                      static_cast<std::size_t>(first_column) *
+                          static_cast<std::size_t>(grad_block.row_stride) *
+                          dtype_size(grad_block.dtype);
+    grad_block.rows = columns;
+    for (int64_t t = 0; t < chunks.tile_count; ++t) {
+      const int64_t first = t * chunks.tile_rows;
+      const int64_t count = std::min(chunks.tile_rows, rows - first);
+      const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
+      GemmProduct student;
+      student.a = hidden_rows;
+      student.b = gemm_matrix(call.student_weight, first_column, columns);
+      student.b_transposed = true;
+      student.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
+      gemm(student, pass.scratch, stream);
+      DistillBlockGradArgs args;
+      args.teacher = teacher_rows(pass, first, count, first_column, columns, teacher_tile,
+                                  args.teacher_stride, stream);
+      args.student = tile;
+      args.student_stride = columns;
+      args.grad = tile;
+      args.grad_stride = columns;
+      args.dtype = logits_dtype;
+      args.rows = count;
+      args.columns = columns;
+      args.first_column = first_column;
+      args.vocab = vocab;
+      if (call.target.present()) {
+        args.target = static_cast<const char*>(call.target.data) +
+                      static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+        args.target_dtype = call.target.dtype;
+      }
+      args.statistics = statistics + first;
+      args.row_weight = offset_rows<const float>(call.options.distill.ce.row_weight, first);
+      args.grad_output_rows =
+          pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+      args.options = pass.row_options;
+      args.totals = pass.totals;
+      distill_block_grad(args, stream);
+      GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
+      if (logits_dtype != operand_dtype) {
+        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
+        gradient.dtype = operand_dtype;
+        gradient.stride = 2 * columns;
+      }
+      GemmProduct product;
+      product.a = gradient;
+      product.a_transposed = true;
+      product.b = hidden_rows;
+      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
+                                 : gemm_matrix(grad_block, 0, columns);
+      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
+      gemm(product, pass.scratch, stream);
+    }
+    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
+  }
+}
+
 void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.student_hidden.rows, hidden = call.student_hidden.cols,
                 vocab = call.student_weight.rows;
@@ -81,7 +209,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const bool teacher_from_hidden = !teacher.logits.present();
   const DType teacher_dtype = teacher_from_hidden ? DType::f32 : teacher.logits.dtype;
   const LinearGradients& grads = call.grads;
-  const bool want_grad = grads.hidden.present() || grads.weight.present();
+  const bool want_hidden = grads.hidden.present(), want_weight = grads.weight.present();
+  const bool want_grad = want_hidden || want_weight;
   const LinearDistillPlan requested =
       plan_linear_distill(rows, hidden, vocab, call.student_hidden.dtype, call.options,
                           teacher_from_hidden, teacher_dtype, grads);
@@ -105,13 +234,11 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                             plan.chunks.gemm_workspace_bytes};
   char* chunk_buffer = static_cast<char*>(carver.take(chunk_region_bytes(plan.chunks)));
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
-  // Vocabulary-blocked schedule (chunk_plan.cpp (c)): the row chunks run once per block of ∂W
-  // columns, each block accumulated in fp32 beside the chunk buffer; loss and ∂h come from the
-  // first sweep.
-  const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks;
-  const int64_t block_count = blocked && grads.weight.present() ? plan.chunks.block_count : 1;
-  float* block_accumulator = reinterpret_cast<float*>(chunk_buffer +
-                                                      align_up(plan.chunks.tile_buffer_bytes));
+  // Vocabulary-blocked schedule (chunk_plan.cpp (c)): the row chunks form loss, ∂h and the row
+  // statistics; ∂W follows block by block (weight_gradient_by_blocks).
+  const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks && want_weight;
+  auto* statistics = blocked ? static_cast<DistillRowStatistics*>(carver.take(plan.chunks.lse_bytes))
+                             : nullptr;
   // The teacher half of each chunk buffer follows the student half.
   const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
                                     static_cast<std::size_t>(vocab) *
@@ -131,123 +258,74 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                           : nullptr;
   batch.op = call.op;
   ce_batch_totals(batch, totals, stream);
+  const DistillPasses pass{call, plan, scratch, totals, row_options,
+                           !sum_or_mean && call.grad_output.present()};
 
   const int64_t chunk_rows = plan.chunks.chunk_rows;
   const DType operand_dtype = call.student_hidden.dtype;
-  for (int64_t block = 0; block < block_count; ++block) {
-    const bool first_sweep = block == 0;
-    // ∂W of this block's columns: accumulated over the chunks in place when ∂W is fp32, else in
-    // the fp32 block accumulator and written back after the last chunk.
-    const int64_t first_column = block * plan.chunks.block_columns;
-    const int64_t columns = std::min(plan.chunks.block_columns, vocab - first_column);
-    TensorView grad_block = grads.weight;
-    if (blocked && grads.weight.present()) {
-      grad_block.data = static_cast<char*>(grad_block.data) +
-                        static_cast<std::size_t>(first_column) *
-                            static_cast<std::size_t>(grad_block.row_stride) *
-                            dtype_size(grad_block.dtype);
-      grad_block.rows = columns;
+  const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
+  // Pass 1 of the blocked schedule forms no ∂W; its gradient is needed for ∂h only.
+  const bool chunk_grad = want_grad && (!blocked || want_hidden);
+  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
+    const int64_t first = chunk * chunk_rows;
+    const int64_t count = std::min(chunk_rows, rows - first);
+    const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
+
+    GemmProduct student;
+    student.a = hidden_rows;
+    student.b = weight;
+    student.b_transposed = true;
+    student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    gemm(student, scratch, stream);
+
+    DistillRowsArgs args;
+    args.teacher = teacher_rows(pass, first, count, 0, vocab, teacher_buffer,
+                                args.teacher_row_stride, stream);
+    args.student = chunk_buffer;
+    args.student_row_stride = vocab;
+    args.dtype = plan.logits_dtype;
+    args.rows = count;
+    args.vocab = vocab;
+    if (call.target.present()) {
+      args.target = static_cast<const char*>(call.target.data) +
+                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+      args.target_dtype = call.target.dtype;
     }
-    const bool in_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
-    for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
-      const int64_t first = chunk * chunk_rows;
-      const int64_t count = std::min(chunk_rows, rows - first);
-      const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
-      const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
-
-      GemmProduct student;
-      student.a = hidden_rows;
-      student.b = weight;
-      student.b_transposed = true;
-      student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
-      gemm(student, scratch, stream);
-
-      const void* teacher_rows = nullptr;
-      int64_t teacher_stride = vocab;
-      if (teacher_from_hidden) {
-        GemmProduct product;
-        product.a = gemm_matrix(teacher.hidden, first, count);
-        product.b = gemm_matrix(teacher.weight, 0, vocab);
-        product.b_transposed = true;
-        product.c = GemmMatrix{teacher_buffer, plan.logits_dtype, count, vocab, vocab};
-        gemm(product, scratch, stream);
-        teacher_rows = teacher_buffer;
-      } else if (plan.teacher_buffer) {
-        convert_rows(gemm_matrix(teacher.logits, first, count).data, teacher.logits.dtype,
-                     teacher.logits.row_stride, teacher_buffer, plan.logits_dtype, vocab, count,
-                     vocab, stream);
-        teacher_rows = teacher_buffer;
-      } else {
-        teacher_rows = gemm_matrix(teacher.logits, first, count).data;
-        teacher_stride = teacher.logits.row_stride;
-      }
-
-      DistillRowsArgs args;
-      args.student = chunk_buffer;
-      args.student_row_stride = vocab;
-      args.teacher = teacher_rows;
-      args.teacher_row_stride = teacher_stride;
-      args.dtype = plan.logits_dtype;
-      args.rows = count;
-      args.vocab = vocab;
-      if (call.target.present()) {
-        args.target = static_cast<const char*>(call.target.data) +
-                      static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-        args.target_dtype = call.target.dtype;
-      }
-      args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
-      args.options = row_options;
-      args.totals = totals;
-      args.grad_output_rows = (!sum_or_mean && call.grad_output.present())
-                                  ? offset_rows<const float>(call.grad_output, first)
-                                  : nullptr;
-      if (call.loss && first_sweep) {
-        if (sum_or_mean) {
-          args.row_soft = row_soft + first;
-          if (hard_term) {
-            args.row_hard_loss = row_hard_loss + first;
-            args.row_hard_z = row_hard_z + first;
-          }
-        } else {
-          args.row_total = offset_rows<float>(*call.loss, first);
+    args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
+    args.options = row_options;
+    args.totals = totals;
+    args.grad_output_rows =
+        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+    if (call.loss) {
+      if (sum_or_mean) {
+        args.row_soft = row_soft + first;
+        if (hard_term) {
+          args.row_hard_loss = row_hard_loss + first;
+          args.row_hard_z = row_hard_z + first;
         }
+      } else {
+        args.row_total = offset_rows<float>(*call.loss, first);
       }
-      if (want_grad) {
-        args.grad = chunk_buffer;
-        args.grad_row_stride = vocab;
-      }
-      distill_rows(args, stream);
-      if (!want_grad) continue;
+    }
+    if (chunk_grad) {
+      args.grad = chunk_buffer;
+      args.grad_row_stride = vocab;
+    }
+    if (statistics) args.statistics = statistics + first;
+    distill_rows(args, stream);
+    if (!chunk_grad) continue;
 
-      GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
-      if (plan.logits_dtype != operand_dtype) {
-        narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
-        gradient.dtype = operand_dtype;
-        gradient.stride = 2 * vocab;
-      }
-      if (first_sweep) {
-        accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
-                                   scratch, stream);
-      }
-      if (blocked && grads.weight.present()) {
-        GemmMatrix gradient_block = gradient;
-        gradient_block.data = static_cast<const char*>(gradient.data) +
-                              static_cast<std::size_t>(first_column) * dtype_size(gradient.dtype);
-        gradient_block.cols = columns;
-        GemmProduct product;
-        product.a = gradient_block;
-        product.a_transposed = true;
-        product.b = hidden_rows;
-        product.c = in_accumulator
-                        ? GemmMatrix{block_accumulator, DType::f32, columns, hidden, hidden}
-                        : gemm_matrix(grad_block, 0, columns);
-        product.beta = chunk == 0 ? 0.0f : 1.0f;
-        gemm(product, scratch, stream);
-      }
+    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    if (plan.logits_dtype != operand_dtype) {
+      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
+      gradient.dtype = operand_dtype;
+      gradient.stride = 2 * vocab;
     }
-    if (blocked && in_accumulator && plan.chunks.chunk_count > 0) {
-      write_from_fp32(block_accumulator, hidden, grad_block, stream);
-    }
+    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
+                               scratch, stream);
+  }
+  if (blocked && plan.chunks.chunk_count > 0) {
+    weight_gradient_by_blocks(pass, chunk_buffer, statistics, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
@@ -268,13 +346,24 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
 
 }  // namespace
 
+ChunkPlan linear_distill_chunk_plan(int64_t rows, int64_t student_hidden, int64_t teacher_hidden,
+                                    int64_t vocab, DType dtype,
+                                    const LinearDistillOptions& options,
+                                    DType teacher_logits_dtype, const LinearGradients& grads) {
+  return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
+                             teacher_logits_dtype, grads)
+      .chunks;
+}
+
 std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
                                           int64_t teacher_hidden, int64_t vocab, DType dtype,
                                           const LinearDistillOptions& options,
                                           bool with_gradients) {
-  // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits of the input dtype.
-  // As for linear_ce, the query reports the largest plan a call may choose: without ∂W, with an
-  // fp32 ∂W, and with a 16-bit ∂W (fp32 accumulation).
+  // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits. As for linear_ce,
+  // the query reports the largest plan a call may choose: without ∂W, with an fp32 ∂W, and with a
+  // 16-bit ∂W (fp32 accumulation); for teacher logits also of a dtype other than the chunk
+  // logits (converted into a buffer of their own), where that plan fits the budget. Without it a
+  // small budget gave a workspace that the converting call's smallest plan did not fit.
   LinearGradients fp32_weight, input_dtype_weight;
   if (with_gradients) {
     fp32_weight.weight =
@@ -283,10 +372,18 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
     input_dtype_weight.weight.dtype = dtype;
   }
   std::size_t bytes = 0;
+  const bool teacher_from_hidden = teacher_hidden > 0;
+  const DType logits_dtype = options.fp32_logits ? DType::f32 : dtype;
+  const DType converted_teacher = logits_dtype == DType::f32 ? DType::bf16 : DType::f32;
   for (const LinearGradients& grads : {LinearGradients{}, fp32_weight, input_dtype_weight}) {
     bytes = std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
-                                                teacher_hidden > 0, dtype, grads)
+                                                teacher_from_hidden, logits_dtype, grads)
                                 .chunks.total_bytes);
+    if (teacher_from_hidden) continue;
+    const ChunkPlan converting = plan_linear_distill(rows, student_hidden, vocab, dtype, options,
+                                                     false, converted_teacher, grads)
+                                     .chunks;
+    if (converting.fits_budget) bytes = std::max(bytes, converting.total_bytes);
   }
   return bytes;
 }

@@ -116,6 +116,15 @@ ChunkRequest training_request(int64_t rows, int64_t hidden, int64_t vocab, std::
   return request;
 }
 
+// linear_distill with the teacher as hidden + weight: two logits buffers per row, two logits
+// products per chunk, 32 bytes of row statistics kept by the blocked schedule.
+ChunkRequest distill_request(ChunkRequest request) {
+  request.logits_buffers_per_row = 2;
+  request.products_per_logits_chunk = 2;
+  request.saved_row_bytes = 32;
+  return request;
+}
+
 class ChunkPlanTrainingBudget : public ChunkPlanBudget {};
 
 TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
@@ -123,9 +132,9 @@ TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
   const auto [rows, hidden, vocab] = shape;
   const std::size_t budget = static_cast<std::size_t>(budget_mib) * kMiB;
   for (const bool distill : {false, true}) {
-    SCOPED_TRACE(distill ? "distillation (blocks recompute rows)" : "cross-entropy");
+    SCOPED_TRACE(distill ? "distillation (teacher hidden + weight)" : "cross-entropy");
     ChunkRequest request = training_request(rows, hidden, vocab, budget);
-    request.blocks_recompute_rows = distill;
+    if (distill) request = distill_request(request);
     const ChunkPlan plan = plan_chunks(request);
     ASSERT_TRUE(plan.fits_budget);
     expect_covers_rows(plan, rows);
@@ -143,8 +152,13 @@ TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
         EXPECT_GE(plan.block_columns * plan.block_count, vocab);
         EXPECT_LT((plan.block_count - 1) * plan.block_columns, vocab) << "an empty last block";
         EXPECT_GE(plan.tile_rows * plan.tile_count, rows);
-        EXPECT_EQ(plan.accumulator_bytes == 0, !distill && plan.tile_count == 1)
+        EXPECT_EQ(plan.accumulator_bytes == 0, plan.tile_count == 1)
             << "only whole-row-count tiles write ∂W of a block without an accumulator";
+        EXPECT_GE(plan.lse_bytes, static_cast<std::size_t>(rows) * request.saved_row_bytes);
+        // Every logits buffer of a row has its tile, the teacher's on the next aligned boundary.
+        EXPECT_GE(plan.tile_buffer_bytes,
+                  static_cast<std::size_t>(plan.tile_rows) * plan.block_columns * 2 *
+                      request.logits_buffers_per_row);
         EXPECT_LT(plan.accumulator_bytes, full_accumulator);
         EXPECT_GE(chunk_region_bytes(plan), plan.tile_buffer_bytes + plan.accumulator_bytes);
         break;
@@ -169,6 +183,32 @@ TEST(ChunkPlan, AccumulatorLargerThanTheBudgetGivesVocabularyBlocks) {
   EXPECT_EQ(plan.accumulator_bytes, 0u);
   EXPECT_GE(plan.chunk_rows, 1024);
   EXPECT_LE(plan.total_bytes, 512 * kMiB);
+}
+
+TEST(ChunkPlan, DistillationBlocksFormBlockGradientsFromRowStatistics) {
+  // (8192, 4096, 128256), teacher hidden + weight, 512 MiB: the blocked schedule with every row in
+  // one tile of student and teacher block logits; 6 products (student and teacher logits twice,
+  // ∂h, ∂W) and 6 passes over N×V (each pass reads two buffers and writes one gradient).
+  const ChunkPlan plan =
+      plan_chunks(distill_request(training_request(8192, 4096, 128256, 512 * kMiB)));
+  EXPECT_EQ(plan.schedule, Schedule::vocabulary_blocks);
+  EXPECT_EQ(plan.tile_rows, 8192);
+  EXPECT_EQ(plan.tile_count, 1);
+  EXPECT_EQ(plan.accumulator_bytes, 0u);
+  EXPECT_GE(plan.lse_bytes, std::size_t{8192} * 32);
+  EXPECT_LE(plan.total_bytes, 512 * kMiB);
+  const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
+  const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
+  EXPECT_NEAR(plan.predicted_ms, 6 * product_ms + 6 * pass_ms, 1.0);
+  // Against the 4 products the op cannot avoid: about 1.5, where recomputing whole rows per
+  // block took 6 (docs/perf-notes.md).
+  EXPECT_LT(plan.predicted_ms, 1.7 * 4 * product_ms);
+  // With teacher logits (one buffer, no teacher product): 4 products and 4 passes, as for ce.
+  ChunkRequest logits = training_request(8192, 4096, 128256, 512 * kMiB);
+  logits.saved_row_bytes = 32;
+  const ChunkPlan from_logits = plan_chunks(logits);
+  EXPECT_EQ(from_logits.schedule, Schedule::vocabulary_blocks);
+  EXPECT_NEAR(from_logits.predicted_ms, 4 * product_ms + 4 * pass_ms, 0.5);
 }
 
 TEST(ChunkPlan, LargeBudgetKeepsTheAccumulatedRowChunks) {

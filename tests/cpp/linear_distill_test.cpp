@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "linear_check.hpp"
+#if XENT_TEST_ON_GPU
+#include "cuda/linear_distill_plan.hpp"
+#endif
 
 namespace xent::test {
 namespace {
@@ -23,7 +26,42 @@ struct LinearDistillProblem {
   bool ignored_rows = true, all_ignored = false;
   bool unit_grad_output = false;
   bool want_hidden = true, want_weight = true;
+  // GPU: a budget that makes the CUDA planner take the vocabulary-blocked schedule (gradients of
+  // column blocks from the row statistics of a first pass), with all rows in one tile or
+  // (row_tiles) in several tiles accumulated per block. The case asserts the schedule it takes.
+  bool blocked = false, row_tiles = false;
 };
+
+#if XENT_TEST_ON_GPU
+// The plan of the call with every requested gradient, as linear_distill.cu makes it.
+cuda::ChunkPlan gpu_plan(const LinearDistillProblem& p, std::size_t budget) {
+  LinearDistillOptions options;
+  options.fp32_logits = p.fp32_logits;
+  options.workspace_budget = budget;
+  LinearGradients grads;
+  const DType param_dtype = p.fp32_param_grads ? DType::f32 : p.dtype;
+  if (p.want_hidden) grads.hidden = TensorView{nullptr, p.dtype, 2, p.rows, p.hidden, p.hidden};
+  if (p.want_weight) {
+    grads.weight = TensorView{nullptr, param_dtype, 2, p.vocab, p.hidden, p.hidden};
+  }
+  const int64_t teacher_h = p.teacher_as_logits ? 0 : p.teacher_hidden;
+  return cuda::linear_distill_chunk_plan(p.rows, p.hidden, teacher_h, p.vocab, p.dtype, options,
+                                         p.teacher_logits_dtype, grads);
+}
+
+// The smallest budget (in steps of 1/8) at which the blocked schedule runs as the problem asks.
+std::size_t blocked_budget(const LinearDistillProblem& p) {
+  for (std::size_t budget = 4096; budget <= (std::size_t{64} << 20); budget += budget / 8) {
+    const cuda::ChunkPlan plan = gpu_plan(p, budget);
+    if (plan.fits_budget && plan.schedule == cuda::Schedule::vocabulary_blocks &&
+        plan.block_count >= 2 && (plan.tile_count > 1) == p.row_tiles) {
+      return budget;
+    }
+  }
+  ADD_FAILURE() << "no workspace_budget up to 64 MiB gives the blocked schedule";
+  return std::size_t{512} << 20;
+}
+#endif
 
 void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
@@ -75,7 +113,21 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
                                                             with_gradients)
                             : 0);
   };
-  options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
+#if XENT_TEST_ON_GPU
+  if (p.blocked) {
+    options.workspace_budget = blocked_budget(p);
+    const cuda::ChunkPlan plan = gpu_plan(p, options.workspace_budget);
+    ASSERT_EQ(plan.schedule, cuda::Schedule::vocabulary_blocks);
+    EXPECT_GE(plan.block_count, 2);
+    EXPECT_EQ(plan.tile_count > 1, p.row_tiles);
+    // The workspace the query reports holds this plan (fp32 teacher logits of a 16-bit student
+    // included, which need a conversion tile), so the op runs it as planned.
+    EXPECT_LE(plan.total_bytes,
+              linear_distill_workspace_size(rows, p.hidden, teacher_h, vocab, p.dtype, options,
+                                            test_device(), true));
+  }
+#endif
+  if (!p.blocked) options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
     LinearDistillOptions trial = options;
     trial.workspace_budget = bytes;
     Tensor loss = loss_tensor(p.reduction, rows);
@@ -283,6 +335,81 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(LinearDistillCase::jsd_beta_quarter),
                        ::testing::Values(DistillKind::jsd)),
     case_param_name);
+
+#if XENT_TEST_ON_GPU
+// ---- the vocabulary-blocked schedule: every kind and option through the block gradients -------
+
+enum class BlockedVariant {
+  hidden_teacher,      // bf16, teacher hidden + weight, mean, ignored rows, one tile of all rows
+  fp32_logits_none,    // fp32 chunk and tile logits, reduction none (per-row upstream gradient)
+  logits_row_tiles,    // teacher logits of the input dtype, 600 rows in several tiles, sum
+  f32_teacher_logits,  // fp32 teacher logits of a bf16 student: converted tiles
+  weight_only_f16,     // fp16, ∂W alone: the first pass writes no gradient, only statistics
+};
+
+const char* blocked_variant_name(BlockedVariant v) {
+  static const char* names[] = {"hidden_teacher", "fp32_logits_none", "logits_row_tiles",
+                                "f32_teacher_logits", "weight_only_f16"};
+  return names[static_cast<int>(v)];
+}
+
+using BlockedParam = std::tuple<DistillKind, unsigned, BlockedVariant>;
+class LinearDistillBlocked : public ::testing::TestWithParam<BlockedParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(LinearDistillBlocked, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  LinearDistillProblem p;
+  BlockedVariant variant;
+  std::tie(p.kind, p.options, variant) = GetParam();
+  p.dtype = DType::bf16;
+  p.teacher_logits_dtype = DType::bf16;
+  p.blocked = true;
+  switch (variant) {
+    case BlockedVariant::hidden_teacher: break;
+    case BlockedVariant::fp32_logits_none:
+      p.fp32_logits = true;
+      p.reduction = Reduction::none;
+      break;
+    case BlockedVariant::logits_row_tiles:
+      p.teacher_as_logits = true;
+      p.rows = 600;
+      p.row_tiles = true;
+      p.reduction = Reduction::sum;
+      break;
+    case BlockedVariant::f32_teacher_logits:
+      p.teacher_as_logits = true;
+      p.teacher_logits_dtype = DType::f32;
+      break;
+    case BlockedVariant::weight_only_f16:
+      p.dtype = DType::f16;
+      p.teacher_logits_dtype = DType::f16;
+      p.want_hidden = false;
+      break;
+  }
+  check_linear_distill(p, rng);
+}
+
+std::string blocked_name(const ::testing::TestParamInfo<BlockedParam>& info) {
+  return std::string(distill_kind_name(std::get<0>(info.param))) + "_" +
+         distill_options_label(std::get<1>(info.param)) + "_" +
+         blocked_variant_name(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryKindAndOption, LinearDistillBlocked,
+    ::testing::Combine(::testing::ValuesIn(kKinds),
+                       ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft,
+                                         kNoTarget, kTemperature | kDistillSoftcap | kHardAndSoft),
+                       ::testing::Values(BlockedVariant::hidden_teacher,
+                                         BlockedVariant::fp32_logits_none,
+                                         BlockedVariant::logits_row_tiles,
+                                         BlockedVariant::f32_teacher_logits,
+                                         BlockedVariant::weight_only_f16)),
+    blocked_name);
+#endif
 
 }  // namespace
 }  // namespace xent::test

@@ -1,0 +1,126 @@
+// Elementwise distillation gradient of a vocabulary block (linear_distill_block_grad.cuh).
+// Memory-bound: the student and teacher tiles are read once and the gradient written once, in
+// 16-byte vectors where rows are aligned; a block of threads covers one row segment, so the
+// per-row constants (three divisions for tvd, the hard term's coefficients) are formed once per
+// segment, and the kind and transform are resolved at compile time as in the row kernel.
+#include "cuda/linear_distill_block_grad.cuh"
+
+namespace xent::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVectorsPerThread = 2;
+
+struct DistillBlockGradParams {
+  DistillBlockGradArgs args;
+  int64_t segments_per_row;
+  bool vector_ok;
+};
+
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+    distill_block_grad_kernel(const DistillBlockGradParams p) {
+  constexpr int kVec = kVectorElements<S>;
+  constexpr int64_t kSegment = int64_t{kThreads} * kVectorsPerThread * kVec;
+  const DistillBlockGradArgs& a = p.args;
+  const DistillRowOptions& o = a.options;
+  const int64_t row = blockIdx.x / p.segments_per_row;
+  const int64_t begin = (blockIdx.x % p.segments_per_row) * kSegment;
+  const int64_t length = a.columns - begin < kSegment ? a.columns - begin : kSegment;
+  const S* student = static_cast<const S*>(a.student) + row * a.student_stride + begin;
+  const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_stride + begin;
+  S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
+  const bool has_target = a.target != nullptr;
+  const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
+  const bool valid = !has_target || target != o.ce.ignore_index;
+  const bool in_range = !has_target || (target >= 0 && target < a.vocab);
+  if (!valid || !in_range) {  // zeros for ignored rows, NaN for out-of-range targets (SPEC §1)
+    const S fill = store_float<S>(valid ? quiet_nan() : 0.0f);
+    for (int64_t i = threadIdx.x; i < length; i += kThreads) grad[i] = fill;
+    return;
+  }
+
+  const common::DistillConstants<float> dc =
+      common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
+  const common::CeConstants<float> hc = make_ce_constants(o.ce, a.vocab, a.totals);
+  const bool with_hard = o.hard_weight != 0.0 && has_target;
+  const DistillRowStatistics stats = a.statistics[row];
+  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+  DistillGradRow grad_row;
+  grad_row.lse_student = stats.lse_student;
+  grad_row.lse_teacher = stats.lse_teacher;
+  grad_row.sum_prob_u = stats.sum_prob_u;
+  if (dc.kind == common::DistillKindCode::tvd) {
+    common::TvdSums<float> sums;
+    sums.above = stats.tvd_above;
+    sums.below = stats.tvd_below;
+    sums.equal = stats.tvd_equal;
+    grad_row.tvd = common::tvd_grad_row(sums);
+  }
+  grad_row.soft_coef = distill_soft_coef(o, a.totals, upstream);
+  common::CeGradRow<float> hard_row{};
+  if (with_hard) {
+    const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+    hard_row = distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, upstream, r);
+  }
+  const int64_t target_column = target - a.first_column - begin;  // may lie outside the segment
+  const float* class_weight = with_hard && o.ce.class_weight && hc.smoothing > 0
+                                  ? o.ce.class_weight + a.first_column + begin
+                                  : nullptr;
+
+  with_distill_transform(dc.transform, [&](const auto& transform) {
+    with_distill_kind(dc.kind, [&](auto kind) {
+      constexpr common::DistillKindCode kKind = decltype(kind)::value;
+      auto element = [&](int64_t i, float x, float t) {
+        const ElementProbs e = element_probs(transform.value(x), transform.value(t),
+                                             grad_row.lse_student, grad_row.lse_teacher);
+        const float w = class_weight ? class_weight[i] : 1.0f;
+        return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
+                                           hard_row, i == target_column, w);
+      };
+      if (p.vector_ok) {
+        for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
+          if ((j + 1) * kVec <= length) {
+            Vector<S> s = unpack<S>(__ldg(reinterpret_cast<const uint4*>(student) + j));
+            const Vector<S> t = unpack<S>(__ldg(reinterpret_cast<const uint4*>(teacher) + j));
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) s.value[k] = element(j * kVec + k, s.value[k], t.value[k]);
+            reinterpret_cast<uint4*>(grad)[j] = pack<S>(s);
+          } else {
+            for (int64_t i = j * kVec; i < length; ++i) {
+              grad[i] = store_float<S>(element(i, load_float(student[i]), load_float(teacher[i])));
+            }
+          }
+        }
+      } else {
+        for (int64_t i = threadIdx.x; i < length; i += kThreads) {
+          grad[i] = store_float<S>(element(i, load_float(student[i]), load_float(teacher[i])));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void distill_block_grad(const DistillBlockGradArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0 || args.columns <= 0) return;
+  const std::size_t element = dtype_size(args.dtype);
+  const int64_t segment =
+      int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
+  DistillBlockGradParams p{};
+  p.args = args;
+  p.segments_per_row = (args.columns + segment - 1) / segment;
+  p.vector_ok = rows_are_vector_aligned(args.student, args.student_stride, element) &&
+                rows_are_vector_aligned(args.teacher, args.teacher_stride, element) &&
+                rows_are_vector_aligned(args.grad, args.grad_stride, element);
+  const dim3 grid(static_cast<unsigned>(args.rows * p.segments_per_row));
+  switch (args.dtype) {
+    case DType::f32: distill_block_grad_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::bf16: distill_block_grad_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    default: distill_block_grad_kernel<f16_t><<<grid, kThreads, 0, stream>>>(p); break;
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,36 @@
+// The distillation gradient of one vocabulary block of logits, elementwise from the per-row
+// statistics the distill row kernel exported in a first pass over whole rows (lse of student and
+// teacher, Σ p_s·u, tvd's side sums, the hard term's lse): the second pass of the
+// vocabulary-blocked linear_distill schedule (chunk_plan.hpp, schedule (c)). The per-row constants
+// and the element formula are the row kernel's own (distill_rows.cuh: DistillGradRow,
+// distill_element_grad), so both passes form one gradient.
+#pragma once
+
+#include "cuda/distill_rows.cuh"
+
+namespace xent::cuda {
+
+struct DistillBlockGradArgs {
+  const void* student = nullptr;  // tile: [rows, columns] with student_stride (row 0 = first row)
+  int64_t student_stride = 0;
+  const void* teacher = nullptr;  // the same rows and columns of the teacher, same dtype
+  int64_t teacher_stride = 0;
+  void* grad = nullptr;           // tile: [rows, columns] with grad_stride (may alias student)
+  int64_t grad_stride = 0;
+  DType dtype = DType::bf16;
+  int64_t rows = 0;
+  int64_t columns = 0;
+  int64_t first_column = 0;       // global index of the block's first column
+  int64_t vocab = 0;              // V of the whole row
+  const void* target = nullptr;   // tile rows, or null (every row valid, no hard term)
+  DType target_dtype = DType::i64;
+  const DistillRowStatistics* statistics = nullptr;  // tile rows, from the first pass
+  const float* row_weight = nullptr;                 // tile rows or null (hard term)
+  const float* grad_output_rows = nullptr;           // tile rows (reduction none) or null
+  DistillRowOptions options;
+  const CeBatchTotals* totals = nullptr;
+};
+
+void distill_block_grad(const DistillBlockGradArgs& args, cudaStream_t stream);
+
+}  // namespace xent::cuda
