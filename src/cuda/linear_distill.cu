@@ -51,9 +51,10 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   return plan;
 }
 
-// The workspace query cannot see the dtype of teacher logits and assumes the student's. Teacher
-// logits of another dtype need a conversion buffer per chunk row as well; the chunks then shrink
-// until the plan fits the workspace the caller sized by the query (slower, never wrong).
+// The workspace query cannot see the dtype of teacher logits; it reports the larger of the plans
+// with and without a conversion buffer where both fit the budget. A workspace smaller than the
+// plan (sized for the student's dtype alone) makes the chunks shrink until the plan fits (slower,
+// never wrong) where a smaller plan exists.
 LinearDistillPlan fit_to_workspace(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                    const LinearDistillOptions& options, bool teacher_from_hidden,
                                    DType teacher_dtype, const LinearGradients& grads,
