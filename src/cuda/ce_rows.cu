@@ -21,6 +21,7 @@ struct CeKernelParams {
   int cluster;
   int64_t slice_elements;
   bool staged;
+  bool deep_stream;  // streamed sweeps keep several loads in flight per thread
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const RowSlice<S> slice =
       p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
                              reinterpret_cast<S*>(dynamic_shared), barriers)
-               : stream_slice(row_logits, begin, length, p.logits_vector_ok);
+               : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
 
   const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const float* class_weight = o.class_weight;
@@ -242,9 +243,20 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
 // Without a gradient each element is read once, so the shared-memory copy only adds the staging
 // latency and holds the multiprocessor to three CTAs (shared-memory bound); streamed slices read
 // HBM directly and run five CTAs (register bound). Measured on the H200 (docs/perf-notes.md,
-// decision 14): no-grad 16384 × 32768 / 131072 / 262144 bf16 from 0.61 / 0.50 / 0.45 to
-// 0.66 / 0.58 / 0.54 of copy bandwidth. XENT_CUDA_STREAM_FORWARD=0 (read once) restores the
-// staged forward, for measurements.
+// decision 15): no-grad 16384 × 32768 / 131072 / 262144 bf16 from 0.61 / 0.50 / 0.45 to
+// 0.66 / 0.58 / 0.54 of copy bandwidth, and with four loads in flight per thread (v6) to
+// 0.85 / 0.87 / 0.80. XENT_CUDA_STREAM_FORWARD=0 (read once) restores the staged forward, for
+// measurements.
+// XENT_CUDA_STREAM_DEPTH=1 keeps one load in flight per thread in streamed sweeps (v5), for A/B
+// runs; the default keeps four (slice_row_stats, v6).
+bool deep_stream() {
+  static const bool on = [] {
+    const char* text = std::getenv("XENT_CUDA_STREAM_DEPTH");
+    return !(text != nullptr && text[0] == '1');
+  }();
+  return on;
+}
+
 bool stream_forward() {
   static const bool on = [] {
     const char* text = std::getenv("XENT_CUDA_STREAM_FORWARD");
@@ -282,6 +294,7 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
+  p.deep_stream = deep_stream();
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);

@@ -121,6 +121,7 @@ struct RowSlice {
   uint64_t* barriers = nullptr;
   int bulk_vectors = 0;       // vectors covered by the bulk copies (0 when not bulk); 32-bit,
                               // so the per-vector wait test is one comparison (slices < 2^31 B)
+  bool deep_stream = false;   // streamed: several loads in flight per thread (slice_row_stats)
 
   __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
 
@@ -206,8 +207,9 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
 // A slice read straight from HBM (rows too long to stage).
 template <class S>
 __device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t length,
-                                    bool vector_ok) {
+                                    bool vector_ok, bool deep = false) {
   RowSlice<S> slice;
+  slice.deep_stream = deep;
   slice.global = global;
   slice.begin = begin;
   slice.length = length;

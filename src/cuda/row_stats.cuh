@@ -260,9 +260,8 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
   if (static_cast<int>(threadIdx.x) < full_vectors) {
     acc.stats.argmax = slice.begin + int64_t{threadIdx.x} * kVec;
   }
-  int piece = 0;
-  for (int j = threadIdx.x; j < vectors; j += blockDim.x, ++piece) {
-    const Vector<S> x = slice.load(j, piece);
+  // Adds vector j (columns begin + j·kVec ...) to this thread's statistics.
+  auto add_vector = [&](const Vector<S>& x, int j) {
     const int64_t column = slice.begin + int64_t{j} * kVec;
     float v[kVec], w[kVec];
 #pragma unroll
@@ -281,7 +280,29 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
         if (j * kVec + k < slice.length) acc.stats.add(v[k], column + k, w[k]);
       }
     }
+  };
+  int first = threadIdx.x;
+  if (slice.deep_stream && !slice.staged && slice.vector_ok) {
+    // Streamed slices (a forward without gradient): four 16-byte loads in flight per thread
+    // instead of one. By Little's law a multiprocessor needs ~48 KB in flight to draw its share
+    // of HBM bandwidth (~32 GB/s × ~1.5 µs under load); 1280 threads × 16 B is 20 KB, which held
+    // the streamed forward to 0.62 / 0.58 / 0.54 of copy bandwidth at 16384 × 32K / 128K / 256K
+    // bf16. Measured with four (H200, same run): 0.85 / 0.87 / 0.80. Eight loads need 64
+    // registers (4 CTAs instead of 5) and measured no better (docs/perf-notes.md, v6). The raw
+    // words are held and unpacked at use, so the depth costs 4 registers a load.
+    constexpr int kStreamDepth = 4;
+    const uint4* words = reinterpret_cast<const uint4*>(slice.global);
+    const int stride = static_cast<int>(blockDim.x);
+    for (; first + (kStreamDepth - 1) * stride < full_vectors; first += kStreamDepth * stride) {
+      uint4 raw[kStreamDepth];
+#pragma unroll
+      for (int u = 0; u < kStreamDepth; ++u) raw[u] = __ldg(words + first + u * stride);
+#pragma unroll
+      for (int u = 0; u < kStreamDepth; ++u) add_vector(unpack<S>(raw[u]), first + u * stride);
+    }
   }
+  int piece = 0;  // streamed slices never wait on pieces
+  for (int j = first; j < vectors; j += blockDim.x, ++piece) add_vector(slice.load(j, piece), j);
   if (!acc.needs_exact_path()) return acc.stats;
   return exact_slice_row_stats(slice, transform, class_weight);
 }

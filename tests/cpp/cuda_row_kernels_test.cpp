@@ -59,6 +59,44 @@ INSTANTIATE_TEST_SUITE_P(
                       CeKernelCase{DType::f32, 500000, 0, 0, true}),
     ce_case_name);
 
+// Batches with more rows than the GPU holds CTAs at once, so multiprocessors run many CTAs one
+// after another: (dtype, vocab, rows, options, in place, NaN row). Every fifth row is ignored.
+// 4099 bf16 columns make unaligned rows (thread copies instead of bulk copies); 40000 → clusters
+// of 2; 131079 → clusters of 8.
+using CeManyRowsCase = std::tuple<DType, int64_t, int64_t, unsigned, bool, bool>;
+
+class CudaCeManyRows : public ::testing::TestWithParam<CeManyRowsCase> {};
+
+TEST_P(CudaCeManyRows, MatchesReference) {
+  require_device();
+  const auto [dtype, vocab, rows, options, in_place, nan_row] = GetParam();
+  XENT_TEST_RNG(rng);
+  CeProblem problem;
+  problem.dtype = dtype;
+  problem.rows = rows;
+  problem.vocab = vocab;
+  problem.options = options;
+  problem.reduction = Reduction::mean;
+  problem.in_place = in_place;
+  problem.nan_row = nan_row;
+  check_ce(problem, rng);
+}
+
+std::string many_rows_case_name(const ::testing::TestParamInfo<CeManyRowsCase>& info) {
+  const auto [dtype, vocab, rows, options, in_place, nan_row] = info.param;
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_N" + std::to_string(rows) + "_" +
+         ce_options_label(options) + (in_place ? "_inplace" : "") + (nan_row ? "_nan" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, CudaCeManyRows,
+    ::testing::Values(CeManyRowsCase{DType::bf16, 40000, 1500, 0, true, false},
+                      CeManyRowsCase{DType::bf16, 4099, 3000, kAllCeOptions, false, true},
+                      CeManyRowsCase{DType::bf16, 131079, 700, kSmoothing | kZLoss, false,
+                                       false},
+                      CeManyRowsCase{DType::f32, 32768, 1200, kSoftcap, true, true}),
+    many_rows_case_name);
+
 // (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; fp32 300007
 // → the streaming path; 4099 → one CTA with an odd tail.
 using DistillKernelCase = std::tuple<DType, int64_t, DistillKind, unsigned>;
