@@ -72,12 +72,11 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                               const DistillGradRow& row, DistillSums& partial,
                                               bool with_hard, const CeConstants<float>& hc,
                                               const CeGradRow<float>& hard_row,
-                                              int target_in_slice, const float* class_weight,
-                                              S* grad, bool grad_vector_ok) {
+                                              const DistillHardColumns& hard_columns, S* grad,
+                                              bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   dc.kind = kKind;
   constexpr bool tvd = kKind == DistillKindCode::tvd;
-  const bool weighted_hard = with_hard && class_weight && hc.smoothing > 0;
   const int vectors = static_cast<int>(student.vectors());
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
     Vector<S> s = student.reload(j);  // sweep 1 waited on every piece this thread reads
@@ -106,10 +105,8 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
         }
       }
       if (kGrad) {
-        const float w = weighted_hard && i < student.length ? class_weight[student.begin + i]
-                                                            : 1.0f;
         s.value[k] = distill_element_grad<kKind>(dc, row, transform, x, e, with_hard, hc,
-                                                 hard_row, i == target_in_slice, w);
+                                                 hard_row, hard_columns, i);
       }
     }
     if (kGrad) store_vector(grad, j, student.length, grad_vector_ok, s);
@@ -225,9 +222,12 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   const bool needs_row_sums = common::distill_needs_sum_pu(dc.kind);
   const bool loss_sweep = want_loss || ((a.grad || a.statistics) && needs_row_sums);
   const bool fused = a.grad && !needs_row_sums;
-  const int target_in_slice =
-      with_hard && target >= begin && target < begin + length ? static_cast<int>(target - begin)
-                                                              : -1;
+  DistillHardColumns hard_columns;  // columns of this slice
+  hard_columns.target_column =
+      with_hard && target >= begin && target < begin + length ? target - begin : -1;
+  hard_columns.class_weight =
+      with_hard && class_weight && hc.smoothing > 0 ? class_weight + student.begin : nullptr;
+  hard_columns.columns = student.length;
   const CeGradRow<float> hard_row = with_hard ? row_shared.hard_row : CeGradRow<float>{};
   DistillGradRow grad_row;
   grad_row.lse_student = row_shared.stats.student.lse();
@@ -240,21 +240,21 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
       if constexpr (!common::distill_needs_sum_pu(kKind)) {  // forward_kl, soft_ce
         if (fused && want_loss) {
           distill_sweep<kKind, true, true>(student, teacher, transform, dc, grad_row, partial,
-                                           with_hard, hc, hard_row, target_in_slice,
-                                           class_weight, grad, p.grad_vector_ok);
+                                           with_hard, hc, hard_row, hard_columns, grad,
+                                           p.grad_vector_ok);
           return;
         }
         if (fused) {
           distill_sweep<kKind, false, true>(student, teacher, transform, dc, grad_row, partial,
-                                            with_hard, hc, hard_row, target_in_slice,
-                                            class_weight, grad, p.grad_vector_ok);
+                                            with_hard, hc, hard_row, hard_columns, grad,
+                                            p.grad_vector_ok);
           return;
         }
       }
       if (loss_sweep) {
         distill_sweep<kKind, true, false>(student, teacher, transform, dc, grad_row, partial,
-                                          with_hard, hc, hard_row, target_in_slice, class_weight,
-                                          grad, p.grad_vector_ok);
+                                          with_hard, hc, hard_row, hard_columns, grad,
+                                          p.grad_vector_ok);
       }
     });
   });
@@ -278,8 +278,8 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
         constexpr DistillKindCode kKind = decltype(kind)::value;
         if constexpr (common::distill_needs_sum_pu(kKind)) {  // reverse_kl, jsd, tvd
           distill_sweep<kKind, false, true>(student, teacher, transform, dc, grad_row, partial,
-                                            with_hard, hc, hard_row, target_in_slice,
-                                            class_weight, grad, p.grad_vector_ok);
+                                            with_hard, hc, hard_row, hard_columns, grad,
+                                            p.grad_vector_ok);
         }
       });
     });

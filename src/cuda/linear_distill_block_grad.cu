@@ -63,10 +63,12 @@ __global__ void __launch_bounds__(kThreads)
     const float r = a.row_weight ? a.row_weight[row] : 1.0f;
     hard_row = distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, upstream, r);
   }
-  const int64_t target_column = target - a.first_column - begin;  // may lie outside the segment
-  const float* class_weight = with_hard && o.ce.class_weight && hc.smoothing > 0
+  DistillHardColumns hard_columns;  // columns of this segment
+  hard_columns.target_column = target - a.first_column - begin;  // may lie outside the segment
+  hard_columns.class_weight = with_hard && o.ce.class_weight && hc.smoothing > 0
                                   ? o.ce.class_weight + a.first_column + begin
                                   : nullptr;
+  hard_columns.columns = length;
 
   with_distill_transform(dc.transform, [&](const auto& transform) {
     with_distill_kind(dc.kind, [&](auto kind) {
@@ -74,9 +76,8 @@ __global__ void __launch_bounds__(kThreads)
       auto element = [&](int64_t i, float x, float t) {
         const ElementProbs e = element_probs(transform.value(x), transform.value(t),
                                              grad_row.lse_student, grad_row.lse_teacher);
-        const float w = class_weight ? class_weight[i] : 1.0f;
         return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
-                                           hard_row, i == target_column, w);
+                                           hard_row, hard_columns, i);
       };
       if (p.vector_ok) {
         for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
