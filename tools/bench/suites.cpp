@@ -19,10 +19,20 @@ Case make(Op op, int64_t n, int64_t h, int64_t v, const char* label, Mode mode =
   return c;
 }
 
+// Every CE option of the bench at once (PERF.md: "with every option on").
+OptionSet every_option() {
+  OptionSet o;
+  o.smoothing = o.z_loss = o.softcap = o.logit_scale = o.class_weight = o.row_weight = true;
+  return o;
+}
+
 void add_ce(std::vector<Case>& cases) {
   for (const int64_t v : {32768, 131072, 262144}) {
     cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce"));
     cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce no grad", Mode::fwd));
+    Case every = make(Op::ce, 16384, 0, v, "perf-ce every option");
+    every.options = every_option();
+    cases.push_back(every);
   }
   // Shapes where a row-per-block kernel has too little (small V) or too few rows (small N) to
   // fill the GPU: they show whether the kernel adapts.
@@ -47,6 +57,10 @@ void add_linear(std::vector<Case>& cases) {
   Case small_budget = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear budget 128 MiB");
   small_budget.budget_bytes = std::size_t{128} << 20;
   cases.push_back(small_budget);
+  // PERF.md: mean with z-loss, smoothing and softcap on, at the first shape.
+  Case with_options = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear z-loss smoothing softcap");
+  with_options.options.z_loss = with_options.options.smoothing = with_options.options.softcap = true;
+  cases.push_back(with_options);
 }
 
 }  // namespace
