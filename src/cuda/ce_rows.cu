@@ -100,12 +100,13 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
-  __shared__ SharedStorage<CePartial> slot_storage;
+  __shared__ SharedStorage<CePartial[kMaxCluster]> slot_storage;
   __shared__ SharedStorage<CeRowShared> row_shared_storage;
   RowStats<float>* warp_scratch = warp_scratch_storage.get();
-  CePartial& slot = slot_storage.get();
+  CePartial* slots = slot_storage.get();
   CeRowShared& row_shared = row_shared_storage.get();
 
+  cluster_arrive_started(p.cluster);
   const CeRowsArgs& a = p.args;
   const CeRowOptions& o = a.options;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   if (threadIdx.x == 0 && valid && in_range && target >= begin && target < begin + length) {
     mine.target_logit = c.transform.value(slice.element(target - begin));
   }
-  cluster_exchange(mine, &slot, &row_shared.merged, p.cluster,
+  cluster_exchange(mine, slots, &row_shared.merged, p.cluster, ClusterPhase::first_exchange,
                    [](CePartial& into, const CePartial& other) {
                      into.stats.merge(other.stats);
                      into.target_logit += other.target_logit;  // one rank holds y, others add 0
@@ -237,7 +238,6 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
       });
     }
   }
-  cluster_finish(p.cluster);
 }
 
 // Without a gradient each element is read once, so the shared-memory copy only adds the staging

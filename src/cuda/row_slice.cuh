@@ -331,33 +331,55 @@ __device__ __forceinline__ void block_sum(float (&values)[K], float* scratch) {
   }
 }
 
-// Every CTA of the cluster publishes `mine` (thread 0's value) in `slot` and gets back the merge
-// of all ranks' values in rank order, identical in every CTA; the result lands in `result` and is
-// visible to all threads on return. The caller ends the kernel with cluster_finish() so that no
-// CTA leaves while another still reads its slot.
+// Cluster exchanges push: thread 0 of every CTA writes its value into slot[rank] of every CTA of
+// the cluster (distributed shared memory), one cluster barrier (release / acquire) makes all of
+// them visible, and each CTA merges its own slots in rank order (identical in every CTA). After
+// the barrier no CTA touches another's shared memory, so a CTA may leave as soon as it is done:
+// with the former pull (read the other ranks' slots after the barrier) every CTA had to wait at
+// a last cluster barrier for the slowest CTA of the cluster before exiting (ncu: barrier and
+// membar stalls growing with the cluster size, docs/perf-notes.md v6).
+//
+// A CTA may write into another's shared memory only once that CTA has started: the kernel
+// calls cluster_arrive_started() first thing, and the first exchange waits on that phase before
+// pushing (by then every CTA has long started, so the wait costs nothing).
+__device__ __forceinline__ void cluster_arrive_started(int cluster) {
+  if (cluster > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+enum class ClusterPhase { first_exchange, later_exchange };
+
+// `slots` is an array of kMaxCluster values in this CTA's shared memory, used by this exchange
+// only (a kernel with two exchanges gives each its own). `mine` is thread 0's value; the merge
+// lands in `result`, visible to all threads on return.
 template <class P, class Merge>
-__device__ __forceinline__ void cluster_exchange(const P& mine, P* slot, P* result, int cluster,
-                                                 Merge merge) {
+__device__ __forceinline__ void cluster_exchange(const P& mine, P* slots, P* result, int cluster,
+                                                 ClusterPhase phase, Merge merge) {
   namespace cg = cooperative_groups;
-  if (threadIdx.x == 0) *slot = mine;
   if (cluster == 1) {
-    __syncthreads();
-    if (threadIdx.x == 0) *result = *slot;
+    if (threadIdx.x == 0) *result = mine;
     __syncthreads();
     return;
   }
   cg::cluster_group group = cg::this_cluster();
+  const unsigned rank = group.block_rank();
+  // The value goes to this CTA's own slot first, so it is not held in registers across the wait
+  // and the copies (holding distill's three RowStats there made nvcc double its registers).
+  if (threadIdx.x == 0) slots[rank] = mine;
+  if (phase == ClusterPhase::first_exchange) {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  }
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < cluster; ++r) {
+      if (r != static_cast<int>(rank)) *group.map_shared_rank(&slots[rank], r) = slots[rank];
+    }
+  }
   group.sync();
   if (threadIdx.x == 0) {
-    P merged = *group.map_shared_rank(slot, 0);
-    for (int r = 1; r < cluster; ++r) merge(merged, *group.map_shared_rank(slot, r));
+    P merged = slots[0];
+    for (int r = 1; r < cluster; ++r) merge(merged, slots[r]);
     *result = merged;
   }
   __syncthreads();
-}
-
-__device__ __forceinline__ void cluster_finish(int cluster) {
-  if (cluster > 1) cooperative_groups::this_cluster().sync();
 }
 
 }  // namespace xent::cuda
