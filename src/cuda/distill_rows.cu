@@ -113,21 +113,18 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
   }
 }
 
-// At most 64 registers (four CTAs of 256 threads): left free, nvcc took 128 once the cluster
-// exchange pushed its slots (two CTAs per multiprocessor, measured 27 % slower in v6).
 template <class S>
-__global__ void __launch_bounds__(kMaxThreads, 4) distill_rows_kernel(const DistillKernelParams p) {
+__global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const DistillKernelParams p) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> scratch_storage;
   __shared__ float sum_scratch[kSums * kMaxThreads / 32];
-  __shared__ SharedStorage<DistillPartial[kMaxCluster]> stats_slot_storage;
-  __shared__ SharedStorage<DistillSums[kMaxCluster]> sums_slot_storage;
+  __shared__ SharedStorage<DistillPartial> stats_slot_storage;
+  __shared__ SharedStorage<DistillSums> sums_slot_storage;
   __shared__ SharedStorage<DistillRowShared> row_shared_storage;
   RowStats<float>* scratch = scratch_storage.get();
   DistillRowShared& row_shared = row_shared_storage.get();
 
-  cluster_arrive_started(p.cluster);
   const DistillRowsArgs& a = p.args;
   const DistillRowOptions& o = a.options;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
@@ -199,13 +196,13 @@ __global__ void __launch_bounds__(kMaxThreads, 4) distill_rows_kernel(const Dist
   if (threadIdx.x == 0 && with_hard && target >= begin && target < begin + length) {
     mine.hard_target_logit = hc.transform.value(student.element(target - begin));
   }
-  cluster_exchange(mine, stats_slot_storage.get(), &row_shared.stats, p.cluster,
-                   ClusterPhase::first_exchange, [](DistillPartial& into, const DistillPartial& other) {
-                     into.student.merge(other.student);
-                     into.teacher.merge(other.teacher);
-                     into.hard.merge(other.hard);
-                     into.hard_target_logit += other.hard_target_logit;
-                   });
+  cluster_exchange_pull(mine, &stats_slot_storage.get(), &row_shared.stats, p.cluster,
+                        [](DistillPartial& into, const DistillPartial& other) {
+                          into.student.merge(other.student);
+                          into.teacher.merge(other.teacher);
+                          into.hard.merge(other.hard);
+                          into.hard_target_logit += other.hard_target_logit;
+                        });
   const RowStats<float>& hs = row_shared.stats.hard;
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
   const float r = a.row_weight ? a.row_weight[row] : 1.0f;
@@ -263,11 +260,11 @@ __global__ void __launch_bounds__(kMaxThreads, 4) distill_rows_kernel(const Dist
   });
   if (loss_sweep) {
     block_sum(partial.value, sum_scratch);
-    cluster_exchange(partial, sums_slot_storage.get(), &row_shared.sums, p.cluster,
-                     ClusterPhase::later_exchange, [](DistillSums& into, const DistillSums& other) {
+    cluster_exchange_pull(partial, &sums_slot_storage.get(), &row_shared.sums, p.cluster,
+                          [](DistillSums& into, const DistillSums& other) {
 #pragma unroll
-                       for (int k = 0; k < kSums; ++k) into.value[k] += other.value[k];
-                     });
+                            for (int k = 0; k < kSums; ++k) into.value[k] += other.value[k];
+                          });
     grad_row.sum_prob_u = row_shared.sums.value[1];
     common::TvdSums<float> tvd_sums;
     tvd_sums.above = row_shared.sums.value[2];
@@ -320,6 +317,7 @@ __global__ void __launch_bounds__(kMaxThreads, 4) distill_rows_kernel(const Dist
       a.row_total[row] = static_cast<float>(total);
     }
   }
+  cluster_finish(p.cluster);
 }
 
 }  // namespace
