@@ -301,7 +301,9 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
       for (int u = 0; u < kStreamDepth; ++u) add_vector(unpack<S>(raw[u]), first + u * stride);
     }
   }
-  int piece = 0;  // streamed slices never wait on pieces
+  // Staged slices start here with first == threadIdx.x, so iteration p reads piece p; the
+  // deep streamed loop above leaves only a streamed tail, which waits on no piece.
+  int piece = 0;
   for (int j = first; j < vectors; j += blockDim.x, ++piece) add_vector(slice.load(j, piece), j);
   if (!acc.needs_exact_path()) return acc.stats;
   return exact_slice_row_stats(slice, transform, class_weight);
