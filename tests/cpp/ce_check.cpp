@@ -7,23 +7,18 @@
 namespace xent::test {
 
 std::string ce_options_label(unsigned options) {
-  static const char* names[kCeOptionCount] = {"smoothing", "zloss", "softcap",
-                                              "scale", "classweight", "rowweight"};
-  std::string label;
-  for (unsigned bit = 0; bit < kCeOptionCount; ++bit) {
-    if (!(options & (1u << bit))) continue;
-    if (!label.empty()) label += "_";
-    label += names[bit];
-  }
-  return label.empty() ? "plain" : label;
+  static const char* const names[kCeOptionCount] = {"smoothing", "zloss", "softcap",
+                                                    "scale", "classweight", "rowweight"};
+  return options_label(options, names, kCeOptionCount);
 }
 
 std::vector<unsigned> ce_option_sets_up_to_pairs() {
-  std::vector<unsigned> sets = {0u};
-  for (unsigned a = 0; a < kCeOptionCount; ++a) sets.push_back(1u << a);
-  for (unsigned a = 0; a < kCeOptionCount; ++a)
-    for (unsigned b = a + 1; b < kCeOptionCount; ++b) sets.push_back((1u << a) | (1u << b));
-  return sets;
+  return option_sets_up_to_pairs(kCeOptionCount);
+}
+
+std::string ce_grid_name(const ::testing::TestParamInfo<CeGridParam>& info) {
+  return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
+         "_" + reduction_label(std::get<2>(info.param));
 }
 
 CeSetup make_ce_setup(unsigned options, Reduction reduction, int64_t ignore_index, int64_t rows,

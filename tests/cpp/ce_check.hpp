@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "support.hpp"
 
@@ -22,6 +23,12 @@ constexpr unsigned kCeOptionCount = 6;
 std::string ce_options_label(unsigned options);
 // Every option alone, every pair, and none: 1 + 6 + 15 sets.
 std::vector<unsigned> ce_option_sets_up_to_pairs();
+constexpr unsigned kAllCeOptions =
+    kSmoothing | kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;
+
+// Grids over (dtype, CE option set, reduction): the test name "<dtype>_<options>_<reduction>".
+using CeGridParam = std::tuple<DType, unsigned, Reduction>;
+std::string ce_grid_name(const ::testing::TestParamInfo<CeGridParam>& info);
 
 struct CeProblem {
   DType dtype = DType::f32;

@@ -5,8 +5,6 @@
 namespace xent::test {
 namespace {
 
-using CeGridParam = std::tuple<DType, unsigned, Reduction>;
-
 class CeGrid : public ::testing::TestWithParam<CeGridParam> {
  protected:
   void SetUp() override { require_device(); }
@@ -19,18 +17,12 @@ TEST_P(CeGrid, MatchesReference) {
   check_ce(problem, rng);
 }
 
-std::string grid_name(const ::testing::TestParamInfo<CeGridParam>& info) {
-  return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
-         "_" + reduction_label(std::get<2>(info.param));
-}
-
-const auto kAllReductions = ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean);
 
 INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, CeGrid,
                          ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
                                             ::testing::ValuesIn(ce_option_sets_up_to_pairs()),
                                             kAllReductions),
-                         grid_name);
+                         ce_grid_name);
 
 // fp16 and fp64 (a CPU-only dtype, for gradcheck) meet each option alone: the pairs add nothing
 // dtype-specific, and the suite stays fast.
@@ -46,7 +38,7 @@ INSTANTIATE_TEST_SUITE_P(EachOption, CeGrid,
                                                               kLogitScale, kClassWeight,
                                                               kRowWeight),
                                             kAllReductions),
-                         grid_name);
+                         ce_grid_name);
 
 }  // namespace
 }  // namespace xent::test

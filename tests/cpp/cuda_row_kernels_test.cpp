@@ -37,9 +37,6 @@ TEST_P(CudaCeRowKernel, MatchesReference) {
   check_ce(problem, rng);
 }
 
-constexpr unsigned kAllCeOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kClassWeight |
-                                   kRowWeight;
-
 std::string ce_case_name(const ::testing::TestParamInfo<CeKernelCase>& info) {
   const auto [dtype, vocab, padding, options, in_place] = info.param;
   return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" + std::to_string(padding) +

@@ -8,27 +8,14 @@
 namespace xent::test {
 
 std::string distill_options_label(unsigned options) {
-  static const char* names[kDistillOptionCount] = {"temperature", "softcap", "hard_soft",
-                                                   "no_target"};
-  std::string label;
-  for (unsigned bit = 0; bit < kDistillOptionCount; ++bit) {
-    if (!(options & (1u << bit))) continue;
-    if (!label.empty()) label += "_";
-    label += names[bit];
-  }
-  return label.empty() ? "plain" : label;
+  static const char* const names[kDistillOptionCount] = {"temperature", "softcap", "hard_soft",
+                                                         "no_target"};
+  return options_label(options, names, kDistillOptionCount);
 }
 
 std::vector<unsigned> distill_option_sets_up_to_pairs() {
-  std::vector<unsigned> sets = {0u};
-  for (unsigned a = 0; a < kDistillOptionCount; ++a) sets.push_back(1u << a);
-  for (unsigned a = 0; a < kDistillOptionCount; ++a)
-    for (unsigned b = a + 1; b < kDistillOptionCount; ++b) {
-      const unsigned set = (1u << a) | (1u << b);
-      if (set == (kHardAndSoft | kNoTarget)) continue;  // an error case, tested as such
-      sets.push_back(set);
-    }
-  return sets;
+  // A hard term without targets is an error case, tested as such.
+  return option_sets_up_to_pairs(kDistillOptionCount, kHardAndSoft | kNoTarget);
 }
 
 DistillSetup make_distill_setup(DistillKind kind, unsigned options, Reduction reduction,

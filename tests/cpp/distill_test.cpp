@@ -28,7 +28,6 @@ std::string grid_name(const ::testing::TestParamInfo<DistillGridParam>& info) {
          reduction_label(std::get<3>(info.param));
 }
 
-const auto kAllReductions = ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean);
 
 // fp32 gets the whole grid, bf16 each option alone, fp16 and fp64 (CPU) a cross-section: every
 // dtype meets every kind, and the suite stays fast.

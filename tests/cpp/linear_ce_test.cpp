@@ -229,8 +229,7 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
 
 // ---- the grid: each option and every pair ----------------------------------------------------
 
-using GridParam = std::tuple<DType, unsigned, Reduction>;
-class LinearCeGrid : public ::testing::TestWithParam<GridParam> {
+class LinearCeGrid : public ::testing::TestWithParam<CeGridParam> {
  protected:
   void SetUp() override { require_device(); }
 };
@@ -242,20 +241,12 @@ TEST_P(LinearCeGrid, MatchesReference) {
   check_linear_ce(p, rng);
 }
 
-std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
-  return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
-         "_" + reduction_label(std::get<2>(info.param));
-}
-
-const auto kAllReductions = ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean);
-constexpr unsigned kAllCeOptions =
-    kSmoothing | kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;
 
 INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, LinearCeGrid,
                          ::testing::Combine(::testing::Values(DType::f32),
                                             ::testing::ValuesIn(ce_option_sets_up_to_pairs()),
                                             kAllReductions),
-                         grid_name);
+                         ce_grid_name);
 
 INSTANTIATE_TEST_SUITE_P(EachOption, LinearCeGrid,
                          ::testing::Combine(::testing::Values(DType::bf16),
@@ -263,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(EachOption, LinearCeGrid,
                                                               kLogitScale, kClassWeight,
                                                               kRowWeight),
                                             kAllReductions),
-                         grid_name);
+                         ce_grid_name);
 
 std::vector<DType> other_dtypes() {
   std::vector<DType> dtypes = {DType::f16};
@@ -275,7 +266,7 @@ INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearCeGrid,
                          ::testing::Combine(::testing::ValuesIn(other_dtypes()),
                                             ::testing::Values(0u, kAllCeOptions),
                                             ::testing::Values(Reduction::none, Reduction::mean)),
-                         grid_name);
+                         ce_grid_name);
 
 // ---- chunk budgets and special cases ---------------------------------------------------------
 

@@ -357,6 +357,28 @@ void finish(Stream stream) {
 
 // ---- comparisons ------------------------------------------------------------------------------
 
+std::string options_label(unsigned options, const char* const* names, unsigned count) {
+  std::string label;
+  for (unsigned bit = 0; bit < count; ++bit) {
+    if (!(options & (1u << bit))) continue;
+    if (!label.empty()) label += "_";
+    label += names[bit];
+  }
+  return label.empty() ? "plain" : label;
+}
+
+std::vector<unsigned> option_sets_up_to_pairs(unsigned count, unsigned excluded) {
+  std::vector<unsigned> sets = {0u};
+  for (unsigned a = 0; a < count; ++a) sets.push_back(1u << a);
+  for (unsigned a = 0; a < count; ++a) {
+    for (unsigned b = a + 1; b < count; ++b) {
+      const unsigned set = (1u << a) | (1u << b);
+      if (set != excluded) sets.push_back(set);
+    }
+  }
+  return sets;
+}
+
 double norm(const std::vector<double>& v) {
   double s = 0.0;
   for (double x : v) s += x * x;

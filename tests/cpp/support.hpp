@@ -147,4 +147,14 @@ void expect_invalid(const std::function<void()>& call, const std::string& argume
 // Helpers to build parameter names.
 std::string reduction_label(Reduction reduction);
 
+// Every reduction, for parametrised grids.
+inline const auto kAllReductions =
+    ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean);
+
+// "plain", or the names of the set bits of `options` joined by "_" (names[bit] for each bit).
+std::string options_label(unsigned options, const char* const* names, unsigned count);
+// Every option alone, every pair, and none, over `count` option bits, without `excluded` (a
+// pair that is an error case, tested as such; 0 for none).
+std::vector<unsigned> option_sets_up_to_pairs(unsigned count, unsigned excluded = 0);
+
 }  // namespace xent::test
