@@ -10,7 +10,10 @@
 # caps the whole run (steps are cut to fit); JOBS sets build parallelism; GPU_CHECK_GTEST_FILTER
 # runs the GPU test binary with that gtest filter instead of every ctest "gpu" case;
 # GPU_CHECK_BENCH_SUITES="perf-ce perf-distill" runs those xent-bench suites (default: perf), one
-# JSON each (bench-SUITE.json).
+# JSON each (bench-SUITE.json); GPU_CHECK_TORCH_ARGS="--suite perf-ce" sets compare_torch.py's
+# arguments (default: its PERF.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
+# tests. Anchor libraries (Liger, Cut Cross-Entropy, QuACK) are installed from wheels in .whl/
+# when that folder is there (bench/README.md says how they are fetched).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
@@ -67,7 +70,8 @@ configure() {
   [[ "$arch" == 90 ]] && arch=90a
   echo "GPU compute capability: ${cc:-unknown}; CUDA architecture: $arch"
   if cmake -S . -B "$BUILD" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DXENT_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES="$arch"; then
+      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DXENT_PYTHON=ON \
+      -DPython3_EXECUTABLE="$(command -v python3)"; then
     return 0
   fi
   echo "CMAKE_CUDA_ARCHITECTURES=$arch refused; retrying with explicit -gencode flags"
@@ -80,7 +84,7 @@ configure() {
 export BUILD
 step configure 300 bash -c "$(declare -f configure); configure" || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 # The library and test binaries first: a tool that does not build must not stop the tests.
-step build 900 cmake --build "$BUILD" -j "$JOBS" --target xent_tests xent_gpu_tests \
+step build 900 cmake --build "$BUILD" -j "$JOBS" --target xent_tests xent_gpu_tests xent_torch \
   || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 step build-bench 900 cmake --build "$BUILD" -j "$JOBS" --target xent-bench
 step build-all 900 cmake --build "$BUILD" -j "$JOBS"
@@ -95,6 +99,11 @@ if [[ -n "${GPU_CHECK_GTEST_FILTER:-}" ]]; then
 else
   step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
 fi
+
+# The Python package on the GPU: autograd, torch.compile, CUDA graphs, CUDA-vs-CPU.
+# shellcheck disable=SC2086
+step pytest 900 env PYTHONPATH="$PWD/python" python3 -m pytest -q -p no:cacheprovider -m gpu \
+  ${GPU_CHECK_PYTEST_FILTER:-} tests/python
 
 # The probe before the sanitizers: its numbers matter most when GPU_CHECK_DEADLINE cuts the run.
 step probe 600 "$GPU_TESTS" --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'
@@ -120,8 +129,20 @@ if [[ -x "$BUILD/tools/xent-bench" ]]; then
 else
   note_skip bench "$BUILD/tools/xent-bench not built yet"
 fi
+if [[ -d .whl ]] && ! skipped torch; then
+  # Anchors travel as wheels (no network on a GPU machine); QuACK's large DSL library as an
+  # archive, .whl/cutlass-dsl-libs.tar.xz (its libs-core and libs-cu13 wheels unpacked and
+  # re-compressed to about half the size), unpacked into the same folder.
+  mkdir -p /tmp/anchors
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/anchors .whl/*.whl \
+    >"$OUT/anchors.log" 2>&1 || echo "anchor wheels: install failed (see anchors.log)"
+  [[ -f .whl/cutlass-dsl-libs.tar.xz ]] && tar xJf .whl/cutlass-dsl-libs.tar.xz -C /tmp/anchors
+  export PYTHONPATH="/tmp/anchors:/tmp/anchors/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
+fi
 if [[ -f tools/compare_torch.py ]]; then
-  step torch 900 python3 tools/compare_torch.py --json "$OUT/torch.json"
+  # shellcheck disable=SC2086
+  step torch 900 env PYTHONPATH="$PWD/python:${PYTHONPATH:-}" python3 tools/compare_torch.py \
+    ${GPU_CHECK_TORCH_ARGS:-} --json "$OUT/torch.json"
 else
   note_skip torch "tools/compare_torch.py not present yet"
 fi

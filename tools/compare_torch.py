@@ -7,14 +7,23 @@ the linear ops, the GEMM floor F (torch.matmul time of h·Wᵀ, G·W and Gᵀ·h
 schema of xent-bench's JSON (PERF.md "What a benchmark record holds").
 
 Implementations, each skipped with a note when not importable:
-  eager     F.cross_entropy on logits upcast to fp32, as training code does
-  compile   the same function through torch.compile
-  liger     Liger-Kernel (liger_kernel)
-  cce       Cut Cross-Entropy (cut_cross_entropy), linear_ce only
-  xent      xent through its Python package
+  eager       F.cross_entropy on logits upcast to fp32, as training code does
+  compile     the same function through torch.compile
+  liger       Liger-Kernel (liger_kernel)
+  cce         Cut Cross-Entropy (cut_cross_entropy) with its default filter_eps ("high": gradient
+              blocks under a probability threshold are skipped), linear_ce only
+  cce_exact   Cut Cross-Entropy with filter_eps=None (exact gradients)
+  quack       QuACK (quack-kernels)
+  xent_torch  xent through its Python package and autograd (records of xent-bench, the C++
+              kernels alone, are impl "xent")
+
+Modes: fwdbwd (forward + backward through autograd), fwd (forward without gradient), and for the
+small-V rows of the seed benchmark also fwd_graph (the forward of a training step alone) and bwd
+(its backward alone). Linear rows run on random and on peaked logits (--distribution): peaked
+hidden states are h = noise + a·W[y], a set so the mean target probability is about 0.3.
 
 Usage: compare_torch.py --op linear_ce --n 8192 --h 4096 --v 128256 [--json FILE [--append]]
-       compare_torch.py --suite perf-ce|perf-distill|perf-linear|perf
+       compare_torch.py --suite perf-ce|perf-ce-small|perf-distill|perf-linear|perf
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ except ImportError:  # reported in main(), so --help works without torch
     torch = None
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
-IMPLS = ("eager", "compile", "liger", "cce", "xent")
+IMPLS = ("eager", "compile", "liger", "cce", "cce_exact", "quack", "xent_torch")
+LINEAR_SHAPES = ((8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -75,26 +85,48 @@ def device_name(device: str) -> str:
 # ----------------------------------------------------------------------------- cases
 
 def suite_cases(name: str) -> List[dict]:
-    """The PERF.md rows (same as xent-bench --suite)."""
+    """The PERF.md rows (same shapes as xent-bench --suite), each a dict of case fields."""
     cases = []
     if name in ("perf-ce", "perf"):
         for v in (32768, 131072, 262144):
             cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", label="perf-ce"))
             cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwd", label="perf-ce no grad"))
+            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", options="all",
+                              label="perf-ce every option"))
+            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", reduction="none",
+                              label="perf-ce reduction none"))
+            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", inplace=True,
+                              impls=("xent_torch",), label="perf-ce inplace_backward"))
         cases.append(dict(op="ce", n=262144, h=0, v=4096, mode="fwdbwd", label="perf-ce small V"))
         cases.append(dict(op="ce", n=256, h=0, v=262144, mode="fwdbwd", label="perf-ce small N"))
         cases.append(dict(op="ce", n=128, h=0, v=131072, mode="fwdbwd", label="perf-ce small N"))
+    if name in ("perf-ce-small", "perf"):
+        # The seed benchmark's rows: forward, backward, full step, no-grad forward.
+        for v in (1024, 4096, 8192, 32768):
+            for mode in ("fwd_graph", "bwd", "fwdbwd", "fwd"):
+                cases.append(dict(op="ce", n=16384, h=0, v=v, mode=mode,
+                                  label="perf-ce seed small V"))
     if name in ("perf-distill", "perf"):
         for kind in DISTILL_KINDS:
             for n, v in ((4096, 32768), (16384, 131072)):
                 cases.append(dict(op="distill", n=n, h=0, v=v, mode="fwdbwd", kind=kind,
                                   label="perf-distill"))
     if name in ("perf-linear", "perf"):
-        for n, h, v in ((8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256)):
-            cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", label="perf-linear"))
+        for distribution in ("random", "peaked"):
+            for n, h, v in LINEAR_SHAPES:
+                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
+                                  distribution=distribution, label="perf-linear"))
+        for n, h, v in LINEAR_SHAPES:
+            cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
+                              budget_bytes=64 << 20, impls=("xent_torch",),
+                              label="perf-linear 64 MiB"))
+            for weight in ("fp32", "fp32-autocast"):
+                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", weight=weight,
+                                  impls=("compile", "xent_torch"),
+                                  label=f"perf-linear {weight} weight"))
     for case in cases:
         case.setdefault("kind", "forward_kl")
-        case["dtype"] = "bf16"
+        case.setdefault("dtype", "bf16")
     return cases
 
 
@@ -106,8 +138,12 @@ class Timer:
     def __init__(self, device: str, warmup: int, repeat: int):
         self.device, self.warmup, self.repeat = device, warmup, repeat
 
-    def run(self, fn: Callable[[int], None]) -> List[float]:
+    def run(self, fn: Callable[[int], None],
+            prepare: Optional[Callable[[int], None]] = None) -> List[float]:
+        """Times fn(i); prepare(i), when given, runs before each call, outside the timing."""
         for i in range(self.warmup):
+            if prepare:
+                prepare(i)
             fn(i)
         times = []
         if self.device == "cuda":
@@ -116,6 +152,8 @@ class Timer:
             for i in range(self.repeat):
                 start = torch.cuda.Event(enable_timing=True)
                 stop = torch.cuda.Event(enable_timing=True)
+                if prepare:
+                    prepare(i)
                 start.record()
                 fn(i)
                 stop.record()
@@ -124,6 +162,8 @@ class Timer:
             times = [start.elapsed_time(stop) for start, stop in pairs]
         else:
             for i in range(self.repeat):
+                if prepare:
+                    prepare(i)
                 begin = time.perf_counter()
                 fn(i)
                 times.append((time.perf_counter() - begin) * 1e3)
@@ -190,10 +230,11 @@ def gemm_floor(case: dict, dtype, device: str, timer: Timer) -> Optional[float]:
 # ----------------------------------------------------------------------------- inputs
 
 def make_inputs(case: dict, dtype, device: str, seed: int) -> Dict[str, "torch.Tensor"]:
-    """Random inputs like xent-bench's: logits uniform in [-8, 8), weights scaled by 1/sqrt(H)."""
+    """Random inputs like xent-bench's: logits uniform in [-8, 8), weights scaled by 1/sqrt(H).
+    Peaked linear rows add a·W[y] to the hidden states (case["peak_scale"] = a)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     n, h, v = case["n"], case["h"], case["v"]
-    grad = case["mode"] == "fwdbwd"
+    grad = case["mode"] != "fwd"
 
     def uniform(shape, bound):
         values = torch.rand(shape, device=device, dtype=torch.float32, generator=generator)
@@ -207,12 +248,62 @@ def make_inputs(case: dict, dtype, device: str, seed: int) -> Dict[str, "torch.T
             x["teacher"] = uniform((n, v), 8.0)
     else:
         bound = 8.0 * math.sqrt(3.0 / h)
-        x["hidden"] = uniform((n, h), 1.0).requires_grad_(grad)
-        x["weight"] = uniform((v, h), bound).requires_grad_(grad)
+        hidden = uniform((n, h), 1.0)
+        weight = uniform((v, h), bound)
+        if case.get("distribution") == "peaked":
+            hidden = (hidden.float() + case["peak_scale"] * weight[x["target"]].float()).to(dtype)
+        if case.get("weight", "").startswith("fp32"):
+            weight = weight.float()  # an fp32 (master) weight beside 16-bit hidden states
+        x["hidden"] = hidden.requires_grad_(grad)
+        x["weight"] = weight.requires_grad_(grad)
         if op == "linear_distill":
             x["teacher_hidden"] = uniform((n, h), 1.0)
             x["teacher_weight"] = uniform((v, h), bound)
     return x
+
+
+def mean_target_probability(case: dict, dtype, device: str, scale: float, rows: int = 256):
+    """Mean p(target) of the first rows of a peaked linear case at peak scale `scale`."""
+    probe = dict(case, n=min(rows, case["n"]), peak_scale=scale, mode="fwd")
+    x = make_inputs(probe, dtype, device, seed=1)
+    with torch.no_grad():
+        logits = (x["hidden"] @ x["weight"].to(dtype).t()).float()
+        return logits.log_softmax(-1).gather(1, x["target"][:, None]).exp().mean().item()
+
+
+def calibrate_peak(case: dict, dtype, device: str, goal: float = 0.3) -> float:
+    """The peak scale a (h = noise + a·W[y]) whose mean target probability is about `goal`."""
+    low, high = 0.0, 1.0
+    while mean_target_probability(case, dtype, device, high) < goal and high < 64:
+        low, high = high, high * 2
+    for _ in range(20):
+        middle = (low + high) / 2
+        if mean_target_probability(case, dtype, device, middle) < goal:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def linear_reference_grads(x: dict, chunk: int = 2048):
+    """∂h and ∂W of the mean cross-entropy of h·Wᵀ in float64 (row chunks, so the N x V
+    logits are never held at once): what each implementation's gradient is compared with."""
+    hidden = x["hidden"].detach().double()
+    weight = x["weight"].detach().double()
+    target = x["target"]
+    valid = max(int((target != -100).sum().item()), 1)
+    grad_h = torch.empty_like(hidden)
+    grad_w = torch.zeros_like(weight)
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start:start + chunk]
+        probs = (h @ weight.t()).softmax(-1)
+        rows = torch.arange(h.shape[0], device=h.device)
+        probs[rows, target[start:start + chunk]] -= 1
+        probs /= valid
+        grad_h[start:start + chunk] = probs @ weight
+        grad_w += probs.t() @ h
+        del probs
+    return grad_h, grad_w
 
 
 def leaves(x: dict) -> list:
@@ -228,14 +319,40 @@ def tensor_bytes(t) -> int:
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def _relative_error(out, reference) -> float:
+    out = out.detach().double()
+    return ((out - reference).norm() / reference.norm().clamp_min(1e-300)).item()
+
+
+def case_title(case: dict) -> str:
+    op, mode = case["op"], case["mode"]
+    shape = f"{case['n']}x{str(case['h']) + 'x' if case['h'] else ''}{case['v']}"
+    notes = [case[k] for k in ("options", "reduction", "distribution", "weight") if
+             case.get(k) not in (None, "plain", "mean", "random")]
+    if case.get("inplace"):
+        notes.append("inplace")
+    if case.get("budget_bytes"):
+        notes.append(f"{case['budget_bytes'] >> 20} MiB")
+    kind = ":" + case["kind"] if "distill" in op else ""
+    return f"{op}{kind} {shape} {case['dtype']} {mode}" + (f" [{', '.join(notes)}]" if notes
+                                                          else "")
+
+
 def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                  commit: str) -> List[dict]:
     device = args.device
     dtype = getattr(torch, DTYPES[case["dtype"]])
     timer = Timer(device, args.warmup, args.repeat)
     op, kind, mode = case["op"], case.get("kind", "forward_kl"), case["mode"]
-    title = f"{op}{':' + kind if 'distill' in op else ''} {case['n']}x" \
-            f"{str(case['h']) + 'x' if case['h'] else ''}{case['v']} {case['dtype']} {mode}"
+    reduction = case.get("reduction", "mean")
+    impls = [impl for impl in impls if impl in case.get("impls", impls)]
+    title = case_title(case)
+    if case.get("distribution") == "peaked" and device == "cuda":
+        case["peak_scale"] = calibrate_peak(case, dtype, device)
+        case["mean_target_prob"] = mean_target_probability(case, dtype, device,
+                                                           case["peak_scale"])
+        progress(f"{title}: peak scale {case['peak_scale']:.4f}, mean target probability "
+                 f"{case['mean_target_prob']:.3f}")
     floor = gemm_floor(case, dtype, device, timer)
     first = make_inputs(case, dtype, device, seed=1)
     input_bytes = sum(tensor_bytes(t) for t in first.values())
@@ -244,12 +361,25 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
         cache = torch.cuda.get_device_properties(0).L2_cache_size
         if input_bytes < cache:  # rotate among copies so no repetition finds its inputs in L2
             copies = min(16, 2 * cache // max(input_bytes, 1) + 1)
+    if case.get("inplace"):
+        copies = 1  # every step refreshes the logits it overwrites (see prepare below)
     inputs = [first] + [make_inputs(case, dtype, device, seed=1 + c) for c in range(1, copies)]
+    pristine = first["logits"].detach().clone() if case.get("inplace") else None
+    linear_reference = None
+    if args.errors and op == "linear_ce" and mode == "fwdbwd" and reduction == "mean" \
+            and not case.get("options"):
+        progress(f"{title}: float64 reference gradients ...")
+        linear_reference = linear_reference_grads(first)
     element = torch.finfo(dtype).bits // 8
     base = {
-        "op": op, "mode": mode, "options": "plain", "reduction": "mean",
+        "op": op, "mode": mode, "options": case.get("options", "plain"), "reduction": reduction,
         "kind": kind if "distill" in op else None, "dtype": str(dtype).replace("torch.", ""),
-        "n": case["n"], "h": case["h"], "v": case["v"], "budget_bytes": None,
+        "n": case["n"], "h": case["h"], "v": case["v"], "budget_bytes": case.get("budget_bytes"),
+        "inplace_backward": bool(case.get("inplace")),
+        "distribution": case.get("distribution", "random") if "linear" in op else None,
+        "peak_scale": case.get("peak_scale"), "mean_target_prob": case.get("mean_target_prob"),
+        "weight_dtype": "float32" if case.get("weight", "").startswith("fp32") else None,
+        "autocast": case.get("weight") == "fp32-autocast",
         "label": case.get("label", ""),
         "device": device_name(device),
         "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": floor, "commit": commit,
@@ -259,53 +389,96 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
     for impl in impls:
         record = dict(base, impl=impl, time_ms=None, ratio=None, ratio_kind=None,
                       min_bytes=None, peak_extra_bytes=None, workspace_bytes=None,
-                      loss_rel_err=None, grad_rel_err=None, error=None)
-        if impl == "eager":
-            loss_fn = eager_loss(op, kind)
-        elif impl == "compile":
-            # A fresh compile per case specialises on its shape, as a training run with fixed
-            # shapes gets; otherwise dynamo would turn to dynamic shapes after the first case.
-            torch._dynamo.reset()
-            loss_fn = torch.compile(eager_loss(op, kind))
+                      loss_rel_err=None, grad_rel_err=None, grad_hidden_rel_err=None,
+                      grad_weight_rel_err=None, error=None)
+        if impl in ("eager", "compile"):
+            loss_fn = eager_loss(case)
+            if impl == "compile":
+                # A fresh compile per case specialises on its shape, as a training run with
+                # fixed shapes gets; otherwise dynamo would turn to dynamic shapes.
+                torch._dynamo.reset()
+                loss_fn = torch.compile(loss_fn)
         else:
-            loss_fn = library_loss(impl, op, kind)
+            loss_fn = library_loss(impl, case)
         if isinstance(loss_fn, str):
             record["error"] = loss_fn
-            progress(f"{impl:8s} {title}: skipped: {loss_fn}")
+            progress(f"{impl:10s} {title}: skipped: {loss_fn}")
             records.append(record)
             continue
+        if case.get("weight") == "fp32-autocast":
+            plain_fn = loss_fn
 
-        def step(i, loss_fn=loss_fn):
+            def loss_fn(x, plain_fn=plain_fn):
+                with torch.autocast("cuda", dtype=dtype):
+                    return plain_fn(x)
+
+        upstream = {}
+
+        def refresh(i):
+            # inplace_backward overwrites the logits: each step starts from fresh ones, outside
+            # the timing.
+            if pristine is not None:
+                inputs[0]["logits"] = pristine.clone().requires_grad_()
+
+        def forward(i, loss_fn=loss_fn):
             x = inputs[i % copies]
-            if mode == "fwd":
-                with torch.no_grad():
-                    return loss_fn(x)
             for leaf in leaves(x):
                 leaf.grad = None
             loss = loss_fn(x)
-            loss.backward()
+            if reduction == "none" and mode != "fwd":
+                loss = (loss * upstream.setdefault("g", torch.rand_like(loss))).sum()
             return loss
 
+        pending = {}
+
+        def step(i, loss_fn=loss_fn):
+            if mode == "fwd":
+                with torch.no_grad():
+                    return forward(i)
+            loss = forward(i)
+            if mode != "fwd_graph":
+                loss.backward()
+            return loss
+
+        def prepare_backward(i):
+            refresh(i)
+            pending["loss"] = forward(i)
+
+        def backward_only(i):
+            pending.pop("loss").backward()
+
         try:
-            progress(f"{impl:8s} {title}: {args.warmup} warm-up + {args.repeat} timed ...")
+            progress(f"{impl:10s} {title}: {args.warmup} warm-up + {args.repeat} timed ...")
+            refresh(0)
             loss = step(0).detach().float().item()  # compiles, autotunes, allocates
             if reference_loss is None:
                 reference_loss = loss
             record["loss_rel_err"] = abs(loss - reference_loss) / max(abs(reference_loss), 1e-30)
+            if linear_reference is not None:
+                grad_h, grad_w = inputs[0]["hidden"].grad, inputs[0]["weight"].grad
+                if grad_h is not None and grad_w is not None:
+                    record["grad_hidden_rel_err"] = _relative_error(grad_h, linear_reference[0])
+                    record["grad_weight_rel_err"] = _relative_error(grad_w, linear_reference[1])
             if device == "cuda":
                 for leaf in leaves(inputs[0]):
                     leaf.grad = None
+                refresh(0)
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
                 step(0)
                 torch.cuda.synchronize()
                 grads = sum(tensor_bytes(leaf.grad) for leaf in leaves(inputs[0])
-                            if leaf.grad is not None)
+                            if leaf.grad is not None and leaf.grad.data_ptr() !=
+                            leaf.data_ptr())
                 # Beyond the inputs and their gradients, as PERF.md counts it.
                 record["peak_extra_bytes"] = max(
                     0, torch.cuda.max_memory_allocated() - before - grads)
-            times = summarize(timer.run(step))
+            if mode == "bwd":
+                times = summarize(timer.run(backward_only, prepare=prepare_backward))
+            else:
+                times = summarize(timer.run(step, prepare=refresh if pristine is not None
+                                            else None))
             record["time_ms"] = times
             if op in ("linear_ce", "linear_distill"):
                 record["ratio_kind"] = "gemm"
@@ -313,18 +486,24 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                     record["ratio"] = times["median"] / floor
             else:
                 tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
+                if mode == "bwd":
+                    tensors = 1  # the fused forms write the gradient in the forward
                 record["ratio_kind"] = "bandwidth"
                 record["min_bytes"] = tensors * case["n"] * case["v"] * element
                 if bandwidth:
                     record["ratio"] = record["min_bytes"] / (times["median"] / 1e3) / bandwidth
-            progress(f"{impl:8s} {title}: median {times['median']:.3f} ms"
+            progress(f"{impl:10s} {title}: median {times['median']:.3f} ms"
                      + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
                      + (f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
-                        if record["peak_extra_bytes"] is not None else ""))
+                        if record["peak_extra_bytes"] is not None else "")
+                     + (f", dW err {record['grad_weight_rel_err']:.4f}, dh err "
+                        f"{record['grad_hidden_rel_err']:.4f}"
+                        if record["grad_weight_rel_err"] is not None else ""))
         except Exception as error:  # one failing library must not stop the comparison
             record["error"] = f"{error.__class__.__name__}: {error}"[:500]
-            progress(f"{impl:8s} {title}: error: {record['error']}")
+            progress(f"{impl:10s} {title}: error: {record['error']}")
         finally:
+            pending.clear()
             for x in inputs:
                 for leaf in leaves(x):
                     leaf.grad = None
@@ -335,12 +514,13 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
 
 
 def print_table(records: List[dict]) -> None:
-    print(f"{'op':26s} {'impl':8s} {'shape':20s} {'dtype':9s} {'median ms':>10s} {'p20 ms':>10s}"
+    print(f"{'case':60s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
           f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'loss diff':>10s}")
     for r in records:
-        op = r["op"] + (":" + r["kind"] if r["kind"] else "") + (" fwd" if r["mode"] == "fwd" else "")
-        shape = f"{r['n']}x{str(r['h']) + 'x' if r['h'] else ''}{r['v']}"
-        head = f"{op:26s} {r['impl']:8s} {shape:20s} {r['dtype']:9s}"
+        case = dict(r, options=r["options"], inplace=r.get("inplace_backward"),
+                    weight=("fp32-autocast" if r.get("autocast") else "fp32")
+                    if r.get("weight_dtype") else None)
+        head = f"{case_title(case)[:60]:60s} {r['impl']:10s}"
         if r["error"]:
             print(f"{head} error: {r['error']}")
             continue
@@ -360,10 +540,19 @@ def parse_args(argv=None):
     parser.add_argument("--h", type=int, default=0)
     parser.add_argument("--v", type=int)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
+    parser.add_argument("--mode", choices=("fwd", "fwdbwd", "fwd_graph", "bwd"),
+                        default="fwdbwd")
     parser.add_argument("--kind", choices=DISTILL_KINDS, default="forward_kl")
     parser.add_argument("--device", choices=("cuda", "cpu"))
-    parser.add_argument("--suite", choices=("perf-ce", "perf-distill", "perf-linear", "perf"))
+    parser.add_argument("--suite", choices=("perf-ce", "perf-ce-small", "perf-distill",
+                                            "perf-linear", "perf"))
+    parser.add_argument("--distribution", choices=("random", "peaked"), default="random",
+                        help="logits of a linear case: random, or peaked (mean target "
+                             "probability about 0.3)")
+    parser.add_argument("--errors", action="store_true",
+                        help="linear_ce: gradient errors against float64 (slow)")
+    parser.add_argument("--labels", help="comma list: run only suite cases whose label "
+                                         "starts with one of these")
     parser.add_argument("--impls", default=",".join(IMPLS),
                         help="comma list of " + ", ".join(IMPLS))
     parser.add_argument("--repeat", type=int)
@@ -416,9 +605,13 @@ def main(argv=None) -> int:
             args.op, args.n, args.h, args.v, args.dtype = "linear_ce", 1024, 256, 32000, "fp32"
     if args.suite:
         cases = suite_cases(args.suite)
+        if args.labels:
+            wanted = tuple(args.labels.split(","))
+            cases = [case for case in cases if case["label"].startswith(wanted)]
     else:
         cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
-                      dtype=args.dtype, mode=args.mode, kind=args.kind, label="")]
+                      dtype=args.dtype, mode=args.mode, kind=args.kind, label="",
+                      distribution=args.distribution)]
     commit = git_commit()
     progress(f"device: {device_name(args.device)}, torch {torch.__version__}")
     bandwidth = copy_bandwidth(args.device)

@@ -57,6 +57,15 @@ at::Tensor contiguous_rows(const at::Tensor& tensor) {
 
 at::Tensor contiguous_vector(const at::Tensor& tensor) { return tensor.contiguous(); }
 
+void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor) {
+  const bool readable = tensor.dim() == 2 && contiguous_rows(tensor).is_same(tensor);
+  TORCH_CHECK_VALUE(readable, function, ": ", argument,
+                    " cannot take the gradient in place: got a tensor of shape ", tensor.sizes(),
+                    " and strides ", tensor.strides(),
+                    "; expected 2-D rows with contiguous columns (inplace_backward=False "
+                    "writes the gradient to a new tensor instead)");
+}
+
 TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument) {
   if (tensor.dim() != 2) return vector_view(tensor, function, argument);
   const int64_t row_stride = tensor.size(0) <= 1 ? tensor.size(1) : tensor.stride(0);
@@ -123,6 +132,30 @@ DistillKind parse_distill_kind(const char* function, c10::string_view kind_view)
 at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows) {
   const auto options = like.options().dtype(at::kFloat);
   return reduction == Reduction::none ? at::empty({rows}, options) : at::empty({}, options);
+}
+
+LossOutputs make_loss_outputs(const char* function, const at::Tensor& like, Reduction reduction,
+                              int64_t rows, bool with_stats) {
+  const auto f32 = like.options().dtype(at::kFloat);
+  const int64_t stat_rows = with_stats ? rows : 0;
+  LossOutputs o;
+  o.loss = new_loss(like, reduction, rows);
+  o.lse = at::empty({rows}, f32);
+  o.logprob = at::empty({stat_rows}, f32);
+  o.entropy = at::empty({stat_rows}, f32);
+  o.argmax = at::empty({stat_rows}, like.options().dtype(at::kLong));
+  o.accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
+  o.z_loss_value = with_stats ? new_loss(like, reduction, rows) : at::empty({0}, f32);
+  o.loss_view = vector_view(o.loss, function, "loss");
+  o.stats.lse = vector_view(o.lse, function, "lse");
+  if (with_stats) {
+    o.stats.logprob = vector_view(o.logprob, function, "logprob");
+    o.stats.entropy = vector_view(o.entropy, function, "entropy");
+    o.stats.argmax = vector_view(o.argmax, function, "argmax");
+    o.stats.accuracy = vector_view(o.accuracy, function, "accuracy");
+    o.stats.z_loss_value = vector_view(o.z_loss_value, function, "z_loss_value");
+  }
+  return o;
 }
 
 c10::optional<at::Tensor> as_fp32_vector(const c10::optional<at::Tensor>& tensor) {

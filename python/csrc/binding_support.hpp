@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "xent/xent.hpp"
@@ -18,6 +19,9 @@ namespace xent::torch_binding {
 // returns the tensor itself when the core can read it as it is, a contiguous copy otherwise.
 at::Tensor contiguous_rows(const at::Tensor& tensor);
 at::Tensor contiguous_vector(const at::Tensor& tensor);
+// For outputs written over an input: raises ValueError naming `argument` when the core could not
+// read `tensor` as it is (contiguous_rows would copy it, and the copy would take the output).
+void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor);
 
 // `function` and `argument` name the tensor in the error raised for a dtype xent has no name for.
 TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument);
@@ -35,6 +39,21 @@ DistillKind parse_distill_kind(const char* function, c10::string_view kind);
 
 // Loss-shaped fp32 output: scalar for sum/mean, [rows] for none.
 at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows);
+
+// The loss and statistics outputs of ce and linear_ce: (loss, lse, logprob, entropy, argmax,
+// accuracy, z_loss_value). lse is always computed (the backward reads it); the other statistics
+// are empty [0] tensors unless with_stats, so the op signatures stay fixed for torch.compile.
+struct LossOutputs {
+  at::Tensor loss, lse, logprob, entropy, argmax, accuracy, z_loss_value;
+  TensorView loss_view;
+  CeStats stats;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+  as_tuple() const {
+    return {loss, lse, logprob, entropy, argmax, accuracy, z_loss_value};
+  }
+};
+LossOutputs make_loss_outputs(const char* function, const at::Tensor& like, Reduction reduction,
+                              int64_t rows, bool with_stats);
 
 // Optional per-class and per-row fp32 weights, converted once here (the core takes fp32).
 c10::optional<at::Tensor> as_fp32_vector(const c10::optional<at::Tensor>& tensor);

@@ -10,55 +10,88 @@ namespace {
 
 using at::Tensor;
 
-// (loss, lse, logprob, entropy, argmax, accuracy, z_loss_value). lse is always computed: the
-// backward reads it instead of recomputing row statistics. The other statistics are empty [0]
-// tensors unless with_stats, so the output signature stays fixed for torch.compile.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_forward_op(
+using CeForwardOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+// The outputs of make_loss_outputs. `grad_logits`, when given, receives the gradient in the same pass (it may be the logits
+// themselves), for the upstream gradient `grad_scale` (an fp32 scalar tensor; absent means 1).
+CeForwardOutputs run_ce_forward(const char* function, const Tensor& logits, const Tensor& target,
+                                const c10::optional<Tensor>& class_weight,
+                                const c10::optional<Tensor>& row_weight, int64_t ignore_index,
+                                c10::string_view reduction, double label_smoothing, double z_loss,
+                                c10::optional<double> softcap, double logit_scale,
+                                bool with_stats, const Tensor* grad_logits,
+                                const c10::optional<Tensor>& grad_scale) {
+  c10::DeviceGuard guard(logits.device());
+  const Tensor logits_rows = contiguous_rows(logits);
+  const Tensor target_vector = contiguous_vector(target);
+  const auto class_weight32 = as_fp32_vector(class_weight);
+  const auto row_weight32 = as_fp32_vector(row_weight);
+  const auto grad_scale32 = as_fp32_vector(grad_scale);
+  const CeOptions options = make_ce_options(
+      function, ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
+      optional_vector_view(class_weight32, function, "class_weight"),
+      optional_vector_view(row_weight32, function, "row_weight"));
+  const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
+  const int64_t vocab = logits.dim() == 2 ? logits.size(1) : 0;
+
+  const LossOutputs outputs = make_loss_outputs(function, logits, options.reduction, rows,
+                                                with_stats);
+  CeOutputs out;
+  out.loss = outputs.loss_view;
+  out.stats = outputs.stats;
+  if (grad_logits != nullptr) out.grad_logits = matrix_view(*grad_logits, function, "grad_logits");
+  const TensorView logits_view = matrix_view(logits_rows, function, "logits");
+  const TensorView target_view = vector_view(target_vector, function, "target");
+  const std::size_t bytes = ce_workspace_size(rows, vocab, options, logits_view.device);
+  auto [buffer, workspace] = allocate_workspace(logits, bytes);
+  ce_forward(logits_view, target_view, options, out,
+             optional_vector_view(grad_scale32, function, "grad_scale"), workspace,
+             current_stream(logits));
+  return outputs.as_tuple();
+}
+
+CeForwardOutputs ce_forward_op(const Tensor& logits, const Tensor& target,
+                               const c10::optional<Tensor>& class_weight,
+                               const c10::optional<Tensor>& row_weight, int64_t ignore_index,
+                               c10::string_view reduction, double label_smoothing, double z_loss,
+                               c10::optional<double> softcap, double logit_scale,
+                               bool with_stats) {
+  return translate_errors([&] {
+    return run_ce_forward("ce_forward", logits, target, class_weight, row_weight, ignore_index,
+                          reduction, label_smoothing, z_loss, softcap, logit_scale, with_stats,
+                          nullptr, c10::nullopt);
+  });
+}
+
+// The forward and the gradient in one pass (one read of the logits, one write of the gradient):
+// the loss outputs of ce_forward, then the gradient for the upstream scalar grad_scale.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_forward_grad_op(
     const Tensor& logits, const Tensor& target, const c10::optional<Tensor>& class_weight,
     const c10::optional<Tensor>& row_weight, int64_t ignore_index, c10::string_view reduction,
     double label_smoothing, double z_loss, c10::optional<double> softcap, double logit_scale,
-    bool with_stats) {
+    bool with_stats, const c10::optional<Tensor>& grad_scale) {
   return translate_errors([&] {
-    c10::DeviceGuard guard(logits.device());
-    const Tensor logits_rows = contiguous_rows(logits);
-    const Tensor target_vector = contiguous_vector(target);
-    const auto class_weight32 = as_fp32_vector(class_weight);
-    const auto row_weight32 = as_fp32_vector(row_weight);
-    const CeOptions options = make_ce_options(
-        "ce_forward", ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
-        optional_vector_view(class_weight32, "ce_forward", "class_weight"),
-        optional_vector_view(row_weight32, "ce_forward", "row_weight"));
-    const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
-    const int64_t vocab = logits.dim() == 2 ? logits.size(1) : 0;
+    Tensor grad = at::empty(contiguous_rows(logits).sizes(), logits.options());
+    auto [loss, lse, logprob, entropy, argmax, accuracy, z_loss_value] = run_ce_forward(
+        "ce_forward", logits, target, class_weight, row_weight, ignore_index, reduction,
+        label_smoothing, z_loss, softcap, logit_scale, with_stats, &grad, grad_scale);
+    return std::make_tuple(loss, lse, logprob, entropy, argmax, accuracy, z_loss_value, grad);
+  });
+}
 
-    const auto f32 = logits.options().dtype(at::kFloat);
-    Tensor loss = new_loss(logits, options.reduction, rows);
-    Tensor lse = at::empty({rows}, f32);
-    const int64_t stat_rows = with_stats ? rows : 0;
-    Tensor logprob = at::empty({stat_rows}, f32);
-    Tensor entropy = at::empty({stat_rows}, f32);
-    Tensor argmax = at::empty({stat_rows}, logits.options().dtype(at::kLong));
-    Tensor accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
-    Tensor z_loss_value =
-        with_stats ? new_loss(logits, options.reduction, rows) : at::empty({0}, f32);
-
-    CeOutputs out;
-    out.loss = vector_view(loss, "ce_forward", "loss");
-    out.stats.lse = vector_view(lse, "ce_forward", "lse");
-    if (with_stats) {
-      out.stats.logprob = vector_view(logprob, "ce_forward", "logprob");
-      out.stats.entropy = vector_view(entropy, "ce_forward", "entropy");
-      out.stats.argmax = vector_view(argmax, "ce_forward", "argmax");
-      out.stats.accuracy = vector_view(accuracy, "ce_forward", "accuracy");
-      out.stats.z_loss_value = vector_view(z_loss_value, "ce_forward", "z_loss_value");
-    }
-    const TensorView logits_view = matrix_view(logits_rows, "ce_forward", "logits");
-    const TensorView target_view = vector_view(target_vector, "ce_forward", "target");
-    const std::size_t bytes = ce_workspace_size(rows, vocab, options, logits_view.device);
-    auto [buffer, workspace] = allocate_workspace(logits, bytes);
-    ce_forward(logits_view, target_view, options, out, TensorView{}, workspace,
-               current_stream(logits));
-    return std::make_tuple(loss, lse, logprob, entropy, argmax, accuracy, z_loss_value);
+// As ce_forward_grad, with the gradient written over the logits (no N×V memory added; the
+// logits are gone afterwards). Logits the core cannot read in place are an error: a copy would
+// leave the caller's tensor unchanged.
+CeForwardOutputs ce_forward_grad_inplace_op(
+    const Tensor& logits, const Tensor& target, const c10::optional<Tensor>& class_weight,
+    const c10::optional<Tensor>& row_weight, int64_t ignore_index, c10::string_view reduction,
+    double label_smoothing, double z_loss, c10::optional<double> softcap, double logit_scale,
+    bool with_stats, const c10::optional<Tensor>& grad_scale) {
+  return translate_errors([&] {
+    require_in_place_rows("ce_forward", "logits", logits);
+    return run_ce_forward("ce_forward", logits, target, class_weight, row_weight, ignore_index,
+                          reduction, label_smoothing, z_loss, softcap, logit_scale, with_stats,
+                          &logits, grad_scale);
   });
 }
 
@@ -106,6 +139,16 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float logit_scale, bool with_stats) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
       "Tensor)");
   m.def(
+      "ce_forward_grad(Tensor logits, Tensor target, Tensor? class_weight, Tensor? row_weight, "
+      "int ignore_index, str reduction, float label_smoothing, float z_loss, float? softcap, "
+      "float logit_scale, bool with_stats, Tensor? grad_scale) -> (Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "ce_forward_grad_inplace(Tensor(a!) logits, Tensor target, Tensor? class_weight, "
+      "Tensor? row_weight, int ignore_index, str reduction, float label_smoothing, "
+      "float z_loss, float? softcap, float logit_scale, bool with_stats, Tensor? grad_scale) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
       "ce_backward(Tensor logits, Tensor target, Tensor? lse, Tensor grad_output, "
       "Tensor? class_weight, Tensor? row_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, float? softcap, float logit_scale) -> Tensor");
@@ -113,12 +156,16 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {
   m.impl("ce_forward", &xent::torch_binding::ce_forward_op);
+  m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
+  m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
   m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
 }
 
 #if defined(XENT_TORCH_CUDA)
 TORCH_LIBRARY_IMPL(xent, CUDA, m) {
   m.impl("ce_forward", &xent::torch_binding::ce_forward_op);
+  m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
+  m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
   m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
 }
 #endif

@@ -48,26 +48,76 @@ DistillCall prepare_distill(const char* function, const Tensor& student, const T
   return call;
 }
 
+// The loss, and when `grad_student` is given the gradient in the same pass (it may be the
+// student logits themselves) for the upstream scalar `grad_scale` (absent means 1).
+Tensor run_distill_forward(const Tensor& student, const Tensor& teacher,
+                           const c10::optional<Tensor>& target,
+                           const c10::optional<Tensor>& class_weight, c10::string_view kind,
+                           double temperature, double beta, c10::optional<double> softcap,
+                           double soft_weight, double hard_weight, int64_t ignore_index,
+                           c10::string_view reduction, double label_smoothing, double z_loss,
+                           const Tensor* grad_student, const c10::optional<Tensor>& grad_scale) {
+  constexpr const char* function = "distill_forward";
+  c10::DeviceGuard guard(student.device());
+  const DistillCall call =
+      prepare_distill(function, student, teacher, target, class_weight, kind, temperature, beta,
+                      softcap, soft_weight, hard_weight, ignore_index, reduction,
+                      label_smoothing, z_loss);
+  const auto grad_scale32 = as_fp32_vector(grad_scale);
+  const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
+  Tensor loss = new_loss(student, call.options.ce.reduction, rows);
+  DistillOutputs out;
+  out.loss = vector_view(loss, function, "loss");
+  if (grad_student != nullptr) {
+    out.grad_student = matrix_view(*grad_student, function, "grad_student");
+  }
+  distill_forward(call.student_view, call.teacher_view, call.target_view, call.options, out,
+                  optional_vector_view(grad_scale32, function, "grad_scale"), call.workspace,
+                  current_stream(student));
+  return loss;
+}
+
 Tensor distill_forward_op(const Tensor& student, const Tensor& teacher,
                           const c10::optional<Tensor>& target,
                           const c10::optional<Tensor>& class_weight, c10::string_view kind,
                           double temperature, double beta, c10::optional<double> softcap,
                           double soft_weight, double hard_weight, int64_t ignore_index,
                           c10::string_view reduction, double label_smoothing, double z_loss) {
-  constexpr const char* function = "distill_forward";
   return translate_errors([&] {
-    c10::DeviceGuard guard(student.device());
-    const DistillCall call =
-        prepare_distill(function, student, teacher, target, class_weight, kind, temperature,
-                        beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
-                        label_smoothing, z_loss);
-    const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
-    Tensor loss = new_loss(student, call.options.ce.reduction, rows);
-    DistillOutputs out;
-    out.loss = vector_view(loss, function, "loss");
-    distill_forward(call.student_view, call.teacher_view, call.target_view, call.options, out,
-                    TensorView{}, call.workspace, current_stream(student));
-    return loss;
+    return run_distill_forward(student, teacher, target, class_weight, kind, temperature, beta,
+                               softcap, soft_weight, hard_weight, ignore_index, reduction,
+                               label_smoothing, z_loss, nullptr, c10::nullopt);
+  });
+}
+
+// (loss, gradient) in one pass over student and teacher.
+std::tuple<Tensor, Tensor> distill_forward_grad_op(
+    const Tensor& student, const Tensor& teacher, const c10::optional<Tensor>& target,
+    const c10::optional<Tensor>& class_weight, c10::string_view kind, double temperature,
+    double beta, c10::optional<double> softcap, double soft_weight, double hard_weight,
+    int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
+    const c10::optional<Tensor>& grad_scale) {
+  return translate_errors([&] {
+    Tensor grad = at::empty(contiguous_rows(student).sizes(), student.options());
+    Tensor loss = run_distill_forward(student, teacher, target, class_weight, kind, temperature,
+                                      beta, softcap, soft_weight, hard_weight, ignore_index,
+                                      reduction, label_smoothing, z_loss, &grad, grad_scale);
+    return std::make_tuple(loss, grad);
+  });
+}
+
+// The gradient written over the student logits (no N×V memory added).
+Tensor distill_forward_grad_inplace_op(
+    const Tensor& student, const Tensor& teacher, const c10::optional<Tensor>& target,
+    const c10::optional<Tensor>& class_weight, c10::string_view kind, double temperature,
+    double beta, c10::optional<double> softcap, double soft_weight, double hard_weight,
+    int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
+    const c10::optional<Tensor>& grad_scale) {
+  return translate_errors([&] {
+    require_in_place_rows("distill_forward", "student", student);
+    return run_distill_forward(student, teacher, target, class_weight, kind, temperature, beta,
+                               softcap, soft_weight, hard_weight, ignore_index, reduction,
+                               label_smoothing, z_loss, &student, grad_scale);
   });
 }
 
@@ -104,6 +154,16 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float hard_weight, int ignore_index, str reduction, float label_smoothing, "
       "float z_loss) -> Tensor");
   m.def(
+      "distill_forward_grad(Tensor student, Tensor teacher, Tensor? target, "
+      "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
+      "float soft_weight, float hard_weight, int ignore_index, str reduction, "
+      "float label_smoothing, float z_loss, Tensor? grad_scale) -> (Tensor, Tensor)");
+  m.def(
+      "distill_forward_grad_inplace(Tensor(a!) student, Tensor teacher, Tensor? target, "
+      "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
+      "float soft_weight, float hard_weight, int ignore_index, str reduction, "
+      "float label_smoothing, float z_loss, Tensor? grad_scale) -> Tensor");
+  m.def(
       "distill_backward(Tensor student, Tensor teacher, Tensor? target, Tensor grad_output, "
       "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
       "float soft_weight, float hard_weight, int ignore_index, str reduction, "
@@ -112,12 +172,16 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {
   m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
+  m.impl("distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
+  m.impl("distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
   m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
 }
 
 #if defined(XENT_TORCH_CUDA)
 TORCH_LIBRARY_IMPL(xent, CUDA, m) {
   m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
+  m.impl("distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
+  m.impl("distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
   m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
 }
 #endif

@@ -54,13 +54,18 @@ struct GradientBuffers {
   LinearGradients views;
 };
 
+// weight_grad_dtype: float32 for the gradient of an fp32 (master) weight whose products run in
+// 16 bits: the core then accumulates ∂W in place in it, with no fp32 accumulator in the workspace.
 GradientBuffers make_gradients(const char* function, const LinearInputs& inputs, bool grad_hidden,
-                               bool grad_weight, bool grad_bias) {
+                               bool grad_weight, bool grad_bias,
+                               c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt) {
   GradientBuffers grads;
   const auto none = [&](const Tensor& like) { return at::empty({0}, like.options()); };
   grads.hidden = grad_hidden ? at::empty(inputs.hidden.sizes(), inputs.hidden.options())
                              : none(inputs.hidden);
-  grads.weight = grad_weight ? at::empty(inputs.weight.sizes(), inputs.weight.options())
+  const auto weight_options =
+      inputs.weight.options().dtype(weight_grad_dtype.value_or(inputs.weight.scalar_type()));
+  grads.weight = grad_weight ? at::empty(inputs.weight.sizes(), weight_options)
                              : none(inputs.weight);
   const bool with_bias = grad_bias && inputs.bias.has_value();
   grads.bias = with_bias ? at::empty(inputs.bias->sizes(), inputs.bias->options())
@@ -81,7 +86,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                      c10::string_view reduction, double label_smoothing, double z_loss,
                      c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes,
                      bool fp32_logits, bool with_stats, bool grad_hidden, bool grad_weight,
-                     bool grad_bias, bool cache_logits) {
+                     bool grad_bias, bool cache_logits, const c10::optional<Tensor>& grad_scale,
+                     c10::optional<at::ScalarType> weight_grad_dtype) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -94,15 +100,11 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     const auto f32 = hidden.options().dtype(at::kFloat);
     const Reduction reduction_kind = options.ce.reduction;
 
-    Tensor loss = new_loss(hidden, reduction_kind, rows);
-    Tensor lse = at::empty({rows}, f32);
-    const int64_t stat_rows = with_stats ? rows : 0;
-    Tensor logprob = at::empty({stat_rows}, f32);
-    Tensor entropy = at::empty({stat_rows}, f32);
-    Tensor argmax = at::empty({stat_rows}, hidden.options().dtype(at::kLong));
-    Tensor accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
-    Tensor z_loss_value = with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, f32);
-    GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
+    const LossOutputs outputs =
+        make_loss_outputs(function, hidden, reduction_kind, rows, with_stats);
+    GradientBuffers grads =
+        make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+    const auto grad_scale32 = as_fp32_vector(grad_scale);
     LinearCeOptions cached_options = options;
     Tensor logits_cache = at::empty({0}, hidden.options());
     if (cache_logits) {
@@ -112,15 +114,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     }
 
     LinearCeOutputs out;
-    out.loss = vector_view(loss, function, "loss");
-    out.stats.lse = vector_view(lse, function, "lse");
-    if (with_stats) {
-      out.stats.logprob = vector_view(logprob, function, "logprob");
-      out.stats.entropy = vector_view(entropy, function, "entropy");
-      out.stats.argmax = vector_view(argmax, function, "argmax");
-      out.stats.accuracy = vector_view(accuracy, function, "accuracy");
-      out.stats.z_loss_value = vector_view(z_loss_value, function, "z_loss_value");
-    }
+    out.loss = outputs.loss_view;
+    out.stats = outputs.stats;
     out.grads = grads.views;
 
     const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
@@ -132,9 +127,10 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     auto [buffer, workspace] = allocate_workspace(hidden, bytes);
     linear_ce_forward(hidden_view, weight_view, optional_vector_view(inputs.bias, function, "bias"),
                       vector_view(inputs.target, function, "target"), cached_options, out,
-                      TensorView{}, workspace, current_stream(hidden));
-    return std::make_tuple(loss, lse, logprob, entropy, argmax, accuracy, z_loss_value,
-                           grads.hidden, grads.weight, grads.bias, logits_cache);
+                      optional_vector_view(grad_scale32, function, "grad_scale"), workspace,
+                      current_stream(hidden));
+    return std::tuple_cat(outputs.as_tuple(),
+                          std::make_tuple(grads.hidden, grads.weight, grads.bias, logits_cache));
   });
 }
 
@@ -145,7 +141,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
     bool grad_hidden, bool grad_weight, bool grad_bias,
-    const c10::optional<Tensor>& logits_cache) {
+    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype) {
   constexpr const char* function = "linear_ce_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -158,7 +154,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
     const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
-    GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
+    GradientBuffers grads =
+        make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
 
     const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
     const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
@@ -186,14 +183,16 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "Tensor? class_weight, Tensor? row_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
-      "bool grad_weight, bool grad_bias, bool cache_logits) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool grad_weight, bool grad_bias, bool cache_logits, Tensor? grad_scale, "
+      "ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "
       "Tensor grad_output, Tensor? class_weight, Tensor? row_weight, int ignore_index, "
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
-      "bool grad_bias, Tensor? logits_cache) -> (Tensor, Tensor, Tensor)");
+      "bool grad_bias, Tensor? logits_cache, ScalarType? weight_grad_dtype) -> "
+      "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {

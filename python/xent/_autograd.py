@@ -15,13 +15,25 @@ import torch
 from xent._ops import ops
 
 
+def _normalized(outputs, grad_scale):
+    """Loss outputs divided by the normalizer (grad_scale = 1/normalizer): the loss and, when
+    present, its z-loss part (ce outputs: index 6), both reduced like the loss."""
+    if grad_scale is None:
+        return outputs
+    outputs = list(outputs)
+    for index in (0, 6):
+        if index < len(outputs) and outputs[index].numel() > 0:
+            outputs[index] = outputs[index] * grad_scale
+    return tuple(outputs)
+
+
 class _DoubleBackwardError(torch.autograd.Function):
     """Identity whose backward raises: marks gradients that must not be differentiated again."""
 
     @staticmethod
     def forward(ctx, name, anchor, *grads):
-        # `anchor` is an input of the loss that requires grad: taking it makes autograd attach
-        # this node to the returned gradients, so differentiating them reaches backward below.
+        # `anchor` requires grad: taking it makes autograd attach this node to the returned
+        # gradients, so differentiating them reaches backward below.
         ctx.name = name
         return tuple(g.clone() for g in grads)
 
@@ -34,131 +46,194 @@ class _DoubleBackwardError(torch.autograd.Function):
         )
 
 
-def _no_double_backward(name, grads, inputs):
+def _no_double_backward(name, grads):
     """Returns `grads`, guarded against a second differentiation when the graph is being kept
-    (create_graph=True). `inputs` are the loss's saved inputs."""
+    (create_graph=True): differentiating them again reaches _DoubleBackwardError and raises."""
     if not torch.is_grad_enabled():
         return grads
     present = [g for g in grads if g is not None]
-    anchor = next((t for t in inputs if t is not None and t.requires_grad), None)
-    if not present or anchor is None:
+    if not present:
         return grads
+    # Any tensor that requires grad makes autograd record the node; a fresh scalar leaf does, at
+    # no cost, and keeps the loss's inputs (the N x V logits) out of the saved state.
+    anchor = torch.zeros((), device=present[0].device, requires_grad=True)
     guarded = iter(_DoubleBackwardError.apply(name, anchor, *present))
     return tuple(next(guarded) if g is not None else None for g in grads)
 
 
-class CrossEntropyFunction(torch.autograd.Function):
-    # inputs: logits [N, V], target [N], class_weight, row_weight, options tuple
-    # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
-    @staticmethod
-    def forward(ctx, logits, target, class_weight, row_weight, options, with_stats):
-        outputs = ops.ce_forward(logits, target, class_weight, row_weight, *options, with_stats)
-        ctx.save_for_backward(logits, target, outputs[1], class_weight, row_weight)
-        ctx.options = options
-        ctx.mark_non_differentiable(*outputs[1:])
-        return outputs
-
-    @staticmethod
-    def backward(ctx, grad_loss, *unused):
-        logits, target, lse, class_weight, row_weight = ctx.saved_tensors
-        grad = None
-        if ctx.needs_input_grad[0] and grad_loss is not None:
-            with torch.no_grad():
-                grad = ops.ce_backward(logits, target, lse, grad_loss, class_weight, row_weight,
-                                       *ctx.options)
-            (grad,) = _no_double_backward("xent.cross_entropy", (grad,), (logits,))
-        return grad, None, None, None, None, None
-
-
-def _scale_saved(ctx, name, upstream):
-    """The gradients formed in the forward (for an upstream gradient of 1), scaled in place by
-    the scalar upstream gradient. In place because ∂W is as large as the weight (a second copy at
-    the peak of the backward would cost V·H elements); the price is that this graph can be
-    backpropagated once only, which is checked here rather than left to corrupt a second pass."""
+def _scale_saved(ctx, name):
+    """The gradients formed in the forward (for an upstream gradient of 1, or 1/normalizer),
+    scaled in place by the scalar upstream gradient on the device (xent::scale_ returns at once
+    when it is exactly 1, the plain loss.backward(), without a host synchronisation). In place
+    because they are as large as the logits or the weight (a second copy at the peak of the
+    backward would cost that much again); the price is that this graph can be backpropagated
+    once only, which is checked here rather than left to corrupt a second pass."""
     if ctx.scaled:
         raise RuntimeError(
             f"{name}: backward through this loss ran twice (retain_graph=True): with "
             "reduction 'sum' or 'mean' its gradient is formed in the forward and scaled in place "
             "by the first backward; pass grad_in_forward=False to recompute it in each backward")
     ctx.scaled = True
-    *kept, anchor = ctx.saved_tensors
+    return ctx.saved_tensors
+
+
+def _apply_upstream(grads, upstream):
     with torch.no_grad():
-        grads = tuple(g.mul_(upstream.to(g.dtype)) if g is not None else None for g in kept)
-    return grads, (anchor,)
+        for g in grads:
+            if g is not None and g.numel() > 0:
+                ops.scale_(g, upstream.detach())
+    return grads
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    # inputs: logits [N, V], target [N], class_weight, row_weight, options tuple
+    # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+    # mode: "recompute" (forward only; the backward reads the logits again with the saved lse),
+    # "fused" (the gradient formed in the forward pass into a new tensor; sum/mean only) or
+    # "inplace" (fused, the gradient written over the logits). grad_scale: the upstream scalar the
+    # fused gradient is formed for (1/normalizer), or None for 1.
+    @staticmethod
+    def forward(ctx, logits, target, class_weight, row_weight, options, with_stats, mode,
+                grad_scale):
+        ctx.mode = mode
+        ctx.scaled = False
+        if mode == "recompute":
+            outputs = ops.ce_forward(logits, target, class_weight, row_weight, *options,
+                                     with_stats)
+            ctx.save_for_backward(logits, target, outputs[1], class_weight, row_weight)
+            ctx.options = options
+        else:
+            if mode == "inplace":
+                outputs = ops.ce_forward_grad_inplace(logits, target, class_weight, row_weight,
+                                                      *options, with_stats, grad_scale)
+                grad = logits
+            else:
+                *outputs, grad = ops.ce_forward_grad(logits, target, class_weight, row_weight,
+                                                     *options, with_stats, grad_scale)
+            ctx.save_for_backward(grad)
+            outputs = _normalized(outputs, grad_scale)  # the gradient was formed for it
+        ctx.mark_non_differentiable(*outputs[1:])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        grad = None
+        if ctx.needs_input_grad[0] and grad_loss is not None:
+            if ctx.mode == "recompute":
+                logits, target, lse, class_weight, row_weight = ctx.saved_tensors
+                with torch.no_grad():
+                    grad = ops.ce_backward(logits, target, lse, grad_loss, class_weight,
+                                           row_weight, *ctx.options)
+            else:
+                (grad,) = _apply_upstream(_scale_saved(ctx, "xent.cross_entropy"), grad_loss)
+            (grad,) = _no_double_backward("xent.cross_entropy", (grad,))
+        return grad, None, None, None, None, None, None, None
+
+
+def _compute_copies(compute_dtype, *tensors):
+    """The operands the products run on: `tensors` converted to compute_dtype (the autocast dtype
+    for an fp32 master weight), or as they are. The copies live only inside the op."""
+    if compute_dtype is None:
+        return tensors
+    return tuple(t.to(compute_dtype) if t is not None else None for t in tensors)
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
     #           workspace_bytes, fp32_logits)
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
+    # compute_dtype: the dtype the products run in when it is not the weight's (an fp32 weight
+    # under autocast, or with 16-bit hidden states): ∂W then goes straight into an fp32 gradient
+    # (the core accumulates it in place, no accumulator). grad_scale: 1/normalizer or None.
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
-                wants, grad_in_forward, cache_logits):
+                wants, grad_in_forward, cache_logits, compute_dtype, grad_scale):
         reduction = options[1]
-        # sum/mean: the gradient for an upstream of 1 is formed in the same pass as the loss and
-        # the backward only scales it (SPEC §2). none (or grad_in_forward=False): the backward
-        # recomputes the chunk logits with the real upstream gradient, or reads them from the
-        # [N, V] cache the forward filled when cache_logits (memory traded for one product).
+        # sum/mean: the gradient for an upstream of 1 (or 1/normalizer) is formed in the same
+        # pass as the loss (SPEC §2) and the backward only scales it, on the device. none (or
+        # grad_in_forward=False): the backward recomputes the chunk logits with the real upstream
+        # gradient, or reads them from the [N, V] cache the forward filled when cache_logits
+        # (memory traded for one product).
         in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False, False)
         cache = cache_logits and not in_forward
-        outputs = ops.linear_ce_forward(hidden, weight, bias, target, class_weight, row_weight,
-                                        *options, with_stats, *flags, cache)
-        stats, grads, logits_cache = outputs[:7], outputs[7:10], outputs[10]
+        weight_grad_dtype = (torch.float32 if compute_dtype is not None
+                             and weight.dtype == torch.float32 else None)
+        operands = _compute_copies(compute_dtype, hidden, weight, bias)
+        outputs = ops.linear_ce_forward(*operands[:3], target, class_weight, row_weight,
+                                        *options, with_stats, *flags, cache,
+                                        grad_scale if in_forward else None, weight_grad_dtype)
+        stats, grads, logits_cache = list(outputs[:7]), outputs[7:10], outputs[10]
         ctx.options = options
         ctx.wants = wants
         ctx.in_forward = in_forward
+        ctx.compute_dtype = compute_dtype
+        ctx.weight_grad_dtype = weight_grad_dtype
         ctx.scaled = False
         if in_forward:
-            kept = [g if w else None for g, w in zip(grads, wants)]
-            # The weight (a live parameter, so free to keep) anchors the double-backward guard.
-            anchor = weight if wants[1] else hidden if wants[0] else bias
-            ctx.save_for_backward(*kept, anchor)
+            ctx.save_for_backward(*[g if w else None for g, w in zip(grads, wants)])
+            stats = _normalized(stats, grad_scale)  # the gradients were formed for it
         else:
             ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight,
                                   logits_cache if cache else None)
         ctx.mark_non_differentiable(*stats[1:])
-        return stats
+        return tuple(stats)
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        none = (None,) * 8
+        none = (None,) * 10
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
-            grads, anchors = _scale_saved(ctx, "xent.linear_cross_entropy", grad_loss)
+            grads = _apply_upstream(_scale_saved(ctx, "xent.linear_cross_entropy"), grad_loss)
         else:
             hidden, weight, bias, target, lse, class_weight, row_weight, cache = ctx.saved_tensors
             with torch.no_grad():
-                result = ops.linear_ce_backward(hidden, weight, bias, target, lse, grad_loss,
+                operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
+                result = ops.linear_ce_backward(*operands, target, lse, grad_loss,
                                                 class_weight, row_weight, *ctx.options,
-                                                *ctx.wants, cache)
+                                                *ctx.wants, cache, ctx.weight_grad_dtype)
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
-            anchors = (hidden, weight, bias)
-        grads = _no_double_backward("xent.linear_cross_entropy", grads, anchors)
+        grads = _no_double_backward("xent.linear_cross_entropy", grads)
         return tuple(grads) + none
 
 
 class DistillFunction(torch.autograd.Function):
     # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-    #           reduction, label_smoothing, z_loss)
+    #           reduction, label_smoothing, z_loss); mode and grad_scale as CrossEntropyFunction.
     @staticmethod
-    def forward(ctx, student, teacher, target, class_weight, options):
-        loss = ops.distill_forward(student, teacher, target, class_weight, *options)
-        ctx.save_for_backward(student, teacher, target, class_weight)
-        ctx.options = options
+    def forward(ctx, student, teacher, target, class_weight, options, mode, grad_scale):
+        ctx.mode = mode
+        ctx.scaled = False
+        if mode == "recompute":
+            loss = ops.distill_forward(student, teacher, target, class_weight, *options)
+            ctx.save_for_backward(student, teacher, target, class_weight)
+            ctx.options = options
+        elif mode == "inplace":
+            loss = ops.distill_forward_grad_inplace(student, teacher, target, class_weight,
+                                                    *options, grad_scale)
+            ctx.save_for_backward(student)
+            (loss,) = _normalized((loss,), grad_scale)
+        else:
+            loss, grad = ops.distill_forward_grad(student, teacher, target, class_weight,
+                                                  *options, grad_scale)
+            ctx.save_for_backward(grad)
+            (loss,) = _normalized((loss,), grad_scale)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        student, teacher, target, class_weight = ctx.saved_tensors
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
-            with torch.no_grad():
-                grad = ops.distill_backward(student, teacher, target, grad_loss, class_weight,
-                                            *ctx.options)
-            (grad,) = _no_double_backward("xent.distill", (grad,), (student,))
-        return grad, None, None, None, None
+            if ctx.mode == "recompute":
+                student, teacher, target, class_weight = ctx.saved_tensors
+                with torch.no_grad():
+                    grad = ops.distill_backward(student, teacher, target, grad_loss,
+                                                class_weight, *ctx.options)
+            else:
+                (grad,) = _apply_upstream(_scale_saved(ctx, "xent.distill"), grad_loss)
+            (grad,) = _no_double_backward("xent.distill", (grad,))
+        return grad, None, None, None, None, None, None
 
 
 class LinearDistillFunction(torch.autograd.Function):
@@ -177,9 +252,8 @@ class LinearDistillFunction(torch.autograd.Function):
         ctx.in_forward = in_forward
         ctx.scaled = False
         if in_forward:
-            anchor = student_weight if wants[1] else student_hidden
             ctx.save_for_backward(grad_hidden if wants[0] else None,
-                                  grad_weight if wants[1] else None, anchor)
+                                  grad_weight if wants[1] else None)
         else:
             ctx.save_for_backward(student_hidden, student_weight, teacher_logits, teacher_hidden,
                                   teacher_weight, target, class_weight)
@@ -191,13 +265,12 @@ class LinearDistillFunction(torch.autograd.Function):
         if grad_loss is None:
             return (None, None) + none
         if ctx.in_forward:
-            grads, anchors = _scale_saved(ctx, "xent.linear_distill", grad_loss)
+            grads = _apply_upstream(_scale_saved(ctx, "xent.linear_distill"), grad_loss)
         else:
             saved = ctx.saved_tensors
             with torch.no_grad():
                 result = ops.linear_distill_backward(*saved[:6], grad_loss, saved[6],
                                                      *ctx.options, *ctx.wants)
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
-            anchors = saved[:2]
-        grads = _no_double_backward("xent.linear_distill", grads, anchors)
+        grads = _no_double_backward("xent.linear_distill", grads)
         return tuple(grads) + none

@@ -54,6 +54,25 @@ def _ce_forward_fake(logits, target, class_weight, row_weight, ignore_index, red
     return _ce_outputs(logits, logits.shape[0], reduction, with_stats)
 
 
+@_register_fake("xent::ce_forward_grad")
+def _ce_forward_grad_fake(logits, target, class_weight, row_weight, ignore_index, reduction,
+                          label_smoothing, z_loss, softcap, logit_scale, with_stats, grad_scale):
+    outputs = _ce_outputs(logits, logits.shape[0], reduction, with_stats)
+    return outputs + (logits.new_empty(logits.shape),)
+
+
+@_register_fake("xent::ce_forward_grad_inplace")
+def _ce_forward_grad_inplace_fake(logits, target, class_weight, row_weight, ignore_index,
+                                  reduction, label_smoothing, z_loss, softcap, logit_scale,
+                                  with_stats, grad_scale):
+    return _ce_outputs(logits, logits.shape[0], reduction, with_stats)
+
+
+@_register_fake("xent::scale_")
+def _scale_fake(data, factor):
+    return None
+
+
 @_register_fake("xent::ce_backward")
 def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight, ignore_index,
                       reduction, label_smoothing, z_loss, softcap, logit_scale):
@@ -64,18 +83,21 @@ def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight
 def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weight, ignore_index,
                             reduction, label_smoothing, z_loss, softcap, logit_scale,
                             workspace_bytes, fp32_logits, with_stats, grad_hidden, grad_weight,
-                            grad_bias, cache_logits):
-    grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+                            grad_bias, cache_logits, grad_scale, weight_grad_dtype):
+    grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
+                              weight_grad_dtype)
     cache_dtype = torch.float32 if fp32_logits else hidden.dtype
     cache_shape = (hidden.shape[0], weight.shape[0]) if cache_logits else (0,)
     cache = hidden.new_empty(cache_shape, dtype=cache_dtype if cache_logits else hidden.dtype)
     return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads + (cache,)
 
 
-def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias):
+def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
+                      weight_grad_dtype=None):
     return (
         hidden.new_empty(hidden.shape if grad_hidden else (0,)),
-        weight.new_empty(weight.shape if grad_weight else (0,)),
+        weight.new_empty(weight.shape, dtype=weight_grad_dtype or weight.dtype) if grad_weight
+        else weight.new_empty((0,)),
         bias.new_empty(bias.shape) if (grad_bias and bias is not None) else weight.new_empty((0,)),
     )
 
@@ -84,14 +106,30 @@ def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
 def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, class_weight,
                              row_weight, ignore_index, reduction, label_smoothing, z_loss,
                              softcap, logit_scale, workspace_bytes, fp32_logits, grad_hidden,
-                             grad_weight, grad_bias, logits_cache):
-    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+                             grad_weight, grad_bias, logits_cache, weight_grad_dtype):
+    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
+                             weight_grad_dtype)
 
 
 @_register_fake("xent::distill_forward")
 def _distill_forward_fake(student, teacher, target, class_weight, kind, temperature, beta,
                           softcap, soft_weight, hard_weight, ignore_index, reduction,
                           label_smoothing, z_loss):
+    return _loss_like(student, reduction, student.shape[0])
+
+
+@_register_fake("xent::distill_forward_grad")
+def _distill_forward_grad_fake(student, teacher, target, class_weight, kind, temperature, beta,
+                               softcap, soft_weight, hard_weight, ignore_index, reduction,
+                               label_smoothing, z_loss, grad_scale):
+    loss = _loss_like(student, reduction, student.shape[0])
+    return loss, student.new_empty(student.shape)
+
+
+@_register_fake("xent::distill_forward_grad_inplace")
+def _distill_forward_grad_inplace_fake(student, teacher, target, class_weight, kind, temperature,
+                                       beta, softcap, soft_weight, hard_weight, ignore_index,
+                                       reduction, label_smoothing, z_loss, grad_scale):
     return _loss_like(student, reduction, student.shape[0])
 
 

@@ -8,12 +8,15 @@ F.cross_entropy under autocast does); gradients come back in each input's dtype.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple, Optional
 
 import torch
 
 from xent._autograd import (
+    _compute_copies,
+    _normalized,
     CrossEntropyFunction,
     DistillFunction,
     LinearCrossEntropyFunction,
@@ -30,6 +33,7 @@ __all__ = [
     "distill",
     "linear_distill",
     "DISTILL_KINDS",
+    "default_workspace_bytes",
 ]
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
@@ -151,12 +155,93 @@ def _needs_grad(*tensors) -> tuple:
     return tuple(bool(enabled and t is not None and t.requires_grad) for t in tensors)
 
 
+def _fused_mode(function: str, reduction: str, grad_in_forward: bool,
+                inplace_backward: bool) -> str:
+    """How an autograd Function over logits forms its gradient (see CrossEntropyFunction)."""
+    if inplace_backward and reduction == "none":
+        _fail(function, "inplace_backward", "unsupported with reduction 'none'", True,
+              "reduction 'sum' or 'mean' (with 'none' the gradient needs the per-row upstream "
+              "gradient, which only the backward has)")
+    if reduction == "none" or not grad_in_forward:
+        if inplace_backward:
+            _fail(function, "inplace_backward", "needs grad_in_forward", True,
+                  "grad_in_forward=True (the in-place gradient is formed in the forward)")
+        return "recompute"
+    return "inplace" if inplace_backward else "fused"
+
+
+def _grad_scale(function: str, normalizer, reduction: str, like: Tensor):
+    """1/normalizer as an fp32 scalar on like's device (never read on the host), or None."""
+    if normalizer is None:
+        return None
+    if reduction != "sum":
+        _fail(function, "normalizer", "needs reduction 'sum'", repr(reduction),
+              "reduction='sum' (normalizer divides the summed loss, as training code divides by "
+              "the number of items in the batch)")
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1:
+            _fail(function, "normalizer", "is not a scalar", tuple(normalizer.shape),
+                  "a number or a one-element tensor")
+        return (1.0 / normalizer.detach().to(device=like.device, dtype=torch.float32)).reshape(())
+    if not isinstance(normalizer, (int, float)) or not math.isfinite(normalizer) \
+            or normalizer <= 0:
+        _fail(function, "normalizer", "out of range", normalizer,
+              "a positive finite number or a scalar tensor")
+    # A fill kernel, not a host-to-device copy: no synchronisation.
+    return torch.full((), 1.0 / float(normalizer), dtype=torch.float32, device=like.device)
+
+
+_MIB = 1 << 20
+_GIB = 1 << 30
+
+
+def default_workspace_bytes(device: torch.device, fp32_weight_grad: bool = False) -> int:
+    """The workspace budget linear_cross_entropy / linear_distill use when none is given.
+
+    GPU: min(4 GiB, total / 8), at least 1 GiB, and at most half of what is free (free device
+    memory plus what the caching allocator holds unused): the 16-bit weight gradient's fp32
+    accumulator (V x H x 4 bytes: 2 GiB at 128256 x 4096) then fits beside the chunks and the
+    three-product schedule runs. An fp32 weight gradient needs no accumulator: 256 MiB. CPU: 512 MiB.
+    """
+    if device.type != "cuda":
+        return 512 * _MIB
+    if fp32_weight_grad:
+        return 256 * _MIB
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(index)
+    free += torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    budget = max(min(4 * _GIB, total // 8), _GIB)
+    return int(max(min(budget, free // 2), 64 * _MIB))
+
+
+def _workspace_budget(function: str, workspace_bytes, hidden: Tensor, weight: Tensor,
+                      fp32_weight_grad: bool) -> int:
+    if workspace_bytes is None:
+        return default_workspace_bytes(hidden.device, fp32_weight_grad)
+    budget = int(workspace_bytes)
+    if budget <= 0:
+        _fail(function, "workspace_bytes", "out of range", workspace_bytes, "a positive size")
+    return budget
+
+
+def _compute_dtype(hidden: Tensor, weight: Tensor) -> Optional[torch.dtype]:
+    """The dtype the products run in when the op must convert its operands: the autocast dtype,
+    or the 16-bit dtype of the hidden states beside an fp32 weight; None otherwise."""
+    autocast = _autocast_dtype(hidden)
+    if autocast is not None:
+        return autocast
+    if weight.dtype == torch.float32 and hidden.dtype in (torch.bfloat16, torch.float16):
+        return hidden.dtype
+    return None
+
+
 def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, z_loss: float = 0.0,
                   softcap: Optional[float] = None, logit_scale: float = 1.0,
                   class_weight: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
-                  return_stats: bool = False):
+                  return_stats: bool = False, grad_in_forward: bool = True,
+                  inplace_backward: bool = False, normalizer=None):
     """Cross-entropy of logits (N, V) or (B, T, V) against integer targets.
 
     Drop-in for F.cross_entropy on class-last logits (``weight`` is the per-class weight, also
@@ -164,6 +249,24 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     (softcap * tanh(x / softcap)), logit_scale (x * logit_scale first) and per-row weights.
     With return_stats=True returns a CrossEntropyResult with lse, logprob, entropy, argmax,
     accuracy and the z-loss part, computed in the same pass.
+
+    Gradient (when logits require grad): with reduction "sum"/"mean" it is formed in the forward
+    pass, in the same read of the logits as the loss (one read, one write), and the backward only
+    applies the upstream scalar, on the device: nothing at all for loss.backward(), one
+    read + write otherwise. The graph then supports one backward (retain_graph raises);
+    grad_in_forward=False forms it in the backward instead (a second read of the logits, any
+    number of backward passes, gradcheck). reduction "none" always forms it in the backward from
+    the saved row statistics (one read + one write there).
+
+    inplace_backward=True writes the gradient over the logits in the forward pass: no N x V
+    memory is added, and the logits are gone after the call (their values are the gradient).
+    Use it only when nothing else reads the logits afterwards (not another loss, not a saved
+    activation of the op that produced them, such as a softcap written in torch).
+
+    normalizer (with reduction="sum"): a number or a scalar tensor the summed loss is divided by
+    inside the op, as Hugging Face divides by num_items_in_batch. The gradient is formed for it in
+    the forward, so the upstream gradient stays 1 and the backward moves no bytes; dividing the
+    returned sum yourself gives the same values at the cost of a pass over the gradient.
     """
     function = "cross_entropy"
     _check_reduction(function, reduction)
@@ -172,12 +275,16 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     class_weight = _class_weight(function, weight, class_weight)
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
                None if softcap is None else float(softcap), float(logit_scale))
+    mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
+    grad_scale = _grad_scale(function, normalizer, reduction, logits)
     if _needs_grad(logits)[0]:
         outputs = CrossEntropyFunction.apply(logits2d, target1d, class_weight, row_weight1d,
-                                             options, bool(return_stats))
+                                             options, bool(return_stats), mode, grad_scale)
     else:
         outputs = ops.ce_forward(logits2d, target1d, class_weight, row_weight1d, *options,
                                  bool(return_stats))
+    if mode == "recompute" or not _needs_grad(logits)[0]:
+        outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), logits)
 
 
@@ -189,21 +296,32 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          row_weight: Optional[Tensor] = None,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
                          grad_in_forward: bool = True, cache_logits: bool = False,
-                         return_stats: bool = False):
+                         return_stats: bool = False, normalizer=None):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
-    chunked so that its scratch memory stays within workspace_bytes (default 512 MiB). Logits
-    chunks are rounded to the input dtype before the softmax, as F.cross_entropy(h @ W.T) sees
-    them, unless fp32_logits=True. Under autocast, hidden/weight/bias are cast to the autocast
-    dtype first, as F.linear would be.
+    chunked so that its scratch memory stays within workspace_bytes. Its default depends on the
+    device and the weight (see default_workspace_bytes): on a GPU, enough for the fast
+    three-product schedule with the fp32 accumulator of a 16-bit weight's gradient,
+    min(4 GiB, total / 8) and at least 1 GiB, but never more than half of the memory that is
+    free; 256 MiB when that gradient is fp32 (it is accumulated in place and needs no
+    accumulator); 512 MiB on the CPU. Logits chunks are rounded to the input dtype before the
+    softmax, as F.cross_entropy(h @ W.T) sees them, unless fp32_logits=True.
+
+    Mixed precision: under autocast the products run in the autocast dtype, as F.linear's would;
+    an fp32 weight (a master weight, the Hugging Face Trainer's bf16 default) is converted inside
+    the op only (the copy is gone when it returns) and its gradient is accumulated in place in
+    an fp32 tensor, with no accumulator and no 16-bit copy of it. The same holds for an fp32
+    weight with bf16/fp16 hidden states outside autocast.
 
     With reduction "sum"/"mean" the gradients are formed in the forward pass (one pass over the
     vocabulary instead of two) and the backward scales them in place, so the graph supports one
     backward; grad_in_forward=False recomputes them in the backward instead (several backward
     passes, retain_graph, gradcheck). reduction "none" always recomputes with the per-row
     upstream gradient; cache_logits=True keeps the (N, V) logits from the forward for that
-    backward instead (one product less, N·V elements more: opt-in).
+    backward instead (one product less, N·V elements more: opt-in). normalizer as in
+    cross_entropy (with reduction="sum": the sum divided inside the op, e.g. by the number of
+    items in the batch, so the backward moves no bytes).
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -211,26 +329,28 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
     row_weight1d = _row_weight(function, row_weight, row_shape)
     class_weight = _class_weight(function, None, class_weight)
-    autocast = _autocast_dtype(hidden2d)
-    if autocast is not None:
-        hidden2d, weight = hidden2d.to(autocast), weight.to(autocast)
-        bias = bias.to(autocast) if bias is not None else None
-    budget = 0 if workspace_bytes is None else int(workspace_bytes)
-    if workspace_bytes is not None and budget <= 0:
-        _fail(function, "workspace_bytes", "out of range", workspace_bytes, "a positive size")
+    compute_dtype = _compute_dtype(hidden2d, weight)
+    wants = _needs_grad(hidden2d, weight, bias)
+    fp32_weight_grad = wants[1] and weight.dtype == torch.float32 and compute_dtype is not None
+    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, fp32_weight_grad)
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
                None if softcap is None else float(softcap), float(logit_scale), budget,
                bool(fp32_logits))
-    wants = _needs_grad(hidden2d, weight, bias)
+    grad_scale = _grad_scale(function, normalizer, reduction, hidden)
     if any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
                                                    wants, bool(grad_in_forward),
-                                                   bool(cache_logits))
+                                                   bool(cache_logits), compute_dtype, grad_scale)
+        in_forward = grad_in_forward and reduction != "none"
     else:
-        outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, class_weight,
-                                        row_weight1d, *options, bool(return_stats), False, False,
-                                        False, False)[:7]
+        operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
+        outputs = ops.linear_ce_forward(*operands, target1d, class_weight, row_weight1d,
+                                        *options, bool(return_stats), False, False, False, False,
+                                        None, None)[:7]
+        in_forward = False
+    if not in_forward:
+        outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
 
 
@@ -249,7 +369,9 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
             kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
             softcap: Optional[float] = None, soft_weight: float = 1.0, hard_weight: float = 0.0,
             ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-            z_loss: float = 0.0, class_weight: Optional[Tensor] = None) -> Tensor:
+            z_loss: float = 0.0, class_weight: Optional[Tensor] = None,
+            grad_in_forward: bool = True, inplace_backward: bool = False,
+            normalizer=None) -> Tensor:
     """Distillation loss between student and teacher logits (N, V) or (B, T, V).
 
     kind: forward_kl KL(p_t||p_s), reverse_kl KL(p_s||p_t), jsd (mixing weight beta), soft_ce,
@@ -258,6 +380,10 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     sum over valid rows divided by their number ("batchmean" over tokens). With hard_weight > 0
     the loss is hard_weight * CE(student, target) + soft_weight * distill; label_smoothing,
     z_loss and class_weight configure that CE term. The teacher gets no gradient.
+
+    grad_in_forward, inplace_backward (the gradient written over student_logits) and normalizer
+    work as in cross_entropy: with "sum"/"mean" the student gradient is formed in the same pass
+    as the loss (one read of student and teacher, one write), and loss.backward() moves no bytes.
     """
     function = "distill"
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
@@ -270,10 +396,15 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     options = _distill_options(function, kind, temperature, beta, softcap, soft_weight,
                                hard_weight, ignore_index, reduction, label_smoothing, z_loss)
     class_weight = _class_weight(function, None, class_weight)
+    mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
+    grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
     if _needs_grad(student2d)[0]:
-        loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options)
+        loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options, mode,
+                                     grad_scale)
     else:
         loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
+    if mode == "recompute" or not _needs_grad(student2d)[0]:
+        (loss,) = _normalized((loss,), grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
                       student_logits)
 
@@ -291,7 +422,8 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
 
     The teacher is either teacher_logits (N, V) / (B, T, V), or teacher_hidden (N, H_t) with
     teacher_weight (V, H_t), whose logits are computed chunk by chunk too. Gradients flow to the
-    student hidden states and weight only. grad_in_forward as in linear_cross_entropy.
+    student hidden states and weight only. grad_in_forward and the default workspace_bytes as in
+    linear_cross_entropy.
     """
     function = "linear_distill"
     _check_tensor(function, "student_weight", student_weight)
@@ -319,9 +451,7 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
             teacher_hidden2d = teacher_hidden2d.to(autocast)
         if teacher_weight is not None:
             teacher_weight = teacher_weight.to(autocast)
-    budget = 0 if workspace_bytes is None else int(workspace_bytes)
-    if workspace_bytes is not None and budget <= 0:
-        _fail(function, "workspace_bytes", "out of range", workspace_bytes, "a positive size")
+    budget = _workspace_budget(function, workspace_bytes, hidden2d, student_weight, False)
     options = options + (budget, bool(fp32_logits))
     wants = _needs_grad(hidden2d, student_weight)
     teacher = (teacher_logits2d, teacher_hidden2d, teacher_weight)

@@ -118,14 +118,15 @@ def _fused_forward(model, kwargs: dict, options: dict):
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     num_items_in_batch = kwargs.get("num_items_in_batch")
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(hidden.device)
     head = model.lm_head
+    # The sum divided by num_items_in_batch inside the op: the gradients are formed for it in the
+    # forward, so the backward has an upstream gradient of 1 and moves no bytes.
     loss = linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), head.bias,
                                 ignore_index=ignore_index, reduction=reduction,
-                                softcap=_softcap_of(model.config), **options)
-    if num_items_in_batch is not None:
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
+                                softcap=_softcap_of(model.config), normalizer=num_items_in_batch,
+                                **options)
 
     result = CausalLMOutputWithPast(
         loss=loss,

@@ -90,6 +90,8 @@ def _opcheck_cases(device, gen):
     b = ref.randn(gen, vocab, device=device)
     y = ref.targets(gen, rows, vocab, device)
     g = torch.ones(rows, device=device)
+    half = torch.tensor(0.5, device=device)
+    h16, w16 = h.to(torch.bfloat16), w.to(torch.bfloat16)
     ce = (-100, "none", 0.1, 1e-3, 5.0, 1.0)
     distill = ("forward_kl", 2.0, 0.5, None, 1.0, 0.5, -100, "none", 0.0, 0.0)
     lse = ops.ce_forward(x, y, None, None, *ce, False)[1]
@@ -97,16 +99,28 @@ def _opcheck_cases(device, gen):
         (ops.ce_forward, (x, y, None, None, *ce, True)),
         (ops.ce_forward, (x, y, None, None, -100, "mean", 0.0, 0.0, None, 1.0, False)),
         (ops.ce_backward, (x, y, lse, g, None, None, *ce)),
+        (ops.ce_forward_grad, (x, y, None, None, -100, "mean", 0.1, 1e-3, 5.0, 1.0, True, half)),
+        (ops.ce_forward_grad_inplace, (x.clone(), y, None, None, -100, "sum", 0.0, 0.0, None,
+                                       1.0, False, None)),
+        (ops.scale_, (x.clone(), half)),
         (ops.linear_ce_forward, (h, w, b, y, None, None, -100, "sum", 0.0, 0.0, None, 1.0, 0,
-                                 False, True, True, True, True, False)),
+                                 False, True, True, True, True, False, half, None)),
+        (ops.linear_ce_forward, (h16, w16, None, y, None, None, -100, "mean", 0.0, 0.0, None,
+                                 1.0, 0, False, False, True, True, False, False, None,
+                                 torch.float32)),
         (ops.linear_ce_forward, (h, w, b, y, None, None, *ce, 0, True, False, False, False,
-                                 False, True)),
+                                 False, True, None, None)),
         (ops.linear_ce_backward, (h, w, None, y, None, g, None, None, *ce, 0, False, True, True,
-                                  False, None)),
+                                  False, None, None)),
         (ops.linear_ce_backward, (h, w, None, y, None, g, None, None, *ce, 0, False, True, True,
-                                  False, h @ w.T)),
+                                  False, h @ w.T, None)),
+        (ops.linear_ce_backward, (h16, w16, None, y, None, g, None, None, *ce, 0, False, True,
+                                  True, False, None, torch.float32)),
         (ops.distill_forward, (x, t, y, None, *distill)),
         (ops.distill_backward, (x, t, y, g, None, *distill)),
+        (ops.distill_forward_grad, (x, t, y, None, *distill[:7], "mean", 0.0, 0.0, half)),
+        (ops.distill_forward_grad_inplace, (x.clone(), t, y, None, *distill[:7], "sum", 0.0,
+                                            0.0, None)),
         (ops.linear_distill_forward, (h, w, t, None, None, y, None, *distill, 0, False, True,
                                       False)),
         (ops.linear_distill_backward, (h, w, None, h, w, y, g, None, *distill, 0, False, True,
