@@ -47,6 +47,31 @@ std::vector<double> entropy_reference(const reference::CeResult& ref,
   return expected;
 }
 
+// The forward's per-row outputs: the statistics under test and what the backward reads.
+struct RowOutputs {
+  Tensor loss, lse, logprob, entropy;
+  explicit RowOutputs(int64_t rows)
+      : loss(Tensor::vector(DType::f32, rows)), lse(Tensor::vector(DType::f32, rows)),
+        logprob(Tensor::vector(DType::f32, rows)), entropy(Tensor::vector(DType::f32, rows)) {}
+  CeStats stats() const {
+    CeStats stats;
+    stats.lse = lse.view();
+    stats.logprob = logprob.view();
+    stats.entropy = entropy.view();
+    return stats;
+  }
+};
+
+// "<dtype>_T<100·temperature>_<label>" for the grids below.
+std::string label_of(unsigned options) { return ce_options_label(options); }
+std::string label_of(Budget budget) { return budget_name(budget); }
+template <class Param>
+std::string grid_name(const ::testing::TestParamInfo<Param>& info) {
+  return short_name(std::get<0>(info.param)) + "_T" +
+         std::to_string(static_cast<int>(std::get<1>(info.param) * 100)) + "_" +
+         label_of(std::get<2>(info.param));
+}
+
 // ---- on logits --------------------------------------------------------------------------------
 
 // temperature: logit_scale = 1/T; options: further §1 options of the loss the entropy term joins.
@@ -71,13 +96,12 @@ TEST_P(LogprobLogits, MatchesReference) {
   const Tensor logits = Tensor::of(x, dtype);
   const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
   const Scratch scratch(ce_workspace_size(rows, vocab, setup.options, test_device()));
-  Tensor loss = Tensor::vector(DType::f32, rows), lse = Tensor::vector(DType::f32, rows),
-         logprob = Tensor::vector(DType::f32, rows), entropy = Tensor::vector(DType::f32, rows);
+  const RowOutputs row_outputs(rows);
+  const Tensor &lse = row_outputs.lse, &logprob = row_outputs.logprob,
+               &entropy = row_outputs.entropy;
   CeOutputs out;
-  out.loss = loss.view();
-  out.stats.lse = lse.view();
-  out.stats.logprob = logprob.view();
-  out.stats.entropy = entropy.view();
+  out.loss = row_outputs.loss.view();
+  out.stats = row_outputs.stats();
   ce_forward(logits.view(), target_tensor.view(), setup.options, out, {}, scratch.workspace());
   finish();
   const double stat_tol = stat_tolerance(dtype, Family::logits, {}, ref.logprob);
@@ -98,18 +122,12 @@ TEST_P(LogprobLogits, MatchesReference) {
   EXPECT_TRUE(close("grad_logits", grad.download(), ref_grad.values, grad_tol));
 }
 
-std::string logits_name(const ::testing::TestParamInfo<LogitsParam>& info) {
-  const auto [dtype, temperature, options] = info.param;
-  return short_name(dtype) + "_T" + std::to_string(static_cast<int>(temperature * 100)) + "_" +
-         ce_options_label(options);
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Grid, LogprobLogits,
     ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
                        ::testing::Values(1.0, 0.7, 1.6),
                        ::testing::Values(0u, kSoftcap, kSmoothing | kZLoss | kRowWeight)),
-    logits_name);
+    grid_name<LogitsParam>);
 
 TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
   const int64_t rows = 3, vocab = 5;
@@ -182,13 +200,12 @@ TEST_P(LogprobLinear, MatchesReference) {
   };
 
   // Forward: loss and statistics, no gradient (reduction none forms it in the backward).
-  Tensor loss = Tensor::vector(DType::f32, rows), lse = Tensor::vector(DType::f32, rows),
-         logprob = Tensor::vector(DType::f32, rows), entropy = Tensor::vector(DType::f32, rows);
+  const RowOutputs row_outputs(rows);
+  const Tensor &lse = row_outputs.lse, &logprob = row_outputs.logprob,
+               &entropy = row_outputs.entropy;
   LinearCeOutputs out;
-  out.loss = loss.view();
-  out.stats.lse = lse.view();
-  out.stats.logprob = logprob.view();
-  out.stats.entropy = entropy.view();
+  out.loss = row_outputs.loss.view();
+  out.stats = row_outputs.stats();
   {
     const Scratch scratch = scratch_for(options, false);
     linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
@@ -243,19 +260,13 @@ TEST_P(LogprobLinear, MatchesReference) {
   }
 }
 
-std::string linear_name(const ::testing::TestParamInfo<LinearParam>& info) {
-  const auto [dtype, temperature, budget] = info.param;
-  return short_name(dtype) + "_T" + std::to_string(static_cast<int>(temperature * 100)) + "_" +
-         budget_name(budget);
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Grid, LogprobLinear,
     ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
                        ::testing::Values(1.0, 0.6),
                        ::testing::Values(Budget::default_budget, Budget::smallest,
                                          Budget::several_chunks, Budget::uneven_chunks)),
-    linear_name);
+    grid_name<LinearParam>);
 
 }  // namespace
 }  // namespace xent::test
