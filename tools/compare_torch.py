@@ -223,6 +223,20 @@ def tensor_bytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def peak_extra_bytes(step: Callable[[int], object], leaves: list) -> int:
+    """Peak CUDA memory of one step(0) beyond what was allocated before it and the gradients it
+    leaves in `leaves` (beyond the inputs and their gradients, as PERF.md counts it)."""
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step(0)
+    torch.cuda.synchronize()
+    grads = sum(tensor_bytes(leaf.grad) for leaf in leaves if leaf.grad is not None)
+    return max(0, torch.cuda.max_memory_allocated() - before - grads)
+
+
 # ----------------------------------------------------------------------------- measuring
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -293,18 +307,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                 reference_loss = loss
             record["loss_rel_err"] = abs(loss - reference_loss) / max(abs(reference_loss), 1e-30)
             if device == "cuda":
-                for leaf in leaves(inputs[0]):
-                    leaf.grad = None
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
-                step(0)
-                torch.cuda.synchronize()
-                grads = sum(tensor_bytes(leaf.grad) for leaf in leaves(inputs[0])
-                            if leaf.grad is not None)
-                # Beyond the inputs and their gradients, as PERF.md counts it.
-                record["peak_extra_bytes"] = max(
-                    0, torch.cuda.max_memory_allocated() - before - grads)
+                record["peak_extra_bytes"] = peak_extra_bytes(step, leaves(inputs[0]))
             times = summarize(timer.run(step))
             record["time_ms"] = times
             if op in ("linear_ce", "linear_distill"):
