@@ -314,6 +314,22 @@ def tensor_bytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def peak_extra_bytes(step: Callable[[int], object], leaves: list) -> int:
+    """Peak CUDA memory of one step(0) beyond what was allocated before it and the gradients it
+    leaves in `leaves` (beyond the inputs and their gradients, as PERF.md counts it)."""
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step(0)
+    torch.cuda.synchronize()
+    # A gradient written over its input (inplace_backward) adds no bytes of its own.
+    grads = sum(tensor_bytes(leaf.grad) for leaf in leaves
+                if leaf.grad is not None and leaf.grad.data_ptr() != leaf.data_ptr())
+    return max(0, torch.cuda.max_memory_allocated() - before - grads)
+
+
 # ----------------------------------------------------------------------------- measuring
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -460,20 +476,8 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                     record["grad_hidden_rel_err"] = _relative_error(grad_h, linear_reference[0])
                     record["grad_weight_rel_err"] = _relative_error(grad_w, linear_reference[1])
             if device == "cuda":
-                for leaf in leaves(inputs[0]):
-                    leaf.grad = None
                 refresh(0)
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
-                step(0)
-                torch.cuda.synchronize()
-                grads = sum(tensor_bytes(leaf.grad) for leaf in leaves(inputs[0])
-                            if leaf.grad is not None and leaf.grad.data_ptr() !=
-                            leaf.data_ptr())
-                # Beyond the inputs and their gradients, as PERF.md counts it.
-                record["peak_extra_bytes"] = max(
-                    0, torch.cuda.max_memory_allocated() - before - grads)
+                record["peak_extra_bytes"] = peak_extra_bytes(step, leaves(inputs[0]))
             if mode == "bwd":
                 times = summarize(timer.run(backward_only, prepare=prepare_backward))
             else:

@@ -51,4 +51,19 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
                  const CeOptions& options, TensorView grad_logits, Workspace workspace = {},
                  Stream stream = {});
 
+// The entropy statistic as a differentiable output (semantics §1, differentiable log-probability
+// and entropy), for a backward of reduction none: the backward adds Σ_n g_H,n·∂H_n/∂logits to the
+// loss gradient, in the same pass over the logits. Requires the forward's lse. Ignored rows get
+// no gradient from it.
+struct EntropyGradient {
+  TensorView entropy;  // [N] fp32: stats.entropy of the forward (with lse it gives Σ p·x̃)
+  TensorView grad;     // [N] fp32: g_H, the upstream gradient of the entropy
+  bool present() const { return grad.present(); }
+};
+
+// ce_backward with the entropy term; an absent `entropy` is the plain ce_backward.
+void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
+                 const EntropyGradient& entropy, const CeOptions& options,
+                 TensorView grad_logits, Workspace workspace = {}, Stream stream = {});
+
 }  // namespace xent

@@ -53,4 +53,11 @@ void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, T
                         const LinearGradients& grads, Workspace workspace = {},
                         Stream stream = {});
 
+// linear_ce_backward with the entropy term of ce.hpp's EntropyGradient (reduction none, lse of
+// the forward required): G = ∂loss/∂x + Σ_n g_H,n·∂H_n/∂x is formed in one pass per chunk.
+void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                        TensorView lse, TensorView grad_output, const EntropyGradient& entropy,
+                        const LinearCeOptions& options, const LinearGradients& grads,
+                        Workspace workspace = {}, Stream stream = {});
+
 }  // namespace xent

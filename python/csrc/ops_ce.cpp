@@ -129,6 +129,44 @@ Tensor ce_backward_op(const Tensor& logits, const Tensor& target, const c10::opt
   });
 }
 
+// The backward of xent.logprobs: logprob = −(the plain `none` loss), so g_lp enters as
+// grad_output = −g_lp; grad_entropy (absent when the entropy has no gradient) adds the entropy
+// term in the same pass, from the forward's lse and entropy.
+Tensor ce_logprob_backward_op(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              const Tensor& entropy, const Tensor& grad_logprob,
+                              const c10::optional<Tensor>& grad_entropy, int64_t ignore_index,
+                              c10::optional<double> softcap, double logit_scale) {
+  constexpr const char* function = "ce_logprob_backward";
+  return translate_errors([&] {
+    c10::DeviceGuard guard(logits.device());
+    const Tensor logits_rows = contiguous_rows(logits);
+    const Tensor target_vector = contiguous_vector(target);
+    const Tensor grad_output = grad_logprob.to(at::kFloat).neg().contiguous();
+    const Tensor lse_vector = lse.contiguous(), entropy_vector = entropy.contiguous();
+    const auto grad_entropy32 = as_fp32_vector(grad_entropy);
+    const CeOptions options = make_ce_options(function, ignore_index, "none", 0.0, 0.0, softcap,
+                                              logit_scale, TensorView{}, TensorView{});
+    const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
+    const int64_t vocab = logits.dim() == 2 ? logits.size(1) : 0;
+    EntropyGradient entropy_gradient;
+    if (grad_entropy32.has_value()) {
+      entropy_gradient.entropy = vector_view(entropy_vector, function, "entropy");
+      entropy_gradient.grad = vector_view(*grad_entropy32, function, "grad_entropy");
+    }
+
+    Tensor grad_logits = at::empty(logits_rows.sizes(), logits.options());
+    const TensorView logits_view = matrix_view(logits_rows, function, "logits");
+    const std::size_t bytes = ce_workspace_size(rows, vocab, options, logits_view.device);
+    auto [buffer, workspace] = allocate_workspace(logits, bytes);
+    ce_backward(logits_view, vector_view(target_vector, function, "target"),
+                vector_view(lse_vector, function, "lse"),
+                vector_view(grad_output, function, "grad_logprob"), entropy_gradient, options,
+                matrix_view(grad_logits, function, "grad_logits"), workspace,
+                current_stream(logits));
+    return grad_logits;
+  });
+}
+
 }  // namespace
 }  // namespace xent::torch_binding
 
@@ -152,6 +190,10 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "ce_backward(Tensor logits, Tensor target, Tensor? lse, Tensor grad_output, "
       "Tensor? class_weight, Tensor? row_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, float? softcap, float logit_scale) -> Tensor");
+  m.def(
+      "ce_logprob_backward(Tensor logits, Tensor target, Tensor lse, Tensor entropy, "
+      "Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, float? softcap, "
+      "float logit_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {
@@ -159,6 +201,7 @@ TORCH_LIBRARY_IMPL(xent, CPU, m) {
   m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
   m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
   m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
+  m.impl("ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
 }
 
 #if defined(XENT_TORCH_CUDA)
@@ -167,5 +210,6 @@ TORCH_LIBRARY_IMPL(xent, CUDA, m) {
   m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
   m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
   m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
+  m.impl("ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
 }
 #endif

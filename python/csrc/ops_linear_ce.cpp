@@ -134,6 +134,31 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
   });
 }
 
+// linear_ce_backward into fresh gradient buffers, with its workspace from the caching allocator.
+// grad_output is fp32; lse may be absent unless `entropy` is present.
+std::tuple<Tensor, Tensor, Tensor> run_linear_backward(
+    const char* function, const LinearInputs& inputs, const LinearCeOptions& options,
+    const c10::optional<Tensor>& lse, const Tensor& grad_output, const EntropyGradient& entropy,
+    bool grad_hidden, bool grad_weight, bool grad_bias,
+    c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt) {
+  const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
+  GradientBuffers grads =
+      make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+  const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
+  const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
+  const int64_t rows = inputs.hidden.dim() >= 1 ? inputs.hidden.size(0) : 0;
+  const std::size_t bytes = linear_ce_workspace_size(
+      rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options, hidden_view.device,
+      true);
+  auto [buffer, workspace] = allocate_workspace(inputs.hidden, bytes);
+  linear_ce_backward(hidden_view, weight_view, optional_vector_view(inputs.bias, function, "bias"),
+                     vector_view(inputs.target, function, "target"),
+                     optional_vector_view(lse_vector, function, "lse"),
+                     vector_view(grad_output, function, "grad_output"), entropy, options,
+                     grads.views, workspace, current_stream(inputs.hidden));
+  return std::make_tuple(grads.hidden, grads.weight, grads.bias);
+}
+
 std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
     const Tensor& target, const c10::optional<Tensor>& lse, const Tensor& grad_output,
@@ -152,25 +177,39 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
-    const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
-    GradientBuffers grads =
-        make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+    return run_linear_backward(function, inputs, options, lse,
+                               grad_output.to(at::kFloat).contiguous(), EntropyGradient{},
+                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+  });
+}
 
-    const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
-    const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
-    const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
-    const std::size_t bytes = linear_ce_workspace_size(
-        rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options, hidden_view.device,
-        true);
-    auto [buffer, workspace] = allocate_workspace(hidden, bytes);
-    linear_ce_backward(hidden_view, weight_view,
-                       optional_vector_view(inputs.bias, function, "bias"),
-                       vector_view(inputs.target, function, "target"),
-                       optional_vector_view(lse_vector, function, "lse"),
-                       vector_view(grad_output32, function, "grad_output"), options, grads.views,
-                       workspace, current_stream(hidden));
-    return std::make_tuple(grads.hidden, grads.weight, grads.bias);
+// The backward of xent.linear_logprobs (reduction none, no other loss option): g_lp enters as
+// grad_output = −g_lp, grad_entropy (may be absent) adds the entropy term to each chunk's
+// gradient in the same pass, from the forward's lse and entropy.
+std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
+    const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+    const Tensor& target, const Tensor& lse, const Tensor& entropy, const Tensor& grad_logprob,
+    const c10::optional<Tensor>& grad_entropy, int64_t ignore_index,
+    c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
+    bool grad_hidden, bool grad_weight, bool grad_bias) {
+  constexpr const char* function = "linear_logprob_backward";
+  return translate_errors([&] {
+    c10::DeviceGuard guard(hidden.device());
+    const LinearInputs inputs = prepare_inputs(hidden, weight, bias, target, c10::nullopt,
+                                               c10::nullopt);
+    const LinearCeOptions options =
+        make_linear_options(function, inputs, ignore_index, "none", 0.0, 0.0, softcap,
+                            logit_scale, workspace_bytes, fp32_logits);
+    const Tensor entropy_vector = entropy.contiguous();
+    const auto grad_entropy32 = as_fp32_vector(grad_entropy);
+    EntropyGradient entropy_gradient;
+    if (grad_entropy32.has_value()) {
+      entropy_gradient.entropy = vector_view(entropy_vector, function, "entropy");
+      entropy_gradient.grad = vector_view(*grad_entropy32, function, "grad_entropy");
+    }
+    return run_linear_backward(function, inputs, options, lse,
+                               grad_logprob.to(at::kFloat).neg().contiguous(), entropy_gradient,
+                               grad_hidden, grad_weight, grad_bias);
   });
 }
 
@@ -193,16 +232,23 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
       "bool grad_bias, Tensor? logits_cache, ScalarType? weight_grad_dtype) -> "
       "(Tensor, Tensor, Tensor)");
+  m.def(
+      "linear_logprob_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, "
+      "Tensor lse, Tensor entropy, Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, "
+      "float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
+      "bool grad_hidden, bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {
   m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
   m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
+  m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
 }
 
 #if defined(XENT_TORCH_CUDA)
 TORCH_LIBRARY_IMPL(xent, CUDA, m) {
   m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
   m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
+  m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
 }
 #endif

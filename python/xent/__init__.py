@@ -3,6 +3,8 @@
     import xent
     loss = xent.cross_entropy(logits, target)                       # (N, V) or (B, T, V)
     loss = xent.linear_cross_entropy(hidden, lm_head.weight, target)  # never holds N x V logits
+    logp, entropy = xent.linear_logprobs(hidden, lm_head.weight, target, temperature=0.7,
+                                         return_entropy=True)       # RL: both differentiable
 
 Modules live in xent.nn, the Hugging Face patch in xent.hf.
 """
@@ -15,6 +17,8 @@ from xent.functional import (
     distill,
     linear_cross_entropy,
     linear_distill,
+    linear_logprobs,
+    logprobs,
 )
 from xent import hf, nn  # noqa: E402  (hf imports transformers only when used)
 
@@ -29,6 +33,8 @@ __all__ = [
     "linear_cross_entropy",
     "hf",
     "linear_distill",
+    "linear_logprobs",
+    "logprobs",
     "nn",
 ]
 

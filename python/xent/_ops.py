@@ -111,6 +111,20 @@ def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, cla
                              weight_grad_dtype)
 
 
+@_register_fake("xent::ce_logprob_backward")
+def _ce_logprob_backward_fake(logits, target, lse, entropy, grad_logprob, grad_entropy,
+                              ignore_index, softcap, logit_scale):
+    return logits.new_empty(logits.shape)
+
+
+@_register_fake("xent::linear_logprob_backward")
+def _linear_logprob_backward_fake(hidden, weight, bias, target, lse, entropy, grad_logprob,
+                                  grad_entropy, ignore_index, softcap, logit_scale,
+                                  workspace_bytes, fp32_logits, grad_hidden, grad_weight,
+                                  grad_bias):
+    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+
+
 @_register_fake("xent::distill_forward")
 def _distill_forward_fake(student, teacher, target, class_weight, kind, temperature, beta,
                           softcap, soft_weight, hard_weight, ignore_index, reduction,

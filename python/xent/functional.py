@@ -22,6 +22,7 @@ from xent._autograd import (
     LinearCrossEntropyFunction,
     LinearDistillFunction,
 )
+from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _zero_ignored
 from xent._ops import ops
 
 Tensor = torch.Tensor
@@ -34,6 +35,8 @@ __all__ = [
     "linear_distill",
     "DISTILL_KINDS",
     "default_workspace_bytes",
+    "logprobs",
+    "linear_logprobs",
 ]
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
@@ -463,3 +466,79 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
                                           class_weight, *options, False, False)[0]
     return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
                       student_hidden)
+
+
+# ---- per-token log-probabilities and entropy (RL) ----------------------------------------------
+
+def _temperature_scale(function: str, temperature: float) -> float:
+    value = float(temperature)
+    if not (value > 0 and value != float("inf")):
+        _fail(function, "temperature", "out of range", temperature, "a finite value > 0")
+    return 1.0 / value
+
+
+def _logprobs_result(logprob: Tensor, entropy: Tensor, row_shape, return_entropy: bool):
+    logprob = _reshape_rows(logprob, row_shape)
+    return (logprob, _reshape_rows(entropy, row_shape)) if return_entropy else logprob
+
+
+def logprobs(logits: Tensor, target: Tensor, temperature: float = 1.0,
+             return_entropy: bool = False, *, ignore_index: int = -100,
+             softcap: Optional[float] = None):
+    """Per-token log-probability of target under softmax(logits / temperature), and optionally
+    the entropy of that distribution, both differentiable (float32, shaped like target).
+
+    logits (N, V) or (B, T, V). logprob = log_softmax(x / T)[y] and entropy = −Σ p·log p; rows
+    whose target is ignore_index give 0 for both and no gradient. The backward forms the logits
+    gradient from both upstream gradients in one pass over the logits (docs/semantics.md §1).
+    Returns logprob, or (logprob, entropy) when return_entropy.
+    """
+    function = "logprobs"
+    logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
+    options = (int(ignore_index), None if softcap is None else float(softcap),
+               _temperature_scale(function, temperature))
+    if _needs_grad(logits)[0]:
+        logprob, entropy = LogprobsFunction.apply(logits2d, target1d, options,
+                                                  bool(return_entropy))
+    else:
+        outputs = ops.ce_forward(logits2d, target1d, None, None, options[0], "none", 0.0, 0.0,
+                                 options[1], options[2], True)
+        logprob, entropy = outputs[2], _zero_ignored(outputs[3], target1d, options[0])
+    return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), logits)
+
+
+def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
+                    bias: Optional[Tensor] = None, temperature: float = 1.0,
+                    return_entropy: bool = False, workspace_bytes: Optional[int] = None, *,
+                    ignore_index: int = -100, softcap: Optional[float] = None,
+                    fp32_logits: bool = False):
+    """logprobs(hidden @ weight.T + bias, target, temperature, return_entropy) without ever
+    holding the (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
+
+    hidden (N, H) or (B, T, H); weight (V, H); bias (V,) or None. Chunked within workspace_bytes
+    (default 512 MiB) like linear_cross_entropy; chunk logits are rounded to the input dtype
+    unless fp32_logits. Under autocast, hidden/weight/bias are cast to the autocast dtype first.
+    The backward recomputes each chunk's logits once and folds both upstream gradients in before
+    the products.
+    """
+    function = "linear_logprobs"
+    _check_tensor(function, "weight", weight)
+    hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
+    # Under autocast the layer is cast as F.linear would cast it (as linear_cross_entropy does).
+    dtype = _autocast_dtype(hidden2d)
+    if dtype is not None:
+        hidden2d, weight, bias = (t.to(dtype) if t is not None else None
+                                  for t in (hidden2d, weight, bias))
+    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, False)
+    options = (int(ignore_index), None if softcap is None else float(softcap),
+               _temperature_scale(function, temperature), budget, bool(fp32_logits))
+    wants = _needs_grad(hidden2d, weight, bias)
+    if any(wants):
+        logprob, entropy = LinearLogprobsFunction.apply(hidden2d, weight, bias, target1d, options,
+                                                        wants, bool(return_entropy))
+    else:
+        outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, None, None, options[0],
+                                        "none", 0.0, 0.0, *options[1:], True, False, False, False,
+                                        False, None, None)
+        logprob, entropy = outputs[2], _zero_ignored(outputs[3], target1d, options[0])
+    return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), hidden)

@@ -32,15 +32,25 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
                  const CeOptions& options, TensorView grad_logits, Workspace workspace,
                  Stream stream) {
+  ce_backward(logits, target, lse, grad_output, EntropyGradient{}, options, grad_logits,
+              workspace, stream);
+}
+
+void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
+                 const EntropyGradient& entropy, const CeOptions& options,
+                 TensorView grad_logits, Workspace workspace, Stream stream) {
   api::validate_ce_backward(logits, target, lse, grad_output, options, grad_logits, workspace);
+  api::validate_entropy_gradient("ce_backward", logits.device, entropy, lse, options.reduction,
+                                 logits.rows);
   api::require_backend("ce_backward", logits.device);
 #if defined(XENT_WITH_CUDA)
   if (logits.device.kind == DeviceKind::cuda) {
-    return cuda::ce_backward(logits, target, lse, grad_output, options, grad_logits, workspace,
-                             stream);
+    return cuda::ce_backward(logits, target, lse, grad_output, entropy, options, grad_logits,
+                             workspace, stream);
   }
 #endif
-  cpu::ce_backward(logits, target, lse, grad_output, options, grad_logits, workspace, stream);
+  cpu::ce_backward(logits, target, lse, grad_output, entropy, options, grad_logits, workspace,
+                   stream);
 }
 
 }  // namespace xent

@@ -38,16 +38,26 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
 void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
                         TensorView lse, TensorView grad_output, const LinearCeOptions& options,
                         const LinearGradients& grads, Workspace workspace, Stream stream) {
+  linear_ce_backward(hidden, weight, bias, target, lse, grad_output, EntropyGradient{}, options,
+                     grads, workspace, stream);
+}
+
+void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
+                        TensorView lse, TensorView grad_output, const EntropyGradient& entropy,
+                        const LinearCeOptions& options, const LinearGradients& grads,
+                        Workspace workspace, Stream stream) {
   api::validate_linear_ce_backward(hidden, weight, bias, target, lse, grad_output, options,
                                    grads, workspace);
+  api::validate_entropy_gradient("linear_ce_backward", hidden.device, entropy, lse,
+                                 options.ce.reduction, hidden.rows);
   api::require_backend("linear_ce_backward", hidden.device);
 #if defined(XENT_WITH_CUDA)
   if (hidden.device.kind == DeviceKind::cuda) {
-    return cuda::linear_ce_backward(hidden, weight, bias, target, lse, grad_output, options,
-                                    grads, workspace, stream);
+    return cuda::linear_ce_backward(hidden, weight, bias, target, lse, grad_output, entropy,
+                                    options, grads, workspace, stream);
   }
 #endif
-  cpu::linear_ce_backward(hidden, weight, bias, target, lse, grad_output, options, grads,
+  cpu::linear_ce_backward(hidden, weight, bias, target, lse, grad_output, entropy, options, grads,
                           workspace, stream);
 }
 

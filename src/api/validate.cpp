@@ -167,6 +167,25 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
   check_ce_values(check, target, options, vocab);
 }
 
+void validate_entropy_gradient(const char* function, Device device,
+                               const EntropyGradient& entropy, const TensorView& lse,
+                               Reduction reduction, int64_t rows) {
+  if (!entropy.present() && !entropy.entropy.present()) return;
+  const ArgumentChecker check(function, device);
+  if (reduction != Reduction::none) {
+    check.fail("entropy", "needs reduction none", reduction_name(reduction),
+               "reduction none (the entropy gradient is per row)");
+  }
+  check.require_present(entropy.grad, "entropy.grad", "a [N] fp32 upstream gradient");
+  check.require_present(entropy.entropy, "entropy.entropy", "the [N] fp32 entropy of the forward");
+  check.require_present(lse, "lse", "the [N] fp32 lse of the forward (with an entropy gradient)");
+  const std::string per_row = rows_form(rows, "the input");
+  check.vector(entropy.grad, "entropy.grad", rows, per_row);
+  check.fp32(entropy.grad, "entropy.grad");
+  check.vector(entropy.entropy, "entropy.entropy", rows, per_row);
+  check.fp32(entropy.entropy, "entropy.entropy");
+}
+
 namespace {
 void check_distill_common(const ArgumentChecker& check, const TensorView& student,
                           const TensorView& teacher, const TensorView& target,

@@ -16,6 +16,11 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
                           const TensorView& lse, const TensorView& grad_output,
                           const CeOptions& options, const TensorView& grad_logits,
                           const Workspace& workspace);
+// The entropy term of a backward (ce.hpp EntropyGradient): reduction none, lse present, and
+// entropy and grad [N] fp32 on the op's device. Nothing is checked when it is absent.
+void validate_entropy_gradient(const char* function, Device device,
+                               const EntropyGradient& entropy, const TensorView& lse,
+                               Reduction reduction, int64_t rows);
 
 void validate_distill_forward(const TensorView& student, const TensorView& teacher,
                               const TensorView& target, const DistillOptions& options,

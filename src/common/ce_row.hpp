@@ -153,10 +153,39 @@ XENT_HD CeGradRow<T> ce_grad_row(const CeConstants<T>& c, T lse, int64_t target,
 // target term is subtracted in T before any rounding, so p_y − 1 keeps its precision when
 // p_y → 1 (SPEC §1).
 template <class T>
-XENT_HD T ce_grad_from_prob(const CeGradRow<T>& row, T p, T slope, bool is_target,
-                            T class_weight) {
+XENT_HD T ce_grad_before_slope(const CeGradRow<T>& row, T p, bool is_target, T class_weight) {
   T g = row.prob_coef * p - row.smoothing_coef * class_weight;
   if (is_target) g -= row.target_coef;
+  return g;
+}
+
+template <class T>
+XENT_HD T ce_grad_from_prob(const CeGradRow<T>& row, T p, T slope, bool is_target,
+                            T class_weight) {
+  return ce_grad_before_slope(row, p, is_target, class_weight) * slope;
+}
+
+// The entropy term of a row (semantics §1, differentiable log-probability and entropy): the
+// upstream gradient g_H of H = lse − S and S = Σ_j p_j·x̃_j, which the backward takes as lse − H
+// from the forward's statistics instead of a second pass over the row.
+template <class T>
+struct EntropyGradRow {
+  T coef = 0;        // g_H
+  T mean_logit = 0;  // S
+};
+
+template <class T>
+XENT_HD EntropyGradRow<T> entropy_grad_row(T grad_entropy, T lse, T entropy) {
+  return {grad_entropy, lse - entropy};
+}
+
+// ce_grad_from_prob plus g_H·∂H/∂x̃_i = −g_H·p_i·(x̃_i − S), both before the slope, so one pass
+// over the row forms the gradient of the loss and of the entropy. `value` is x̃_i.
+template <class T>
+XENT_HD T ce_entropy_grad_from_prob(const CeGradRow<T>& row, const EntropyGradRow<T>& entropy,
+                                    T p, T value, T slope, bool is_target, T class_weight) {
+  const T g = ce_grad_before_slope(row, p, is_target, class_weight) -
+              entropy.coef * p * (value - entropy.mean_logit);
   return g * slope;
 }
 
@@ -167,6 +196,17 @@ XENT_HD T ce_grad_element(const CeConstants<T>& c, const CeGradRow<T>& row, T x,
   const T v = c.transform.value(x);
   const T p = std::exp(v - row.lse);
   return ce_grad_from_prob(row, p, c.transform.slope(x), index == row.target, class_weight);
+}
+
+// ce_grad_element with the entropy term.
+template <class T>
+XENT_HD T ce_entropy_grad_element(const CeConstants<T>& c, const CeGradRow<T>& row,
+                                  const EntropyGradRow<T>& entropy, T x, int64_t index,
+                                  T class_weight) {
+  const T v = c.transform.value(x);
+  const T p = std::exp(v - row.lse);
+  return ce_entropy_grad_from_prob(row, entropy, p, v, c.transform.slope(x), index == row.target,
+                                   class_weight);
 }
 
 }  // namespace xent::common

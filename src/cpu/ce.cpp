@@ -29,8 +29,8 @@ void ce_forward_typed(TensorView logits, TensorView target, const CeOptions& opt
 
 template <class S>
 void ce_backward_typed(TensorView logits, TensorView target, TensorView lse,
-                       TensorView grad_output, const CeOptions& options,
-                       TensorView grad_logits) {
+                       TensorView grad_output, const EntropyGradient& entropy,
+                       const CeOptions& options, TensorView grad_logits) {
   using T = ComputeType<S>;
   const int64_t rows = logits.rows, vocab = logits.cols;
   const auto counts = count_valid_rows(target, rows, options.ignore_index, options.class_weight);
@@ -40,7 +40,7 @@ void ce_backward_typed(TensorView logits, TensorView target, TensorView lse,
   for (int64_t n = 0; n < rows; ++n) {
     ce_backward_row(call, row_pointer<const S>(logits, n), row_pointer<S>(grad_logits, n),
                     read_target(target, n), n, lse,
-                    upstream_of_row<T>(grad_output, options.reduction, n));
+                    upstream_of_row<T>(grad_output, options.reduction, n), entropy);
   }
 }
 
@@ -56,9 +56,10 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
 }
 
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
-                 const CeOptions& options, TensorView grad_logits, Workspace, Stream) {
+                 const EntropyGradient& entropy, const CeOptions& options,
+                 TensorView grad_logits, Workspace, Stream) {
   dispatch_float(logits.dtype, [&](auto storage) {
-    ce_backward_typed<decltype(storage)>(logits, target, lse, grad_output, options,
+    ce_backward_typed<decltype(storage)>(logits, target, lse, grad_output, entropy, options,
                                          grad_logits);
   });
 }

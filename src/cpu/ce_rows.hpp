@@ -134,15 +134,19 @@ common::RowStats<T> ce_row_stats(const CeCall<T>& call, const S* x) {
 }
 
 // Writes the gradient of a valid row; `grad` may alias `x` (each element is read before written).
+// `entropy` (may be null) adds the entropy term of the row (ce.hpp EntropyGradient).
 template <class T, class S, class G>
 void ce_write_row_gradient(const CeCall<T>& call, const S* x, G* grad, T lse, int64_t target,
-                           T coef, T z_coef) {
+                           T coef, T z_coef,
+                           const common::EntropyGradRow<T>* entropy = nullptr) {
   const auto& c = call.constants;
   const T target_weight = call.class_weight ? static_cast<T>(call.class_weight[target]) : T(1);
   const auto row = common::ce_grad_row(c, lse, target, target_weight, coef, z_coef);
   for (int64_t i = 0; i < call.vocab; ++i) {
     const T w = call.class_weight ? static_cast<T>(call.class_weight[i]) : T(1);
-    grad[i] = from_compute<G>(common::ce_grad_element(c, row, to_compute<T>(x[i]), i, w));
+    const T xi = to_compute<T>(x[i]);
+    grad[i] = from_compute<G>(entropy ? common::ce_entropy_grad_element(c, row, *entropy, xi, i, w)
+                                      : common::ce_grad_element(c, row, xi, i, w));
   }
 }
 
@@ -222,18 +226,32 @@ T upstream_of_row(TensorView grad_output, Reduction reduction, int64_t row) {
 
 // The gradient of one row from its logits, for backward passes. `saved_lse` (fp32, may be
 // absent) skips the statistics; fp64 inputs recompute instead, to keep their fp64 precision.
+// A present `entropy` adds the entropy term, with S = lse − H from the saved statistics (or the
+// recomputed ones in fp64).
 template <class T, class S, class G>
 void ce_backward_row(const CeCall<T>& call, const S* x, G* grad, int64_t target, int64_t row,
-                     TensorView saved_lse, T upstream) {
+                     TensorView saved_lse, T upstream, const EntropyGradient& entropy = {}) {
   if (target == call.ignore_index) {
     zero_row(grad, call.vocab);
     return;
   }
   const bool use_saved = saved_lse.present() && !std::is_same_v<T, double>;
-  const T lse = use_saved ? read_scalar<T>(saved_lse, row) : ce_row_stats(call, x).lse();
+  T lse = 0, entropy_value = 0;
+  if (use_saved) {
+    lse = read_scalar<T>(saved_lse, row);
+    if (entropy.present()) entropy_value = read_scalar<T>(entropy.entropy, row);
+  } else {
+    const auto stats = ce_row_stats(call, x);
+    lse = stats.lse();
+    entropy_value = stats.entropy();
+  }
   const T r = call.row_weight ? static_cast<T>(call.row_weight[row]) : T(1);
+  common::EntropyGradRow<T> entropy_row;
+  if (entropy.present()) {
+    entropy_row = common::entropy_grad_row(read_scalar<T>(entropy.grad, row), lse, entropy_value);
+  }
   ce_write_row_gradient(call, x, grad, lse, target, upstream * r * call.loss_factor,
-                        upstream * r * call.z_factor);
+                        upstream * r * call.z_factor, entropy.present() ? &entropy_row : nullptr);
 }
 
 // Per-row results of a forward call, kept until every row is done and then reduced in row

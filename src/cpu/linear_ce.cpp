@@ -94,8 +94,8 @@ void linear_ce_forward_typed(TensorView hidden, TensorView weight, TensorView bi
 template <class S>
 void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView bias,
                               TensorView target, TensorView lse, TensorView grad_output,
-                              const LinearCeOptions& options, const LinearGradients& grads,
-                              Workspace workspace) {
+                              const EntropyGradient& entropy, const LinearCeOptions& options,
+                              const LinearGradients& grads, Workspace workspace) {
   using T = ComputeType<S>;
   const CeOptions& ce = options.ce;
   const int64_t rows = hidden.rows, vocab = weight.rows;
@@ -107,7 +107,8 @@ void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView b
                     options.logits_cache.present() ? CacheUse::read : CacheUse::none, workspace,
                     [&](int64_t n, T* logits_row) {
                       ce_backward_row(call, logits_row, logits_row, read_target(target, n), n,
-                                      lse, upstream_of_row<T>(grad_output, ce.reduction, n));
+                                      lse, upstream_of_row<T>(grad_output, ce.reduction, n),
+                                      entropy);
                     });
 }
 
@@ -134,11 +135,12 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
 }
 
 void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
-                        TensorView lse, TensorView grad_output, const LinearCeOptions& options,
-                        const LinearGradients& grads, Workspace workspace, Stream) {
+                        TensorView lse, TensorView grad_output, const EntropyGradient& entropy,
+                        const LinearCeOptions& options, const LinearGradients& grads,
+                        Workspace workspace, Stream) {
   dispatch_float(hidden.dtype, [&](auto storage) {
     linear_ce_backward_typed<decltype(storage)>(hidden, weight, bias, target, lse, grad_output,
-                                                options, grads, workspace);
+                                                entropy, options, grads, workspace);
   });
 }
 

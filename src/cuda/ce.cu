@@ -107,8 +107,8 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
 }
 
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
-                 const CeOptions& options, TensorView grad_logits, Workspace workspace,
-                 Stream stream) {
+                 const EntropyGradient& entropy, const CeOptions& options,
+                 TensorView grad_logits, Workspace workspace, Stream stream) {
   DeviceGuard guard(logits.device.index);
   const cudaStream_t s = stream_of(stream);
   const CeWorkspace ws = carve(workspace, logits.rows);
@@ -117,8 +117,8 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
   a.grad = grad_logits.data;
   a.grad_row_stride = grad_logits.row_stride;
   a.grad_output_rows = options.reduction == Reduction::none ? f32(grad_output) : nullptr;
-  if (lse.present()) {
-    ce_grad_from_lse(a, f32(lse), s);
+  if (lse.present()) {  // validation requires it with an entropy gradient
+    ce_grad_from_lse(a, f32(lse), EntropyRows{f32(entropy.entropy), f32(entropy.grad)}, s);
   } else {
     ce_rows(a, s);
   }

@@ -18,12 +18,13 @@ constexpr int kVectorsPerThread = 4;  // 4 independent 16-byte loads in flight p
 struct CeGradParams {
   CeRowsArgs args;  // logits, target, options, totals, grad_output_rows, grad
   const float* lse;
+  EntropyRows entropy;  // read only by the kEntropy instance
   int64_t tiles_per_row;
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
 
-template <class S>
+template <class S, bool kEntropy>
 __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGradParams p) {
   constexpr int kVec = kVectorElements<S>;
   constexpr int64_t kTile = int64_t{kThreads} * kVectorsPerThread * kVec;
@@ -57,6 +58,11 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
       common::ce_grad_row(c, p.lse[row], target, target_weight,
                           base * a.totals->loss_factor * a.grad_scale,
                           base * a.totals->z_factor * a.grad_scale);
+  common::EntropyGradRow<float> entropy_row;
+  if constexpr (kEntropy) {
+    entropy_row = common::entropy_grad_row(p.entropy.grad[row] * a.grad_scale, p.lse[row],
+                                           p.entropy.entropy[row]);
+  }
 
   Vector<S> values[kVectorsPerThread];
 #pragma unroll
@@ -94,31 +100,47 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
         float value, slope;
         value_and_slope(transform, values[u].value[k], value, slope);
         const float prob = fast_exp(value - grad_row.lse);
-        values[u].value[k] =
-            common::ce_grad_from_prob(grad_row, prob, slope, i == target_in_tile, w[k]);
+        if constexpr (kEntropy) {
+          values[u].value[k] = common::ce_entropy_grad_from_prob(
+              grad_row, entropy_row, prob, value, slope, i == target_in_tile, w[k]);
+        } else {
+          values[u].value[k] =
+              common::ce_grad_from_prob(grad_row, prob, slope, i == target_in_tile, w[k]);
+        }
       }
       store_vector(grad, j, length, p.grad_vector_ok, values[u]);
     }
   });
 }
 
+template <class S>
+void launch_ce_grad(const CeGradParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.entropy.present()) {
+    ce_grad_from_lse_kernel<S, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    ce_grad_from_lse_kernel<S, false><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
 }  // namespace
 
-void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream) {
+void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, const EntropyRows& entropy,
+                      cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
   const int64_t tile = int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
   CeGradParams p{};
   p.args = args;
   p.lse = lse;
+  p.entropy = entropy;
   p.tiles_per_row = (args.vocab + tile - 1) / tile;
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok = rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const dim3 grid(static_cast<unsigned>(args.rows * p.tiles_per_row));
   switch (args.dtype) {
-    case DType::f32: ce_grad_from_lse_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::bf16: ce_grad_from_lse_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::f16: ce_grad_from_lse_kernel<f16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::f32: launch_ce_grad<float>(p, grid, stream); break;
+    case DType::bf16: launch_ce_grad<bf16_t>(p, grid, stream); break;
+    case DType::f16: launch_ce_grad<f16_t>(p, grid, stream); break;
     default: throw Error(ErrorKind::invalid_argument, "ce_backward: unsupported logits dtype");
   }
   XENT_CUDA_CHECK_LAUNCH();

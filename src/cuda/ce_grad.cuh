@@ -6,8 +6,21 @@
 
 namespace xent::cuda {
 
+// The entropy term of a backward (ce.hpp EntropyGradient) on the device, [rows] fp32 each
+// (chunk pointers); both null for the plain gradient.
+struct EntropyRows {
+  const float* entropy = nullptr;  // H of the forward
+  const float* grad = nullptr;     // g_H
+  bool present() const { return grad != nullptr; }
+};
+
 // Uses args.logits/target/row_weight/options/totals/grad_output_rows/grad/grad_scale; `lse` is
-// [rows] fp32 on the device (entries of ignored rows are not read).
-void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream);
+// [rows] fp32 on the device (entries of ignored rows are not read). A present `entropy` adds
+// its term in the same pass (a separate kernel instance, so the plain one keeps its speed).
+void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, const EntropyRows& entropy,
+                      cudaStream_t stream);
+inline void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream) {
+  ce_grad_from_lse(args, lse, EntropyRows{}, stream);
+}
 
 }  // namespace xent::cuda

@@ -17,7 +17,7 @@ struct BlockGradParams {
   bool vector_ok;
 };
 
-template <class S>
+template <class S, bool kEntropy>
 __global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradParams p) {
   constexpr int kVec = kVectorElements<S>;
   constexpr int64_t kSegment = int64_t{kThreads} * kVectorsPerThread * kVec;
@@ -43,6 +43,10 @@ __global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradPar
   const common::CeGradRow<float> grad_row = common::ce_grad_row(
       c, a.lse[row], target, target_weight, base * a.totals->loss_factor,
       base * a.totals->z_factor);
+  common::EntropyGradRow<float> entropy_row;
+  if constexpr (kEntropy) {
+    entropy_row = common::entropy_grad_row(a.grad_entropy[row], a.lse[row], a.entropy[row]);
+  }
   const int64_t target_column = target - a.first_column - begin;  // may lie outside the segment
   const bool weighted = o.class_weight != nullptr && c.smoothing > 0;
   const float* class_weight = weighted ? o.class_weight + a.first_column + begin : nullptr;
@@ -50,9 +54,15 @@ __global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradPar
   with_transform(c.transform, [&](const auto& transform) {
     auto element = [&](int64_t i, float value) {
       const float w = class_weight ? class_weight[i] : 1.0f;
-      const float prob = fast_exp(transform.value(value) - grad_row.lse);
-      return common::ce_grad_from_prob(grad_row, prob, transform.slope(value), i == target_column,
-                                       w);
+      const float transformed = transform.value(value);
+      const float prob = fast_exp(transformed - grad_row.lse);
+      if constexpr (kEntropy) {
+        return common::ce_entropy_grad_from_prob(grad_row, entropy_row, prob, transformed,
+                                                 transform.slope(value), i == target_column, w);
+      } else {
+        return common::ce_grad_from_prob(grad_row, prob, transform.slope(value),
+                                         i == target_column, w);
+      }
     };
     if (p.vector_ok) {
       for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
@@ -76,6 +86,15 @@ __global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradPar
   });
 }
 
+template <class S>
+void launch_block_grad(const BlockGradParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.args.grad_entropy != nullptr) {
+    block_grad_kernel<S, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    block_grad_kernel<S, false><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
 }  // namespace
 
 void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream) {
@@ -90,9 +109,9 @@ void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream) {
                 rows_are_vector_aligned(args.grad, args.grad_stride, element);
   const dim3 grid(static_cast<unsigned>(args.rows * p.segments_per_row));
   switch (args.dtype) {
-    case DType::f32: block_grad_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::bf16: block_grad_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(p); break;
-    default: block_grad_kernel<f16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::f32: launch_block_grad<float>(p, grid, stream); break;
+    case DType::bf16: launch_block_grad<bf16_t>(p, grid, stream); break;
+    default: launch_block_grad<f16_t>(p, grid, stream); break;
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

@@ -23,6 +23,9 @@ struct BlockGradArgs {
   const float* lse = nullptr;               // tile rows, from the first pass
   const float* row_weight = nullptr;        // tile rows or null
   const float* grad_output_rows = nullptr;  // tile rows (reduction none) or null
+  // Tile rows of the entropy term (ce.hpp EntropyGradient), or null: the forward's H and g_H.
+  const float* entropy = nullptr;
+  const float* grad_entropy = nullptr;
   CeRowOptions options;
   const CeBatchTotals* totals = nullptr;
 };

@@ -17,6 +17,7 @@
 // The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
 // with the host, so the op is graph-capturable.
 #include "api/backend.hpp"
+#include "cuda/ce_grad.cuh"
 #include "cuda/ce_rows.cuh"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
@@ -42,6 +43,10 @@ struct LinearCeCall {
   const CeStats* stats = nullptr;
   LinearGradients grads{};
   OpCode op = OpCode::linear_ce_forward;
+  // Backward with the entropy term (ce.hpp EntropyGradient): the forward's lse and H make every
+  // chunk's gradient elementwise (ce_grad.cuh, block_grad_from_lse), one pass, no row statistics.
+  TensorView lse{};
+  EntropyGradient entropy{};
 };
 
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
@@ -166,6 +171,8 @@ void weight_gradient_by_blocks(const BlockPass& pass, cudaStream_t stream) {
       args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
       args.grad_output_rows =
           pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+      args.entropy = offset_rows<const float>(call.entropy.entropy, first);
+      args.grad_entropy = offset_rows<const float>(call.entropy.grad, first);
       args.options = pass.row_options;
       args.totals = pass.totals;
       block_grad_from_lse(args, stream);
@@ -220,6 +227,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
   float* saved_lse = blocked ? static_cast<float*>(carver.take(plan.chunks.lse_bytes)) : nullptr;
   if (blocked && stats && stats->lse.present()) saved_lse = static_cast<float*>(stats->lse.data);
+  const bool entropy_grad = call.entropy.present();
+  if (blocked && entropy_grad) saved_lse = static_cast<float*>(call.lse.data);  // read only
   // The logits cache (linear_ce.hpp): filled by a forward without gradients, read by a backward.
   const TensorView& cache = call.options.logits_cache;
   const bool fill_cache = cache.present() && !want_grad && call.op == OpCode::linear_ce_forward;
@@ -320,7 +329,14 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
       args.grad = buffer;
       args.grad_row_stride = vocab;
     }
-    ce_rows(args, on);
+    if (!entropy_grad) {
+      ce_rows(args, on);
+    } else if (chunk_grad) {
+      ce_grad_from_lse(args, offset_rows<const float>(call.lse, first),
+                       EntropyRows{offset_rows<const float>(call.entropy.entropy, first),
+                                   offset_rows<const float>(call.entropy.grad, first)},
+                       on);
+    }
     // The products take operands of one dtype: fp32 chunk gradients of 16-bit inputs are rounded
     // to the input dtype in place (as F.cross_entropy's bf16 gradient would be).
     if (chunk_grad && narrow_gradient) {
@@ -340,8 +356,12 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
                                sums, scratch, stream);
   };
 
-  const int64_t chunks = fill_cache ? (rows > 0 ? 1 : 0) : plan.chunks.chunk_count;
-  if (plan.chunks.buffer_count == 1 || !want_grad) {
+  // With saved lse and H, pass 1 of the blocked schedule has nothing to do when it forms no
+  // chunk gradient.
+  const bool skip_chunks = entropy_grad && !chunk_grad;
+  const int64_t chunks =
+      fill_cache ? (rows > 0 ? 1 : 0) : (skip_chunks ? 0 : plan.chunks.chunk_count);
+  if (plan.chunks.buffer_count == 1 || !want_grad || chunks == 0) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       if (!read_cache) form_logits(chunk);
       row_kernel(chunk, stream);
@@ -414,13 +434,16 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
   run_linear_ce(call, workspace, stream_of(stream));
 }
 
+// Without an entropy gradient lse is not read: the row kernel re-derives it on chip from the chunk.
 void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
-                        TensorView /*lse: the row kernel re-derives it on chip from the chunk*/,
-                        TensorView grad_output, const LinearCeOptions& options,
-                        const LinearGradients& grads, Workspace workspace, Stream stream) {
+                        TensorView lse, TensorView grad_output, const EntropyGradient& entropy,
+                        const LinearCeOptions& options, const LinearGradients& grads,
+                        Workspace workspace, Stream stream) {
   DeviceGuard guard(hidden.device.index);
   LinearCeCall call{hidden, weight, bias, target, options};
   call.grad_output = grad_output;
+  call.lse = lse;
+  call.entropy = entropy;
   call.grads = grads;
   call.op = OpCode::linear_ce_backward;
   run_linear_ce(call, workspace, stream_of(stream));

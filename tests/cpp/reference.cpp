@@ -149,6 +149,26 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
   return r;
 }
 
+Matrix entropy_grad(const Matrix& logits, const std::vector<int64_t>& target, const CeSpec& spec,
+                    const std::vector<double>& grad_entropy) {
+  const int64_t rows = logits.rows, vocab = logits.cols;
+  Matrix grad(rows, vocab);
+  for (int64_t n = 0; n < rows; ++n) {
+    if (target[n] == spec.ignore_index) continue;
+    std::vector<double> v(vocab);
+    for (int64_t i = 0; i < vocab; ++i) v[i] = ce_transform(spec, logits.at(n, i));
+    const double lse = log_sum_exp(v);
+    double mean_logit = 0.0;  // S = Σ p_j x̃_j
+    for (int64_t i = 0; i < vocab; ++i) mean_logit += std::exp(v[i] - lse) * v[i];
+    const double g = grad_entropy[static_cast<std::size_t>(n)];
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double p = std::exp(v[i] - lse);
+      grad.at(n, i) = -g * p * (v[i] - mean_logit) * ce_slope(spec, logits.at(n, i));
+    }
+  }
+  return grad;
+}
+
 namespace {
 
 double distill_transform(const DistillSpec& spec, double x) {

@@ -57,6 +57,11 @@ struct CeResult {
 CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSpec& spec,
             const Upstream& upstream);
 
+// ∂(Σ_n g_H,n·H_n)/∂logits, the entropy term of §1 (differentiable log-probability and
+// entropy): zero rows for ignored targets. Only the transform and ignore_index of `spec` matter.
+Matrix entropy_grad(const Matrix& logits, const std::vector<int64_t>& target, const CeSpec& spec,
+                    const std::vector<double>& grad_entropy);
+
 // §3 options in double.
 struct DistillSpec {
   DistillKind kind = DistillKind::forward_kl;

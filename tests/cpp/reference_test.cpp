@@ -96,6 +96,32 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
     ce_param_name);
 
+// The entropy term (semantics §1, differentiable log-probability and entropy): its analytic
+// gradient against differences of Σ_valid g_H,n·H_n, through scale and softcap.
+class ReferenceEntropyGradient : public ::testing::TestWithParam<unsigned> {};
+
+TEST_P(ReferenceEntropyGradient, MatchesFiniteDifferences) {
+  XENT_TEST_RNG(rng);
+  const int64_t rows = 4, vocab = 7;
+  Matrix logits = rng.matrix(rows, vocab, 2.0);
+  const std::vector<int64_t> target = {3, -100, 0, 6};
+  const CeSpec spec = ce_spec(rng, GetParam(), Reduction::none, rows, vocab);
+  const std::vector<double> grad_entropy = rng.uniform_vector(rows, -2.0, 2.0);
+  const auto analytic = reference::entropy_grad(logits, target, spec, grad_entropy);
+  for (int64_t i = 0; i < vocab; ++i) EXPECT_EQ(analytic.at(1, i), 0.0);
+  expect_matches_differences(logits.values, analytic.values, [&] {
+    const auto entropy = reference::ce(logits, target, spec, {}).entropy;
+    double total = 0.0;
+    for (int64_t n = 0; n < rows; ++n) {
+      if (target[n] != spec.ignore_index) total += grad_entropy[n] * entropy[n];
+    }
+    return total;
+  }, "logits");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transforms, ReferenceEntropyGradient,
+                         ::testing::Values(0u, kSoftcap, kScale, kSoftcap | kScale));
+
 TEST(ReferenceCe, UniformLogitsGiveLogV) {
   const Matrix logits(3, 11);
   const auto result = reference::ce(logits, {0, 5, 10}, CeSpec{}, {});

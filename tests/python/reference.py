@@ -78,6 +78,19 @@ def ce_stats(logits, target, ignore_index=-100, softcap=None, logit_scale=1.0, z
                     accuracy=accuracy, z_loss=z_value)
 
 
+def logprobs(logits, target, temperature=1.0, ignore_index=-100, softcap=None):
+    """(logprob, entropy) per row in float64, differentiable: log_softmax(softcap(x/T))[y] and
+    −Σ p·log p, written from their definitions (no shared statistics), 0 for ignored rows."""
+    x = softcapped(logits.double(), softcap, 1.0 / temperature)
+    logp = F.log_softmax(x, dim=-1)
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, torch.zeros_like(target))
+    logprob = logp.gather(1, safe_target[:, None]).squeeze(1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    zero = torch.zeros_like(logprob)
+    return torch.where(valid, logprob, zero), torch.where(valid, entropy, zero)
+
+
 def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None):
     s = softcapped(student.double(), softcap) / temperature
     t = softcapped(teacher.double(), softcap) / temperature

@@ -95,6 +95,7 @@ def _opcheck_cases(device, gen):
     ce = (-100, "none", 0.1, 1e-3, 5.0, 1.0)
     distill = ("forward_kl", 2.0, 0.5, None, 1.0, 0.5, -100, "none", 0.0, 0.0)
     lse = ops.ce_forward(x, y, None, None, *ce, False)[1]
+    entropy = ops.ce_forward(x, y, None, None, *ce, True)[3]
     return [
         (ops.ce_forward, (x, y, None, None, *ce, True)),
         (ops.ce_forward, (x, y, None, None, -100, "mean", 0.0, 0.0, None, 1.0, False)),
@@ -116,6 +117,12 @@ def _opcheck_cases(device, gen):
                                   False, h @ w.T, None)),
         (ops.linear_ce_backward, (h16, w16, None, y, None, g, None, None, *ce, 0, False, True,
                                   True, False, None, torch.float32)),
+        (ops.ce_logprob_backward, (x, y, lse, entropy, g, g, -100, None, 1.5)),
+        (ops.ce_logprob_backward, (x, y, lse, entropy, g, None, -100, 3.0, 1.0)),
+        (ops.linear_logprob_backward, (h, w, b, y, lse, entropy, g, g, -100, None, 1.5, 0, False,
+                                       True, True, True)),
+        (ops.linear_logprob_backward, (h, w, None, y, lse, entropy, g, None, -100, None, 1.0, 0,
+                                       True, False, True, False)),
         (ops.distill_forward, (x, t, y, None, *distill)),
         (ops.distill_backward, (x, t, y, g, None, *distill)),
         (ops.distill_forward_grad, (x, t, y, None, *distill[:7], "mean", 0.0, 0.0, half)),

@@ -42,6 +42,16 @@ def test_every_op_agrees_with_the_cpu_backend(gen, reduction):
                           [h, w, y], 1e-4)
     _same_on_cpu_and_cuda(lambda h, w, t, y: xent.linear_distill(
         h, w, t.detach(), y, kind="reverse_kl", reduction=reduction), [h, w, t, y], 1e-4)
+    _same_on_cpu_and_cuda(lambda x, y: _policy_terms(xent.logprobs(
+        x, y, temperature=0.7, return_entropy=True)), [x, y], 1e-5)
+    _same_on_cpu_and_cuda(lambda h, w, y: _policy_terms(xent.linear_logprobs(
+        h, w, y, temperature=0.7, return_entropy=True)), [h, w, y], 1e-4)
+
+
+def _policy_terms(logprob_and_entropy):
+    """Per-row logprob and entropy in one differentiable value with both gradients nonzero."""
+    logprob, entropy = logprob_and_entropy
+    return 0.7 * logprob + entropy
 
 
 def _capture(step):
@@ -59,7 +69,7 @@ def _capture(step):
 
 
 @pytest.mark.parametrize("op", ["cross_entropy", "linear_cross_entropy", "distill",
-                                "linear_distill"])
+                                "linear_distill", "linear_logprobs"])
 def test_cuda_graph_capture_and_replay(gen, op):
     rows, hidden, vocab = 256, 128, 8192
     x = ref.randn(gen, rows, vocab, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -73,6 +83,8 @@ def test_cuda_graph_capture_and_replay(gen, op):
         "linear_cross_entropy": (lambda: xent.linear_cross_entropy(h, w, y), [h, w]),
         "distill": (lambda: xent.distill(x, t, y, kind="forward_kl"), [x]),
         "linear_distill": (lambda: xent.linear_distill(h, w, t, y), [h, w]),
+        "linear_logprobs": (lambda: _policy_terms(xent.linear_logprobs(
+            h, w, y, temperature=0.7, return_entropy=True)).sum(), [h, w]),
     }
     loss_of, inputs = calls[op]
 

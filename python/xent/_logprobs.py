@@ -1,0 +1,88 @@
+"""autograd.Function wrappers of per-token log-probabilities and entropy (xent.logprobs,
+xent.linear_logprobs).
+
+The forward is the `none` cross-entropy forward asked for its statistics: logprob = x̃_y − lse
+and entropy H = lse − Σ p·x̃, at logit_scale = 1/temperature. The backward takes an upstream
+gradient for each and forms the logits gradient in one pass per row (chunk, for the fused form)
+from the saved lse and H: G_i = g_lp·(1{i=y} − p_i) − g_H·p_i·(x̃_i − (lse − H)), then the chain
+rule (docs/semantics.md §1). Ignored rows give 0 for both and no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xent._autograd import _no_double_backward
+from xent._ops import ops
+
+
+def _zero_ignored(values, target, ignore_index):
+    # Ignored rows' entropy is 0 (their logprob already is), whatever the statistic holds there.
+    return values.masked_fill(target == ignore_index, 0.0)
+
+
+def _forward_outputs(ctx, statistics, target, ignore_index, inputs, options, with_entropy):
+    """(logprob, entropy) from a `none` forward's statistics; saves what the backward reads."""
+    lse, logprob = statistics[1], statistics[2]
+    entropy = _zero_ignored(statistics[3], target, ignore_index)
+    ctx.save_for_backward(*inputs, target, lse, entropy)
+    ctx.options = options
+    ctx.with_entropy = with_entropy
+    if not with_entropy:
+        ctx.mark_non_differentiable(entropy)
+    return logprob, entropy
+
+
+class LogprobsFunction(torch.autograd.Function):
+    # inputs: logits [N, V], target [N]; options: (ignore_index, softcap, logit_scale)
+    # with_entropy: whether the entropy output carries a gradient (else it is skipped in the
+    # backward and the entropy returned is a plain statistic).
+    @staticmethod
+    def forward(ctx, logits, target, options, with_entropy):
+        ignore_index, softcap, logit_scale = options
+        outputs = ops.ce_forward(logits, target, None, None, ignore_index, "none", 0.0, 0.0,
+                                 softcap, logit_scale, True)
+        return _forward_outputs(ctx, outputs, target, ignore_index, (logits,), options,
+                                with_entropy)
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy):
+        logits, target, lse, entropy = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        with torch.no_grad():
+            grad = ops.ce_logprob_backward(logits, target, lse, entropy, grad_logprob,
+                                           grad_entropy if ctx.with_entropy else None,
+                                           *ctx.options)
+        (grad,) = _no_double_backward("xent.logprobs", (grad,))
+        return grad, None, None, None
+
+
+class LinearLogprobsFunction(torch.autograd.Function):
+    # options: (ignore_index, softcap, logit_scale, workspace_bytes, fp32_logits)
+    # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy):
+        ignore_index, softcap, logit_scale, budget, fp32_logits = options
+        # No gradient in the forward: the upstream gradients are per row (SPEC §2, reduction
+        # none), so the backward recomputes each chunk's logits and folds them in.
+        outputs = ops.linear_ce_forward(hidden, weight, bias, target, None, None, ignore_index,
+                                        "none", 0.0, 0.0, softcap, logit_scale, budget,
+                                        fp32_logits, True, False, False, False, False, None,
+                                        None)
+        ctx.wants = wants
+        return _forward_outputs(ctx, outputs, target, ignore_index, (hidden, weight, bias),
+                                options, with_entropy)
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy):
+        none = (None,) * 4
+        hidden, weight, bias, target, lse, entropy = ctx.saved_tensors
+        with torch.no_grad():
+            result = ops.linear_logprob_backward(hidden, weight, bias, target, lse, entropy,
+                                                 grad_logprob,
+                                                 grad_entropy if ctx.with_entropy else None,
+                                                 *ctx.options, *ctx.wants)
+        grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
+        grads = _no_double_backward("xent.linear_logprobs", grads)
+        return tuple(grads) + none

@@ -1,0 +1,272 @@
+// Differentiable log-probability and entropy (semantics §1): the forward's logprob and entropy
+// statistics at a temperature, and the backward given upstream gradients of both
+// (EntropyGradient), on logits and fused with the linear layer, against the float64 reference.
+#include <cmath>
+
+#include "linear_check.hpp"
+
+namespace xent::test {
+namespace {
+
+// Upstream gradients g_lp and g_H of the two per-row outputs.
+struct RowGradients {
+  std::vector<double> logprob, entropy;
+};
+
+RowGradients make_row_gradients(Rng& rng, int64_t rows) {
+  RowGradients g;
+  for (int64_t n = 0; n < rows; ++n) {
+    g.logprob.push_back(round_to(DType::f32, rng.uniform(-2.0, 2.0)));
+    g.entropy.push_back(round_to(DType::f32, rng.uniform(-2.0, 2.0)));
+  }
+  return g;
+}
+
+std::vector<double> negated(std::vector<double> values) {
+  for (double& v : values) v = -v;
+  return values;
+}
+
+// ∂(Σ g_n·ℓ_n + g_H,n·H_n)/∂x with g = −g_lp when the loss is plain: ℓ = −logprob.
+Matrix reference_gradient(const Matrix& logits, const std::vector<int64_t>& target,
+                          const reference::CeSpec& spec, const RowGradients& g) {
+  Matrix grad = reference::ce(logits, target, spec, {true, negated(g.logprob)}).grad;
+  const Matrix entropy = reference::entropy_grad(logits, target, spec, g.entropy);
+  for (std::size_t i = 0; i < grad.values.size(); ++i) grad.values[i] += entropy.values[i];
+  return grad;
+}
+
+// Entropy of ignored rows: 0 or the row's value are both accepted here (the statistic of an
+// ignored row is fixed elsewhere; the bindings return 0).
+std::vector<double> entropy_reference(const reference::CeResult& ref,
+                                      const std::vector<int64_t>& target,
+                                      const std::vector<double>& out) {
+  std::vector<double> expected = ref.entropy;
+  for (std::size_t n = 0; n < target.size(); ++n)
+    if (target[n] == -100 && out[n] == 0.0) expected[n] = 0.0;
+  return expected;
+}
+
+// The forward's per-row outputs: the statistics under test and what the backward reads.
+struct RowOutputs {
+  Tensor loss, lse, logprob, entropy;
+  explicit RowOutputs(int64_t rows)
+      : loss(Tensor::vector(DType::f32, rows)), lse(Tensor::vector(DType::f32, rows)),
+        logprob(Tensor::vector(DType::f32, rows)), entropy(Tensor::vector(DType::f32, rows)) {}
+  CeStats stats() const {
+    CeStats stats;
+    stats.lse = lse.view();
+    stats.logprob = logprob.view();
+    stats.entropy = entropy.view();
+    return stats;
+  }
+};
+
+// "<dtype>_T<100·temperature>_<label>" for the grids below.
+std::string label_of(unsigned options) { return ce_options_label(options); }
+std::string label_of(Budget budget) { return budget_name(budget); }
+template <class Param>
+std::string grid_name(const ::testing::TestParamInfo<Param>& info) {
+  return short_name(std::get<0>(info.param)) + "_T" +
+         std::to_string(static_cast<int>(std::get<1>(info.param) * 100)) + "_" +
+         label_of(std::get<2>(info.param));
+}
+
+// ---- on logits --------------------------------------------------------------------------------
+
+// temperature: logit_scale = 1/T; options: further §1 options of the loss the entropy term joins.
+using LogitsParam = std::tuple<DType, double, unsigned>;
+
+class LogprobLogits : public ::testing::TestWithParam<LogitsParam> {};
+
+TEST_P(LogprobLogits, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const auto [dtype, temperature, options] = GetParam();
+  const int64_t rows = 37, vocab = 1031;
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
+  const Matrix x = rounded(rng.matrix(rows, vocab, 2.0), dtype);
+  CeSetup setup = make_ce_setup(options, Reduction::none, -100, rows, vocab, rng);
+  setup.options.logit_scale = 1.0 / temperature;
+  setup.spec.logit_scale = setup.options.logit_scale;
+  const RowGradients g = make_row_gradients(rng, rows);
+  const reference::CeResult ref = reference::ce(x, target, setup.spec, {});
+  const Matrix ref_grad = reference_gradient(x, target, setup.spec, g);
+
+  const Tensor logits = Tensor::of(x, dtype);
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  const Scratch scratch(ce_workspace_size(rows, vocab, setup.options, test_device()));
+  const RowOutputs row_outputs(rows);
+  const Tensor &lse = row_outputs.lse, &logprob = row_outputs.logprob,
+               &entropy = row_outputs.entropy;
+  CeOutputs out;
+  out.loss = row_outputs.loss.view();
+  out.stats = row_outputs.stats();
+  ce_forward(logits.view(), target_tensor.view(), setup.options, out, {}, scratch.workspace());
+  finish();
+  const double stat_tol = stat_tolerance(dtype, Family::logits, {}, ref.logprob);
+  EXPECT_TRUE(close("logprob", logprob.download(), ref.logprob, stat_tol));
+  const std::vector<double> entropy_out = entropy.download();
+  EXPECT_TRUE(close("entropy", entropy_out, entropy_reference(ref, target, entropy_out), stat_tol));
+
+  const Tensor grad_output = Tensor::of(negated(g.logprob), DType::f32);
+  const Tensor grad_entropy = Tensor::of(g.entropy, DType::f32);
+  Tensor grad = Tensor::matrix(dtype, rows, vocab);
+  grad.poison();
+  ce_backward(logits.view(), target_tensor.view(), lse.view(), grad_output.view(),
+              EntropyGradient{entropy.view(), grad_entropy.view()}, setup.options, grad.view(),
+              scratch.workspace());
+  finish();
+  const double grad_tol =
+      grad_tolerance(dtype, Family::logits, rounded(ref_grad.values, dtype), ref_grad.values);
+  EXPECT_TRUE(close("grad_logits", grad.download(), ref_grad.values, grad_tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, LogprobLogits,
+    ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
+                       ::testing::Values(1.0, 0.7, 1.6),
+                       ::testing::Values(0u, kSoftcap, kSmoothing | kZLoss | kRowWeight)),
+    grid_name<LogitsParam>);
+
+TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
+  const int64_t rows = 3, vocab = 5;
+  const Tensor logits = Tensor::matrix(DType::f32, rows, vocab);
+  const Tensor target = Tensor::of_integers({0, 1, 2}, DType::i64);
+  const Tensor row = Tensor::vector(DType::f32, rows), other = Tensor::vector(DType::f32, rows);
+  const Tensor short_row = Tensor::vector(DType::f32, rows - 1);
+  Tensor grad = Tensor::matrix(DType::f32, rows, vocab);
+  CeOptions options;
+  options.reduction = Reduction::none;
+  const Scratch scratch(ce_workspace_size(rows, vocab, options, test_device()));
+  expect_invalid([&] {
+    ce_backward(logits.view(), target.view(), {}, row.view(), {other.view(), row.view()},
+                options, grad.view(), scratch.workspace());
+  }, "lse", "missing");
+  expect_invalid([&] {
+    ce_backward(logits.view(), target.view(), row.view(), row.view(),
+                {other.view(), short_row.view()}, options, grad.view(), scratch.workspace());
+  }, "entropy.grad", "[2]");
+  CeOptions mean = options;
+  mean.reduction = Reduction::mean;
+  const Tensor scalar = Tensor::scalar(DType::f32);
+  expect_invalid([&] {
+    ce_backward(logits.view(), target.view(), row.view(), scalar.view(),
+                {other.view(), row.view()}, mean, grad.view(), scratch.workspace());
+  }, "entropy", "mean");
+}
+
+// ---- fused with the linear layer --------------------------------------------------------------
+
+using LinearParam = std::tuple<DType, double, Budget>;
+
+class LogprobLinear : public ::testing::TestWithParam<LinearParam> {};
+
+TEST_P(LogprobLinear, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const auto [dtype, temperature, budget] = GetParam();
+  const int64_t rows = 37, hidden_size = 67, vocab = 1031;
+  const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, true, 2.0, dtype);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
+  reference::CeSpec spec;
+  spec.reduction = Reduction::none;
+  spec.logit_scale = 1.0 / temperature;
+  const RowGradients g = make_row_gradients(rng, rows);
+
+  const Matrix logits = reference::linear_logits(layer.hidden, layer.weight, layer.bias);
+  const reference::CeResult ref = reference::ce(logits, target, spec, {});
+  const reference::LinearGrads ref_grads = reference::linear_backward(
+      reference_gradient(logits, target, spec, g), layer.hidden, layer.weight);
+  // PyTorch at this dtype rounds the logits (h @ W.T + b) to the input dtype.
+  const bool half = is_half(dtype);
+  const Matrix torch_logits = half ? rounded(logits, dtype) : logits;
+  const reference::CeResult torch = reference::ce(torch_logits, target, spec, {});
+  const reference::LinearGrads torch_grads = rounded_linear_backward(
+      reference_gradient(torch_logits, target, spec, g), layer, dtype, dtype);
+
+  const Tensor hidden = Tensor::of(layer.hidden, dtype), weight = Tensor::of(layer.weight, dtype);
+  const Tensor bias = Tensor::of(layer.bias, dtype);
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  const Tensor grad_output = Tensor::of(negated(g.logprob), DType::f32);
+  const Tensor grad_entropy = Tensor::of(g.entropy, DType::f32);
+  LinearCeOptions options;
+  options.ce.reduction = Reduction::none;
+  options.ce.logit_scale = spec.logit_scale;
+  auto scratch_for = [&](const LinearCeOptions& o, bool with_gradients) {
+    return Scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab, dtype, o,
+                                                       test_device(), with_gradients)
+                            : 0);
+  };
+
+  // Forward: loss and statistics, no gradient (reduction none forms it in the backward).
+  const RowOutputs row_outputs(rows);
+  const Tensor &lse = row_outputs.lse, &logprob = row_outputs.logprob,
+               &entropy = row_outputs.entropy;
+  LinearCeOutputs out;
+  out.loss = row_outputs.loss.view();
+  out.stats = row_outputs.stats();
+  {
+    const Scratch scratch = scratch_for(options, false);
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
+                      out, {}, scratch.workspace());
+    finish();
+  }
+  EXPECT_TRUE(close("logprob", logprob.download(), ref.logprob,
+                    stat_tolerance(dtype, Family::linear, torch.logprob, ref.logprob)));
+  const std::vector<double> entropy_out = entropy.download();
+  const std::vector<double> entropy_ref = entropy_reference(ref, target, entropy_out);
+  EXPECT_TRUE(close("entropy", entropy_out, entropy_ref,
+                    stat_tolerance(dtype, Family::linear,
+                                   entropy_reference(torch, target, entropy_out), entropy_ref)));
+
+  Tensor grad_h = Tensor::matrix(dtype, rows, hidden_size);
+  Tensor grad_w = Tensor::matrix(dtype, vocab, hidden_size);
+  Tensor grad_b = Tensor::vector(dtype, vocab);
+  const LinearGradients grads{grad_h.view(), grad_w.view(), grad_b.view()};
+  const EntropyGradient entropy_grad{entropy.view(), grad_entropy.view()};
+  auto backward = [&](const LinearCeOptions& o) {
+    const Scratch scratch = scratch_for(o, true);
+    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
+                       lse.view(), grad_output.view(), entropy_grad, o, grads,
+                       scratch.workspace());
+    finish();
+  };
+  options.workspace_budget = budget_bytes(budget, [&](std::size_t bytes) {
+    LinearCeOptions trial = options;
+    trial.workspace_budget = bytes;
+    try {
+      backward(trial);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
+      throw;
+    }
+    return true;
+  });
+  SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
+  grad_h.poison();
+  grad_w.poison();
+  grad_b.poison();
+  backward(options);
+  const std::pair<const Tensor*, std::pair<const std::vector<double>*, const std::vector<double>*>>
+      checks[] = {{&grad_h, {&ref_grads.hidden.values, &torch_grads.hidden.values}},
+                  {&grad_w, {&ref_grads.weight.values, &torch_grads.weight.values}},
+                  {&grad_b, {&ref_grads.bias, &torch_grads.bias}}};
+  const char* names[] = {"grads.hidden", "grads.weight", "grads.bias"};
+  for (int k = 0; k < 3; ++k) {
+    const auto& [tensor, values] = checks[k];
+    EXPECT_TRUE(close(names[k], tensor->download(), *values.first,
+                      grad_tolerance(dtype, Family::linear, *values.second, *values.first)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, LogprobLinear,
+    ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
+                       ::testing::Values(1.0, 0.6),
+                       ::testing::Values(Budget::default_budget, Budget::smallest,
+                                         Budget::several_chunks, Budget::uneven_chunks)),
+    grid_name<LinearParam>);
+
+}  // namespace
+}  // namespace xent::test

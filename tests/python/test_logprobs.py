@@ -1,0 +1,183 @@
+"""xent.logprobs and xent.linear_logprobs (per-token log-probability and entropy with gradients,
+docs/semantics.md §1) against the float64 reference, gradcheck, torch.compile and the fakes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import reference as ref
+import xent
+from test_compile import _compiled_matches_eager
+
+TEMPERATURES = [1.0, 0.7, 1.6]
+
+
+def _upstream(gen, rows, device):
+    return (torch.randn(rows, generator=gen, dtype=torch.float64).to(device),
+            torch.randn(rows, generator=gen, dtype=torch.float64).to(device))
+
+
+def _grads(outputs, inputs, upstream):
+    """Gradients of Σ g_lp·logprob + g_H·entropy with respect to inputs (float64 upstream)."""
+    logprob, entropy = outputs
+    total = (logprob.double() * upstream[0].to(logprob.device)).sum() + \
+        (entropy.double() * upstream[1].to(entropy.device)).sum()
+    return torch.autograd.grad(total, inputs)
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_against_reference(device, gen, dtype, temperature):
+    rows, vocab = 37, 1031
+    logits = ref.randn(gen, rows, vocab, dtype=dtype, device=device, scale=2.0)
+    target = ref.targets(gen, rows, vocab, device)
+    x = logits.clone().requires_grad_()
+    logprob, entropy = xent.logprobs(x, target, temperature=temperature, return_entropy=True)
+    assert logprob.dtype == torch.float32 and logprob.shape == (rows,)
+    x64 = logits.cpu().double().requires_grad_()
+    expected = ref.logprobs(x64, target.cpu(), temperature)
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    assert ref.rel_error(logprob, expected[0]) <= tol
+    assert ref.rel_error(entropy, expected[1]) <= tol
+    ignored = target == -100
+    assert (logprob[ignored] == 0).all() and (entropy[ignored] == 0).all()
+    upstream = _upstream(gen, rows, "cpu")
+    (grad,) = _grads((logprob, entropy), [x], upstream)
+    (grad_expected,) = _grads(expected, [x64], upstream)
+    assert grad.dtype == dtype and torch.isfinite(grad).all()
+    assert (grad[ignored] == 0).all()
+    # bf16: the gradient is stored in bf16, as PyTorch would store it.
+    grad_tol = tol if dtype == torch.float32 else (
+        ref.rel_error(grad_expected.to(dtype), grad_expected) + 1e-3)
+    assert ref.rel_error(grad, grad_expected) <= grad_tol
+
+
+def test_logprobs_without_entropy_is_minus_the_none_loss(device, gen):
+    logits = ref.randn(gen, 2, 9, 301, device=device, scale=2.0)
+    target = ref.targets(gen, 18, 301, device).reshape(2, 9)
+    x = logits.clone().requires_grad_()
+    logprob = xent.logprobs(x, target, temperature=0.8)
+    assert logprob.shape == (2, 9)
+    x2 = logits.clone().requires_grad_()
+    loss = xent.cross_entropy(x2, target, reduction="none", logit_scale=1 / 0.8)
+    torch.testing.assert_close(logprob, -loss)
+    upstream = torch.randn(2, 9, generator=gen).to(device)
+    (grad,) = torch.autograd.grad(logprob, x, upstream)
+    (grad_loss,) = torch.autograd.grad(loss, x2, -upstream)
+    torch.testing.assert_close(grad, grad_loss)
+
+
+def _linear_inputs(gen, device, rows=37, hidden=67, vocab=1031, dtype=torch.float32):
+    h = ref.randn(gen, rows, hidden, dtype=dtype, device=device)
+    w = ref.randn(gen, vocab, hidden, dtype=dtype, device=device, scale=2.0 / hidden ** 0.5)
+    b = ref.randn(gen, vocab, dtype=dtype, device=device, scale=0.5)
+    y = ref.targets(gen, rows, vocab, device)
+    return h, w, b, y
+
+
+@pytest.mark.parametrize("workspace_bytes", [None, 64 << 10])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes):
+    h, w, b, y = _linear_inputs(gen, device)
+    params = [t.clone().requires_grad_() for t in (h, w, b)]
+    outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=temperature,
+                                   return_entropy=True, workspace_bytes=workspace_bytes)
+    ref_params = [t.cpu().double().requires_grad_() for t in (h, w, b)]
+    expected = ref.logprobs(ref.linear_logits(*ref_params), y.cpu(), temperature)
+    for out, exp in zip(outputs, expected):
+        assert ref.rel_error(out, exp) <= 1e-4
+    upstream = _upstream(gen, y.shape[0], "cpu")
+    grads = _grads(outputs, params, upstream)
+    expected_grads = _grads(expected, ref_params, upstream)
+    for grad, grad_expected in zip(grads, expected_grads):
+        assert ref.rel_error(grad, grad_expected) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype):
+    h, w, b, y = _linear_inputs(gen, device, dtype=dtype)
+    params = [t.clone().requires_grad_() for t in (h, w, b)]
+    outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=0.7,
+                                   return_entropy=True)
+    upstream = _upstream(gen, y.shape[0], "cpu")
+    grads = _grads(outputs, params, upstream)
+    # PyTorch at this dtype: bf16 logits from F.linear, softmax in fp32.
+    torch_params = [t.clone().requires_grad_() for t in (h, w, b)]
+    torch_outputs = ref.logprobs(F.linear(*torch_params).float(), y, 0.7)
+    torch_grads = _grads(torch_outputs, torch_params, upstream)
+    ref_params = [t.cpu().double().requires_grad_() for t in (h, w, b)]
+    expected = ref.logprobs(ref.linear_logits(*ref_params), y.cpu(), 0.7)
+    expected_grads = _grads(expected, ref_params, upstream)
+    for out, torch_out, exp in zip(outputs, torch_outputs, expected):
+        assert ref.rel_error(out, exp) <= ref.rel_error(torch_out, exp) + 1e-3
+    for grad, torch_grad, exp in zip(grads, torch_grads, expected_grads):
+        assert grad.dtype == dtype and torch.isfinite(grad).all()
+        assert ref.rel_error(grad, exp) <= ref.rel_error(torch_grad, exp) + 1e-3
+
+
+def test_linear_logprobs_3d_without_bias_and_frozen_weight(device, gen):
+    h, w, _, y = _linear_inputs(gen, device, rows=22, hidden=40, vocab=257)
+    h3, y3 = h.reshape(2, 11, 40).clone().requires_grad_(), y.reshape(2, 11)
+    logprob, entropy = xent.linear_logprobs(h3, w, y3, return_entropy=True)
+    assert logprob.shape == entropy.shape == (2, 11)
+    expected = xent.logprobs((h3 @ w.T), y3, return_entropy=True)
+    torch.testing.assert_close(logprob, expected[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(entropy, expected[1], rtol=1e-4, atol=1e-5)
+    (logprob.sum() + entropy.sum()).backward()
+    assert h3.grad is not None and h3.grad.shape == h3.shape
+    with torch.no_grad():
+        frozen = xent.linear_logprobs(h3, w, y3, return_entropy=True)
+    torch.testing.assert_close(frozen[0], logprob)
+    torch.testing.assert_close(frozen[1], entropy)
+
+
+def test_linear_logprobs_autocast_casts_like_f_linear(device, gen):
+    h, w, b, y = _linear_inputs(gen, device, rows=16, hidden=32, vocab=129)
+    params = [t.clone().requires_grad_() for t in (h, w, b)]
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        logprob = xent.linear_logprobs(params[0], params[1], y, params[2])
+        logits = F.linear(h, w, b)
+    assert logprob.dtype == torch.float32
+    expected = ref.logprobs(logits.float(), y)[0].float()
+    torch.testing.assert_close(logprob, expected, rtol=2e-3, atol=2e-3)
+    logprob.sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+
+
+def test_gradcheck_logprobs(gen):
+    x = torch.randn(5, 13, generator=gen, dtype=torch.float64).requires_grad_()
+    y = torch.tensor([0, 12, -100, 3, 7])
+    # fp32 outputs: see test_ce.test_gradcheck for the step size.
+    assert torch.autograd.gradcheck(
+        lambda x: xent.logprobs(x, y, temperature=0.7, return_entropy=True), (x,),
+        eps=1e-3, atol=2e-3, rtol=1e-3)
+
+
+def test_gradcheck_linear_logprobs(gen):
+    h = torch.randn(4, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    w = torch.randn(6, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    b = torch.randn(6, generator=gen, dtype=torch.float64).requires_grad_()
+    y = torch.tensor([0, 5, -100, 2])
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: xent.linear_logprobs(h, w, y, b, temperature=1.3, return_entropy=True),
+        (h, w, b), eps=1e-3, atol=2e-3, rtol=1e-3)
+
+
+def test_bad_temperature_is_named():
+    x = torch.randn(3, 5)
+    y = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="logprobs: temperature out of range"):
+        xent.logprobs(x, y, temperature=0.0)
+    with pytest.raises(ValueError, match="linear_logprobs: temperature out of range"):
+        xent.linear_logprobs(torch.randn(3, 4), torch.randn(5, 4), y, temperature=-1.0)
+
+
+def test_compile_linear_logprobs(device, gen):
+    h, w, _, y = _linear_inputs(gen, device, rows=22, hidden=40, vocab=257)
+
+    def fn(h, w):
+        logprob, entropy = xent.linear_logprobs(torch.tanh(h), w, y, temperature=0.9,
+                                                return_entropy=True)
+        return (logprob * 0.3).sum() + 0.01 * entropy.sum() + xent.logprobs(h @ w.T, y).sum()
+
+    _compiled_matches_eager(fn, [h, w], grads_of=[0, 1])

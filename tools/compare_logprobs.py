@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Times xent.linear_logprobs (log-probabilities and entropy, forward + backward) against the same
+computation on materialised logits, and against xent.linear_cross_entropy at the same shape.
+
+Every implementation computes J = Σ_n a_n·logprob_n + β·Σ_n entropy_n (a: random per-token
+advantages, β = 0.01: the shape of a GRPO/PPO policy loss) and backpropagates it into the hidden
+states and the LM head weight:
+
+  xent       xent.linear_logprobs(h, W, y, temperature, return_entropy=True)
+  eager      log_softmax((h @ W.T).float() / T), gather and entropy, in PyTorch eager
+  compile    the same function through torch.compile
+  linear_ce  xent.linear_cross_entropy(h, W, y) (mean, gradient formed in the forward)
+  linear_ce_none  xent.linear_cross_entropy(h, W, y, reduction="none") weighted by a: the same
+             recompute-in-backward structure as linear_logprobs (per-row upstream gradients)
+
+Time is the median / p20 / p80 of CUDA events (wall clock on the CPU); peak extra memory is the
+peak allocated during one step beyond the inputs and their gradients. Records are JSON.
+
+Usage: compare_logprobs.py [--n 16384 --h 4096 --v 151936 --dtype bf16] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import (DTYPES, Timer, device_name, git_commit,  # noqa: E402
+                           peak_extra_bytes, progress, summarize)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+IMPLS = ("xent", "eager", "compile", "linear_ce", "linear_ce_none")
+ENTROPY_WEIGHT = 0.01
+
+
+def materialised(h, w, y, advantage, temperature):
+    logp = F.log_softmax((h @ w.T).float() / temperature, dim=-1)
+    valid = y != -100
+    logprob = logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1) * valid
+    entropy = -(logp.exp() * logp).sum(-1) * valid
+    return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
+
+
+def make_objective(impl: str, temperature: float):
+    import xent
+
+    if impl == "xent":
+        def objective(h, w, y, advantage):
+            logprob, entropy = xent.linear_logprobs(h, w, y, temperature=temperature,
+                                                    return_entropy=True)
+            return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
+        return objective
+    if impl == "eager":
+        return lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature)
+    if impl == "compile":
+        torch._dynamo.reset()
+        return torch.compile(
+            lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature))
+    if impl == "linear_ce":
+        return lambda h, w, y, advantage: xent.linear_cross_entropy(h, w, y)
+    if impl == "linear_ce_none":
+        return lambda h, w, y, advantage: (
+            advantage * xent.linear_cross_entropy(h, w, y, reduction="none")).sum()
+    raise ValueError(impl)
+
+
+def make_inputs(n, h, v, dtype, device, seed):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=generator).to(device, dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=generator) * h ** -0.5).to(device, dtype)
+    weight.requires_grad_()
+    target = torch.randint(0, v, (n,), generator=generator)
+    target[torch.rand(n, generator=generator) < 0.1] = -100  # prompt / padding tokens
+    advantage = torch.randn(n, generator=generator).to(device)
+    return hidden, weight, target.to(device), advantage
+
+
+def measure(impl, inputs, args, base):
+    record = dict(base, impl=impl, op="linear_ce" if impl.startswith("linear_ce") else
+                  "linear_logprobs", time_ms=None, peak_extra_mib=None, value=None, error=None)
+    objective = make_objective(impl, args.temperature)
+    hidden, weight, target, advantage = inputs
+
+    def step(_):
+        hidden.grad = weight.grad = None
+        value = objective(hidden, weight, target, advantage)
+        value.backward()
+        return value
+
+    try:
+        progress(f"{impl:15s}: {args.warmup} warm-up + {args.repeat} timed ...")
+        record["value"] = step(0).detach().float().item()  # compiles, allocates
+        if args.device == "cuda":
+            record["peak_extra_mib"] = peak_extra_bytes(step, [hidden, weight]) / 2**20
+        record["time_ms"] = summarize(Timer(args.device, args.warmup, args.repeat).run(step))
+        progress(f"{impl:15s}: median {record['time_ms']['median']:.3f} ms"
+                 + (f", extra {record['peak_extra_mib']:.1f} MiB"
+                    if record["peak_extra_mib"] is not None else ""))
+    except Exception as error:  # one failing implementation must not stop the others
+        record["error"] = f"{error.__class__.__name__}: {error}"[:500]
+        progress(f"{impl:15s}: error: {record['error']}")
+    finally:
+        hidden.grad = weight.grad = None
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=16384)
+    parser.add_argument("--h", type=int, default=4096)
+    parser.add_argument("--v", type=int, default=151936)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--device", choices=("cuda", "cpu"))
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--repeat", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--json", help="write the records as a JSON array to this file")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = args.device == "cuda"
+    args.repeat = args.repeat or (20 if cuda else 2)
+    args.warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dtype = getattr(torch, DTYPES[args.dtype])
+    base = {"n": args.n, "h": args.h, "v": args.v, "dtype": str(dtype).replace("torch.", ""),
+            "temperature": args.temperature, "mode": "fwdbwd", "device": device_name(args.device),
+            "commit": git_commit()}
+    inputs = make_inputs(args.n, args.h, args.v, dtype, args.device, seed=1)
+    records = [measure(impl, inputs, args, base) for impl in args.impls.split(",") if impl]
+    reference = next((r for r in records if r["impl"] == "linear_ce" and r["time_ms"]), None)
+    print(f"{'impl':15s} {'median ms':>10s} {'p20 ms':>10s} {'p80 ms':>10s} {'extra MiB':>10s}"
+          f" {'vs linear_ce':>12s}")
+    for r in records:
+        if r["error"]:
+            print(f"{r['impl']:15s} error: {r['error']}")
+            continue
+        t = r["time_ms"]
+        if reference:
+            r["time_vs_linear_ce"] = t["median"] / reference["time_ms"]["median"]
+        extra = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.1f}"
+        ratio = f"{r['time_vs_linear_ce']:.3f}" if reference else "-"
+        print(f"{r['impl']:15s} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f}"
+              f" {extra:>10s} {ratio:>12s}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        progress(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
