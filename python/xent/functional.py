@@ -19,6 +19,7 @@ from xent._autograd import (
     LinearCrossEntropyFunction,
     LinearDistillFunction,
 )
+from xent import distributed as _distributed
 from xent._ops import ops
 
 Tensor = torch.Tensor
@@ -156,7 +157,8 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
                   label_smoothing: float = 0.0, *, z_loss: float = 0.0,
                   softcap: Optional[float] = None, logit_scale: float = 1.0,
                   class_weight: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
-                  return_stats: bool = False):
+                  return_stats: bool = False, process_group=None, vocab_offset=None,
+                  vocab_size=None):
     """Cross-entropy of logits (N, V) or (B, T, V) against integer targets.
 
     Drop-in for F.cross_entropy on class-last logits (``weight`` is the per-class weight, also
@@ -164,6 +166,8 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     (softcap * tanh(x / softcap)), logit_scale (x * logit_scale first) and per-row weights.
     With return_stats=True returns a CrossEntropyResult with lse, logprob, entropy, argmax,
     accuracy and the z-loss part, computed in the same pass.
+    With process_group, logits (and class_weight) are this rank's vocabulary slice: see
+    xent.distributed (vocab_offset / vocab_size: the slice's first id and the global V).
     """
     function = "cross_entropy"
     _check_reduction(function, reduction)
@@ -172,7 +176,12 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     class_weight = _class_weight(function, weight, class_weight)
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
                None if softcap is None else float(softcap), float(logit_scale))
-    if _needs_grad(logits)[0]:
+    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+        outputs = _distributed.cross_entropy(logits2d, target1d, class_weight, row_weight1d,
+                                             options, bool(return_stats),
+                                             process_group=process_group,
+                                             vocab_offset=vocab_offset, vocab_size=vocab_size)
+    elif _needs_grad(logits)[0]:
         outputs = CrossEntropyFunction.apply(logits2d, target1d, class_weight, row_weight1d,
                                              options, bool(return_stats))
     else:
@@ -189,7 +198,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          row_weight: Optional[Tensor] = None,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
                          grad_in_forward: bool = True, cache_logits: bool = False,
-                         return_stats: bool = False):
+                         return_stats: bool = False, process_group=None, vocab_offset=None,
+                         vocab_size=None, reduce_hidden_grad: bool = True):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -204,6 +214,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     passes, retain_graph, gradcheck). reduction "none" always recomputes with the per-row
     upstream gradient; cache_logits=True keeps the (N, V) logits from the forward for that
     backward instead (one product less, N·V elements more: opt-in).
+    With process_group, weight/bias are this rank's vocabulary rows of the LM head: see
+    xent.distributed (reduce_hidden_grad=False leaves ∂hidden partial for a tensor-parallel layer).
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -222,7 +234,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                None if softcap is None else float(softcap), float(logit_scale), budget,
                bool(fp32_logits))
     wants = _needs_grad(hidden2d, weight, bias)
-    if any(wants):
+    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+        outputs = _distributed.linear_cross_entropy(
+            hidden2d, weight, bias, target1d, class_weight, row_weight1d, options[:6],
+            bool(return_stats), wants, process_group=process_group, workspace_bytes=budget,
+            fp32_logits=bool(fp32_logits), vocab_offset=vocab_offset, vocab_size=vocab_size,
+            reduce_hidden_grad=bool(reduce_hidden_grad))
+    elif any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
                                                    wants, bool(grad_in_forward),
@@ -249,7 +267,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
             kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
             softcap: Optional[float] = None, soft_weight: float = 1.0, hard_weight: float = 0.0,
             ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-            z_loss: float = 0.0, class_weight: Optional[Tensor] = None) -> Tensor:
+            z_loss: float = 0.0, class_weight: Optional[Tensor] = None,
+            process_group=None) -> Tensor:
     """Distillation loss between student and teacher logits (N, V) or (B, T, V).
 
     kind: forward_kl KL(p_t||p_s), reverse_kl KL(p_s||p_t), jsd (mixing weight beta), soft_ce,
@@ -260,6 +279,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     z_loss and class_weight configure that CE term. The teacher gets no gradient.
     """
     function = "distill"
+    if process_group is not None:
+        _distributed.refuse_distill(function)
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
