@@ -21,7 +21,10 @@ statistics read, the collective, then the gradient's read and write), the floor 
 loss, whose gradient needs the global lse. Sharded linear_cross_entropy runs in row chunks whose
 logits fit ``workspace_bytes``: pass 1 (forward) computes the chunk logits (one product) and
 their records, then the collective; pass 2 (backward) recomputes the chunk logits and forms the
-loss gradient, ∂hidden and ∂weight (three products in all per chunk).
+loss gradient, ∂hidden and ∂weight (four products per chunk in all; three with
+``cache_logits=True``, which keeps pass 1's logits: N·V_local more elements). Unsharded
+linear_cross_entropy forms its gradient in the forward (three products); a sharded one cannot,
+since the gradient needs the global lse, known only after the collective.
 
 The vocabulary offset of each rank is either given (``vocab_offset=`` with ``vocab_size=``) or
 derived from an ``all_gather`` of the local sizes in rank order at the first call, cached per
@@ -179,16 +182,19 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, layout,
-                group, with_stats, wants, chunk, fp32_logits, reduce_hidden_grad):
+                group, with_stats, wants, chunk, fp32_logits, reduce_hidden_grad, cache_logits):
         offset, vocab = layout
         rows = hidden.shape[0]
-        # Pass 1: one product per chunk, records only (the chunk logits are dropped).
-        parts = []
+        # Pass 1: one product per chunk, records only (the chunk logits are dropped unless
+        # cache_logits keeps them for the backward: N·V_local elements for one product less).
+        parts, kept = [], []
         for begin in range(0, rows, chunk):
             end = min(rows, begin + chunk)
             logits = _chunk_logits(hidden[begin:end], weight, bias, fp32_logits)
             parts.append(ops.ce_shard_stats(logits, target[begin:end], class_weight, offset,
                                             vocab, *options))
+            if cache_logits:
+                kept.append(logits)
         partial = (torch.cat(parts) if len(parts) != 1 else parts[0]) if parts else \
             hidden.new_empty((0, 9), dtype=torch.float64 if hidden.dtype == torch.float64
                              else torch.float32)
@@ -197,6 +203,7 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, target, gathered, class_weight, row_weight)
         ctx.options, ctx.layout, ctx.group, ctx.wants = options, layout, group, wants
         ctx.chunk, ctx.fp32_logits, ctx.reduce_hidden_grad = chunk, fp32_logits, reduce_hidden_grad
+        ctx.kept = kept
         ctx.mark_non_differentiable(*outputs[1:])
         return outputs
 
@@ -219,7 +226,8 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
             for begin in range(0, rows, chunk):
                 end = min(rows, begin + chunk)
                 h = hidden[begin:end]
-                logits = _chunk_logits(h, weight, bias, ctx.fp32_logits)
+                logits = (ctx.kept.pop(0) if ctx.kept
+                          else _chunk_logits(h, weight, bias, ctx.fp32_logits))
                 g = ops.ce_shard_backward(logits, target, gathered, grad_loss, class_weight,
                                           row_weight, offset, vocab, begin, *ctx.options)
                 del logits
@@ -243,7 +251,7 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
         grads = _no_double_backward("xent.linear_cross_entropy",
                                     (grad_hidden, grad_weight, grad_bias),
                                     (hidden, weight, bias))
-        return (*grads, None, None, None, None, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor],
@@ -251,12 +259,14 @@ def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor
                          row_weight1d: Optional[Tensor], options: tuple, with_stats: bool,
                          wants: tuple, *, process_group, workspace_bytes: int = 0,
                          fp32_logits: bool = False, vocab_offset=None, vocab_size=None,
-                         reduce_hidden_grad: bool = True):
+                         reduce_hidden_grad: bool = True, cache_logits: bool = False):
     """The sharded form behind ``xent.linear_cross_entropy(..., process_group=pg)``.
 
     weight [V_local, H] (and bias [V_local]) are this rank's rows of the LM head; hidden [N, H]
     the same on every rank. ∂hidden is all-reduced over the group unless reduce_hidden_grad is
-    False (then it is this rank's partial sum, for a tensor-parallel layer that reduces it)."""
+    False (then it is this rank's partial sum, for a tensor-parallel layer that reduces it).
+    cache_logits keeps pass 1's chunk logits (N·V_local elements) so the backward skips their
+    recomputation: three products per step instead of four."""
     function = "linear_cross_entropy"
     for name, tensor in (("hidden", hidden2d), ("weight", weight), ("bias", bias),
                          ("class_weight", class_weight)):
@@ -273,12 +283,13 @@ def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor
         return _ShardedLinearCrossEntropy.apply(hidden2d, weight, bias, target1d, class_weight,
                                                 row_weight1d, options, layout, process_group,
                                                 with_stats, wants, chunk, bool(fp32_logits),
-                                                bool(reduce_hidden_grad))
+                                                bool(reduce_hidden_grad), bool(cache_logits))
     with torch.no_grad():
         return _ShardedLinearCrossEntropy.forward(_NoContext(), hidden2d, weight, bias, target1d,
                                                   class_weight, row_weight1d, options, layout,
                                                   process_group, with_stats, wants, chunk,
-                                                  bool(fp32_logits), bool(reduce_hidden_grad))
+                                                  bool(fp32_logits), bool(reduce_hidden_grad),
+                                                  False)
 
 
 def refuse_distill(function: str):

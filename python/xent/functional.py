@@ -239,7 +239,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
             hidden2d, weight, bias, target1d, class_weight, row_weight1d, options[:6],
             bool(return_stats), wants, process_group=process_group, workspace_bytes=budget,
             fp32_logits=bool(fp32_logits), vocab_offset=vocab_offset, vocab_size=vocab_size,
-            reduce_hidden_grad=bool(reduce_hidden_grad))
+            reduce_hidden_grad=bool(reduce_hidden_grad), cache_logits=bool(cache_logits))
     elif any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
