@@ -223,6 +223,8 @@ def _worker(rank, world, init_file, error_dir):
         raise
 
 
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("world", [2, 3])
 def test_vocabulary_parallel_matches_single_process(world):
     with tempfile.TemporaryDirectory() as tmp:
