@@ -5,4 +5,5 @@
 #include "xent/distill.hpp"
 #include "xent/linear_ce.hpp"
 #include "xent/linear_distill.hpp"
+#include "xent/shard.hpp"
 #include "xent/types.hpp"

@@ -6,8 +6,18 @@
 
 namespace xent::cuda {
 
+// A vocabulary slice (ce_shard.cu): args.vocab columns starting at global column `offset` of a
+// vocabulary of `vocab`; targets are global ids, w_y of each row comes merged from every rank
+// (totals->class_weight_sum holds the global W).
+struct CeGradShard {
+  int64_t offset = 0;
+  int64_t vocab = 0;
+  const float* target_weight = nullptr;  // [rows]
+};
+
 // Uses args.logits/target/row_weight/options/totals/grad_output_rows/grad/grad_scale; `lse` is
 // [rows] fp32 on the device (entries of ignored rows are not read).
-void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream);
+void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, cudaStream_t stream,
+                      const CeGradShard* shard = nullptr);
 
 }  // namespace xent::cuda
