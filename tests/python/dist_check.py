@@ -200,7 +200,21 @@ def _local_grad(x, target, lse, begin: int, scale):
     return (p * scale).to(x.dtype)
 
 
+def guarded(step, iterations=20):
+    """timed(step), or None when the step fails (e.g. torch.compile missing on this machine):
+    one failing implementation must not cost the other records."""
+    try:
+        return timed(step, iterations=iterations)
+    except Exception as error:  # reported, the run goes on
+        print(f"timing failed: {type(error).__name__}: {error}", flush=True)
+        return None
+
+
 def record(op, impl, world, shapes, timing, unsharded_ms, collective_ms, records):
+    if timing is None:
+        records.append({"op": op, "impl": impl, "world_size": world, "shapes": shapes,
+                        "error": "failed, see the log"})
+        return
     rec = {"op": op, "impl": impl, "world_size": world, "shapes": shapes, "dtype": "bfloat16",
            "time_median_ms": timing["median_ms"], "time_p20_ms": timing["p20_ms"],
            "time_p80_ms": timing["p80_ms"], "unsharded_ms": unsharded_ms,
@@ -245,9 +259,9 @@ def time_ce(rank, world, records):
                              dist.all_reduce(sums, group=group)))
     shapes = {"N": rows, "V": vocab, "V_local": end - begin}
     record("ce", "xent", 1, {"N": rows, "V": vocab}, base, base["median_ms"], 0.0, records)
-    record("ce", "xent-sharded", world, shapes, timed(sharded), base["median_ms"],
+    record("ce", "xent-sharded", world, shapes, guarded(sharded), base["median_ms"],
            gather["median_ms"], records)
-    record("ce", "megatron-style-torch-compile", world, shapes, timed(anchor),
+    record("ce", "megatron-style-torch-compile", world, shapes, guarded(anchor),
            base["median_ms"], reduces["median_ms"], records)
 
 
@@ -293,13 +307,13 @@ def time_linear_ce(rank, world, records):
     shapes = {"N": rows, "H": hidden_size, "V": vocab, "V_local": end - begin}
     record("linear_ce", "xent", 1, {"N": rows, "H": hidden_size, "V": vocab}, base,
            base["median_ms"], 0.0, records)
-    record("linear_ce", "xent-sharded", world, shapes, timed(sharded(False), iterations=10),
+    record("linear_ce", "xent-sharded", world, shapes, guarded(sharded(False), iterations=10),
            base["median_ms"], collectives["median_ms"], records)
     record("linear_ce", "xent-sharded-cache-logits", world, shapes,
-           timed(sharded(True), iterations=10), base["median_ms"], collectives["median_ms"],
+           guarded(sharded(True), iterations=10), base["median_ms"], collectives["median_ms"],
            records)
     record("linear_ce", "megatron-style-torch-compile", world, shapes,
-           timed(anchor, iterations=10), base["median_ms"], collectives["median_ms"], records)
+           guarded(anchor, iterations=10), base["median_ms"], collectives["median_ms"], records)
 
 
 def main():
@@ -322,16 +336,26 @@ def main():
         print(f"rank {rank}: {line}", flush=True)
 
     records = []
+
+    def save():  # after every op, so a later failure keeps what was measured
+        if rank == 0:
+            with open(args.json, "w") as out:
+                json.dump({"correctness_failures": int(ok.item()), "records": records}, out,
+                          indent=1)
+
+    save()
     if not args.skip_timing:
         time_ce(rank, world, records)
+        save()
         torch.cuda.empty_cache()
         time_linear_ce(rank, world, records)
+        save()
     if rank == 0:
-        with open(args.json, "w") as out:
-            json.dump({"correctness_failures": int(ok.item()), "records": records}, out,
-                      indent=1)
         print(f"{'op':<10} {'impl':<30} {'P':>2} {'median ms':>10} {'ratio':>6} {'coll ms':>8}")
         for r in records:
+            if "error" in r:
+                print(f"{r['op']:<10} {r['impl']:<30} {r['world_size']:>2} {'failed':>10}")
+                continue
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
             print(f"{r['op']:<10} {r['impl']:<30} {r['world_size']:>2} "
                   f"{r['time_median_ms']:>10.3f} {ratio:>6} {r['collective_ms']:>8.3f}")
