@@ -215,6 +215,9 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
         offset, vocab = ctx.layout
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         # ∂W and ∂bias accumulate in fp32 across chunks (SPEC §2), written once in their dtype.
+        # With 16-bit layers each chunk's Gᵀ·h product is rounded to 16 bits before it is added
+        # (a torch.mm output); a single chunk (the whole batch within workspace_bytes) has no such
+        # rounding. An fp32-output product (addmm's out_dtype, CUDA only) would remove it.
         single = rows <= chunk
         grad_weight = grad_bias = None
         if want_weight and not single:
