@@ -6,4 +6,5 @@
 #include "xent/linear_ce.hpp"
 #include "xent/linear_distill.hpp"
 #include "xent/scale.hpp"
+#include "xent/shard.hpp"
 #include "xent/types.hpp"

@@ -183,3 +183,32 @@ def _linear_distill_backward_fake(student_hidden, student_weight, teacher_logits
 @_register_fake("xent::check_errors")
 def _check_errors_fake(device_tensor):
     return None
+
+
+# ---- vocabulary-parallel ce pieces (python/csrc/ops_shard.cpp, used by xent.distributed) -----
+
+_CE_SHARD_STATS_WIDTH = 9  # kCeShardStatsWidth of include/xent/shard.hpp
+
+
+@_register_fake("xent::ce_shard_stats")
+def _ce_shard_stats_fake(logits, target, class_weight, vocab_offset, vocab, ignore_index,
+                         reduction, label_smoothing, z_loss, softcap, logit_scale):
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return logits.new_empty((logits.shape[0], _CE_SHARD_STATS_WIDTH), dtype=dtype)
+
+
+@_register_fake("xent::ce_shard_loss")
+def _ce_shard_loss_fake(gathered, target, row_weight, vocab, ignore_index, reduction,
+                        label_smoothing, z_loss, softcap, logit_scale, with_stats):
+    rows = target.shape[0]
+    outputs = _ce_outputs(gathered, rows, reduction, with_stats)
+    lse = gathered.new_empty((rows if with_stats else 0,), dtype=torch.float32)
+    return (outputs[0], lse) + outputs[2:]
+
+
+@_register_fake("xent::ce_shard_backward")
+def _ce_shard_backward_fake(logits, target, gathered, grad_output, class_weight, row_weight,
+                            vocab_offset, vocab, first_row, ignore_index, reduction,
+                            label_smoothing, z_loss,
+                            softcap, logit_scale):
+    return logits.new_empty(logits.shape)

@@ -22,6 +22,7 @@ from xent._autograd import (
     LinearCrossEntropyFunction,
     LinearDistillFunction,
 )
+from xent import distributed as _distributed
 from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _zero_ignored
 from xent._ops import ops
 
@@ -244,7 +245,8 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
                   softcap: Optional[float] = None, logit_scale: float = 1.0,
                   class_weight: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
                   return_stats: bool = False, grad_in_forward: bool = True,
-                  inplace_backward: bool = False, normalizer=None):
+                  inplace_backward: bool = False, normalizer=None, process_group=None,
+                  vocab_offset=None, vocab_size=None):
     """Cross-entropy of logits (N, V) or (B, T, V) against integer targets.
 
     Drop-in for F.cross_entropy on class-last logits (``weight`` is the per-class weight, also
@@ -270,6 +272,9 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     inside the op, as Hugging Face divides by num_items_in_batch. The gradient is formed for it in
     the forward, so the upstream gradient stays 1 and the backward moves no bytes; dividing the
     returned sum yourself gives the same values at the cost of a pass over the gradient.
+
+    With process_group, logits (and class_weight) are this rank's vocabulary slice: see
+    xent.distributed (vocab_offset / vocab_size: the slice's first id and the global V).
     """
     function = "cross_entropy"
     _check_reduction(function, reduction)
@@ -280,7 +285,13 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
                None if softcap is None else float(softcap), float(logit_scale))
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, logits)
-    if _needs_grad(logits)[0]:
+    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+        mode = "recompute"  # the sharded form has its own passes (xent.distributed)
+        outputs = _distributed.cross_entropy(logits2d, target1d, class_weight, row_weight1d,
+                                             options, bool(return_stats),
+                                             process_group=process_group,
+                                             vocab_offset=vocab_offset, vocab_size=vocab_size)
+    elif _needs_grad(logits)[0]:
         outputs = CrossEntropyFunction.apply(logits2d, target1d, class_weight, row_weight1d,
                                              options, bool(return_stats), mode, grad_scale)
     else:
@@ -299,7 +310,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          row_weight: Optional[Tensor] = None,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
                          grad_in_forward: bool = True, cache_logits: bool = False,
-                         return_stats: bool = False, normalizer=None):
+                         return_stats: bool = False, normalizer=None, process_group=None,
+                         vocab_offset=None, vocab_size=None, reduce_hidden_grad: bool = True):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -325,6 +337,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     backward instead (one product less, N·V elements more: opt-in). normalizer as in
     cross_entropy (with reduction="sum": the sum divided inside the op, e.g. by the number of
     items in the batch, so the backward moves no bytes).
+    With process_group, weight/bias are this rank's vocabulary rows of the LM head: see
+    xent.distributed (reduce_hidden_grad=False leaves ∂hidden partial for a tensor-parallel layer).
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -340,7 +354,15 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                None if softcap is None else float(softcap), float(logit_scale), budget,
                bool(fp32_logits))
     grad_scale = _grad_scale(function, normalizer, reduction, hidden)
-    if any(wants):
+    in_forward = False
+    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+        outputs = _distributed.linear_cross_entropy(
+            *_compute_copies(compute_dtype, hidden2d, weight, bias), target1d, class_weight,
+            row_weight1d, options[:6], bool(return_stats), wants, process_group=process_group,
+            workspace_bytes=budget, fp32_logits=bool(fp32_logits), vocab_offset=vocab_offset,
+            vocab_size=vocab_size, reduce_hidden_grad=bool(reduce_hidden_grad),
+            cache_logits=bool(cache_logits))
+    elif any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
                                                    wants, bool(grad_in_forward),
@@ -374,7 +396,7 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
             ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
             z_loss: float = 0.0, class_weight: Optional[Tensor] = None,
             grad_in_forward: bool = True, inplace_backward: bool = False,
-            normalizer=None) -> Tensor:
+            normalizer=None, process_group=None) -> Tensor:
     """Distillation loss between student and teacher logits (N, V) or (B, T, V).
 
     kind: forward_kl KL(p_t||p_s), reverse_kl KL(p_s||p_t), jsd (mixing weight beta), soft_ce,
@@ -389,6 +411,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     as the loss (one read of student and teacher, one write), and loss.backward() moves no bytes.
     """
     function = "distill"
+    if process_group is not None:
+        _distributed.refuse_distill(function)
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):

@@ -30,22 +30,6 @@ CeWorkspace carve(Workspace workspace, int64_t rows) {
 
 float* f32(TensorView view) { return view.present() ? static_cast<float*>(view.data) : nullptr; }
 
-CeRowsArgs rows_args(TensorView logits, TensorView target, const CeOptions& options,
-                     const CeBatchTotals* totals) {
-  CeRowsArgs a;
-  a.logits = logits.data;
-  a.dtype = logits.dtype;
-  a.rows = logits.rows;
-  a.vocab = logits.cols;
-  a.row_stride = logits.row_stride;
-  a.target = target.data;
-  a.target_dtype = target.dtype;
-  a.row_weight = f32(options.row_weight);
-  a.options = ce_row_options(options);
-  a.totals = totals;
-  return a;
-}
-
 void run_totals(TensorView logits, TensorView target, const CeOptions& options,
                 TensorView grad_output, OpCode op, CeBatchTotals* totals, cudaStream_t stream) {
   CeBatchRequest request;
@@ -61,6 +45,22 @@ void run_totals(TensorView logits, TensorView target, const CeOptions& options,
 
 }  // namespace
 
+CeRowsArgs ce_rows_args(TensorView logits, TensorView target, const CeOptions& options,
+                        const CeBatchTotals* totals) {
+  CeRowsArgs a;
+  a.logits = logits.data;
+  a.dtype = logits.dtype;
+  a.rows = logits.rows;
+  a.vocab = logits.cols;
+  a.row_stride = logits.row_stride;
+  a.target = target.data;
+  a.target_dtype = target.dtype;
+  a.row_weight = f32(options.row_weight);
+  a.options = ce_row_options(options);
+  a.totals = totals;
+  return a;
+}
+
 std::size_t ce_workspace_size(int64_t rows, int64_t, const CeOptions&) {
   return ce_workspace_bytes(rows);
 }
@@ -75,35 +75,42 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
   const bool none = options.reduction == Reduction::none;
   run_totals(logits, target, options, grad_output, OpCode::ce_forward, ws.totals, s);
 
-  CeRowsArgs a = rows_args(logits, target, options, ws.totals);
-  a.row_loss = ws.row_loss;
-  a.row_z_loss = none && out.stats.z_loss_value.present() ? f32(out.stats.z_loss_value)
-                                                          : ws.row_z_loss;
-  a.row_total = none ? f32(out.loss) : nullptr;
-  a.row_correct = out.stats.accuracy.present() ? ws.row_correct : nullptr;
-  a.lse = f32(out.stats.lse);
-  a.logprob = f32(out.stats.logprob);
-  a.entropy = f32(out.stats.entropy);
-  a.argmax = out.stats.argmax.present() ? static_cast<int64_t*>(out.stats.argmax.data) : nullptr;
+  CeRowsArgs a = ce_rows_args(logits, target, options, ws.totals);
+  const CeReduceArgs r = bind_ce_outputs(a, out, options.reduction, rows, ws.row_loss,
+                                         ws.row_z_loss, ws.row_correct, ws.totals);
   if (out.grad_logits.present()) {
     a.grad = out.grad_logits.data;
     a.grad_row_stride = out.grad_logits.row_stride;
     a.grad_output_rows = none ? f32(grad_output) : nullptr;
   }
   ce_rows(a, s);
+  ce_reduce(r, s);
+}
 
+CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction,
+                             int64_t rows, float* row_loss, float* row_z_loss, float* row_correct,
+                             const CeBatchTotals* totals) {
+  const bool none = reduction == Reduction::none;
+  a.row_loss = row_loss;
+  a.row_z_loss = none && out.stats.z_loss_value.present() ? f32(out.stats.z_loss_value)
+                                                          : row_z_loss;
+  a.row_total = none ? f32(out.loss) : nullptr;
+  a.row_correct = out.stats.accuracy.present() ? row_correct : nullptr;
+  a.lse = f32(out.stats.lse);
+  a.logprob = f32(out.stats.logprob);
+  a.entropy = f32(out.stats.entropy);
+  a.argmax = out.stats.argmax.present() ? static_cast<int64_t*>(out.stats.argmax.data) : nullptr;
   CeReduceArgs r;
   r.rows = rows;
-  r.reduction = options.reduction;
-  r.row_loss = ws.row_loss;
-  r.row_z_loss = ws.row_z_loss;
+  r.reduction = reduction;
+  r.row_loss = row_loss;
+  r.row_z_loss = none ? nullptr : row_z_loss;
   r.row_correct = a.row_correct;
-  r.totals = ws.totals;
+  r.totals = totals;
   r.loss = none ? nullptr : f32(out.loss);
   r.z_loss_value = none ? nullptr : f32(out.stats.z_loss_value);
   r.accuracy = f32(out.stats.accuracy);
-  if (none) r.row_z_loss = nullptr;
-  ce_reduce(r, s);
+  return r;
 }
 
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
@@ -113,7 +120,7 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
   const cudaStream_t s = stream_of(stream);
   const CeWorkspace ws = carve(workspace, logits.rows);
   run_totals(logits, target, options, grad_output, OpCode::ce_backward, ws.totals, s);
-  CeRowsArgs a = rows_args(logits, target, options, ws.totals);
+  CeRowsArgs a = ce_rows_args(logits, target, options, ws.totals);
   a.grad = grad_logits.data;
   a.grad_row_stride = grad_logits.row_stride;
   a.grad_output_rows = options.reduction == Reduction::none ? f32(grad_output) : nullptr;

@@ -22,6 +22,7 @@ struct CeGradParams {
   int64_t tiles_per_row;
   bool logits_vector_ok;
   bool grad_vector_ok;
+  CeGradShard shard;  // offset 0, vocab = args.vocab, no target weights: the whole vocabulary
 };
 
 template <class S, bool kEntropy>
@@ -33,11 +34,12 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
   const int64_t row = blockIdx.x / p.tiles_per_row;
   const int64_t begin = (blockIdx.x % p.tiles_per_row) * kTile;
   const int64_t length = a.vocab - begin < kTile ? a.vocab - begin : kTile;
-  const int64_t target = read_target(a.target, a.target_dtype, row);
+  const int64_t global_target = read_target(a.target, a.target_dtype, row);
+  const int64_t target = global_target - p.shard.offset;  // local column (outside when elsewhere)
   S* grad = static_cast<S*>(a.grad) + row * a.grad_row_stride + begin;
   const S* x = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
-  const bool valid = target != o.ignore_index;
-  const bool in_range = target >= 0 && target < a.vocab;
+  const bool valid = global_target != o.ignore_index;
+  const bool in_range = global_target >= 0 && global_target < p.shard.vocab;
 
   if (!valid || !in_range) {
     Vector<S> v;
@@ -49,10 +51,12 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
     return;
   }
 
-  const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
+  const CeConstants<float> c = make_ce_constants(o, p.shard.vocab, a.totals);
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
   const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-  const float target_weight = o.class_weight ? o.class_weight[target] : 1.0f;
+  const float target_weight = p.shard.target_weight ? p.shard.target_weight[row]
+                              : o.class_weight       ? o.class_weight[target]
+                                                     : 1.0f;
   const float base = upstream * r;
   const CeGradRow<float> grad_row =
       common::ce_grad_row(c, p.lse[row], target, target_weight,
@@ -125,7 +129,7 @@ void launch_ce_grad(const CeGradParams& p, dim3 grid, cudaStream_t stream) {
 }  // namespace
 
 void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, const EntropyRows& entropy,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const CeGradShard* shard) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
   const int64_t tile = int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
@@ -134,6 +138,8 @@ void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, const EntropyRow
   p.lse = lse;
   p.entropy = entropy;
   p.tiles_per_row = (args.vocab + tile - 1) / tile;
+  p.shard.vocab = args.vocab;
+  if (shard != nullptr) p.shard = *shard;
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok = rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const dim3 grid(static_cast<unsigned>(args.rows * p.tiles_per_row));

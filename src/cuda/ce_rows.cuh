@@ -111,6 +111,17 @@ struct CeReduceArgs {
 // sum adds), summed in a fixed order in double.
 void ce_reduce(const CeReduceArgs& args, cudaStream_t stream);
 
+// The inputs of ce_rows for logits [N, V] and target [N] with the §1 options (no outputs set).
+CeRowsArgs ce_rows_args(TensorView logits, TensorView target, const CeOptions& options,
+                        const CeBatchTotals* totals);
+
+// Points a's per-row outputs at `out` (the loss of none, the statistics) and at the per-row arrays
+// row_loss, row_z_loss, row_correct of the batch; returns the reduction of those arrays into the
+// scalar outputs of `out` (ce_forward, and the sharded ce's merge kernel, which writes the same).
+CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction,
+                             int64_t rows, float* row_loss, float* row_z_loss, float* row_correct,
+                             const CeBatchTotals* totals);
+
 // Bytes of device workspace ce on logits uses for `rows` rows: totals + three per-row arrays.
 std::size_t ce_workspace_bytes(int64_t rows);
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The vocabulary-parallel check on a machine with 2 or more GPUs (SPEC §5, PERF.md row
+# "vocab-parallel"): builds the PyTorch package for the GPU, runs tests/python/dist_check.py under
+# torchrun over NCCL (correctness on CUDA, then the timings as JSON), then, if time is left, the
+# sharded gtests of the GPU test binary. About 8 minutes on 2 × H200 with 32 cores.
+# Usage: scripts/gpu-distributed.sh OUTDIR     (logs and dist.json land in OUTDIR; summary last)
+# Environment: NPROC (GPUs, default 2), JOBS (build parallelism), XENT_COMMIT (records' commit
+# where the copy has no .git), DIST_DEADLINE (seconds for the whole run, default 470).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:?usage: scripts/gpu-distributed.sh OUTDIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+BUILD=build-gpu
+JOBS="${JOBS:-$(nproc)}"
+NPROC="${NPROC:-2}"
+DEADLINE="${DIST_DEADLINE:-470}"
+export PATH="$PATH:/usr/local/cuda/bin"
+# NVLink multicast (NVLS) stays off on these machines: NCCL, symmetric memory and NVSHMEM.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[[ -n "${XENT_COMMIT:-}" ]] || export XENT_COMMIT="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+SUMMARY=()
+
+# step NAME LIMIT COMMAND...: log in OUT/NAME.log, one summary line; the limit shrinks to fit
+# DEADLINE so the summary always prints.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local left=$((DEADLINE - SECONDS - 10))
+  if ((left < 10)); then
+    SUMMARY+=("$(printf '%-10s %-5s %6s  %s' "$name" SKIP - "no time left (DIST_DEADLINE=$DEADLINE)")")
+    return 1
+  fi
+  ((left < limit)) && limit=$left
+  local start=$SECONDS status note
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  status=$?
+  note="$(tail -n 1 "$OUT/$name.log" | cut -c1-70)"
+  if [[ $status -eq 0 ]]; then
+    SUMMARY+=("$(printf '%-10s %-5s %5ss  %s' "$name" PASS $((SECONDS - start)) "$note")")
+  else
+    [[ $status -eq 124 ]] && note="timed out after ${limit}s; $note"
+    SUMMARY+=("$(printf '%-10s %-5s %5ss  rc=%s %s' "$name" FAIL $((SECONDS - start)) "$status" "$note")")
+  fi
+  return $status
+}
+finish() {
+  echo
+  echo "== dist.json (rank 0) =="
+  sed -n '/^op /,$p' "$OUT/torchrun.log" 2>/dev/null || echo "(no timings)"
+  echo
+  echo "== gpu-distributed summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) x $NPROC) =="
+  printf '%s\n' "${SUMMARY[@]}"
+  ! printf '%s\n' "${SUMMARY[@]}" | grep -q ' FAIL '
+  exit $?
+}
+
+nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 || true
+configure() {
+  local cc arch
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)"
+  arch="${cc:-90}"
+  [[ "$arch" == 90 ]] && arch=90a
+  cmake -S . -B "$BUILD" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DXENT_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DXENT_PYTHON=ON -DPython3_EXECUTABLE=python3
+}
+step configure 200 bash -c "$(declare -f configure); BUILD=$BUILD configure" || finish
+step build 360 cmake --build "$BUILD" -j "$JOBS" --target xent_torch || finish
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+step torchrun 300 python3 -m torch.distributed.run --standalone --nproc_per_node "$NPROC" tests/python/dist_check.py \
+  --json "$OUT/dist.json"
+# The sharded gtests on CUDA (same sources as the CPU suite), when the time allows.
+if step build-tests 200 cmake --build "$BUILD" -j "$JOBS" --target xent_gpu_tests; then
+  step gtest 60 "$BUILD/tests/cpp/xent_gpu_tests" --gtest_filter='*Shard*' --gtest_brief=1
+fi
+finish

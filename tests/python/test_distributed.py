@@ -1,0 +1,237 @@
+"""Vocabulary-parallel xent over torch.distributed (SPEC §5) on the CPU with gloo.
+
+2 and 3 processes each hold an uneven slice of the vocabulary (V = 1031); every option of §1 is
+run sharded and compared with the single-process xent result on the whole vocabulary: the loss,
+the statistics and the gradient (of the local slice for ce; ∂hidden, the local rows of ∂W and
+∂bias for linear_cross_entropy). All cases run inside one spawn per world size, so the suite
+pays the process start-up twice.
+"""
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROWS, VOCAB, HIDDEN = 37, 1031, 67
+SPLITS = {2: [500, 531], 3: [400, 7, 624]}
+OPTIONS = {
+    "label_smoothing": 0.1,
+    "z_loss": 1e-3,
+    "softcap": 3.0,
+    "logit_scale": 0.7,
+    "class_weight": None,  # built per case
+    "row_weight": None,
+}
+STATS = ("lse", "logprob", "entropy", "argmax", "accuracy", "z_loss")
+
+
+def _option_sets():
+    yield ()
+    for name in OPTIONS:
+        yield (name,)
+    yield tuple(OPTIONS)
+
+
+def _kwargs(gen, names):
+    kwargs = {}
+    for name in names:
+        if name == "class_weight":
+            kwargs[name] = torch.rand(VOCAB, generator=gen) + 0.5
+        elif name == "row_weight":
+            kwargs[name] = torch.rand(ROWS, generator=gen) * 2 - 0.5
+        else:
+            kwargs[name] = OPTIONS[name]
+    return kwargs
+
+
+def _targets(gen):
+    target = torch.randint(0, VOCAB, (ROWS,), generator=gen)
+    target[::5] = -100
+    target[1] = 0
+    target[2] = VOCAB - 1
+    return target
+
+
+def _close(what, got, expected, rtol=2e-5, atol=2e-6):
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _compare_result(tag, got, expected):
+    _close(f"{tag} loss", got.loss, expected.loss)
+    for name in STATS:
+        a, b = getattr(got, name), getattr(expected, name)
+        if name == "argmax":
+            assert torch.equal(a, b), f"{tag} argmax differs"
+        else:
+            _close(f"{tag} {name}", a, b)
+
+
+def _slice_of(rank, world):
+    sizes = SPLITS[world]
+    begin = sum(sizes[:rank])
+    return begin, begin + sizes[rank]
+
+
+def _ce_cases(rank, world, group):
+    import xent
+
+    begin, end = _slice_of(rank, world)
+    case = 0
+    cases = [(torch.float32, names) for names in _option_sets()]
+    cases.append((torch.float64, tuple(OPTIONS)))
+    for dtype, names in cases:
+        for reduction in ("none", "sum", "mean"):
+            case += 1
+            gen = torch.Generator().manual_seed(1000 + case)
+            logits = torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64) * 2
+            logits = logits.to(dtype)
+            target = _targets(gen)
+            for n in range(0, ROWS, 3):
+                if target[n] >= 0:
+                    logits[n, target[n]] += 6
+            kwargs = _kwargs(gen, names)
+            upstream = torch.randn(ROWS if reduction == "none" else (), generator=gen)
+            tag = f"ce {dtype} {names} {reduction}"
+
+            full = logits.clone().requires_grad_()
+            expected = xent.cross_entropy(full, target, reduction=reduction,
+                                          return_stats=True, **kwargs)
+            (expected.loss * upstream).sum().backward()
+
+            local = logits[:, begin:end].clone().requires_grad_()
+            sharded_kwargs = dict(kwargs)
+            if "class_weight" in kwargs:
+                sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
+            if names == tuple(OPTIONS):  # the explicit layout once per reduction and dtype
+                sharded_kwargs.update(vocab_offset=begin, vocab_size=VOCAB)
+            got = xent.cross_entropy(local, target, reduction=reduction, return_stats=True,
+                                     process_group=group, **sharded_kwargs)
+            (got.loss * upstream).sum().backward()
+            _compare_result(tag, got, expected)
+            _close(f"{tag} grad", local.grad, full.grad[:, begin:end])
+
+            # Without autograd (no grad wanted) the loss is the same.
+            with torch.no_grad():
+                plain = xent.cross_entropy(local.detach(), target, reduction=reduction,
+                                           process_group=group, **sharded_kwargs)
+            _close(f"{tag} no-grad loss", plain, expected.loss)
+
+
+def _linear_cases(rank, world, group):
+    import xent
+
+    begin, end = _slice_of(rank, world)
+    case = 0
+    # Every option set in one chunk; every option at once also in several row chunks.
+    cases = [(names, None) for names in _option_sets()]
+    cases.append((tuple(OPTIONS), 20 * VOCAB * 4))
+    for names, workspace_bytes in cases:
+        for reduction in ("none", "sum", "mean"):
+            # Several chunks: the logits are recomputed in the backward, or kept (sum).
+            cache = workspace_bytes is not None and reduction == "sum"
+            case += 1
+            gen = torch.Generator().manual_seed(5000 + case)
+            hidden = torch.randn(ROWS, HIDDEN, generator=gen)
+            weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN ** 0.5 * 2
+            bias = torch.randn(VOCAB, generator=gen) * 0.1
+            target = _targets(gen)
+            kwargs = _kwargs(gen, names)
+            upstream = torch.randn(ROWS if reduction == "none" else (), generator=gen)
+            tag = f"linear_ce {names} {reduction} budget={workspace_bytes}"
+
+            h_full = hidden.clone().requires_grad_()
+            w_full = weight.clone().requires_grad_()
+            b_full = bias.clone().requires_grad_()
+            expected = xent.linear_cross_entropy(h_full, w_full, target, b_full,
+                                                 reduction=reduction, return_stats=True,
+                                                 **kwargs)
+            (expected.loss * upstream).sum().backward()
+
+            h = hidden.clone().requires_grad_()
+            w = weight[begin:end].clone().requires_grad_()
+            b = bias[begin:end].clone().requires_grad_()
+            sharded_kwargs = dict(kwargs)
+            if "class_weight" in kwargs:
+                sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
+            got = xent.linear_cross_entropy(h, w, target, b, reduction=reduction,
+                                            return_stats=True, process_group=group,
+                                            workspace_bytes=workspace_bytes,
+                                            cache_logits=cache, **sharded_kwargs)
+            (got.loss * upstream).sum().backward()
+            _compare_result(tag, got, expected)
+            _close(f"{tag} grad hidden", h.grad, h_full.grad, rtol=1e-4, atol=1e-5)
+            _close(f"{tag} grad weight", w.grad, w_full.grad[begin:end], rtol=1e-4, atol=1e-5)
+            _close(f"{tag} grad bias", b.grad, b_full.grad[begin:end], rtol=1e-4, atol=1e-5)
+
+    # reduce_hidden_grad=False: each rank's ∂hidden is partial; their sum is the full one.
+    gen = torch.Generator().manual_seed(9000)
+    hidden = torch.randn(ROWS, HIDDEN, generator=gen)
+    weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN ** 0.5
+    target = _targets(gen)
+    h_full = hidden.clone().requires_grad_()
+    xent.linear_cross_entropy(h_full, weight, target).backward()
+    h = hidden.clone().requires_grad_()
+    xent.linear_cross_entropy(h, weight[begin:end], target, process_group=group,
+                              reduce_hidden_grad=False).backward()
+    partial = h.grad.clone()
+    dist.all_reduce(partial, group=group)
+    _close("partial grad hidden, summed", partial, h_full.grad, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(h.grad, h_full.grad), "reduce_hidden_grad=False reduced anyway"
+
+
+def _error_cases(rank, world, group):
+    import xent
+
+    begin, end = _slice_of(rank, world)
+    logits = torch.randn(ROWS, end - begin)
+    target = _targets(torch.Generator().manual_seed(1))
+    with pytest.raises(NotImplementedError, match="distill"):
+        xent.distill(logits, logits, target, process_group=group)
+    with pytest.raises(ValueError, match="vocab_offset"):
+        xent.cross_entropy(logits, target, process_group=group, vocab_offset=VOCAB,
+                           vocab_size=VOCAB)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (world,))
+        weight = distribute_tensor(torch.randn(VOCAB, HIDDEN), mesh, [Shard(0)])
+    except Exception:  # a torch without CPU device meshes: nothing to check here
+        return
+    with pytest.raises(TypeError, match="DTensor"):
+        xent.linear_cross_entropy(torch.randn(ROWS, HIDDEN), weight, target,
+                                  process_group=group)
+
+
+def _worker(rank, world, init_file, error_dir):
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        group = dist.group.WORLD
+        _ce_cases(rank, world, group)
+        _linear_cases(rank, world, group)
+        _error_cases(rank, world, group)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as out:
+            out.write(traceback.format_exc())
+        raise
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="torch.distributed with gloo is not available")
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocabulary_parallel_matches_single_process(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        try:
+            mp.spawn(_worker, args=(world, init_file, tmp), nprocs=world, join=True)
+        except Exception as error:
+            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp))
+                       if f.startswith("rank")]
+            pytest.fail(f"{error}\n" + "\n".join(reports))
