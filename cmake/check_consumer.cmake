@@ -33,9 +33,12 @@ if(PKG_CONFIG)
   set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
   execute_process(COMMAND "${PKG_CONFIG}" --cflags --libs xent OUTPUT_VARIABLE flags
                   OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+  execute_process(COMMAND "${PKG_CONFIG}" --variable=libdir xent OUTPUT_VARIABLE libdir
+                  OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
   message(STATUS "pkg-config --cflags --libs xent: ${flags}")
   separate_arguments(flags UNIX_COMMAND "${flags}")
+  # The run path finds a shared libxent outside the system directories, as LD_LIBRARY_PATH would.
   run("${CXX_COMPILER}" -std=c++20 -O2 "${SOURCE_DIR}/examples/cpp-consumer/main.cpp" ${flags}
-      -o "${work}/xent-consumer-pkg-config")
+      "-Wl,-rpath,${libdir}" -o "${work}/xent-consumer-pkg-config")
   run("${work}/xent-consumer-pkg-config")
 endif()
