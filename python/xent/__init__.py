@@ -10,6 +10,7 @@ Modules live in xent.nn, the Hugging Face patch in xent.hf.
 """
 
 from xent import _ops  # noqa: F401  (loads the compiled ops first)
+from xent._build import build_info, check_gpus as _check_gpus
 from xent.functional import (
     DISTILL_KINDS,
     CrossEntropyResult,
@@ -22,11 +23,14 @@ from xent.functional import (
 )
 from xent import hf, nn  # noqa: E402  (hf imports transformers only when used)
 
-__version__ = "0.1.0"
+__version__ = build_info()["version"] or "0.1.0"
+
+_check_gpus()
 
 __all__ = [
     "CrossEntropyResult",
     "DISTILL_KINDS",
+    "build_info",
     "check_errors",
     "cross_entropy",
     "distill",

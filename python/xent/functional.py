@@ -23,6 +23,7 @@ from xent._autograd import (
     LinearDistillFunction,
 )
 from xent import distributed as _distributed
+from xent._errors import python_names
 from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _zero_ignored
 from xent._ops import ops
 
@@ -239,6 +240,7 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> Optional[torch.dtype]:
     return None
 
 
+@python_names
 def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, z_loss: float = 0.0,
@@ -302,6 +304,7 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     return _validated(_result(outputs, reduction, row_shape, return_stats), logits)
 
 
+@python_names
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          bias: Optional[Tensor] = None, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0, *,
@@ -390,6 +393,7 @@ def _distill_options(function: str, kind: str, temperature: float, beta: float,
             float(label_smoothing), float(z_loss))
 
 
+@python_names
 def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Tensor] = None, *,
             kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
             softcap: Optional[float] = None, soft_weight: float = 1.0, hard_weight: float = 0.0,
@@ -436,6 +440,7 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
                       student_logits)
 
 
+@python_names
 def linear_distill(student_hidden: Tensor, student_weight: Tensor,
                    teacher_logits: Optional[Tensor] = None, target: Optional[Tensor] = None, *,
                    teacher_hidden: Optional[Tensor] = None,

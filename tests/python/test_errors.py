@@ -56,15 +56,115 @@ CASES = [
 ]
 
 
+def _value_error(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
 @pytest.mark.parametrize("call,argument,value", CASES,
                          ids=[f"{i}-{case[1]}" for i, case in enumerate(CASES)])
 def test_value_errors_name_the_argument(call, argument, value):
-    with pytest.raises(ValueError) as info:
-        call()
-    message = str(info.value)
+    message = _value_error(call)
     assert argument in message and value in message, message
     # The project's format: "<function>: <argument> <problem>: got <value>; expected <...>".
     assert ": got " in message and "; expected " in message, message
+
+
+# Every argument the core (or the binding over it) can name, reached through each public
+# function: the message must start with that function and the Python keyword, whatever the C++
+# API calls them (ce_forward, workspace_budget, student, teacher.logits, ...).
+I8 = torch.int8
+NAMED = [
+    # (call, function, keyword)
+    (lambda: xent.cross_entropy(X.to(I8), Y), "cross_entropy", "logits"),
+    (lambda: xent.cross_entropy(torch.randn(5, 0), Y), "cross_entropy", "logits"),
+    (lambda: xent.cross_entropy(X, Y.float()), "cross_entropy", "target"),
+    (lambda: xent.cross_entropy(X, Y + 5), "cross_entropy", "target"),
+    (lambda: xent.cross_entropy(X, Y, label_smoothing=2.0), "cross_entropy", "label_smoothing"),
+    (lambda: xent.cross_entropy(X, Y, z_loss=-1.0), "cross_entropy", "z_loss"),
+    (lambda: xent.cross_entropy(X, Y, softcap=-1.0), "cross_entropy", "softcap"),
+    (lambda: xent.cross_entropy(X, Y, logit_scale=0.0), "cross_entropy", "logit_scale"),
+    (lambda: xent.cross_entropy(X, Y, class_weight=torch.ones(3)), "cross_entropy",
+     "class_weight"),
+    (lambda: xent.cross_entropy(X, Y, class_weight=-torch.ones(7)), "cross_entropy",
+     "class_weight"),
+    (lambda: xent.linear_cross_entropy(H.to(I8), W, Y), "linear_cross_entropy", "hidden"),
+    (lambda: xent.linear_cross_entropy(H, W[:, :2], Y), "linear_cross_entropy", "weight"),
+    (lambda: xent.linear_cross_entropy(H, W[:0], Y), "linear_cross_entropy", "weight"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, torch.randn(3)), "linear_cross_entropy", "bias"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, torch.randn(7).double()),
+     "linear_cross_entropy", "bias"),
+    (lambda: xent.linear_cross_entropy(H, W, Y.float()), "linear_cross_entropy", "target"),
+    (lambda: xent.linear_cross_entropy(H, W, Y + 5), "linear_cross_entropy", "target"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, workspace_bytes=16), "linear_cross_entropy",
+     "workspace_bytes"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, z_loss=-1.0), "linear_cross_entropy", "z_loss"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, softcap=0.0), "linear_cross_entropy", "softcap"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, logit_scale=-1.0), "linear_cross_entropy",
+     "logit_scale"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, class_weight=torch.ones(2)),
+     "linear_cross_entropy", "class_weight"),
+    (lambda: xent.distill(X.to(I8), T, Y), "distill", "student_logits"),
+    (lambda: xent.distill(torch.randn(5, 0), torch.randn(5, 0), Y), "distill", "student_logits"),
+    (lambda: xent.distill(X, T.double(), Y), "distill", "teacher_logits"),
+    (lambda: xent.distill(X, T, Y + 5), "distill", "target"),
+    (lambda: xent.distill(X, T, None, hard_weight=1.0), "distill", "target"),
+    (lambda: xent.distill(X, T, Y, temperature=0.0), "distill", "temperature"),
+    (lambda: xent.distill(X, T, Y, beta=1.5), "distill", "beta"),
+    (lambda: xent.distill(X, T, Y, softcap=0.0), "distill", "softcap"),
+    (lambda: xent.distill(X, T, Y, soft_weight=-1.0), "distill", "soft_weight"),
+    (lambda: xent.distill(X, T, Y, hard_weight=-1.0), "distill", "hard_weight"),
+    (lambda: xent.distill(X, T, Y, hard_weight=1.0, label_smoothing=2.0), "distill",
+     "label_smoothing"),
+    (lambda: xent.distill(X, T, Y, z_loss=-1.0), "distill", "z_loss"),
+    (lambda: xent.distill(X, T, Y, class_weight=torch.ones(2)), "distill", "class_weight"),
+    (lambda: xent.linear_distill(H.to(I8), W, T, Y), "linear_distill", "student_hidden"),
+    (lambda: xent.linear_distill(H, W[:, :2], T, Y), "linear_distill", "student_weight"),
+    (lambda: xent.linear_distill(H, W, None, Y), "linear_distill",
+     "teacher_logits or teacher_hidden"),
+    (lambda: xent.linear_distill(H, W, T, Y, teacher_hidden=H, teacher_weight=W),
+     "linear_distill", "teacher_logits or teacher_hidden"),
+    (lambda: xent.linear_distill(H, W, T[:, :3], Y), "linear_distill", "teacher_logits"),
+    (lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H[:2], teacher_weight=W),
+     "linear_distill", "teacher_hidden"),
+    (lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H, teacher_weight=W[:3]),
+     "linear_distill", "teacher_weight"),
+    (lambda: xent.linear_distill(H, W, T, Y + 5), "linear_distill", "target"),
+    (lambda: xent.linear_distill(H, W, T, Y, workspace_bytes=16), "linear_distill",
+     "workspace_bytes"),
+    (lambda: xent.linear_distill(H, W, T, Y, temperature=-1.0), "linear_distill",
+     "temperature"),
+    (lambda: xent.linear_distill(H, W, T, Y, kind="jsd", beta=-0.5), "linear_distill", "beta"),
+    (lambda: xent.linear_distill(H, W, T, Y, soft_weight=-1.0), "linear_distill",
+     "soft_weight"),
+]
+
+CORE_ONLY = ("_forward", "_backward", "workspace_budget", "teacher.", "student)", "student [",
+             " teacher ")
+
+
+@pytest.mark.parametrize("call,function,keyword", NAMED,
+                         ids=[f"{i}-{case[1]}-{case[2]}" for i, case in enumerate(NAMED)])
+def test_core_errors_name_the_python_function_and_keyword(call, function, keyword):
+    message = _value_error(call)
+    assert message.startswith(f"{function}: {keyword} "), message
+    assert not any(name in message for name in CORE_ONLY), message
+
+
+def test_translate_leaves_other_messages_alone():
+    from xent._errors import translate
+
+    assert translate("distill", "distill: kind unknown: got 'x'; expected ...") == (
+        "distill: kind unknown: got 'x'; expected ...")
+    assert translate("linear_distill", "linear_distill_forward: teacher.hidden has wrong shape: "
+                     "got [2, 3]; expected [5] rows (the rows of student_hidden)") == (
+        "linear_distill: teacher_hidden has wrong shape: got [2, 3]; expected [5] rows (the rows "
+        "of student_hidden)")
+    assert translate("distill", "distill_backward: teacher has wrong dtype: got float64; "
+                     "expected float32 (the dtype of student)") == (
+        "distill: teacher_logits has wrong dtype: got float64; expected float32 (the dtype of "
+        "student_logits)")
 
 
 def test_errors_also_raised_when_gradients_are_wanted():

@@ -15,28 +15,61 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 
 
+# Mixture-of-experts configs return their router logits, so the load-balancing loss is part of
+# the loss compared (a large coefficient makes it count).
+ROUTER = dict(output_router_logits=True, router_aux_loss_coef=0.5)
+MOE = dict(ROUTER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+# name -> (config class, arguments beyond COMMON): one per class of xent.hf.SUPPORTED_ARCHITECTURES.
+CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "llama4": ("Llama4TextConfig", dict(head_dim=8, num_local_experts=2, intermediate_size_mlp=64,
+                                        interleave_moe_layer_step=2)),
+    "mistral": ("MistralConfig", dict(sliding_window=None)),
+    "mixtral": ("MixtralConfig", dict(ROUTER, num_local_experts=4, num_experts_per_tok=2,
+                                      sliding_window=None)),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=16)),
+    "qwen3": ("Qwen3Config", dict(head_dim=8)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(MOE, head_dim=8)),
+    "qwen3_next": ("Qwen3NextConfig", dict(MOE, head_dim=8, shared_expert_intermediate_size=16,
+                                           linear_num_value_heads=4, linear_num_key_heads=2,
+                                           linear_key_head_dim=8, linear_value_head_dim=8,
+                                           layer_types=["linear_attention", "full_attention"])),
+    "gemma": ("GemmaConfig", dict(head_dim=8)),
+    # A small cap so the softcap changes the loss noticeably even at random init.
+    "gemma2": ("Gemma2Config", dict(head_dim=8, final_logit_softcapping=0.5,
+                                    query_pre_attn_scalar=8)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=8, final_logit_softcapping=0.7,
+                                        query_pre_attn_scalar=8)),
+    "phi3": ("Phi3Config", dict(pad_token_id=0)),
+    "phi": ("PhiConfig", {}),
+    "olmo2": ("Olmo2Config", {}),
+    "olmo3": ("Olmo3Config", {}),
+    "olmoe": ("OlmoeConfig", dict(ROUTER, num_experts=4, num_experts_per_tok=2)),
+    "granite": ("GraniteConfig", dict(logits_scaling=4.0)),
+    # transformers 5.17's GraniteMoe decoder returns no router logits (its own forward then fails
+    # with output_router_logits), so only its logit scaling is compared.
+    "granitemoe": ("GraniteMoeConfig", dict(logits_scaling=4.0, num_local_experts=4,
+                                            num_experts_per_tok=2)),
+    "glm": ("GlmConfig", dict(head_dim=8, pad_token_id=0)),
+    "glm4": ("Glm4Config", dict(head_dim=8, pad_token_id=0)),
+    "smollm3": ("SmolLM3Config", dict(pad_token_id=0)),
+    "gpt_oss": ("GptOssConfig", dict(ROUTER, head_dim=8, num_local_experts=4,
+                                     num_experts_per_tok=2, sliding_window=8)),
+    "exaone4": ("Exaone4Config", dict(head_dim=8)),
+    "hunyuan_dense": ("HunYuanDenseV1Config", dict(head_dim=8)),
+    "hunyuan_moe": ("HunYuanMoEV1Config", dict(head_dim=8, num_experts=4, moe_topk=2)),
+    "falcon_h1": ("FalconH1Config", dict(head_dim=8, mamba_d_ssm=32, mamba_n_heads=4,
+                                         mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
+                                         mamba_chunk_size=16, lm_head_multiplier=0.25)),
+}
+ARCHITECTURES = list(CONFIGS)
+
+
 def _config(name):
-    if name == "llama":
-        return transformers.LlamaConfig(**COMMON)
-    if name == "mistral":
-        return transformers.MistralConfig(**COMMON, sliding_window=None)
-    if name == "qwen2":
-        return transformers.Qwen2Config(**COMMON)
-    if name == "qwen3":
-        return transformers.Qwen3Config(**COMMON, head_dim=8)
-    if name == "gemma2":
-        # A small cap so the softcap changes the loss noticeably even at random init.
-        return transformers.Gemma2Config(**COMMON, head_dim=8, final_logit_softcapping=0.5,
-                                         query_pre_attn_scalar=8)
-    if name == "gemma3":
-        return transformers.Gemma3TextConfig(**COMMON, head_dim=8, final_logit_softcapping=0.7,
-                                             query_pre_attn_scalar=8)
-    if name == "phi3":
-        return transformers.Phi3Config(**COMMON, pad_token_id=0)
-    raise ValueError(name)
-
-
-ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+    config_class, extra = CONFIGS[name]
+    return getattr(transformers, config_class)(**COMMON, **extra)
 
 
 def _models(name, device):
@@ -132,8 +165,17 @@ def test_return_dict_false_and_unpatch(device, gen):
 
 
 def test_unsupported_model_is_refused():
-    with pytest.raises(ValueError, match="model unsupported"):
+    with pytest.raises(ValueError, match="model unsupported") as info:
         xent.hf.patch(torch.nn.Linear(3, 4))
+    for architecture in xent.hf.SUPPORTED_ARCHITECTURES:
+        assert architecture in str(info.value)
+
+
+def test_every_supported_architecture_is_tested():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    tested = {MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[_config(name).model_type] for name in CONFIGS}
+    assert tested == set(xent.hf.SUPPORTED_ARCHITECTURES)
 
 
 def test_patched_under_bf16_autocast_matches(gen):
