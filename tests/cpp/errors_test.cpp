@@ -380,7 +380,7 @@ class Errors : public ::testing::TestWithParam<ErrorCase> {
 TEST_P(Errors, RejectedWithMessageAndNothingWritten) {
   const ErrorCase& error = GetParam();
   Call call;
-  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << call.rng.seed());
+  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << run_seed());
   error.corrupt(call);
   expect_invalid([&] { invoke(error.entry, call); }, error.argument, error.value);
   EXPECT_TRUE(call.outputs_untouched()) << "an output was written before the error";

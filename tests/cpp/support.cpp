@@ -39,13 +39,7 @@ bool on_gpu() { return false; }
 void require_device() {}
 #endif
 
-// ---- randomness -------------------------------------------------------------------------------
-
-uint64_t fresh_seed() {
-  if (const char* replay = std::getenv("XENT_TEST_SEED")) return std::strtoull(replay, nullptr, 10);
-  std::random_device device;
-  return (uint64_t{device()} << 32) ^ device();
-}
+// ---- randomness (the seeds are in test_main.cpp) ----------------------------------------------
 
 double Rng::normal(double sd) { return std::normal_distribution<double>(0.0, sd)(engine_); }
 double Rng::uniform(double lo, double hi) {
