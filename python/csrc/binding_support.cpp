@@ -120,8 +120,12 @@ DistillKind parse_distill_kind(const char* function, c10::string_view kind_view)
                     "'; expected one of 'forward_kl', 'reverse_kl', 'jsd', 'soft_ce', 'tvd'");
 }
 
+at::ScalarType result_dtype(const at::Tensor& input) {
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows) {
-  const auto options = like.options().dtype(at::kFloat);
+  const auto options = like.options().dtype(result_dtype(like));
   return reduction == Reduction::none ? at::empty({rows}, options) : at::empty({}, options);
 }
 

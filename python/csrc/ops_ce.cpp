@@ -31,16 +31,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_forward_op
     const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
     const int64_t vocab = logits.dim() == 2 ? logits.size(1) : 0;
 
-    const auto f32 = logits.options().dtype(at::kFloat);
+    const auto stat = logits.options().dtype(result_dtype(logits));
     Tensor loss = new_loss(logits, options.reduction, rows);
-    Tensor lse = at::empty({rows}, f32);
+    Tensor lse = at::empty({rows}, stat);
     const int64_t stat_rows = with_stats ? rows : 0;
-    Tensor logprob = at::empty({stat_rows}, f32);
-    Tensor entropy = at::empty({stat_rows}, f32);
+    Tensor logprob = at::empty({stat_rows}, stat);
+    Tensor entropy = at::empty({stat_rows}, stat);
     Tensor argmax = at::empty({stat_rows}, logits.options().dtype(at::kLong));
-    Tensor accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
+    Tensor accuracy = with_stats ? at::empty({}, stat) : at::empty({0}, stat);
     Tensor z_loss_value =
-        with_stats ? new_loss(logits, options.reduction, rows) : at::empty({0}, f32);
+        with_stats ? new_loss(logits, options.reduction, rows) : at::empty({0}, stat);
 
     CeOutputs out;
     out.loss = vector_view(loss, "ce_forward", "loss");
@@ -72,7 +72,7 @@ Tensor ce_backward_op(const Tensor& logits, const Tensor& target, const c10::opt
     c10::DeviceGuard guard(logits.device());
     const Tensor logits_rows = contiguous_rows(logits);
     const Tensor target_vector = contiguous_vector(target);
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(logits)).contiguous();
     const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
     const auto class_weight32 = as_fp32_vector(class_weight);
     const auto row_weight32 = as_fp32_vector(row_weight);

@@ -92,16 +92,17 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
     const auto f32 = hidden.options().dtype(at::kFloat);
+    const auto stat = hidden.options().dtype(result_dtype(hidden));
     const Reduction reduction_kind = options.ce.reduction;
 
     Tensor loss = new_loss(hidden, reduction_kind, rows);
-    Tensor lse = at::empty({rows}, f32);
+    Tensor lse = at::empty({rows}, stat);
     const int64_t stat_rows = with_stats ? rows : 0;
-    Tensor logprob = at::empty({stat_rows}, f32);
-    Tensor entropy = at::empty({stat_rows}, f32);
+    Tensor logprob = at::empty({stat_rows}, stat);
+    Tensor entropy = at::empty({stat_rows}, stat);
     Tensor argmax = at::empty({stat_rows}, hidden.options().dtype(at::kLong));
-    Tensor accuracy = with_stats ? at::empty({}, f32) : at::empty({0}, f32);
-    Tensor z_loss_value = with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, f32);
+    Tensor accuracy = with_stats ? at::empty({}, stat) : at::empty({0}, stat);
+    Tensor z_loss_value = with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, stat);
     GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
     LinearCeOptions cached_options = options;
     Tensor logits_cache = at::empty({0}, hidden.options());
@@ -156,7 +157,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(hidden)).contiguous();
     const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
     GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
 

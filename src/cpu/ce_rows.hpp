@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "common/ce_row.hpp"
@@ -220,8 +219,8 @@ T upstream_of_row(TensorView grad_output, Reduction reduction, int64_t row) {
   return read_scalar<T>(grad_output, reduction == Reduction::none ? row : 0);
 }
 
-// The gradient of one row from its logits, for backward passes. `saved_lse` (fp32, may be
-// absent) skips the statistics; fp64 inputs recompute instead, to keep their fp64 precision.
+// The gradient of one row from its logits, for backward passes. `saved_lse` (the forward's, in
+// the result dtype; may be absent) skips the statistics.
 template <class T, class S, class G>
 void ce_backward_row(const CeCall<T>& call, const S* x, G* grad, int64_t target, int64_t row,
                      TensorView saved_lse, T upstream) {
@@ -229,8 +228,7 @@ void ce_backward_row(const CeCall<T>& call, const S* x, G* grad, int64_t target,
     zero_row(grad, call.vocab);
     return;
   }
-  const bool use_saved = saved_lse.present() && !std::is_same_v<T, double>;
-  const T lse = use_saved ? read_scalar<T>(saved_lse, row) : ce_row_stats(call, x).lse();
+  const T lse = saved_lse.present() ? read_scalar<T>(saved_lse, row) : ce_row_stats(call, x).lse();
   const T r = call.row_weight ? static_cast<T>(call.row_weight[row]) : T(1);
   ce_write_row_gradient(call, x, grad, lse, target, upstream * r * call.loss_factor,
                         upstream * r * call.z_factor);
@@ -250,25 +248,25 @@ class CeResults {
     loss_[n] = r.loss;
     z_loss_[n] = r.z_loss;
     correct_[n] = r.correct;
-    write_f32(stats_.lse, n, r.lse);
-    write_f32(stats_.logprob, n, r.logprob);
-    write_f32(stats_.entropy, n, r.entropy);
+    write_result(stats_.lse, n, r.lse);
+    write_result(stats_.logprob, n, r.logprob);
+    write_result(stats_.entropy, n, r.entropy);
     if (stats_.argmax.present()) static_cast<int64_t*>(stats_.argmax.data)[n] = r.argmax;
     if (reduction_ == Reduction::none) {
-      write_f32(loss_out_, n, static_cast<double>(r.loss) + r.z_loss);
-      write_f32(stats_.z_loss_value, n, r.z_loss);
+      write_result(loss_out_, n, static_cast<double>(r.loss) + r.z_loss);
+      write_result(stats_.z_loss_value, n, r.z_loss);
     }
   }
 
   void finish(const CeCall<T>& call, const ValidCounts& counts) {
     if (reduction_ != Reduction::none) {
-      write_f32(loss_out_, 0, reduce_ce_loss(call, loss_, z_loss_));
-      write_f32(stats_.z_loss_value, 0, reduce_z_loss(call, z_loss_));
+      write_result(loss_out_, 0, reduce_ce_loss(call, loss_, z_loss_));
+      write_result(stats_.z_loss_value, 0, reduce_z_loss(call, z_loss_));
     }
     if (stats_.accuracy.present()) {
       int64_t hits = 0;
       for (const char c : correct_) hits += c;
-      write_f32(stats_.accuracy, 0,
+      write_result(stats_.accuracy, 0,
                 counts.valid_rows > 0 ? static_cast<double>(hits) / counts.valid_rows : 0.0);
     }
   }

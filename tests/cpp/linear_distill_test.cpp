@@ -108,7 +108,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const Teacher teacher_views{teacher_logits_tensor.view(), teacher_hidden.view(),
                               teacher_weight.view()};
   const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
-  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows);
+  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows, p.dtype);
 
   LinearDistillOptions options;
   options.distill = setup.options;
@@ -137,7 +137,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   if (!p.blocked) options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
     LinearDistillOptions trial = options;
     trial.workspace_budget = bytes;
-    Tensor loss = loss_tensor(p.reduction, rows);
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
     LinearDistillOutputs out;
     out.loss = loss.view();
     // With every gradient, the call that needs the most chunk memory per row.
@@ -183,7 +183,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
 
   {
     SCOPED_TRACE("linear_distill_forward, loss only");
-    Tensor loss = loss_tensor(p.reduction, rows);
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
     LinearDistillOutputs out;
     out.loss = loss.view();
     const Scratch scratch = scratch_for(options, false);
@@ -197,7 +197,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const LinearGradients grads{grad_hidden.view(), grad_weight.view(), {}};
   {
     SCOPED_TRACE("linear_distill_forward, with gradients");
-    Tensor loss = loss_tensor(p.reduction, rows);
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
     LinearDistillOutputs out;
     out.loss = loss.view();
     out.grads = grads;

@@ -402,7 +402,7 @@ double stat_tolerance(DType input, Family family, const std::vector<double>& tor
                       const std::vector<double>& ref) {
   switch (input) {
     case DType::f32: return family == Family::logits ? 1e-5 : 1e-4;
-    case DType::f64: return 1e-6;
+    case DType::f64: return family == Family::logits ? 1e-10 : 1e-9;
     default: return (torch_like.empty() ? 0.0 : relative_error(torch_like, ref)) + 1e-3;
   }
 }

@@ -141,8 +141,9 @@ enum class Family { logits, linear };
 // far tighter; bf16/fp16: what PyTorch loses at that dtype (`torch_like` against `ref`) + 1e-3.
 double grad_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);
-// The same for fp32 outputs (loss, statistics), which fp64 inputs also get: fp32 rounding bounds
-// those. An empty `torch_like` means PyTorch loses nothing beyond fp32 here.
+// The same for results (loss, statistics): fp32 rounding bounds those of 32- and 16-bit inputs,
+// fp64 results of fp64 inputs are held to fp64 accuracy. An empty `torch_like` means PyTorch
+// loses nothing beyond fp32 here.
 double stat_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);
 
