@@ -84,21 +84,22 @@ CeCall<T> make_ce_call(const CeOptions& options, int64_t vocab, const ValidCount
   return call;
 }
 
+// The result of a row; the initial values are those of an ignored row.
 template <class T>
 struct CeRowResult {
+  using Ignored = common::IgnoredRow<T>;
   bool valid = false;
-  T loss = 0;      // r_n·ℓ_n
-  T z_loss = 0;    // r_n·ζ_n
-  T lse = 0;
-  T logprob = 0;
-  T entropy = 0;
-  int64_t argmax = -1;
+  T loss = Ignored::loss;      // r_n·ℓ_n
+  T z_loss = Ignored::loss;    // r_n·ζ_n
+  T lse = Ignored::lse;
+  T logprob = Ignored::logprob;
+  T entropy = Ignored::entropy;
+  int64_t argmax = Ignored::argmax;
   bool correct = false;
 };
 
-// What a caller wants from a row beyond the loss.
+// What a caller wants from a row beyond the loss and its statistics.
 struct CeRowRequest {
-  bool entropy = false;   // statistics of ignored rows are needed for their entropy
   bool gradient = false;  // write ∂loss/∂x into `grad`
 };
 
@@ -157,17 +158,13 @@ CeRowResult<T> ce_process_row(const CeCall<T>& call, const S* x, int64_t target,
                               const CeRowRequest& request, T upstream, G* grad) {
   CeRowResult<T> result;
   result.valid = target != call.ignore_index;
-  if (!result.valid && !request.entropy) {
+  if (!result.valid) {
     if (request.gradient) zero_row(grad, call.vocab);
     return result;
   }
   const auto stats = ce_row_stats(call, x);
   const T lse = stats.lse();
   result.entropy = stats.entropy();
-  if (!result.valid) {
-    if (request.gradient) zero_row(grad, call.vocab);
-    return result;
-  }
   const auto& c = call.constants;
   const T target_logit = c.transform.value(to_compute<T>(x[target]));
   const T target_weight = call.class_weight ? static_cast<T>(call.class_weight[target]) : T(1);

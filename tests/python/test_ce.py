@@ -113,10 +113,12 @@ def test_statistics(device, gen, reduction):
     assert isinstance(result, xent.CrossEntropyResult)
     expected = ref.ce_stats(logits.cpu(), target.cpu(), reduction=reduction,
                             row_weight=row_weight.cpu(), **options)
-    for name in ("lse", "logprob", "accuracy", "z_loss"):
+    for name in ("lse", "logprob", "entropy", "accuracy", "z_loss"):
         assert ref.rel_error(getattr(result, name), expected[name]) <= 1e-5, name
-    valid = (target != -100).cpu()  # SPEC leaves the entropy of ignored rows open
-    assert ref.rel_error(result.entropy.cpu()[valid], expected["entropy"][valid]) <= 1e-5
+    ignored = (target == -100).cpu()
+    assert ignored.any()
+    for name in ("lse", "logprob", "entropy"):  # exactly 0 on ignored rows
+        assert torch.all(getattr(result, name).cpu()[ignored] == 0), name
     assert result.argmax.dtype == torch.int64
     assert torch.equal(result.argmax.cpu(), expected["argmax"])
     plain = xent.cross_entropy(logits, target, reduction=reduction, row_weight=row_weight,
