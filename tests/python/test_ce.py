@@ -179,6 +179,27 @@ def test_edge_rows(device, gen):
     _check(logits.detach(), extremes, "none", {}, gen, tol=1e-5)
 
 
+def test_mean_with_zero_target_weights(device, gen):
+    # D = 0 with N_valid > 0 (docs/semantics.md): the ℓ/D part is 0 even with smoothing (whose
+    # numerator is not 0; PyTorch gives NaN), the z-loss part is still divided by N_valid.
+    logits, target = _inputs(gen, device, rows=11, vocab=97)
+    valid = target != -100
+    weight = (torch.rand(97, generator=gen) + 0.5).to(device)
+    weight[target[valid]] = 0
+    x = logits.detach().clone().requires_grad_()
+    result = xent.cross_entropy(x, target, weight, label_smoothing=0.1, z_loss=1e-2,
+                                return_stats=True)
+    lse = torch.logsumexp(logits.double(), -1)
+    z_part = (1e-2 * lse[valid] ** 2).sum() / valid.sum()
+    assert z_part > 0
+    assert ref.rel_error(result.loss, z_part) <= 1e-5
+    assert ref.rel_error(result.z_loss, z_part) <= 1e-5
+    result.loss.backward()
+    p = torch.softmax(logits.double(), -1)
+    expected = torch.where(valid[:, None], 2e-2 * lse[:, None] * p / valid.sum(), 0.0)
+    assert ref.rel_error(x.grad, expected) <= 1e-5
+
+
 def test_nan_row_stays_in_its_row(device, gen):
     logits, target = _inputs(gen, device, rows=8, vocab=129)
     target[2] = 7
