@@ -85,15 +85,16 @@ def test_cross_entropy_mean_with_zero_target_weight(gen):
                                         label_smoothing=0.1), (x,))
 
 
-@pytest.mark.parametrize("grad_in_forward", [True, False], ids=["grad_in_forward", "recompute"])
+# The fused ops recompute their gradient in the backward here: gradcheck runs several backward
+# passes through one forward, which a gradient formed in the forward and scaled in place by the
+# first backward refuses (test_linear_ce checks that form against this one).
 @pytest.mark.parametrize("option", list(CE_OPTIONS))
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_linear_cross_entropy(gen, reduction, option, grad_in_forward):
+def test_linear_cross_entropy(gen, reduction, option):
     kwargs, target = _ce_kwargs(gen, option)
     inputs = (_randn(gen, ROWS, HIDDEN), _randn(gen, VOCAB, HIDDEN), _randn(gen, VOCAB))
     _check(lambda h, w, b: xent.linear_cross_entropy(h, w, target, b, reduction=reduction,
-                                                     grad_in_forward=grad_in_forward,
-                                                     **kwargs), inputs)
+                                                     grad_in_forward=False, **kwargs), inputs)
 
 
 DISTILL_OPTIONS = {
@@ -152,6 +153,5 @@ def test_linear_distill(gen, kind, reduction, option, teacher):
         kwargs["teacher_hidden"] = (h.detach() + ref.randn(gen, ROWS, HIDDEN,
                                                            dtype=torch.float64)).detach()
         kwargs["teacher_weight"] = w.detach().clone()
-    grad_in_forward = reduction != "sum"  # both backward forms of the fused op
     _check(lambda h, w: xent.linear_distill(h, w, target=target, reduction=reduction,
-                                            grad_in_forward=grad_in_forward, **kwargs), (h, w))
+                                            grad_in_forward=False, **kwargs), (h, w))
