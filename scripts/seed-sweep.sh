@@ -8,7 +8,8 @@
 #
 # Defaults: 100 seeds from a random first one, every test, build-cpu/tests/cpp/xent_tests, 25
 # seeds per process (a crash loses at most those), log in a temporary file. Runs nice'd, with
-# OMP_NUM_THREADS=1 unless set (the suites' problems are below the op's parallel threshold).
+# OMP_NUM_THREADS=1 unless set (the suites' problems are below the op's parallel threshold), at
+# niceness SWEEP_NICE (default 19).
 # Prints one line per process and a summary; exits 1 when any test failed.
 set -euo pipefail
 
@@ -41,7 +42,7 @@ while (( done_seeds < seeds )); do
   start=$(( first + done_seeds ))
   output=$(mktemp /tmp/seed-sweep-part.XXXXXX)
   status=0
-  nice -n 19 "$binary" --gtest_filter="$filter" --gtest_repeat="$count" --gtest_brief=1 \
+  nice -n "${SWEEP_NICE:-19}" "$binary" --gtest_filter="$filter" --gtest_repeat="$count" --gtest_brief=1 \
     --seed="$start" > "$output" 2>&1 || status=$?
   cat "$output" >> "$log"
   # Iterations that finished ("N tests ... ran"), and the failing tests of each, by seed.

@@ -28,9 +28,20 @@ def pytest_configure(config):
     config.xent_seed = seed
 
 
-def pytest_report_header(config):
+def _seed_line(config):
     seed = config.xent_seed
     return f"xent: XENT_TEST_SEED={seed} (replay with --seed {seed} or XENT_TEST_SEED={seed})"
+
+
+def pytest_report_header(config):
+    return _seed_line(config)
+
+
+def pytest_sessionstart(session):
+    # -q hides the report header; the seed must show in every log all the same.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.verbosity < 0:
+        reporter.write_line(_seed_line(session.config))
 
 
 def _test_seed(config, nodeid):
