@@ -102,7 +102,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     Tensor entropy = at::empty({stat_rows}, stat);
     Tensor argmax = at::empty({stat_rows}, hidden.options().dtype(at::kLong));
     Tensor accuracy = with_stats ? at::empty({}, stat) : at::empty({0}, stat);
-    Tensor z_loss_value = with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, stat);
+    Tensor z_loss_value =
+        with_stats ? new_loss(hidden, reduction_kind, rows) : at::empty({0}, stat);
     GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias);
     LinearCeOptions cached_options = options;
     Tensor logits_cache = at::empty({0}, hidden.options());
