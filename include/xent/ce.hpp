@@ -18,18 +18,20 @@ struct CeOptions {
   TensorView row_weight;           // optional [N] fp32
 };
 
-// Optional per-row and scalar statistics; an absent view is not computed.
+// Optional per-row and scalar statistics; an absent view is not computed. Floating results here
+// and in every op's outputs (loss, grad_output, a saved lse) are fp32, or fp64 for fp64 inputs
+// (the compute type: fp64 math stays fp64); validation rejects any other dtype.
 struct CeStats {
-  TensorView lse;           // [N] fp32, 0 for ignored rows
-  TensorView logprob;       // [N] fp32, x̃_y − lse, 0 for ignored rows
-  TensorView entropy;       // [N] fp32
+  TensorView lse;           // [N], 0 for ignored rows
+  TensorView logprob;       // [N], x̃_y − lse, 0 for ignored rows
+  TensorView entropy;       // [N], 0 for ignored rows
   TensorView argmax;        // [N] int64, −1 for ignored rows
-  TensorView accuracy;      // scalar fp32
+  TensorView accuracy;      // scalar
   TensorView z_loss_value;  // the z-loss part alone, shaped and reduced like the loss
 };
 
 struct CeOutputs {
-  TensorView loss;         // required: fp32 scalar (sum, mean) or [N] (none)
+  TensorView loss;         // required: scalar (sum, mean) or [N] (none); fp32 (fp64 inputs: fp64)
   CeStats stats;
   TensorView grad_logits;  // optional: ∂loss/∂logits written in the same pass (may alias logits)
 };
@@ -40,7 +42,7 @@ std::size_t ce_workspace_size(int64_t rows, int64_t vocab, const CeOptions& opti
 
 // logits [N, V] (fp32, bf16, fp16; fp64 on the CPU), target [N] (int64 or int32).
 // When out.grad_logits is present the gradient is formed in the same pass, scaled by grad_output
-// (fp32, shaped like the loss; absent means 1).
+// (shaped and typed like the loss; absent means 1).
 void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
                 const CeOutputs& out, TensorView grad_output = {}, Workspace workspace = {},
                 Stream stream = {});

@@ -23,7 +23,7 @@ struct DistillOptions {
 };
 
 struct DistillOutputs {
-  TensorView loss;           // required: fp32 scalar (sum, mean) or [N] (none)
+  TensorView loss;           // required: scalar (sum, mean) or [N] (none), result dtype (ce.hpp)
   TensorView grad_student;   // optional: ∂loss/∂student in the same pass (may alias student)
 };
 

@@ -30,7 +30,7 @@ struct LinearGradients {
 };
 
 struct LinearCeOutputs {
-  TensorView loss;  // required: fp32 scalar (sum, mean) or [N] (none)
+  TensorView loss;  // required: scalar (sum, mean) or [N] (none); fp32 (fp64 inputs: fp64)
   CeStats stats;
   LinearGradients grads;  // optional: gradients formed during the forward
 };

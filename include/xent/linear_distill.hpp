@@ -21,7 +21,7 @@ struct LinearDistillOptions {
 };
 
 struct LinearDistillOutputs {
-  TensorView loss;        // required: fp32 scalar (sum, mean) or [N] (none)
+  TensorView loss;        // required: scalar (sum, mean) or [N] (none), result dtype (ce.hpp)
   LinearGradients grads;  // student hidden and weight; bias must be absent
 };
 

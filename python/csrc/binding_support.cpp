@@ -129,14 +129,24 @@ DistillKind parse_distill_kind(const char* function, c10::string_view kind_view)
                     "'; expected one of 'forward_kl', 'reverse_kl', 'jsd', 'soft_ce', 'tvd'");
 }
 
+at::ScalarType result_dtype(const at::Tensor& input) {
+  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+c10::optional<at::Tensor> as_result_dtype(const c10::optional<at::Tensor>& tensor,
+                                          const at::Tensor& like) {
+  if (!tensor.has_value()) return tensor;
+  return tensor->to(result_dtype(like)).contiguous();
+}
+
 at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows) {
-  const auto options = like.options().dtype(at::kFloat);
+  const auto options = like.options().dtype(result_dtype(like));
   return reduction == Reduction::none ? at::empty({rows}, options) : at::empty({}, options);
 }
 
 LossOutputs make_loss_outputs(const char* function, const at::Tensor& like, Reduction reduction,
                               int64_t rows, bool with_stats) {
-  const auto f32 = like.options().dtype(at::kFloat);
+  const auto f32 = like.options().dtype(result_dtype(like));
   const int64_t stat_rows = with_stats ? rows : 0;
   LossOutputs o;
   o.loss = new_loss(like, reduction, rows);

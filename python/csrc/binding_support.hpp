@@ -37,7 +37,14 @@ Stream current_stream(const at::Tensor& tensor);
 Reduction parse_reduction(const char* function, c10::string_view reduction);
 DistillKind parse_distill_kind(const char* function, c10::string_view kind);
 
-// Loss-shaped fp32 output: scalar for sum/mean, [rows] for none.
+// The dtype of the results (loss, statistics, grad_output) of an op on `input`: float32, or
+// float64 for float64 inputs (the core's compute type, so float64 math reaches the caller).
+at::ScalarType result_dtype(const at::Tensor& input);
+// An optional upstream gradient (or its scale) converted to result_dtype(like), contiguous.
+c10::optional<at::Tensor> as_result_dtype(const c10::optional<at::Tensor>& tensor,
+                                          const at::Tensor& like);
+
+// Loss-shaped output in result_dtype(like): scalar for sum/mean, [rows] for none.
 at::Tensor new_loss(const at::Tensor& like, Reduction reduction, int64_t rows);
 
 // The loss and statistics outputs of ce and linear_ce: (loss, lse, logprob, entropy, argmax,

@@ -26,7 +26,7 @@ CeForwardOutputs run_ce_forward(const char* function, const Tensor& logits, cons
   const Tensor target_vector = contiguous_vector(target);
   const auto class_weight32 = as_fp32_vector(class_weight);
   const auto row_weight32 = as_fp32_vector(row_weight);
-  const auto grad_scale32 = as_fp32_vector(grad_scale);
+  const auto grad_scale32 = as_result_dtype(grad_scale, logits);
   const CeOptions options = make_ce_options(
       function, ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
       optional_vector_view(class_weight32, function, "class_weight"),
@@ -105,7 +105,7 @@ Tensor ce_backward_op(const Tensor& logits, const Tensor& target, const c10::opt
     c10::DeviceGuard guard(logits.device());
     const Tensor logits_rows = contiguous_rows(logits);
     const Tensor target_vector = contiguous_vector(target);
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(logits)).contiguous();
     const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
     const auto class_weight32 = as_fp32_vector(class_weight);
     const auto row_weight32 = as_fp32_vector(row_weight);
@@ -141,9 +141,9 @@ Tensor ce_logprob_backward_op(const Tensor& logits, const Tensor& target, const 
     c10::DeviceGuard guard(logits.device());
     const Tensor logits_rows = contiguous_rows(logits);
     const Tensor target_vector = contiguous_vector(target);
-    const Tensor grad_output = grad_logprob.to(at::kFloat).neg().contiguous();
+    const Tensor grad_output = grad_logprob.to(result_dtype(logits)).neg().contiguous();
     const Tensor lse_vector = lse.contiguous(), entropy_vector = entropy.contiguous();
-    const auto grad_entropy32 = as_fp32_vector(grad_entropy);
+    const auto grad_entropy32 = as_result_dtype(grad_entropy, logits);
     const CeOptions options = make_ce_options(function, ignore_index, "none", 0.0, 0.0, softcap,
                                               logit_scale, TensorView{}, TensorView{});
     const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;

@@ -63,7 +63,7 @@ Tensor run_distill_forward(const Tensor& student, const Tensor& teacher,
       prepare_distill(function, student, teacher, target, class_weight, kind, temperature, beta,
                       softcap, soft_weight, hard_weight, ignore_index, reduction,
                       label_smoothing, z_loss);
-  const auto grad_scale32 = as_fp32_vector(grad_scale);
+  const auto grad_scale32 = as_result_dtype(grad_scale, student);
   const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
   Tensor loss = new_loss(student, call.options.ce.reduction, rows);
   DistillOutputs out;
@@ -134,7 +134,7 @@ Tensor distill_backward_op(const Tensor& student, const Tensor& teacher,
         prepare_distill(function, student, teacher, target, class_weight, kind, temperature,
                         beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
                         label_smoothing, z_loss);
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(student)).contiguous();
     Tensor grad_student = at::empty(call.student_rows.sizes(), student.options());
     distill_backward(call.student_view, call.teacher_view, call.target_view,
                      vector_view(grad_output32, function, "grad_output"), call.options,

@@ -98,13 +98,14 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
     const auto f32 = hidden.options().dtype(at::kFloat);
+    const auto stat = hidden.options().dtype(result_dtype(hidden));
     const Reduction reduction_kind = options.ce.reduction;
 
     const LossOutputs outputs =
         make_loss_outputs(function, hidden, reduction_kind, rows, with_stats);
     GradientBuffers grads =
         make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
-    const auto grad_scale32 = as_fp32_vector(grad_scale);
+    const auto grad_scale32 = as_result_dtype(grad_scale, hidden);
     LinearCeOptions cached_options = options;
     Tensor logits_cache = at::empty({0}, hidden.options());
     if (cache_logits) {
@@ -178,7 +179,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     return run_linear_backward(function, inputs, options, lse,
-                               grad_output.to(at::kFloat).contiguous(), EntropyGradient{},
+                               grad_output.to(result_dtype(hidden)).contiguous(), EntropyGradient{},
                                grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
   });
 }
@@ -201,14 +202,14 @@ std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
         make_linear_options(function, inputs, ignore_index, "none", 0.0, 0.0, softcap,
                             logit_scale, workspace_bytes, fp32_logits);
     const Tensor entropy_vector = entropy.contiguous();
-    const auto grad_entropy32 = as_fp32_vector(grad_entropy);
+    const auto grad_entropy32 = as_result_dtype(grad_entropy, hidden);
     EntropyGradient entropy_gradient;
     if (grad_entropy32.has_value()) {
       entropy_gradient.entropy = vector_view(entropy_vector, function, "entropy");
       entropy_gradient.grad = vector_view(*grad_entropy32, function, "grad_entropy");
     }
     return run_linear_backward(function, inputs, options, lse,
-                               grad_logprob.to(at::kFloat).neg().contiguous(), entropy_gradient,
+                               grad_logprob.to(result_dtype(hidden)).neg().contiguous(), entropy_gradient,
                                grad_hidden, grad_weight, grad_bias);
   });
 }

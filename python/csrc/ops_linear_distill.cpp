@@ -148,7 +148,7 @@ std::tuple<Tensor, Tensor> linear_distill_backward_op(
         make_options(function, inputs, kind, temperature, beta, softcap, soft_weight,
                      hard_weight, ignore_index, reduction, label_smoothing, z_loss,
                      workspace_bytes, fp32_logits);
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(student_hidden)).contiguous();
     StudentGradients grads = make_gradients(function, inputs, grad_hidden, grad_weight);
 
     const TensorView hidden_view = matrix_view(inputs.student_hidden, function, "student_hidden");

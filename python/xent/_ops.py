@@ -29,13 +29,18 @@ ops = torch.ops.xent
 _register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
 
 
+def _result_dtype(like: torch.Tensor) -> torch.dtype:
+    """float32 results, float64 for float64 inputs (as python/csrc result_dtype)."""
+    return torch.float64 if like.dtype == torch.float64 else torch.float32
+
+
 def _loss_like(like: torch.Tensor, reduction: str, rows) -> torch.Tensor:
     shape = (rows,) if reduction == "none" else ()
-    return like.new_empty(shape, dtype=torch.float32)
+    return like.new_empty(shape, dtype=_result_dtype(like))
 
 
 def _ce_outputs(like: torch.Tensor, rows, reduction: str, with_stats: bool):
-    f32 = torch.float32
+    f32 = _result_dtype(like)
     stat_rows = rows if with_stats else 0
     return (
         _loss_like(like, reduction, rows),

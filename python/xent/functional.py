@@ -3,7 +3,9 @@
 Shapes: logits (N, V) or (B, T, V) with the vocabulary last; target (N,) or (B, T); hidden
 (N, H) or (B, T, H). Per-row results (reduction="none", statistics) come back shaped like target.
 Losses are float32 whatever the input dtype (the kernels do their math in float32, as
-F.cross_entropy under autocast does); gradients come back in each input's dtype.
+F.cross_entropy under autocast does), except for float64 inputs on the CPU: float64 math and
+float64 losses, so torch.autograd.gradcheck works at its default tolerances; gradients come back
+in each input's dtype.
 """
 
 from __future__ import annotations

@@ -115,6 +115,14 @@ void ArgumentChecker::dtype_in(const TensorView& view, const char* name,
   fail(name, "has unsupported dtype", dtype_name(view.dtype), expected);
 }
 
+void ArgumentChecker::result(const TensorView& view, const char* name) const {
+  if (result_dtype_ == DType::f64) {
+    dtype_in(view, name, {DType::f64}, "float64 (the result dtype of float64 inputs)");
+  } else {
+    dtype_in(view, name, {DType::f32}, "float32 (float64 only for float64 inputs)");
+  }
+}
+
 void ArgumentChecker::floating_input(const TensorView& view, const char* name) const {
   if (on_cpu()) {
     dtype_in(view, name, {DType::f32, DType::bf16, DType::f16, DType::f64},

@@ -22,7 +22,10 @@ std::string number_string(double value);
 class ArgumentChecker {
  public:
   // `device` is the device of the op's primary input; every other tensor must be on it.
-  ArgumentChecker(const char* function, Device device) : function_(function), device_(device) {}
+  // `input` is its dtype, which fixes the dtype of the op's results (see `result`).
+  ArgumentChecker(const char* function, Device device, DType input = DType::f32)
+      : function_(function), device_(device),
+        result_dtype_(input == DType::f64 ? DType::f64 : DType::f32) {}
 
   const char* function() const { return function_; }
   Device device() const { return device_; }
@@ -52,6 +55,10 @@ class ArgumentChecker {
   void same_dtype(const TensorView& view, const char* name, const TensorView& reference,
                   const char* reference_name) const;
   void fp32(const TensorView& view, const char* name) const { dtype_in(view, name, {DType::f32}, "float32"); }
+  // Results (loss, statistics) and what comes back to them (grad_output, a saved lse) are float32
+  // for fp32/bf16/fp16 inputs and float64 for float64 inputs: the op's compute type, so float64
+  // math is never rounded to float32 on the way out (torch.autograd.gradcheck needs that).
+  void result(const TensorView& view, const char* name) const;
 
   void same_device(const TensorView& view, const char* name) const;
 
@@ -71,6 +78,7 @@ class ArgumentChecker {
  private:
   const char* function_;
   Device device_;
+  DType result_dtype_;
 };
 
 // Throws a runtime Error when `device` is a GPU and the library was built without CUDA.

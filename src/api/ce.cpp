@@ -40,7 +40,7 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
                  const EntropyGradient& entropy, const CeOptions& options,
                  TensorView grad_logits, Workspace workspace, Stream stream) {
   api::validate_ce_backward(logits, target, lse, grad_output, options, grad_logits, workspace);
-  api::validate_entropy_gradient("ce_backward", logits.device, entropy, lse, options.reduction,
+  api::validate_entropy_gradient("ce_backward", logits.device, logits.dtype, entropy, lse, options.reduction,
                                  logits.rows);
   api::require_backend("ce_backward", logits.device);
 #if defined(XENT_WITH_CUDA)

@@ -52,14 +52,14 @@ void check_loss(const ArgumentChecker& check, const TensorView& loss, Reduction 
                         reduction == Reduction::none ? "a [N] float32 tensor"
                                                      : "a float32 scalar");
   check.loss_shaped(loss, "loss", reduction, rows);
-  check.fp32(loss, "loss");
+  check.result(loss, "loss");
 }
 
 void check_grad_output(const ArgumentChecker& check, const TensorView& grad_output,
                        Reduction reduction, int64_t rows) {
   if (!grad_output.present()) return;
   check.loss_shaped(grad_output, "grad_output", reduction, rows);
-  check.fp32(grad_output, "grad_output");
+  check.result(grad_output, "grad_output");
 }
 
 void check_ce_stats(const ArgumentChecker& check, const CeStats& stats, Reduction reduction,
@@ -70,7 +70,7 @@ void check_ce_stats(const ArgumentChecker& check, const CeStats& stats, Reductio
   for (const auto& [view, name] : float_rows) {
     if (!view->present()) continue;
     check.vector(*view, name, rows, per_row);
-    check.fp32(*view, name);
+    check.result(*view, name);
   }
   if (stats.argmax.present()) {
     check.vector(stats.argmax, "argmax", rows, per_row);
@@ -78,11 +78,11 @@ void check_ce_stats(const ArgumentChecker& check, const CeStats& stats, Reductio
   }
   if (stats.accuracy.present()) {
     check.scalar(stats.accuracy, "accuracy");
-    check.fp32(stats.accuracy, "accuracy");
+    check.result(stats.accuracy, "accuracy");
   }
   if (stats.z_loss_value.present()) {
     check.loss_shaped(stats.z_loss_value, "z_loss_value", reduction, rows);
-    check.fp32(stats.z_loss_value, "z_loss_value");
+    check.result(stats.z_loss_value, "z_loss_value");
   }
 }
 
@@ -120,7 +120,7 @@ void check_distill_options(const ArgumentChecker& check, const DistillOptions& o
 void validate_ce_forward(const TensorView& logits, const TensorView& target,
                          const CeOptions& options, const CeOutputs& out,
                          const TensorView& grad_output, const Workspace& workspace) {
-  const ArgumentChecker check("ce_forward", logits.device);
+  const ArgumentChecker check("ce_forward", logits.device, logits.dtype);
   check_logits(check, logits, "logits");
   const int64_t rows = logits.rows, vocab = logits.cols;
   check_target(check, target, rows, "a [N] tensor", true);
@@ -145,14 +145,14 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
                           const TensorView& lse, const TensorView& grad_output,
                           const CeOptions& options, const TensorView& grad_logits,
                           const Workspace& workspace) {
-  const ArgumentChecker check("ce_backward", logits.device);
+  const ArgumentChecker check("ce_backward", logits.device, logits.dtype);
   check_logits(check, logits, "logits");
   const int64_t rows = logits.rows, vocab = logits.cols;
   check_target(check, target, rows, "a [N] tensor", true);
   check_ce_options(check, options, rows, vocab);
   if (lse.present()) {
     check.vector(lse, "lse", rows, rows_form(rows, "logits"));
-    check.fp32(lse, "lse");
+    check.result(lse, "lse");
   }
   check_grad_output(check, grad_output, options.reduction, rows);
   check.require_present(grad_logits, "grad_logits", "a tensor shaped like logits");
@@ -167,11 +167,11 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
   check_ce_values(check, target, options, vocab);
 }
 
-void validate_entropy_gradient(const char* function, Device device,
+void validate_entropy_gradient(const char* function, Device device, DType input,
                                const EntropyGradient& entropy, const TensorView& lse,
                                Reduction reduction, int64_t rows) {
   if (!entropy.present() && !entropy.entropy.present()) return;
-  const ArgumentChecker check(function, device);
+  const ArgumentChecker check(function, device, input);
   if (reduction != Reduction::none) {
     check.fail("entropy", "needs reduction none", reduction_name(reduction),
                "reduction none (the entropy gradient is per row)");
@@ -181,9 +181,9 @@ void validate_entropy_gradient(const char* function, Device device,
   check.require_present(lse, "lse", "the [N] fp32 lse of the forward (with an entropy gradient)");
   const std::string per_row = rows_form(rows, "the input");
   check.vector(entropy.grad, "entropy.grad", rows, per_row);
-  check.fp32(entropy.grad, "entropy.grad");
+  check.result(entropy.grad, "entropy.grad");
   check.vector(entropy.entropy, "entropy.entropy", rows, per_row);
-  check.fp32(entropy.entropy, "entropy.entropy");
+  check.result(entropy.entropy, "entropy.entropy");
 }
 
 namespace {
@@ -214,7 +214,7 @@ void validate_distill_forward(const TensorView& student, const TensorView& teach
                               const TensorView& target, const DistillOptions& options,
                               const DistillOutputs& out, const TensorView& grad_output,
                               const Workspace& workspace) {
-  const ArgumentChecker check("distill_forward", student.device);
+  const ArgumentChecker check("distill_forward", student.device, student.dtype);
   check_distill_common(check, student, teacher, target, options, grad_output);
   check_loss(check, out.loss, options.ce.reduction, student.rows);
   if (out.grad_student.present()) check_grad_student(check, out.grad_student, student, teacher);
@@ -233,7 +233,7 @@ void validate_distill_backward(const TensorView& student, const TensorView& teac
                                const TensorView& target, const TensorView& grad_output,
                                const DistillOptions& options, const TensorView& grad_student,
                                const Workspace& workspace) {
-  const ArgumentChecker check("distill_backward", student.device);
+  const ArgumentChecker check("distill_backward", student.device, student.dtype);
   check_distill_common(check, student, teacher, target, options, grad_output);
   check.require_present(grad_student, "grad_student", "a tensor shaped like student");
   check_grad_student(check, grad_student, student, teacher);

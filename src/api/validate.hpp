@@ -18,7 +18,7 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
                           const Workspace& workspace);
 // The entropy term of a backward (ce.hpp EntropyGradient): reduction none, lse present, and
 // entropy and grad [N] fp32 on the op's device. Nothing is checked when it is absent.
-void validate_entropy_gradient(const char* function, Device device,
+void validate_entropy_gradient(const char* function, Device device, DType input,
                                const EntropyGradient& entropy, const TensorView& lse,
                                Reduction reduction, int64_t rows);
 

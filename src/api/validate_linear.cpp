@@ -147,7 +147,7 @@ void validate_linear_ce_forward(const TensorView& hidden, const TensorView& weig
                                 const TensorView& bias, const TensorView& target,
                                 const LinearCeOptions& options, const LinearCeOutputs& out,
                                 const TensorView& grad_output, const Workspace& workspace) {
-  const ArgumentChecker check("linear_ce_forward", hidden.device);
+  const ArgumentChecker check("linear_ce_forward", hidden.device, hidden.dtype);
   CeOutputs loss_and_stats;
   loss_and_stats.loss = out.loss;
   loss_and_stats.stats = out.stats;
@@ -160,10 +160,10 @@ void validate_linear_ce_backward(const TensorView& hidden, const TensorView& wei
                                  const TensorView& lse, const TensorView& grad_output,
                                  const LinearCeOptions& options, const LinearGradients& grads,
                                  const Workspace& workspace) {
-  const ArgumentChecker check("linear_ce_backward", hidden.device);
+  const ArgumentChecker check("linear_ce_backward", hidden.device, hidden.dtype);
   if (lse.present() && hidden.present()) {
     check.vector(lse, "lse", hidden.rows, bracketed(hidden.rows, " (one per row of hidden)"));
-    check.fp32(lse, "lse");
+    check.result(lse, "lse");
   }
   check_linear_ce(hidden, weight, bias, target, options, grads,
                   grad_output, workspace, check, nullptr);
@@ -250,7 +250,7 @@ void validate_linear_distill_forward(const TensorView& student_hidden,
                                      const LinearDistillOptions& options,
                                      const LinearDistillOutputs& out,
                                      const TensorView& grad_output, const Workspace& workspace) {
-  const ArgumentChecker check("linear_distill_forward", student_hidden.device);
+  const ArgumentChecker check("linear_distill_forward", student_hidden.device, student_hidden.dtype);
   check_linear_distill(check, student_hidden, student_weight, teacher, target, options,
                        &out.loss, out.grads, grad_output, workspace);
 }
@@ -260,7 +260,7 @@ void validate_linear_distill_backward(const TensorView& student_hidden,
                                       const TensorView& target, const TensorView& grad_output,
                                       const LinearDistillOptions& options,
                                       const LinearGradients& grads, const Workspace& workspace) {
-  const ArgumentChecker check("linear_distill_backward", student_hidden.device);
+  const ArgumentChecker check("linear_distill_backward", student_hidden.device, student_hidden.dtype);
   check_linear_distill(check, student_hidden, student_weight, teacher, target, options, nullptr,
                        grads, grad_output, workspace);
 }

@@ -95,6 +95,17 @@ struct RowStats {
   XENT_HD T entropy() const { return std::log(sum_exp) - sum_exp_shift / sum_exp; }
 };
 
+// What a row outside the loss (target == ignore_index) reports on every backend (SPEC §1): no
+// loss and no statistics. Its entropy is 0 like its lse and logprob, not the entropy of its
+// logits: an ignored row is padding or a prompt token, whose distribution nobody asked about, and
+// a 0 lets `entropy.sum() / n_valid` average over the valid tokens as it does for logprob. It
+// also spares backends a pass over the row.
+template <class T>
+struct IgnoredRow {
+  static constexpr T loss = 0, lse = 0, logprob = 0, entropy = 0;
+  static constexpr int64_t argmax = -1;
+};
+
 // Row-independent constants of a call.
 template <class T>
 struct CeConstants {

@@ -103,6 +103,22 @@ XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps, Math mat
   return m + math.log(T(1) + math.exp(-(a > b ? a - b : b - a)));
 }
 
+// The jsd's u = (1−β)·(log p_s − log m) of the gradient p_s·(u − Σ p_s·u), shifted by the
+// constant c0 = −(1−β)·log(1−β) that u takes wherever p_t = 0: (1−β)·(b − log m), b as above,
+// with b − log m formed from |a − b| alone. The gradient does not change (Σ p_s = 1), but against
+// a peaked teacher u ≈ c0 on almost every element, and u − Σ p_s·u was a difference of two values
+// near c0 = 0.35 (β = ½): fp32 lost up to ~1e-5 relative against float64 (a seed failed SPEC
+// §6's 1e-5). Measured from c0 the p_t = 0 elements give exactly 0 and the others small values
+// (a float32 model of a 37 × 1031 row batch with a teacher of sd 30: worst relative error over
+// 200 draws 1.06e-5 before, 2.4e-6 after).
+template <class T, class Math = StdExpLog>
+XENT_HD T jsd_shifted_u(const DistillConstants<T>& c, T log_pt, T log_ps, Math math = {}) {
+  const T a = c.log_beta + log_pt, b = c.log_one_minus_beta + log_ps;
+  const T gap = a > b ? a - b : b - a;
+  const T student_share = (a > b ? -gap : T(0)) - math.log(T(1) + math.exp(-gap));  // b − log m
+  return (T(1) - c.beta) * student_share;
+}
+
 // One element's terms from its log-probabilities and probabilities (log_p = v − lse, p = e^log_p),
 // for a backend that forms the exponentials its own way (the GPU kernels use the ex2 unit);
 // distill_term below is this with std::exp.
@@ -121,7 +137,7 @@ XENT_HD DistillTerm<T> distill_term_from_probs(const DistillConstants<T>& c, T l
       const T log_m = log_mixture(c, log_pt, log_ps, math);
       const T loss = c.beta * weighted_log_ratio(pt, log_pt - log_m) +
                      (T(1) - c.beta) * weighted_log_ratio(ps, log_ps - log_m);
-      return {loss, weighted_log_ratio(ps, (T(1) - c.beta) * (log_ps - log_m))};
+      return {loss, weighted_log_ratio(ps, jsd_shifted_u(c, log_pt, log_ps, math))};
     }
     case DistillKindCode::soft_ce:
       return {-weighted_log_ratio(pt, log_ps), T(0)};
@@ -155,8 +171,7 @@ XENT_HD T distill_grad_from_probs(const DistillConstants<T>& c, T log_ps, T log_
       return ps == T(0) ? T(0) : ps * (log_ps - log_pt - sum_prob_u);
     case DistillKindCode::jsd: {
       if (distill_is_degenerate(c) || ps == T(0)) return T(0);
-      const T u = (T(1) - c.beta) * (log_ps - log_mixture(c, log_pt, log_ps, math));
-      return ps * (u - sum_prob_u);
+      return ps * (jsd_shifted_u(c, log_pt, log_ps, math) - sum_prob_u);
     }
     case DistillKindCode::tvd: {
       const T u = T(0.5) * (ps > pt ? T(1) : (ps < pt ? T(-1) : T(0)));

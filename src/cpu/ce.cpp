@@ -13,7 +13,7 @@ void ce_forward_typed(TensorView logits, TensorView target, const CeOptions& opt
   const int64_t rows = logits.rows, vocab = logits.cols;
   const auto counts = count_valid_rows(target, rows, options.ignore_index, options.class_weight);
   const auto call = make_ce_call<T>(options, vocab, counts);
-  const CeRowRequest request{out.stats.entropy.present(), out.grad_logits.present()};
+  const CeRowRequest request{out.grad_logits.present()};
   CeResults<T> results(out.loss, out.stats, options.reduction, rows);
 
 #pragma omp parallel for schedule(static) if (rows * vocab >= kParallelWork)

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "common/ce_row.hpp"
@@ -85,21 +84,22 @@ CeCall<T> make_ce_call(const CeOptions& options, int64_t vocab, const ValidCount
   return call;
 }
 
+// The result of a row; the initial values are those of an ignored row.
 template <class T>
 struct CeRowResult {
+  using Ignored = common::IgnoredRow<T>;
   bool valid = false;
-  T loss = 0;      // r_n·ℓ_n
-  T z_loss = 0;    // r_n·ζ_n
-  T lse = 0;
-  T logprob = 0;
-  T entropy = 0;
-  int64_t argmax = -1;
+  T loss = Ignored::loss;      // r_n·ℓ_n
+  T z_loss = Ignored::loss;    // r_n·ζ_n
+  T lse = Ignored::lse;
+  T logprob = Ignored::logprob;
+  T entropy = Ignored::entropy;
+  int64_t argmax = Ignored::argmax;
   bool correct = false;
 };
 
-// What a caller wants from a row beyond the loss.
+// What a caller wants from a row beyond the loss and its statistics.
 struct CeRowRequest {
-  bool entropy = false;   // statistics of ignored rows are needed for their entropy
   bool gradient = false;  // write ∂loss/∂x into `grad`
 };
 
@@ -162,17 +162,13 @@ CeRowResult<T> ce_process_row(const CeCall<T>& call, const S* x, int64_t target,
                               const CeRowRequest& request, T upstream, G* grad) {
   CeRowResult<T> result;
   result.valid = target != call.ignore_index;
-  if (!result.valid && !request.entropy) {
+  if (!result.valid) {
     if (request.gradient) zero_row(grad, call.vocab);
     return result;
   }
   const auto stats = ce_row_stats(call, x);
   const T lse = stats.lse();
   result.entropy = stats.entropy();
-  if (!result.valid) {
-    if (request.gradient) zero_row(grad, call.vocab);
-    return result;
-  }
   const auto& c = call.constants;
   const T target_logit = c.transform.value(to_compute<T>(x[target]));
   const T target_weight = call.class_weight ? static_cast<T>(call.class_weight[target]) : T(1);
@@ -224,10 +220,9 @@ T upstream_of_row(TensorView grad_output, Reduction reduction, int64_t row) {
   return read_scalar<T>(grad_output, reduction == Reduction::none ? row : 0);
 }
 
-// The gradient of one row from its logits, for backward passes. `saved_lse` (fp32, may be
-// absent) skips the statistics; fp64 inputs recompute instead, to keep their fp64 precision.
-// A present `entropy` adds the entropy term, with S = lse − H from the saved statistics (or the
-// recomputed ones in fp64).
+// The gradient of one row from its logits, for backward passes. `saved_lse` (the forward's, in
+// the result dtype; may be absent) skips the statistics. A present `entropy` adds the entropy
+// term, with S = lse − H from the saved statistics (or the recomputed ones).
 template <class T, class S, class G>
 void ce_backward_row(const CeCall<T>& call, const S* x, G* grad, int64_t target, int64_t row,
                      TensorView saved_lse, T upstream, const EntropyGradient& entropy = {}) {
@@ -235,9 +230,8 @@ void ce_backward_row(const CeCall<T>& call, const S* x, G* grad, int64_t target,
     zero_row(grad, call.vocab);
     return;
   }
-  const bool use_saved = saved_lse.present() && !std::is_same_v<T, double>;
   T lse = 0, entropy_value = 0;
-  if (use_saved) {
+  if (saved_lse.present()) {
     lse = read_scalar<T>(saved_lse, row);
     if (entropy.present()) entropy_value = read_scalar<T>(entropy.entropy, row);
   } else {
@@ -268,25 +262,25 @@ class CeResults {
     loss_[n] = r.loss;
     z_loss_[n] = r.z_loss;
     correct_[n] = r.correct;
-    write_f32(stats_.lse, n, r.lse);
-    write_f32(stats_.logprob, n, r.logprob);
-    write_f32(stats_.entropy, n, r.entropy);
+    write_result(stats_.lse, n, r.lse);
+    write_result(stats_.logprob, n, r.logprob);
+    write_result(stats_.entropy, n, r.entropy);
     if (stats_.argmax.present()) static_cast<int64_t*>(stats_.argmax.data)[n] = r.argmax;
     if (reduction_ == Reduction::none) {
-      write_f32(loss_out_, n, static_cast<double>(r.loss) + r.z_loss);
-      write_f32(stats_.z_loss_value, n, r.z_loss);
+      write_result(loss_out_, n, static_cast<double>(r.loss) + r.z_loss);
+      write_result(stats_.z_loss_value, n, r.z_loss);
     }
   }
 
   void finish(const CeCall<T>& call, const ValidCounts& counts) {
     if (reduction_ != Reduction::none) {
-      write_f32(loss_out_, 0, reduce_ce_loss(call, loss_, z_loss_));
-      write_f32(stats_.z_loss_value, 0, reduce_z_loss(call, z_loss_));
+      write_result(loss_out_, 0, reduce_ce_loss(call, loss_, z_loss_));
+      write_result(stats_.z_loss_value, 0, reduce_z_loss(call, z_loss_));
     }
     if (stats_.accuracy.present()) {
       int64_t hits = 0;
       for (const char c : correct_) hits += c;
-      write_f32(stats_.accuracy, 0,
+      write_result(stats_.accuracy, 0,
                 counts.valid_rows > 0 ? static_cast<double>(hits) / counts.valid_rows : 0.0);
     }
   }

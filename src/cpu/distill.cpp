@@ -37,10 +37,10 @@ void distill_typed(TensorView student, TensorView teacher, TensorView target,
     soft[n] = r.soft;
     hard_loss[n] = r.hard_loss;
     hard_z[n] = r.hard_z_loss;
-    if (want_loss && reduction == Reduction::none) write_f32(loss, n, distill_row_loss(call, r));
+    if (want_loss && reduction == Reduction::none) write_result(loss, n, distill_row_loss(call, r));
   }
   if (want_loss && reduction != Reduction::none) {
-    write_f32(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
+    write_result(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
   }
 }
 

@@ -76,7 +76,7 @@ void linear_ce_forward_typed(TensorView hidden, TensorView weight, TensorView bi
   const int64_t rows = hidden.rows, vocab = weight.rows;
   const auto counts = count_valid_rows(target, rows, ce.ignore_index, ce.class_weight);
   const auto call = make_ce_call<T>(ce, vocab, counts);
-  const CeRowRequest request{out.stats.entropy.present(), any_gradient(out.grads)};
+  const CeRowRequest request{any_gradient(out.grads)};
   CeResults<T> results(out.loss, out.stats, ce.reduction, rows);
   const bool fill_cache = options.logits_cache.present() && !any_gradient(out.grads);
   for_each_chunk<S>(hidden, weight, bias, out.grads, options,

@@ -104,14 +104,14 @@ void linear_distill_typed(TensorView student_hidden, TensorView student_weight,
       hard_loss[n] = result.hard_loss;
       hard_z[n] = result.hard_z_loss;
       if (want_loss && reduction == Reduction::none) {
-        write_f32(loss, n, distill_row_loss(call, result));
+        write_result(loss, n, distill_row_loss(call, result));
       }
     }
     if (accumulator) accumulator->add_chunk(student, row0, count, logits, hidden_copy);
   }
   if (accumulator) accumulator->finish();
   if (want_loss && reduction != Reduction::none) {
-    write_f32(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
+    write_result(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
   }
 }
 

@@ -83,8 +83,15 @@ inline int64_t read_target(const TensorView& target, int64_t i) {
                                     : static_cast<const int64_t*>(target.data)[i];
 }
 
-inline void write_f32(const TensorView& view, int64_t i, double value) {
-  if (view.present()) static_cast<float*>(view.data)[i] = static_cast<float>(value);
+// Writes element i of a result (loss, statistic): float32, or float64 for float64 inputs
+// (validated in src/api).
+inline void write_result(const TensorView& view, int64_t i, double value) {
+  if (!view.present()) return;
+  if (view.dtype == DType::f64) {
+    static_cast<double*>(view.data)[i] = value;
+  } else {
+    static_cast<float*>(view.data)[i] = static_cast<float>(value);
+  }
 }
 
 }  // namespace xent::cpu

@@ -121,17 +121,19 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const bool want_gradient = a.grad != nullptr;
   S* grad = want_gradient ? static_cast<S*>(a.grad) + row * a.grad_row_stride + begin : nullptr;
 
-  // Ignored rows need statistics only for their entropy; their gradient is zero.
-  const bool need_stats = valid || a.entropy != nullptr;
-  if (!need_stats) {
+  // An ignored row reads nothing: no loss, no statistics (common::IgnoredRow), a zero gradient.
+  // Every CTA of its cluster leaves here alike, so none waits at a cluster barrier.
+  if (!valid) {
+    using Ignored = common::IgnoredRow<float>;
     if (rank == 0) {
-      if (a.row_loss) a.row_loss[row] = 0.0f;
-      if (a.row_z_loss) a.row_z_loss[row] = 0.0f;
-      if (a.row_total) a.row_total[row] = 0.0f;
+      if (a.row_loss) a.row_loss[row] = Ignored::loss;
+      if (a.row_z_loss) a.row_z_loss[row] = Ignored::loss;
+      if (a.row_total) a.row_total[row] = Ignored::loss;
       if (a.row_correct) a.row_correct[row] = 0.0f;
-      if (a.lse) a.lse[row] = 0.0f;
-      if (a.logprob) a.logprob[row] = 0.0f;
-      if (a.argmax) a.argmax[row] = -1;
+      if (a.lse) a.lse[row] = Ignored::lse;
+      if (a.logprob) a.logprob[row] = Ignored::logprob;
+      if (a.entropy) a.entropy[row] = Ignored::entropy;
+      if (a.argmax) a.argmax[row] = Ignored::argmax;
     }
     if (want_gradient) write_constant_row(grad, length, p.grad_vector_ok, 0.0f);
     return;
@@ -163,7 +165,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   CePartial mine;
   mine.stats = block_merge(stats, warp_scratch);
   mine.target_logit = 0.0f;
-  if (threadIdx.x == 0 && valid && in_range && target >= begin && target < begin + length) {
+  if (threadIdx.x == 0 && in_range && target >= begin && target < begin + length) {
     mine.target_logit = c.transform.value(slice.element(target - begin));
   }
   cluster_exchange(mine, slots, &row_shared.merged, p.cluster, ClusterPhase::first_exchange,
@@ -177,35 +179,25 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
     const float lse = row_stats.lse();
     if (rank == 0) {
       if (a.entropy) a.entropy[row] = row_stats.entropy();
-      if (!valid) {
-        if (a.row_loss) a.row_loss[row] = 0.0f;
-        if (a.row_z_loss) a.row_z_loss[row] = 0.0f;
-        if (a.row_total) a.row_total[row] = 0.0f;
-        if (a.row_correct) a.row_correct[row] = 0.0f;
-        if (a.lse) a.lse[row] = 0.0f;
-        if (a.logprob) a.logprob[row] = 0.0f;
-        if (a.argmax) a.argmax[row] = -1;
-      } else {
-        const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-        float loss = quiet_nan(), z = quiet_nan(), logprob = quiet_nan();
-        if (in_range) {
-          const float target_logit = row_shared.merged.target_logit;
-          const float target_weight = class_weight ? class_weight[target] : 1.0f;
-          const auto parts = common::ce_row_loss(c, row_stats, lse, target_logit, target_weight);
-          loss = r * parts.loss;
-          z = r * parts.z_loss;
-          logprob = target_logit - lse;
-        }
-        if (a.row_loss) a.row_loss[row] = loss;
-        if (a.row_z_loss) a.row_z_loss[row] = z;
-        if (a.row_total) a.row_total[row] = loss + z;
-        if (a.row_correct) a.row_correct[row] = row_stats.argmax == target ? 1.0f : 0.0f;
-        if (a.lse) a.lse[row] = lse;
-        if (a.logprob) a.logprob[row] = logprob;
-        if (a.argmax) a.argmax[row] = row_stats.argmax;
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      float loss = quiet_nan(), z = quiet_nan(), logprob = quiet_nan();
+      if (in_range) {
+        const float target_logit = row_shared.merged.target_logit;
+        const float target_weight = class_weight ? class_weight[target] : 1.0f;
+        const auto parts = common::ce_row_loss(c, row_stats, lse, target_logit, target_weight);
+        loss = r * parts.loss;
+        z = r * parts.z_loss;
+        logprob = target_logit - lse;
       }
+      if (a.row_loss) a.row_loss[row] = loss;
+      if (a.row_z_loss) a.row_z_loss[row] = z;
+      if (a.row_total) a.row_total[row] = loss + z;
+      if (a.row_correct) a.row_correct[row] = row_stats.argmax == target ? 1.0f : 0.0f;
+      if (a.lse) a.lse[row] = lse;
+      if (a.logprob) a.logprob[row] = logprob;
+      if (a.argmax) a.argmax[row] = row_stats.argmax;
     }
-    if (want_gradient && valid && in_range) {
+    if (want_gradient && in_range) {
       const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
       const float r = a.row_weight ? a.row_weight[row] : 1.0f;
       const float target_weight = class_weight ? class_weight[target] : 1.0f;
@@ -219,9 +211,8 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   __syncthreads();
 
   if (want_gradient) {
-    if (!valid || !in_range) {
-      write_constant_row(grad, length, p.grad_vector_ok,
-                         valid ? quiet_nan() : 0.0f);
+    if (!in_range) {
+      write_constant_row(grad, length, p.grad_vector_ok, quiet_nan());
     } else {
       const CeGradRow<float> grad_row = row_shared.grad_row;
       const int target_in_slice =  // -1 when y lies in another CTA's slice

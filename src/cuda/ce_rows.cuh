@@ -79,7 +79,7 @@ struct CeRowsArgs {
   float* row_correct = nullptr;     // 1 where argmax == target on a valid row, else 0
   float* lse = nullptr;             // 0 for ignored rows
   float* logprob = nullptr;         // 0 for ignored rows
-  float* entropy = nullptr;         // computed for ignored rows too
+  float* entropy = nullptr;         // 0 for ignored rows
   int64_t* argmax = nullptr;        // −1 for ignored rows
   // Gradient ∂loss/∂logits (same dtype as the logits), or null. It may be exactly the logits
   // buffer (in place): every CTA stages its part of a row on chip before writing it.

@@ -1,5 +1,8 @@
 // ce on logits (SPEC §1): the special cases, each for every input dtype and reduction: odd and
 // padded shapes, int32 targets, ignored rows, N = 0, NaN rows, edge targets, in-place gradients.
+#include <algorithm>
+#include <cmath>
+
 #include "ce_check.hpp"
 
 namespace xent::test {
@@ -151,6 +154,89 @@ TEST(CeRowIndependence, OtherRowsUnchangedBitForBit) {
       ASSERT_EQ(grads[0][n * vocab + i], grads[1][n * vocab + i]) << "row " << n << " col " << i;
   }
 }
+
+// SPEC §1 mean with D = 0 and N_valid > 0: every valid target has class weight 0. The ℓ part is 0
+// (its divisor D is 0, though with smoothing its numerator is not), the z-loss part keeps its own
+// divisor N_valid, and the gradient is the z-loss gradient alone (docs/semantics.md says why).
+class CeMeanZeroTargetWeight : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(CeMeanZeroTargetWeight, LossPartZeroZLossPartKept) {
+  XENT_TEST_RNG(rng);
+  const DType dtype = GetParam();
+  const int64_t rows = 13, vocab = 101;
+  const double lambda = 1e-2, g = 1.7;
+  const Matrix x = rounded(rng.matrix(rows, vocab, 2.0), dtype);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
+  // Weights are fp32 in the op: rounded here so the float64 case checks float64 math.
+  std::vector<double> class_weight = rounded(rng.uniform_vector(vocab, 0.5, 1.5), DType::f32);
+  int64_t valid = 0;
+  for (const int64_t y : target) {
+    if (y == -100) continue;
+    class_weight[static_cast<std::size_t>(y)] = 0.0;
+    ++valid;
+  }
+  ASSERT_GT(valid, 0);
+  const std::vector<double> row_weight = rounded(rng.uniform_vector(rows, 0.5, 1.5), DType::f32);
+
+  // By hand: Σ_valid r_n·λ·lse_n² / N_valid and its gradient c^z·2λ·lse_n·p_i.
+  double expected_loss = 0;
+  Matrix expected_grad(rows, vocab);
+  for (int64_t n = 0; n < rows; ++n) {
+    if (target[n] == -100) continue;
+    double m = x.at(n, 0), s = 0;
+    for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x.at(n, i));
+    for (int64_t i = 0; i < vocab; ++i) s += std::exp(x.at(n, i) - m);
+    const double lse = m + std::log(s);
+    expected_loss += row_weight[n] * lambda * lse * lse / static_cast<double>(valid);
+    const double z_coef = g * row_weight[n] / static_cast<double>(valid);
+    for (int64_t i = 0; i < vocab; ++i)
+      expected_grad.at(n, i) = z_coef * 2 * lambda * lse * std::exp(x.at(n, i) - lse);
+  }
+
+  const Tensor logits = Tensor::of(x, dtype);
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  const Tensor class_weight_tensor = Tensor::of(class_weight, DType::f32);
+  const Tensor row_weight_tensor = Tensor::of(row_weight, DType::f32);
+  CeOptions options;
+  options.reduction = Reduction::mean;
+  options.label_smoothing = 0.1;
+  options.z_loss = lambda;
+  options.class_weight = class_weight_tensor.view();
+  options.row_weight = row_weight_tensor.view();
+  const reference::Upstream upstream{true, {g}};
+  const Tensor grad_output = upstream_tensor(upstream, Reduction::mean, rows, dtype);
+  Tensor loss = loss_tensor(Reduction::mean, rows, dtype);
+  Tensor z_value = loss_tensor(Reduction::mean, rows, dtype);
+  Tensor grad = Tensor::matrix(dtype, rows, vocab);
+  CeOutputs out;
+  out.loss = loss.view();
+  out.stats.z_loss_value = z_value.view();
+  out.grad_logits = grad.view();
+  const Scratch scratch(ce_workspace_size(rows, vocab, options, test_device()));
+  ce_forward(logits.view(), target_tensor.view(), options, out, grad_output.view(),
+             scratch.workspace());
+  finish();
+
+  const double tol = dtype == DType::f64 ? 1e-10 : 1e-5;
+  EXPECT_GT(expected_loss, 0.0);
+  EXPECT_TRUE(close("loss", loss.download(), {expected_loss}, tol));
+  EXPECT_TRUE(close("z_loss_value", z_value.download(), {expected_loss}, tol));
+  EXPECT_TRUE(close("grad_logits", grad.download(), expected_grad.values, tol));
+}
+
+std::vector<DType> zero_weight_dtypes() {
+  std::vector<DType> dtypes = {DType::f32};
+  if (!on_gpu()) dtypes.push_back(DType::f64);
+  return dtypes;
+}
+
+INSTANTIATE_TEST_SUITE_P(Special, CeMeanZeroTargetWeight, ::testing::ValuesIn(zero_weight_dtypes()),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return short_name(info.param);
+                         });
 
 }  // namespace
 }  // namespace xent::test

@@ -66,8 +66,10 @@ std::vector<int64_t> make_targets(Rng& rng, int64_t rows, int64_t vocab, int64_t
                                   bool ignored_rows, bool all_ignored, bool at_edges);
 // Random upstream gradient: a scalar for sum/mean, one value per row for none.
 reference::Upstream make_upstream(Rng& rng, Reduction reduction, int64_t rows, bool unit);
-Tensor upstream_tensor(const reference::Upstream& upstream, Reduction reduction, int64_t rows);
-Tensor loss_tensor(Reduction reduction, int64_t rows);
+// Loss-shaped tensors in the result dtype of an op on `input` (float64 for float64, else float32).
+Tensor upstream_tensor(const reference::Upstream& upstream, Reduction reduction, int64_t rows,
+                       DType input = DType::f32);
+Tensor loss_tensor(Reduction reduction, int64_t rows, DType input = DType::f32);
 // x̃ = softcap(a·x) in double, to judge argmax ties.
 double ce_transformed(const reference::CeSpec& spec, double x);
 

@@ -83,7 +83,7 @@ void check_distill(const DistillProblem& p, Rng& rng) {
   Tensor student_tensor = Tensor::of(student, p.dtype, p.row_stride);
   const Tensor teacher_tensor = Tensor::of(teacher, p.dtype, p.row_stride);
   const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
-  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows);
+  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows, p.dtype);
   const Scratch scratch(distill_workspace_size(rows, vocab, setup.options, test_device()));
 
   const int64_t loss_skip = p.reduction == Reduction::none ? nan_row : -1;
@@ -132,7 +132,7 @@ void check_distill(const DistillProblem& p, Rng& rng) {
 
   {
     SCOPED_TRACE("distill_forward, loss only");
-    Tensor loss = loss_tensor(p.reduction, rows);
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
     DistillOutputs out;
     out.loss = loss.view();
     distill_forward(student_tensor.view(), teacher_tensor.view(), target_tensor.view(),
@@ -145,7 +145,7 @@ void check_distill(const DistillProblem& p, Rng& rng) {
   Tensor& grad = p.in_place ? student_tensor : grad_storage;
   {
     SCOPED_TRACE("distill_forward, with gradient");
-    Tensor loss = loss_tensor(p.reduction, rows);
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
     DistillOutputs out;
     out.loss = loss.view();
     out.grad_student = grad.view();

@@ -368,6 +368,24 @@ std::vector<ErrorCase> error_cases() {
       c.logits_view = retyped(c.logits_view, DType::f64);
       c.grad_logits_view = {};
     }, "logits", "float64");
+  } else {
+    // Results follow the input: float64 for float64 inputs, float32 otherwise (the views are
+    // only retyped: validation rejects them before any element is read).
+    add("ce_forward_float64_logits_float32_loss", E::ce_forward, [](Call& c) {
+      c.logits_view = retyped(c.logits_view, DType::f64);
+    }, "loss", "expected float64");
+    add("ce_forward_float32_logits_float64_loss", E::ce_forward, [](Call& c) {
+      c.loss_view = retyped(c.loss_view, DType::f64);
+    }, "loss", "expected float32");
+    add("ce_backward_float64_logits_float32_grad_output", E::ce_backward, [](Call& c) {
+      c.logits_view = retyped(c.logits_view, DType::f64);
+      c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
+      c.lse_view = {};
+    }, "grad_output", "expected float64");
+    add("ce_backward_float64_logits_float32_lse", E::ce_backward, [](Call& c) {
+      c.logits_view = retyped(c.logits_view, DType::f64);
+      c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
+    }, "lse", "expected float64");
   }
   return cases;
 }
@@ -380,7 +398,7 @@ class Errors : public ::testing::TestWithParam<ErrorCase> {
 TEST_P(Errors, RejectedWithMessageAndNothingWritten) {
   const ErrorCase& error = GetParam();
   Call call;
-  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << call.rng.seed());
+  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << run_seed());
   error.corrupt(call);
   expect_invalid([&] { invoke(error.entry, call); }, error.argument, error.value);
   EXPECT_TRUE(call.outputs_untouched()) << "an output was written before the error";

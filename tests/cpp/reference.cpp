@@ -81,7 +81,6 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
       p[i] = std::exp(v[i] - lse);
       mean_logit += p[i] * v[i];
     }
-    r.entropy[n] = lse - mean_logit;
     int64_t best = 0;
     for (int64_t i = 1; i < vocab; ++i) {
       if (std::isnan(v[best])) break;
@@ -90,8 +89,9 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
     r.transformed_max[n] = vocab > 0 ? v[best] : 0.0;
 
     const int64_t y = target[n];
-    if (y == spec.ignore_index) continue;
+    if (y == spec.ignore_index) continue;  // lse, logprob, entropy 0; argmax −1
     ++valid_rows;
+    r.entropy[n] = lse - mean_logit;
     const double wy = class_weight_of(spec, y);
     denominator += wy;
     r.lse[n] = lse;

@@ -47,7 +47,7 @@ struct CeResult {
   std::vector<double> z_loss_value;  // shaped like loss
   std::vector<double> lse;           // 0 for ignored rows
   std::vector<double> logprob;       // 0 for ignored rows
-  std::vector<double> entropy;       // of every row, ignored ones included
+  std::vector<double> entropy;       // 0 for ignored rows
   std::vector<int64_t> argmax;       // -1 for ignored rows
   std::vector<double> transformed_max;  // max of x̃ per row (to judge argmax ties)
   double accuracy = 0.0;

@@ -30,8 +30,17 @@ void require_device();
 
 // ---- randomness -------------------------------------------------------------------------------
 
-// A fresh seed per test (XENT_TEST_SEED in the environment replays one).
+// Seeds. A run has one seed: `--seed=N` on the command line, else XENT_TEST_SEED from the
+// environment, else a random one; main() prints it first, so any failure can be replayed. With
+// --gtest_repeat=K, iteration k uses seed + k (printed per iteration). Every test derives its own
+// generator seeds from the run's seed and its full name, so one test replays alone:
+// `XENT_TEST_SEED=N xent_tests --gtest_filter=ThatTest`.
+uint64_t run_seed();
+void set_run_seed(uint64_t seed);
+// The next generator seed of the current test (the first, second, ... call in a test differ).
 uint64_t fresh_seed();
+// Replaces gtest_main: reads the seed, prints it, runs the tests.
+int run_tests(int argc, char** argv);
 
 class Rng {
  public:
@@ -48,14 +57,16 @@ class Rng {
   std::mt19937_64 engine_;
 };
 
-// Declares `rng` with a fresh seed and puts the seed in every failure message of the scope.
-#define XENT_TEST_RNG(rng)                       \
+// Declares `rng` with a fresh seed and puts the run's seed in every failure message of the scope.
+#define XENT_TEST_RNG(rng)                           \
   ::xent::test::Rng rng(::xent::test::fresh_seed()); \
-  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << rng.seed())
+  SCOPED_TRACE(::testing::Message() << "XENT_TEST_SEED=" << ::xent::test::run_seed())
 
 // ---- dtypes -----------------------------------------------------------------------------------
 
 bool is_half(DType dtype);  // bf16 or fp16
+// The dtype of an op's results (loss, statistics, grad_output) for inputs of `input`.
+inline DType result_dtype(DType input) { return input == DType::f64 ? DType::f64 : DType::f32; }
 double round_to(DType dtype, double value);
 std::vector<double> rounded(std::vector<double> values, DType dtype);
 Matrix rounded(Matrix m, DType dtype);
@@ -130,8 +141,9 @@ enum class Family { logits, linear };
 // far tighter; bf16/fp16: what PyTorch loses at that dtype (`torch_like` against `ref`) + 1e-3.
 double grad_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);
-// The same for fp32 outputs (loss, statistics), which fp64 inputs also get: fp32 rounding bounds
-// those. An empty `torch_like` means PyTorch loses nothing beyond fp32 here.
+// The same for results (loss, statistics): fp32 rounding bounds those of 32- and 16-bit inputs,
+// fp64 results of fp64 inputs are held to fp64 accuracy. An empty `torch_like` means PyTorch
+// loses nothing beyond fp32 here.
 double stat_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the devices to run on, per-test random generators, tolerances."""
 
 import os
+import random
 import zlib
 
 import pytest
@@ -9,8 +10,42 @@ import torch
 import xent  # noqa: F401  (fails loudly here when the package is not built)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None,
+                     help="the run's seed (default: XENT_TEST_SEED, else a random one); every "
+                          "test derives its generator from it and its id")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    # One seed per run, chosen here and printed in the header, so a failure replays with
+    # `--seed N` (or XENT_TEST_SEED=N) whatever the order or the selection of tests.
+    seed = config.getoption("--seed")
+    if seed is None and os.environ.get("XENT_TEST_SEED"):
+        seed = int(os.environ["XENT_TEST_SEED"])
+    if seed is None:
+        seed = random.SystemRandom().randrange(10**9)
+    config.xent_seed = seed
+
+
+def _seed_line(config):
+    seed = config.xent_seed
+    return f"xent: XENT_TEST_SEED={seed} (replay with --seed {seed} or XENT_TEST_SEED={seed})"
+
+
+def pytest_report_header(config):
+    return _seed_line(config)
+
+
+def pytest_sessionstart(session):
+    # -q hides the report header; the seed must show in every log all the same.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.verbosity < 0:
+        reporter.write_line(_seed_line(session.config))
+
+
+def _test_seed(config, nodeid):
+    return (zlib.crc32(nodeid.encode()) + config.xent_seed) % (2**31)
 
 
 def _devices():
@@ -32,16 +67,13 @@ def device(request):
 
 @pytest.fixture
 def gen(request):
-    """A CPU generator seeded from the test id (and XENT_TEST_SEED), so every test draws fresh
+    """A CPU generator seeded from the run's seed and the test id, so every test draws fresh
     inputs of its own and a failure replays exactly."""
-    base = int(os.environ.get("XENT_TEST_SEED", "0"))
-    seed = (zlib.crc32(request.node.nodeid.encode()) + base) % (2**31)
-    generator = torch.Generator().manual_seed(seed)
-    return generator
+    return torch.Generator().manual_seed(_test_seed(request.config, request.node.nodeid))
 
 
 def pytest_runtest_makereport(item, call):
     if call.when == "call" and call.excinfo is not None and "gen" in item.fixturenames:
-        base = int(os.environ.get("XENT_TEST_SEED", "0"))
-        seed = (zlib.crc32(item.nodeid.encode()) + base) % (2**31)
+        base = item.config.xent_seed
+        seed = _test_seed(item.config, item.nodeid)
         item.add_report_section("call", "seed", f"generator seed {seed} (XENT_TEST_SEED={base})")

@@ -120,10 +120,11 @@ def test_statistics_match_logits_path(device, gen, reduction):
     logits = (h.double() @ w.double().T + b.double()).float()
     plain = xent.cross_entropy(logits, y, reduction=reduction, z_loss=1e-2, softcap=4.0,
                                return_stats=True)
-    for name in ("loss", "lse", "logprob", "accuracy", "z_loss"):
+    for name in ("loss", "lse", "logprob", "entropy", "accuracy", "z_loss"):
         assert ref.rel_error(getattr(fused, name), getattr(plain, name)) <= 1e-4, name
-    valid = y != -100
-    assert ref.rel_error(fused.entropy[valid], plain.entropy[valid]) <= 1e-4
+    ignored = y == -100
+    assert ignored.any()
+    assert torch.all(fused.entropy[ignored] == 0) and torch.all(plain.entropy[ignored] == 0)
     assert torch.equal(fused.argmax, plain.argmax)
 
 
@@ -173,19 +174,6 @@ def test_module_matches_functional(device, gen):
     expected = xent.linear_cross_entropy(h, w, y, b, reduction="sum", label_smoothing=0.1,
                                          z_loss=1e-4)
     torch.testing.assert_close(module(h, w, y, b), expected)
-
-
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_gradcheck(gen, reduction):
-    h, w, b, _ = _inputs(gen, "cpu", rows=4, hidden=3, vocab=6, dtype=torch.float64)
-    y = torch.tensor([0, 5, -100, 2])
-    inputs = tuple(t.requires_grad_() for t in (h, w, b))
-    # fp32 loss: see test_ce.test_gradcheck for the step size.
-    assert torch.autograd.gradcheck(
-        lambda h, w, b: xent.linear_cross_entropy(h, w, y, b, reduction=reduction,
-                                                  label_smoothing=0.1, z_loss=0.01,
-                                                  grad_in_forward=False),
-        inputs, eps=1e-3, atol=2e-3, rtol=1e-3)
 
 
 def test_double_backward_raises(gen):
