@@ -63,7 +63,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_shard_loss
                                             reduction, label_smoothing, z_loss, softcap,
                                             logit_scale);
     const int64_t rows = target.dim() == 1 ? target.size(0) : 0;
-    const auto f32 = gathered.options().dtype(at::kFloat);
+    const auto f32 = gathered.options().dtype(result_dtype(gathered));
     Tensor loss = new_loss(records, options.reduction, rows);
     const int64_t stat_rows = with_stats ? rows : 0;
     Tensor lse = at::empty({stat_rows}, f32);
@@ -105,7 +105,7 @@ Tensor ce_shard_backward_op(const Tensor& logits, const Tensor& target, const Te
     const Tensor logits_rows = contiguous_rows(logits);
     const Tensor target_vector = contiguous_vector(target);
     const Tensor records = gathered.contiguous();
-    const Tensor grad_output32 = grad_output.to(at::kFloat).contiguous();
+    const Tensor grad_output32 = grad_output.to(result_dtype(logits)).contiguous();
     const auto class_weight32 = as_fp32_vector(class_weight);
     const auto row_weight32 = as_fp32_vector(row_weight);
     const CeOptions options = shard_options(function, class_weight32, row_weight32, ignore_index,

@@ -207,7 +207,7 @@ def _ce_shard_loss_fake(gathered, target, row_weight, vocab, ignore_index, reduc
                         label_smoothing, z_loss, softcap, logit_scale, with_stats):
     rows = target.shape[0]
     outputs = _ce_outputs(gathered, rows, reduction, with_stats)
-    lse = gathered.new_empty((rows if with_stats else 0,), dtype=torch.float32)
+    lse = gathered.new_empty((rows if with_stats else 0,), dtype=_result_dtype(gathered))
     return (outputs[0], lse) + outputs[2:]
 
 

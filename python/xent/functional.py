@@ -177,6 +177,18 @@ def _fused_mode(function: str, reduction: str, grad_in_forward: bool,
     return "inplace" if inplace_backward else "fused"
 
 
+def _check_in_place_rows(function: str, argument: str, rows: Tensor) -> None:
+    """inplace_backward writes the gradient over `rows`: they must be readable as they are
+    (contiguous columns, ordered rows), since a copy would take the gradient instead."""
+    readable = (rows.dim() == 2 and (rows.stride(1) == 1 or rows.size(1) <= 1)
+                and (rows.stride(0) >= rows.size(1) or rows.size(0) <= 1))
+    if not readable:
+        _fail(function, argument, "cannot take the gradient in place",
+              f"a tensor of shape {tuple(rows.shape)} and strides {rows.stride()}",
+              "2-D rows with contiguous columns (inplace_backward=False writes the gradient to "
+              "a new tensor instead)")
+
+
 def _grad_scale(function: str, normalizer, reduction: str, like: Tensor):
     """1/normalizer as an fp32 scalar on like's device (never read on the host), or None."""
     if normalizer is None:
@@ -289,6 +301,8 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
                None if softcap is None else float(softcap), float(logit_scale))
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, logits)
+    if mode == "inplace":
+        _check_in_place_rows(function, "logits", logits2d)
     if process_group is not None:  # vocabulary-parallel (SPEC §5)
         mode = "recompute"  # the sharded form has its own passes (xent.distributed)
         outputs = _distributed.cross_entropy(logits2d, target1d, class_weight, row_weight1d,
@@ -431,6 +445,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     class_weight = _class_weight(function, None, class_weight)
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
+    if mode == "inplace":
+        _check_in_place_rows(function, "student_logits", student2d)
     if _needs_grad(student2d)[0]:
         loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options, mode,
                                      grad_scale)

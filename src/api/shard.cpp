@@ -57,7 +57,7 @@ CeOptions without_class_weight(CeOptions options) {
 
 void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
                     const CeOptions& options, TensorView partial, Stream stream) {
-  const api::ArgumentChecker check("ce_shard_stats", logits.device);
+  const api::ArgumentChecker check("ce_shard_stats", logits.device, logits.dtype);
   api::check_logits(check, logits, "logits");
   check_shard(check, shard, logits.cols);
   api::check_target(check, target, logits.rows, "a [N] tensor", true);
@@ -86,7 +86,7 @@ std::size_t ce_shard_workspace_size(int64_t rows, Device device) {
 void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
                    const CeOptions& options, const CeOutputs& out, Workspace workspace,
                    Stream stream) {
-  const api::ArgumentChecker check("ce_shard_loss", gathered.device);
+  const api::ArgumentChecker check("ce_shard_loss", gathered.device, gathered.dtype);
   const int64_t rows = target.present() ? target.rows : 0;
   api::check_target(check, target, rows, "a [N] tensor", true);
   check_shard(check, shard, 0);
@@ -113,7 +113,7 @@ void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
                        TensorView gathered, TensorView grad_output, const CeOptions& options,
                        TensorView grad_logits, int64_t first_row, Workspace workspace,
                        Stream stream) {
-  const api::ArgumentChecker check("ce_shard_backward", logits.device);
+  const api::ArgumentChecker check("ce_shard_backward", logits.device, logits.dtype);
   api::check_logits(check, logits, "logits");
   const int64_t rows = target.present() ? target.rows : 0;
   check_shard(check, shard, logits.cols);

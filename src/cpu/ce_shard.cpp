@@ -88,9 +88,9 @@ void loss_typed(TensorView gathered, TensorView target, VocabShard shard, const 
   for (int64_t n = 0; n < rows; ++n) {
     const auto& m = merged.rows[n];
     CeRowResult<T> r;
-    r.entropy = m.stats.entropy();
     const int64_t y = read_target(target, n);
     r.valid = y != options.ignore_index;
+    r.entropy = r.valid ? m.stats.entropy() : common::IgnoredRow<T>::entropy;
     if (r.valid) {
       const auto c = common::shard_constants(call.constants, shard.vocab, m.class_weight_sum);
       const T lse = m.stats.lse();

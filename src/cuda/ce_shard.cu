@@ -137,7 +137,9 @@ __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const Mer
     const RowStats<float>& s = m.stats;
     const float lse = s.lse();
     const CeRowsArgs& rows_out = p.out;
-    if (rows_out.entropy) rows_out.entropy[n] = s.entropy();
+    if (rows_out.entropy) {
+      rows_out.entropy[n] = is_valid ? s.entropy() : common::IgnoredRow<float>::entropy;
+    }
     float loss = 0, z = 0, logprob = 0, out_lse = 0, correct = 0;
     int64_t arg = -1;
     if (is_valid) {

@@ -90,7 +90,10 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   // two errors no longer moved together and the op's exceeded the model's by chance (2 seeds in
   // 300 for fp32 teacher logits of a bf16 student, reverse_kl).
   const bool half = is_half(p.dtype);
-  const DType torch_teacher_dtype = p.teacher_as_logits ? p.teacher_logits_dtype : p.dtype;
+  // The CUDA backend converts teacher logits of another dtype into the chunk dtype of the student
+  // (src/cuda/linear_distill.cu), so there the op does round them, and so does its model.
+  const DType torch_teacher_dtype =
+      p.teacher_as_logits && !on_gpu() ? p.teacher_logits_dtype : p.dtype;
   const reference::DistillResult torch =
       half ? reference::distill(rounded(student_logits, p.dtype),
                                 rounded(teacher_logits, torch_teacher_dtype), target_or_null,
