@@ -226,11 +226,20 @@ def default_workspace_bytes(device: torch.device, fp32_weight_grad: bool = False
         return 512 * _MIB
     if fp32_weight_grad:
         return 256 * _MIB
+    if torch.compiler.is_compiling():
+        # Memory queries return host integers that torch.compile cannot trace: a compiled graph
+        # takes the value of the last eager call on that device (1 GiB before any).
+        return _LAST_DEFAULT_BUDGET.get(device.index, _GIB)
     index = device.index if device.index is not None else torch.cuda.current_device()
     free, total = torch.cuda.mem_get_info(index)
     free += torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
     budget = max(min(4 * _GIB, total // 8), _GIB)
-    return int(max(min(budget, free // 2), 64 * _MIB))
+    budget = int(max(min(budget, free // 2), 64 * _MIB))
+    _LAST_DEFAULT_BUDGET[device.index] = budget
+    return budget
+
+
+_LAST_DEFAULT_BUDGET: dict = {}
 
 
 def _workspace_budget(function: str, workspace_bytes, hidden: Tensor, weight: Tensor,
@@ -277,7 +286,10 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     read + write otherwise. The graph then supports one backward (retain_graph raises);
     grad_in_forward=False forms it in the backward instead (a second read of the logits, any
     number of backward passes, gradcheck). reduction "none" always forms it in the backward from
-    the saved row statistics (one read + one write there).
+    the saved row statistics (one read + one write there). In 16-bit inputs the forward-formed
+    gradient is rounded once for an upstream of 1 (and exactly scaled by a power of two); any
+    other upstream scalar rounds it a second time, about twice the rounding error of
+    grad_in_forward=False.
 
     inplace_backward=True writes the gradient over the logits in the forward pass: no N x V
     memory is added, and the logits are gone after the call (their values are the gradient).
