@@ -85,6 +85,16 @@ def _apply_upstream(grads, upstream):
     return grads
 
 
+def _gradient_alias(logits):
+    """The gradient written over `logits` (inplace_backward), as a tensor of its own sharing the
+    storage. Returned by the backward as the logits themselves, it would be one more reference to
+    the caller's tensor, and autograd's gradient accumulation copies a gradient it cannot take
+    over: a full N x V copy (measured: the in-place form at 0.39-0.44 of copy bandwidth against
+    0.64-0.78 without it). Saved, the alias is released before accumulation, which then keeps it
+    as .grad without a copy."""
+    return logits.detach()
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     # inputs: logits [N, V], target [N], class_weight, row_weight, options tuple
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
@@ -106,7 +116,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             if mode == "inplace":
                 outputs = ops.ce_forward_grad_inplace(logits, target, class_weight, row_weight,
                                                       *options, with_stats, grad_scale)
-                grad = logits
+                grad = _gradient_alias(logits)
             else:
                 *outputs, grad = ops.ce_forward_grad(logits, target, class_weight, row_weight,
                                                      *options, with_stats, grad_scale)
@@ -212,7 +222,7 @@ class DistillFunction(torch.autograd.Function):
         elif mode == "inplace":
             loss = ops.distill_forward_grad_inplace(student, teacher, target, class_weight,
                                                     *options, grad_scale)
-            ctx.save_for_backward(student)
+            ctx.save_for_backward(_gradient_alias(student))
             (loss,) = _normalized((loss,), grad_scale)
         else:
             loss, grad = ops.distill_forward_grad(student, teacher, target, class_weight,

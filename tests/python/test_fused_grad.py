@@ -122,6 +122,11 @@ def test_inplace_backward_writes_the_gradient_over_the_logits(device, gen, op):
     (grad,) = torch.autograd.grad(inplace_loss, x, upstream)
     assert grad.data_ptr() == storage  # no N x V tensor was added
     torch.testing.assert_close(grad, expected, rtol=1e-2, atol=1e-6)
+    # loss.backward(): the gradient accumulated into .grad is the logits' storage, not a copy.
+    x = logits.clone().requires_grad_()
+    fn(x, inplace_backward=True).backward(upstream)
+    assert x.grad.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(x.grad, expected, rtol=1e-2, atol=1e-6)
 
 
 def test_inplace_backward_errors(device, gen):
