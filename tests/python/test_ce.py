@@ -253,7 +253,11 @@ def test_autocast_returns_float32_like_torch(device, gen):
         loss = xent.cross_entropy(x, target)
         torch_loss = F.cross_entropy(x, target)
     assert loss.dtype == torch_loss.dtype == torch.float32
-    torch.testing.assert_close(loss, torch_loss, rtol=1e-4, atol=1e-4)
+    # The value against float64 on the same 16-bit logits: torch's own autocast loss lands on a
+    # 16-bit-like grid on CUDA (measured up to 1e-3 relative off float64), ours is fp32 math.
+    expected = ref.cross_entropy(x.detach(), target)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, torch_loss, rtol=2e-3, atol=2e-3)
     loss.backward()
     assert x.grad.dtype == torch.bfloat16
 
