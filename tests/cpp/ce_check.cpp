@@ -1,6 +1,7 @@
 // Cross-entropy harness: one problem, every entry point, every output against the reference.
 #include "ce_check.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -147,8 +148,16 @@ void check_ce(const CeProblem& p, Rng& rng) {
   };
   // Where PyTorch would store the gradient in bf16/fp16, its error is the reference rounded.
   const std::vector<double> ref_grad = without_row(ref.grad.values, vocab, nan_row);
+  // In fp32 and fp64 the error scales with the gradient's terms, not with its net value: on a
+  // peaked row p_y − 1 cancels, and a bound relative to the net gradient alone failed for such
+  // rows (N = 1, 2 seeds in 338; relative errors 2e-5 and 9e-5 at ‖ref‖ = 0.066 and 0.003).
+  const double net = norm(ref_grad);
+  const double cancellation =
+      is_half(p.dtype) || net == 0.0
+          ? 1.0
+          : std::max(1.0, norm(without_row(ref.grad_magnitude.values, vocab, nan_row)) / net);
   const double grad_tol =
-      grad_tolerance(p.dtype, Family::logits, rounded(ref_grad, p.dtype), ref_grad);
+      grad_tolerance(p.dtype, Family::logits, rounded(ref_grad, p.dtype), ref_grad) * cancellation;
   auto check_grad = [&](const Tensor& grad, const char* step) {
     SCOPED_TRACE(step);
     const std::vector<double> out = grad.download();

@@ -131,6 +131,7 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
   if (!upstream.wanted) return r;
 
   r.grad = Matrix(rows, vocab);
+  r.grad_magnitude = Matrix(rows, vocab);
   for (int64_t n = 0; n < rows; ++n) {
     const int64_t y = target[n];
     if (y == spec.ignore_index) continue;
@@ -144,6 +145,10 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
                             (eps / static_cast<double>(vocab)) * (class_weight_total * p[i] - wi);
       const double d_z = 2.0 * lambda * full_lse[n] * p[i];
       r.grad.at(n, i) = (c * d_loss + cz * d_z) * ce_slope(spec, logits.at(n, i));
+      const double loss_terms = (1.0 - eps) * wy * (p[i] + (i == y ? 1.0 : 0.0)) +
+                                (eps / static_cast<double>(vocab)) * (class_weight_total * p[i] + wi);
+      r.grad_magnitude.at(n, i) = (std::abs(c) * loss_terms + std::abs(cz * d_z)) *
+                                  std::abs(ce_slope(spec, logits.at(n, i)));
     }
   }
   return r;

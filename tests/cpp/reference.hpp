@@ -52,6 +52,9 @@ struct CeResult {
   std::vector<double> transformed_max;  // max of x̃ per row (to judge argmax ties)
   double accuracy = 0.0;
   Matrix grad;                       // ∂loss/∂logits when wanted
+  // The same sum with every term taken in magnitude: the scale of an fp32 gradient's rounding
+  // error, which p_y − 1 cancels when a row is peaked (its net value can be far smaller).
+  Matrix grad_magnitude;
 };
 
 CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSpec& spec,

@@ -394,7 +394,11 @@ double grad_tolerance(DType input, Family family, const std::vector<double>& tor
   switch (input) {
     case DType::f32: return family == Family::logits ? 1e-5 : 1e-4;
     case DType::f64: return family == Family::logits ? 1e-10 : 1e-9;
-    default: return relative_error(torch_like, ref) + 1e-3;
+    // The op and PyTorch round the same quantities at different places (chunk boundaries, the
+    // products' summation order), so their errors are independent draws of one size: the op's
+    // exceeded PyTorch's by up to 21 % on few-row linear cases (1 seed in 338), hence the 1.5.
+    default:
+      return relative_error(torch_like, ref) * (family == Family::linear ? 1.5 : 1.0) + 1e-3;
   }
 }
 
