@@ -14,6 +14,9 @@
 # arguments (default: its PERF.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
 # tests. Anchor libraries (Liger, Cut Cross-Entropy, QuACK) are installed from wheels in .whl/
 # when that folder is there (bench/README.md says how they are fetched).
+# GPU_CHECK_SEED_SWEEP=N sweeps the CPU suite under N seeds (from GPU_CHECK_SEED_FIRST, default 1)
+# on all cores but two, beside the GPU steps, for at most GPU_CHECK_SEED_SECONDS (default 400):
+# the GPU tests leave the cores idle. Timings taken while it runs share the CPU: skip them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
@@ -91,6 +94,15 @@ step build-all 900 cmake --build "$BUILD" -j "$JOBS"
 cuobjdump --list-elf "$BUILD/libxent.a" 2>/dev/null | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' \
   | sort | uniq -c >>"$OUT/tools.log" || true
 
+SWEEP_PID=""
+if [[ -n "${GPU_CHECK_SEED_SWEEP:-}" ]]; then
+  cores=$(nproc)
+  sweep_start=$SECONDS
+  taskset -c "2-$((cores - 1))" scripts/seed-sweep.sh -n "$GPU_CHECK_SEED_SWEEP" \
+    -s "${GPU_CHECK_SEED_FIRST:-1}" -j "$((cores - 2))" -c 2 -d "${GPU_CHECK_SEED_SECONDS:-400}" \
+    -b "$BUILD/tests/cpp/xent_tests" -l "$OUT/sweep.log" >"$OUT/sweep.out" 2>&1 &
+  SWEEP_PID=$!
+fi
 step cpu 900 ctest --test-dir "$BUILD" -L cpu -j "$JOBS" --timeout 600 --output-on-failure
 # GPU test processes share the one GPU; a few at a time keeps memory and contexts in bounds.
 GPU_TESTS="$BUILD/tests/cpp/xent_gpu_tests"
@@ -145,6 +157,14 @@ if [[ -f tools/compare_torch.py ]]; then
     ${GPU_CHECK_TORCH_ARGS:-} --json "$OUT/torch.json"
 else
   note_skip torch "tools/compare_torch.py not present yet"
+fi
+
+if [[ -n "$SWEEP_PID" ]]; then
+  sweep_status=0
+  wait "$SWEEP_PID" || sweep_status=$?
+  line="$(tail -n 1 "$OUT/sweep.out" | cut -c1-90)"
+  SUMMARY+=("$(printf '%-12s %-6s %5ss  %s' seed-sweep "$([[ $sweep_status -eq 0 ]] && echo PASS || echo FAIL)" \
+    $((SECONDS - sweep_start)) "$line")")
 fi
 
 echo
