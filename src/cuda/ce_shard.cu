@@ -15,6 +15,7 @@
 #include "api/shard_backend.hpp"
 #include "common/ce_shard.hpp"
 #include "cuda/ce_device.cuh"
+#include "cuda/ce_shard.cuh"
 #include "cuda/ce_grad.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
@@ -31,6 +32,8 @@ struct StatsParams {
   CeRowsArgs rows;  // logits (vocab: the local columns), target, options
   int64_t offset;
   float* partial;
+  int64_t record_stride;  // floats from one row's record to the next (a ce record may sit in a
+                          // wider one: the hard term of a distill record, ce_shard.cuh)
   int cluster;
   int64_t slice_elements;
   bool vector_ok;
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_shard_stats_kernel(const Stats
   if (threadIdx.x == 0 && rank == 0) {
     ShardPartial<float> record = merged_storage.get();
     if (record.stats.argmax >= 0) record.stats.argmax += p.offset;
-    common::write_shard_record(p.partial + row * kCeShardStatsWidth, record);
+    common::write_shard_record(p.partial + row * p.record_stride, record);
   }
 }
 
@@ -245,8 +248,9 @@ void launch_merge(MergeParams p, cudaStream_t stream) {
 
 }  // namespace
 
-void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
-                    const CeOptions& options, TensorView partial, Stream stream) {
+void ce_shard_records(TensorView logits, TensorView target, VocabShard shard,
+                      const CeOptions& options, float* records, int64_t record_stride,
+                      cudaStream_t stream) {
   if (logits.rows <= 0) return;
   DeviceGuard guard(logits.device.index);
   const std::size_t element = dtype_size(logits.dtype);
@@ -256,20 +260,26 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
   StatsParams p{};
   p.rows = ce_rows_args(logits, target, options, nullptr);
   p.offset = shard.offset;
-  p.partial = static_cast<float*>(partial.data);
+  p.partial = records;
+  p.record_stride = record_stride;
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.vector_ok = rows_are_vector_aligned(logits.data, logits.row_stride, element);
-  const cudaStream_t s = stream_of(stream);
   switch (logits.dtype) {
-    case DType::f32: launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, s); break;
-    case DType::bf16: launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, s); break;
-    case DType::f16: launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, s); break;
+    case DType::f32: launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, stream); break;
+    case DType::bf16: launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, stream); break;
+    case DType::f16: launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, stream); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_shard_stats: logits dtype unsupported on CUDA: got ") +
                       dtype_name(logits.dtype) + "; expected float32, bfloat16 or float16");
   }
+}
+
+void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
+                    const CeOptions& options, TensorView partial, Stream stream) {
+  ce_shard_records(logits, target, shard, options, static_cast<float*>(partial.data),
+                   kCeShardStatsWidth, stream_of(stream));
 }
 
 std::size_t ce_shard_workspace_size(int64_t rows) { return 256 + 5 * array_bytes(rows); }
