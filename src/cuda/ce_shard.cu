@@ -10,8 +10,6 @@
 //                           gradient kernel read (the role ce_batch_totals plays unsharded).
 //   ce_grad_from_lse        the ce gradient kernel with the slice's offset (ce_grad.cu).
 // Workspace: [CeBatchTotals | row_loss | row_z_loss | row_correct | lse | target_weight], N each.
-#include <cub/block/block_reduce.cuh>
-
 #include "api/shard_backend.hpp"
 #include "common/ce_shard.hpp"
 #include "cuda/ce_device.cuh"
@@ -19,6 +17,7 @@
 #include "cuda/ce_grad.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
+#include "cuda/shard_merge.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -116,15 +115,10 @@ struct MergeParams {
   float *lse, *target_weight;
 };
 
-constexpr int kMergeThreads = 1024;
-
-struct Minimum {
-  __device__ double operator()(double a, double b) const { return b < a ? b : a; }
-};
+constexpr int kMergeThreads = kShardMergeThreads;
 
 __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const MergeParams p) {
-  using Reduce = cub::BlockReduce<double, kMergeThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ ShardMergeReduce::TempStorage reduce_storage;
   __shared__ float shared_weight_sum;
   const CeRowOptions& o = p.options;
   double valid = 0, divisor = 0;
@@ -178,31 +172,10 @@ __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const Mer
     if (p.lse) p.lse[n] = lse;
     if (p.target_weight) p.target_weight[n] = is_valid && in_range ? m.target_weight : 0.0f;
   }
-  valid = Reduce(reduce_storage).Sum(valid);
-  __syncthreads();
-  divisor = Reduce(reduce_storage).Sum(divisor);
-  __syncthreads();
-  const double bad = Reduce(reduce_storage).Reduce(static_cast<double>(first_bad), Minimum{});
-  if (threadIdx.x != 0) return;
-  CeBatchTotals t;
-  t.valid_rows = valid;
-  t.target_weight_sum = divisor;
-  t.class_weight_sum = shared_weight_sum;
-  const bool mean = o.reduction == Reduction::mean;
-  t.loss_factor = mean ? (divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.0f) : 1.0f;
-  t.z_factor = mean ? (valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f) : 1.0f;
-  t.upstream = p.grad_output && o.reduction != Reduction::none ? *p.grad_output : 1.0f;
-  *p.totals = t;
-  DeviceErrorState* error = p.error;
-  if (bad < static_cast<double>(LLONG_MAX) && error->pending == 0) {
-    const int64_t row = static_cast<int64_t>(bad);
-    error->op = static_cast<int32_t>(p.op);
-    error->row = row;
-    error->value = read_target(p.target, p.target_dtype, row);
-    error->vocab = p.vocab;
-    error->ignore_index = o.ignore_index;
-    error->pending = 1;
-  }
+  // Only thread 0 reads the batch, and row 0 (W) was its own row.
+  const ShardMergeBatch batch{o.reduction, shared_weight_sum, p.grad_output, p.target,
+                              p.target_dtype, p.vocab, o.ignore_index, p.op, p.error};
+  finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
 struct ShardWorkspace {

@@ -15,8 +15,6 @@
 //   gradient  distill_block_grad (linear_distill_block_grad.cu) with the slice's first column:
 //             the elementwise gradient of a vocabulary block from per-row statistics.
 // Workspace: [CeBatchTotals | statistics | row_soft | row_hard_loss | row_hard_z | target_weight].
-#include <cub/block/block_reduce.cuh>
-
 #include <algorithm>
 
 #include "api/shard_backend.hpp"
@@ -26,6 +24,7 @@
 #include "cuda/distill_rows.cuh"
 #include "cuda/linear_distill_block_grad.cuh"
 #include "cuda/row_slice.cuh"
+#include "cuda/shard_merge.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -156,7 +155,7 @@ __global__ void __launch_bounds__(kSumThreads) distill_shard_sums_kernel(const S
 
 // ---- merge of the gathered records ---------------------------------------------------------------
 
-constexpr int kMergeThreads = 1024;
+constexpr int kMergeThreads = kShardMergeThreads;
 
 struct MergeParams {
   const float* gathered;
@@ -176,13 +175,8 @@ struct MergeParams {
   float *row_soft, *row_hard_loss, *row_hard_z, *row_total, *target_weight;
 };
 
-struct Minimum {
-  __device__ double operator()(double a, double b) const { return b < a ? b : a; }
-};
-
 __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(const MergeParams p) {
-  using Reduce = cub::BlockReduce<double, kMergeThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ ShardMergeReduce::TempStorage reduce_storage;
   const DistillRowOptions& o = p.options;
   const auto kind = o.kind;
   common::CeConstants<float> hard_constants;
@@ -240,34 +234,14 @@ __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(cons
       p.row_total[n] = static_cast<float>(total);
     }
   }
-  valid = Reduce(reduce_storage).Sum(valid);
-  __syncthreads();
-  divisor = Reduce(reduce_storage).Sum(divisor);
-  __syncthreads();
-  const double bad = Reduce(reduce_storage).Reduce(static_cast<double>(first_bad), Minimum{});
-  if (threadIdx.x != 0) return;
-  CeBatchTotals t;
-  t.valid_rows = valid;
-  t.target_weight_sum = divisor;
   // W rides in every row's hard record (ignored rows included): row 0's is the batch's.
-  t.class_weight_sum = p.with_hard && p.rows > 0
-                           ? common::merge_distill_hard(p.gathered, p.rows, p.ranks, 0).class_weight_sum
-                           : static_cast<float>(p.vocab);
-  const bool mean = o.ce.reduction == Reduction::mean;
-  t.loss_factor = mean ? (divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.0f) : 1.0f;
-  t.z_factor = mean ? (valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f) : 1.0f;
-  t.upstream = p.grad_output && o.ce.reduction != Reduction::none ? *p.grad_output : 1.0f;
-  *p.totals = t;
-  DeviceErrorState* error = p.error;
-  if (bad < static_cast<double>(LLONG_MAX) && error->pending == 0) {
-    const int64_t row = static_cast<int64_t>(bad);
-    error->op = static_cast<int32_t>(p.op);
-    error->row = row;
-    error->value = read_target(p.target, p.target_dtype, row);
-    error->vocab = p.vocab;
-    error->ignore_index = o.ce.ignore_index;
-    error->pending = 1;
-  }
+  const float class_weight_sum =
+      p.with_hard && p.rows > 0
+          ? common::merge_distill_hard(p.gathered, p.rows, p.ranks, 0).class_weight_sum
+          : static_cast<float>(p.vocab);
+  const ShardMergeBatch batch{o.ce.reduction, class_weight_sum, p.grad_output, p.target,
+                              p.target_dtype, p.vocab, o.ce.ignore_index, p.op, p.error};
+  finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
 void launch_merge(TensorView gathered, TensorView gathered_sums, TensorView target, int64_t rows,
