@@ -3,6 +3,7 @@
 
 #include "xent/ce.hpp"
 #include "xent/distill.hpp"
+#include "xent/distill_shard.hpp"
 #include "xent/linear_ce.hpp"
 #include "xent/linear_distill.hpp"
 #include "xent/scale.hpp"

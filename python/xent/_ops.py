@@ -217,3 +217,40 @@ def _ce_shard_backward_fake(logits, target, gathered, grad_output, class_weight,
                             label_smoothing, z_loss,
                             softcap, logit_scale):
     return logits.new_empty(logits.shape)
+
+
+# ---- vocabulary-parallel distill pieces (python/csrc/ops_distill_shard.cpp) --------------------
+
+_DISTILL_SHARD_STATS_WIDTH = 13  # kDistillShardStatsWidth of include/xent/distill_shard.hpp
+_DISTILL_SHARD_SUMS_WIDTH = 5  # kDistillShardSumsWidth
+
+
+@_register_fake("xent::distill_shard_stats")
+def _distill_shard_stats_fake(student, teacher, target, class_weight, vocab_offset, vocab, kind,
+                              temperature, beta, softcap, soft_weight, hard_weight,
+                              ignore_index, reduction, label_smoothing, z_loss):
+    return student.new_empty((student.shape[0], _DISTILL_SHARD_STATS_WIDTH),
+                             dtype=_result_dtype(student))
+
+
+@_register_fake("xent::distill_shard_sums")
+def _distill_shard_sums_fake(student, teacher, target, gathered, vocab_offset, vocab, kind,
+                             temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+                             reduction, label_smoothing, z_loss):
+    return student.new_empty((student.shape[0], _DISTILL_SHARD_SUMS_WIDTH),
+                             dtype=_result_dtype(student))
+
+
+@_register_fake("xent::distill_shard_loss")
+def _distill_shard_loss_fake(gathered, gathered_sums, target, rows, vocab, kind, temperature,
+                             beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+                             label_smoothing, z_loss):
+    return _loss_like(gathered, reduction, rows)
+
+
+@_register_fake("xent::distill_shard_backward")
+def _distill_shard_backward_fake(student, teacher, target, gathered, gathered_sums, grad_output,
+                                 class_weight, vocab_offset, vocab, kind, temperature, beta,
+                                 softcap, soft_weight, hard_weight, ignore_index, reduction,
+                                 label_smoothing, z_loss):
+    return student.new_empty(student.shape)

@@ -19,18 +19,24 @@ targets. The result on every rank equals the single-device result on the concate
 Passes over the local logits: a ce training step reads them twice and writes them once (the
 statistics read, the collective, then the gradient's read and write), the floor for a sharded
 loss, whose gradient needs the global lse. Sharded linear_cross_entropy runs in row chunks whose
-logits fit ``workspace_bytes``: pass 1 (forward) computes the chunk logits (one product) and
-their records, then the collective; pass 2 (backward) recomputes the chunk logits and forms the
-loss gradient, ∂hidden and ∂weight (four products per chunk in all; three with
-``cache_logits=True``, which keeps pass 1's logits: N·V_local more elements). Unsharded
-linear_cross_entropy forms its gradient in the forward (three products); a sharded one cannot,
-since the gradient needs the global lse, known only after the collective.
+logits fit ``workspace_bytes`` (xent/_sharded_linear.py). By default (reduction "sum"/"mean")
+each chunk's logits stay in the workspace from their records to their gradient: one all_gather of
+the chunk's records between them, three products per chunk, the gradients formed in the forward
+and scaled in the backward (one all_gather in all when the batch is one chunk, as at the default
+GPU budget; plus one scalar all_reduce of Σ w_y for "mean" with class weights). Reduction "none",
+grad_in_forward=False, and "mean" with class weights and z-loss together run two passes instead:
+records of every chunk and one all_gather, then the backward recomputes each chunk's logits (four
+products per chunk; three with ``cache_logits=True``, which keeps pass 1's logits: N·V_local
+more elements).
 
 The vocabulary offset of each rank is either given (``vocab_offset=`` with ``vocab_size=``) or
 derived from an ``all_gather`` of the local sizes in rank order at the first call, cached per
 (group, local size).
 
-Distillation (``xent.distill``) is not sharded yet: ``process_group`` raises there.
+distill: see ``distill`` below: one all_gather of [N, 13] records for forward_kl, reverse_kl
+and soft_ce, two (the second of [N, 5] sums, after a second read of the local logits) for jsd and
+tvd, none in the backward. linear_distill is not sharded (process_group is not one of its
+arguments): gather the heads, or compute the logits per rank and call distill.
 
 FSDP2 / DTensor: a DTensor (an FSDP2-sharded LM head) is refused with an error, because its
 local tensor is a slice of rows of the *parameter layout*, not necessarily the vocabulary slice
@@ -52,7 +58,7 @@ from xent._ops import ops
 
 Tensor = torch.Tensor
 
-__all__ = ["cross_entropy", "linear_cross_entropy", "vocab_layout"]
+__all__ = ["cross_entropy", "linear_cross_entropy", "distill", "vocab_layout"]
 
 _LAYOUTS: dict = {}
 
@@ -105,7 +111,7 @@ def vocab_layout(local_vocab: int, process_group, device: torch.device, vocab_of
 
 
 def _gather_records(partial: Tensor, process_group) -> Tensor:
-    """[P·N, 9] rank-major from every rank's [N, 9] (one collective)."""
+    """[P·N, W] rank-major from every rank's [N, W] records (one collective)."""
     world = dist.get_world_size(process_group)
     if world == 1:
         return partial
@@ -162,150 +168,82 @@ def cross_entropy(logits2d: Tensor, target1d: Tensor, class_weight: Optional[Ten
     return ops.ce_shard_loss(gathered, target1d, row_weight1d, layout[1], *options, with_stats)
 
 
-# ---- linear_cross_entropy ------------------------------------------------------------------------
+# ---- distill ------------------------------------------------------------------------------------
 
-_DEFAULT_BUDGET = 512 << 20
-
-
-def _chunk_rows(rows: int, local_vocab: int, element: int, budget: int) -> int:
-    """Rows per chunk so that a chunk's logits and their gradient fit the budget."""
-    per_row = max(1, 2 * local_vocab * element)
-    return max(1, min(rows, budget // per_row)) if rows > 0 else 1
+_TWO_PASS_KINDS = ("jsd", "tvd")  # xent::distill_shard_needs_sums
 
 
-def _chunk_logits(hidden, weight, bias, fp32_logits):
-    logits = torch.nn.functional.linear(hidden, weight, bias)
-    return logits.float() if fp32_logits else logits
-
-
-class _ShardedLinearCrossEntropy(torch.autograd.Function):
-    # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
+class _ShardedDistill(torch.autograd.Function):
+    # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+    #           reduction, label_smoothing, z_loss), as DistillFunction.
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, layout,
-                group, with_stats, wants, chunk, fp32_logits, reduce_hidden_grad, cache_logits):
-        offset, vocab = layout
-        rows = hidden.shape[0]
-        # Pass 1: one product per chunk, records only (the chunk logits are dropped unless
-        # cache_logits keeps them for the backward: N·V_local elements for one product less).
-        parts, kept = [], []
-        for begin in range(0, rows, chunk):
-            end = min(rows, begin + chunk)
-            logits = _chunk_logits(hidden[begin:end], weight, bias, fp32_logits)
-            parts.append(ops.ce_shard_stats(logits, target[begin:end], class_weight, offset,
-                                            vocab, *options))
-            if cache_logits:
-                kept.append(logits)
-        partial = (torch.cat(parts) if len(parts) != 1 else parts[0]) if parts else \
-            hidden.new_empty((0, 9), dtype=torch.float64 if hidden.dtype == torch.float64
-                             else torch.float32)
-        gathered = _gather_records(partial, group)
-        outputs = ops.ce_shard_loss(gathered, target, row_weight, vocab, *options, with_stats)
-        ctx.save_for_backward(hidden, weight, bias, target, gathered, class_weight, row_weight)
-        ctx.options, ctx.layout, ctx.group, ctx.wants = options, layout, group, wants
-        ctx.chunk, ctx.fp32_logits, ctx.reduce_hidden_grad = chunk, fp32_logits, reduce_hidden_grad
-        ctx.kept = kept
-        ctx.mark_non_differentiable(*outputs[1:])
-        return outputs
+    def forward(ctx, student, teacher, target, class_weight, options, layout, group):
+        gathered, sums, loss = _distill_forward(student, teacher, target, class_weight, options,
+                                                layout, group)
+        ctx.save_for_backward(student, teacher, target, gathered, sums, class_weight)
+        ctx.options, ctx.layout = options, layout
+        return loss
 
     @staticmethod
-    def backward(ctx, grad_loss, *unused):
-        hidden, weight, bias, target, gathered, class_weight, row_weight = ctx.saved_tensors
-        want_hidden, want_weight, want_bias = ctx.wants
-        rows, chunk = hidden.shape[0], ctx.chunk
-        offset, vocab = ctx.layout
-        grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        # ∂W and ∂bias accumulate in fp32 across chunks (SPEC §2), written once in their dtype.
-        # With 16-bit layers each chunk's Gᵀ·h product is rounded to 16 bits before it is added
-        # (a torch.mm output); a single chunk (the whole batch within workspace_bytes) has no such
-        # rounding. An fp32-output product (addmm's out_dtype, CUDA only) would remove it.
-        single = rows <= chunk
-        grad_weight = grad_bias = None
-        if want_weight and not single:
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        if want_bias:
-            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-        with torch.no_grad():
-            # Pass 2: recompute each chunk's logits, its loss gradient, then ∂h, ∂W, ∂bias.
-            for begin in range(0, rows, chunk):
-                end = min(rows, begin + chunk)
-                h = hidden[begin:end]
-                logits = (ctx.kept.pop(0) if ctx.kept
-                          else _chunk_logits(h, weight, bias, ctx.fp32_logits))
-                g = ops.ce_shard_backward(logits, target, gathered, grad_loss, class_weight,
-                                          row_weight, offset, vocab, begin, *ctx.options)
-                del logits
-                g = g.to(hidden.dtype)
-                if want_hidden:
-                    torch.mm(g, weight, out=grad_hidden[begin:end])
-                if want_weight:
-                    if single:
-                        grad_weight = torch.mm(g.t(), h)
-                    else:
-                        grad_weight += torch.mm(g.t(), h).float()
-                if want_bias:
-                    grad_bias += g.float().sum(0)
-            if grad_hidden is not None and ctx.reduce_hidden_grad and \
-                    dist.get_world_size(ctx.group) > 1:
-                dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ctx.group)
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        if grad_bias is not None:
-            grad_bias = grad_bias.to(bias.dtype)
-        grads = _no_double_backward("xent.linear_cross_entropy",
-                                    (grad_hidden, grad_weight, grad_bias))
-        return (*grads, None, None, None, None, None, None, None, None, None, None, None, None)
+    def backward(ctx, grad_loss):
+        student, teacher, target, gathered, sums, class_weight = ctx.saved_tensors
+        grad = None
+        if ctx.needs_input_grad[0] and grad_loss is not None:
+            with torch.no_grad():
+                grad = ops.distill_shard_backward(student, teacher, target, gathered, sums,
+                                                  grad_loss, class_weight, ctx.layout[0],
+                                                  ctx.layout[1], *ctx.options)
+            (grad,) = _no_double_backward("xent.distill", (grad,))
+        return grad, None, None, None, None, None, None
 
 
-def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor],
-                         target1d: Tensor, class_weight: Optional[Tensor],
-                         row_weight1d: Optional[Tensor], options: tuple, with_stats: bool,
-                         wants: tuple, *, process_group, workspace_bytes: int = 0,
-                         fp32_logits: bool = False, vocab_offset=None, vocab_size=None,
-                         reduce_hidden_grad: bool = True, cache_logits: bool = False):
-    """The sharded form behind ``xent.linear_cross_entropy(..., process_group=pg)``.
+def _distill_forward(student, teacher, target, class_weight, options, layout, group):
+    """(gathered records, gathered sums or None, loss): pass 1 and its all_gather, then for jsd
+    and tvd pass 2 and its all_gather."""
+    offset, vocab = layout
+    partial = ops.distill_shard_stats(student, teacher, target, class_weight, offset, vocab,
+                                      *options)
+    gathered = _gather_records(partial, group)
+    sums = None
+    if options[0] in _TWO_PASS_KINDS:
+        sums = _gather_records(ops.distill_shard_sums(student, teacher, target, gathered, offset,
+                                                      vocab, *options), group)
+    loss = ops.distill_shard_loss(gathered, sums, target, student.shape[0], vocab, *options)
+    return gathered, sums, loss
 
-    weight [V_local, H] (and bias [V_local]) are this rank's rows of the LM head; hidden [N, H]
-    the same on every rank. ∂hidden is all-reduced over the group unless reduce_hidden_grad is
-    False (then it is this rank's partial sum, for a tensor-parallel layer that reduces it).
-    cache_logits keeps pass 1's chunk logits (N·V_local elements) so the backward skips their
-    recomputation: three products per step instead of four."""
-    function = "linear_cross_entropy"
-    for name, tensor in (("hidden", hidden2d), ("weight", weight), ("bias", bias),
+
+def distill(student2d: Tensor, teacher2d: Tensor, target1d: Optional[Tensor],
+            class_weight: Optional[Tensor], options: tuple, *, process_group, vocab_offset=None,
+            vocab_size=None) -> Tensor:
+    """The sharded form behind ``xent.distill(..., process_group=pg)``.
+
+    student2d, teacher2d [N, V_local] are this rank's vocabulary slice of the student and teacher
+    logits; target1d [N] global ids (or None); class_weight the local slice [V_local] of the hard
+    term's class weights (or None). Returns the loss, identical on every rank.
+
+    Passes and collectives (xent/distill_shard.hpp):
+    * forward_kl, reverse_kl, soft_ce: one read of the local student and teacher (slice lse and
+      the divergence between the slice-renormalised distributions, the hard term's ce record), one
+      all_gather of [N, 13] records; the loss follows by the chain rule over slices.
+    * jsd, tvd: the same first read and gather (the global lse), then a second read of the local
+      slices for the per-element sums (loss, Σ p_s·u, tvd's side sums) and a second all_gather of
+      [N, 5] records.
+    * backward: no collective; one read of student and teacher, one write of the gradient (the
+      row constants — reverse_kl's KL, jsd's Σ p_s·u, tvd's side sums — come from the forward's
+      gathered records)."""
+    function = "distill"
+    for name, tensor in (("student_logits", student2d), ("teacher_logits", teacher2d),
                          ("class_weight", class_weight)):
         _refuse_dtensor(function, name, tensor)
-    if weight.dim() != 2 or hidden2d.dim() != 2 or weight.shape[1] != hidden2d.shape[1]:
-        _fail(function, "weight", "shape mismatch", tuple(weight.shape),
-              f"(V_local, {hidden2d.shape[-1]}) (the local LM-head rows, H of hidden)")
-    layout = vocab_layout(weight.shape[0], process_group, weight.device, vocab_offset,
+    layout = vocab_layout(student2d.shape[-1], process_group, student2d.device, vocab_offset,
                           vocab_size, function)
-    budget = int(workspace_bytes) if workspace_bytes else _DEFAULT_BUDGET
-    element = 4 if fp32_logits else hidden2d.element_size()
-    chunk = _chunk_rows(hidden2d.shape[0], weight.shape[0], element, budget)
-    if any(wants):
-        return _ShardedLinearCrossEntropy.apply(hidden2d, weight, bias, target1d, class_weight,
-                                                row_weight1d, options, layout, process_group,
-                                                with_stats, wants, chunk, bool(fp32_logits),
-                                                bool(reduce_hidden_grad), bool(cache_logits))
-    with torch.no_grad():
-        return _ShardedLinearCrossEntropy.forward(_NoContext(), hidden2d, weight, bias, target1d,
-                                                  class_weight, row_weight1d, options, layout,
-                                                  process_group, with_stats, wants, chunk,
-                                                  bool(fp32_logits), bool(reduce_hidden_grad),
-                                                  False)
+    if torch.is_grad_enabled() and student2d.requires_grad:
+        return _ShardedDistill.apply(student2d, teacher2d, target1d, class_weight, options,
+                                     layout, process_group)
+    return _distill_forward(student2d, teacher2d, target1d, class_weight, options, layout,
+                            process_group)[2]
 
 
-def refuse_distill(function: str):
-    raise NotImplementedError(
-        f"{function}: process_group is not supported yet: vocabulary-parallel distillation is "
-        "not implemented (gather the student and teacher logits, or the LM heads, and call "
-        "without process_group)")
-
-
-class _NoContext:
-    """Stands in for autograd's ctx when the forward runs without a graph."""
-
-    def save_for_backward(self, *tensors):
-        pass
-
-    def mark_non_differentiable(self, *tensors):
-        pass
+# The sharded linear_cross_entropy lives in its own module (its chunk schedules); imported last,
+# since it builds on the helpers above.
+from xent._sharded_linear import linear_cross_entropy  # noqa: E402

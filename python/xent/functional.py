@@ -392,7 +392,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
             row_weight1d, options[:6], bool(return_stats), wants, process_group=process_group,
             workspace_bytes=budget, fp32_logits=bool(fp32_logits), vocab_offset=vocab_offset,
             vocab_size=vocab_size, reduce_hidden_grad=bool(reduce_hidden_grad),
-            cache_logits=bool(cache_logits))
+            cache_logits=bool(cache_logits), grad_in_forward=bool(grad_in_forward))
     elif any(wants):
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
@@ -428,7 +428,8 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
             ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
             z_loss: float = 0.0, class_weight: Optional[Tensor] = None,
             grad_in_forward: bool = True, inplace_backward: bool = False,
-            normalizer=None, process_group=None) -> Tensor:
+            normalizer=None, process_group=None, vocab_offset=None,
+            vocab_size=None) -> Tensor:
     """Distillation loss between student and teacher logits (N, V) or (B, T, V).
 
     kind: forward_kl KL(p_t||p_s), reverse_kl KL(p_s||p_t), jsd (mixing weight beta), soft_ce,
@@ -441,10 +442,13 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     grad_in_forward, inplace_backward (the gradient written over student_logits) and normalizer
     work as in cross_entropy: with "sum"/"mean" the student gradient is formed in the same pass
     as the loss (one read of student and teacher, one write), and loss.backward() moves no bytes.
+
+    With process_group, student_logits, teacher_logits (and class_weight) are this rank's
+    vocabulary slice: see xent.distributed.distill for the passes and collectives of each kind
+    (vocab_offset / vocab_size: the slice's first id and the global V). The gradient is then
+    formed in the backward (grad_in_forward and inplace_backward do not apply).
     """
     function = "distill"
-    if process_group is not None:
-        _distributed.refuse_distill(function)
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
@@ -459,7 +463,12 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
     if mode == "inplace":
         _check_in_place_rows(function, "student_logits", student2d)
-    if _needs_grad(student2d)[0]:
+    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+        mode = "recompute"  # the sharded form has its own passes (xent.distributed)
+        loss = _distributed.distill(student2d, teacher2d, target1d, class_weight, options,
+                                    process_group=process_group, vocab_offset=vocab_offset,
+                                    vocab_size=vocab_size)
+    elif _needs_grad(student2d)[0]:
         loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options, mode,
                                      grad_scale)
     else:

@@ -4,49 +4,11 @@
 
 #include "api/argument_checker.hpp"
 #include "api/shard_backend.hpp"
+#include "api/shard_checks.hpp"
 #include "api/validate_parts.hpp"
 
 namespace xent {
 namespace {
-
-std::string rows_of(int64_t rows, const char* what) {
-  return api::bracketed(rows, ", ").append(std::to_string(kCeShardStatsWidth)).append("] ").append(what);
-}
-
-// The slice [offset, offset + cols) must lie inside [0, vocab).
-void check_shard(const api::ArgumentChecker& check, VocabShard shard, int64_t cols) {
-  if (shard.vocab < 1 || shard.vocab > INT32_MAX) {
-    check.fail("vocab", "out of range", std::to_string(shard.vocab),
-               "the global vocabulary size, 1 <= V < 2^31");
-  }
-  if (shard.offset < 0 || shard.offset + cols > shard.vocab) {
-    check.fail("vocab_offset", "out of range",
-               std::to_string(shard.offset) + " with " + std::to_string(cols) + " local columns",
-               "0 <= offset and offset + local columns <= V = " + std::to_string(shard.vocab));
-  }
-}
-
-// The records of the local rank (rows == N) or of every rank (rows == P·N).
-void check_records(const api::ArgumentChecker& check, const TensorView& records, const char* name,
-                   int64_t rows, bool gathered, DType dtype) {
-  check.require_present(records, name, rows_of(rows, "tensor of partial statistics").c_str());
-  check.matrix(records, name, gathered ? -1 : rows, kCeShardStatsWidth,
-               gathered ? rows_of(rows, "times the number of ranks, rank-major")
-                        : rows_of(rows, "(one record per row)"));
-  if (gathered && (rows == 0 ? records.rows != 0 : records.rows % rows != 0 || records.rows == 0)) {
-    check.fail(name, "row count mismatch", std::to_string(records.rows),
-               "a positive multiple of N = " + std::to_string(rows) + " (P ranks × N rows)");
-  }
-  if (dtype == DType::f64) {
-    check.dtype_in(records, name, {DType::f64}, "float64 (the logits are float64)");
-  } else {
-    check.fp32(records, name);
-  }
-  if (records.row_stride != kCeShardStatsWidth) {
-    check.fail(name, "not contiguous", "row stride " + std::to_string(records.row_stride),
-               std::to_string(kCeShardStatsWidth));
-  }
-}
 
 CeOptions without_class_weight(CeOptions options) {
   options.class_weight = TensorView{};
@@ -59,10 +21,10 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
                     const CeOptions& options, TensorView partial, Stream stream) {
   const api::ArgumentChecker check("ce_shard_stats", logits.device, logits.dtype);
   api::check_logits(check, logits, "logits");
-  check_shard(check, shard, logits.cols);
+  api::check_shard(check, shard, logits.cols);
   api::check_target(check, target, logits.rows, "a [N] tensor", true);
   api::check_ce_options(check, options, logits.rows, logits.cols);
-  check_records(check, partial, "partial", logits.rows, false, logits.dtype);
+  api::check_records(check, partial, "partial", logits.rows, kCeShardStatsWidth, false, logits.dtype);
   check.same_device(partial, "partial");
   api::check_ce_values(check, TensorView{}, options, logits.cols);
   check.targets_in_range(target, shard.vocab, options.ignore_index);
@@ -89,9 +51,9 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
   const api::ArgumentChecker check("ce_shard_loss", gathered.device, gathered.dtype);
   const int64_t rows = target.present() ? target.rows : 0;
   api::check_target(check, target, rows, "a [N] tensor", true);
-  check_shard(check, shard, 0);
-  check_records(check, gathered, "gathered", rows, true,
-                gathered.dtype == DType::f64 ? DType::f64 : DType::f32);
+  api::check_shard(check, shard, 0);
+  api::check_records(check, gathered, "gathered", rows, kCeShardStatsWidth, true,
+                     gathered.dtype == DType::f64 ? DType::f64 : DType::f32);
   const CeOptions plain = without_class_weight(options);
   api::check_ce_options(check, plain, rows, 0);
   api::check_loss(check, out.loss, options.reduction, rows);
@@ -116,7 +78,7 @@ void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
   const api::ArgumentChecker check("ce_shard_backward", logits.device, logits.dtype);
   api::check_logits(check, logits, "logits");
   const int64_t rows = target.present() ? target.rows : 0;
-  check_shard(check, shard, logits.cols);
+  api::check_shard(check, shard, logits.cols);
   api::check_target(check, target, rows, "a [N] tensor", true);
   if (first_row < 0 || first_row + logits.rows > rows) {
     check.fail("first_row", "out of range",
@@ -124,7 +86,7 @@ void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
                "a block of rows inside the N = " + std::to_string(rows) + " rows of target");
   }
   api::check_ce_options(check, options, rows, logits.cols);
-  check_records(check, gathered, "gathered", rows, true, logits.dtype);
+  api::check_records(check, gathered, "gathered", rows, kCeShardStatsWidth, true, logits.dtype);
   check.same_device(gathered, "gathered");
   api::check_grad_output(check, grad_output, options.reduction, rows);
   check.require_present(grad_logits, "grad_logits", "a tensor shaped like logits");

@@ -78,13 +78,15 @@ XENT_HD ShardPartial<T> read_shard_record(const T* record) {
 }
 
 // Row `row` of `ranks` gathered records (rank-major: rank p's row at p·rows + row), merged in
-// rank order.
+// rank order. `stride` is the width of a gathered row: a ce record may sit inside a wider one
+// (the hard-label term of a distill record, xent/distill_shard.hpp), `gathered` then points at
+// its first column.
 template <class T>
 XENT_HD ShardPartial<T> merge_shard_records(const T* gathered, int64_t rows, int64_t ranks,
-                                            int64_t row) {
+                                            int64_t row, int64_t stride = kCeShardStatsWidth) {
   ShardPartial<T> total;
   for (int64_t p = 0; p < ranks; ++p) {
-    const ShardPartial<T> part = read_shard_record(gathered + (p * rows + row) * kCeShardStatsWidth);
+    const ShardPartial<T> part = read_shard_record(gathered + (p * rows + row) * stride);
     total.stats.merge(part.stats);
     total.target_logit += part.target_logit;
     total.target_weight += part.target_weight;

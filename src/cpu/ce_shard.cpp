@@ -2,8 +2,7 @@
 // from the ce row statistics (cpu/ce_rows.hpp), their merge and the §1 loss and gradient from
 // the merged records (common/ce_shard.hpp). Rows in parallel; reductions in row order.
 #include "api/shard_backend.hpp"
-#include "common/ce_shard.hpp"
-#include "cpu/ce_rows.hpp"
+#include "cpu/shard_rows.hpp"
 
 namespace xent::cpu {
 namespace {
@@ -26,21 +25,12 @@ void stats_typed(TensorView logits, TensorView target, VocabShard shard, const C
   using T = ComputeType<S>;
   const int64_t rows = logits.rows, local = logits.cols;
   const CeCall<T> call = slice_call<T>(options, local);
-  const T class_weight_sum = call.constants.class_weight_sum;  // Σ w over the slice, or its width
   T* out = static_cast<T*>(partial.data);
 
 #pragma omp parallel for schedule(static) if (rows * local >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
-    const S* x = row_pointer<const S>(logits, n);
-    common::ShardPartial<T> p;
-    p.stats = ce_row_stats(call, x);
-    if (p.stats.argmax >= 0) p.stats.argmax += shard.offset;
-    p.class_weight_sum = class_weight_sum;
-    const int64_t y = read_target(target, n) - shard.offset;
-    if (read_target(target, n) != options.ignore_index && y >= 0 && y < local) {
-      p.target_logit = call.constants.transform.value(to_compute<T>(x[y]));
-      p.target_weight = call.class_weight ? static_cast<T>(call.class_weight[y]) : T(1);
-    }
+    const auto p = ce_shard_row_record(call, row_pointer<const S>(logits, n),
+                                       read_target(target, n), options.ignore_index, shard.offset);
     common::write_shard_record(out + n * kCeShardStatsWidth, p);
   }
 }
@@ -67,23 +57,13 @@ MergedRows<T> merge_rows(TensorView gathered, TensorView target, int64_t ignore_
   return merged;
 }
 
-// Divisors of mean from the merged counts (class weights are always in their weighted form here).
-template <class T>
-void set_divisors(CeCall<T>& call, const ValidCounts& counts) {
-  if (call.reduction != Reduction::mean) return;
-  call.loss_divisor = counts.target_weight_sum;
-  call.z_divisor = static_cast<double>(counts.valid_rows);
-  call.loss_factor = counts.target_weight_sum > 0 ? static_cast<T>(1.0 / counts.target_weight_sum) : T(0);
-  call.z_factor = counts.valid_rows > 0 ? static_cast<T>(1.0 / counts.valid_rows) : T(0);
-}
-
 template <class T>
 void loss_typed(TensorView gathered, TensorView target, VocabShard shard, const CeOptions& options,
                 const CeOutputs& out) {
   const int64_t rows = target.rows;
   const MergedRows<T> merged = merge_rows<T>(gathered, target, options.ignore_index);
   CeCall<T> call = slice_call<T>(options, shard.vocab);
-  set_divisors(call, merged.counts);
+  set_shard_divisors(call, merged.counts);
   CeResults<T> results(out.loss, out.stats, options.reduction, rows);
   for (int64_t n = 0; n < rows; ++n) {
     const auto& m = merged.rows[n];
@@ -116,7 +96,7 @@ void backward_typed(TensorView logits, TensorView target, VocabShard shard, Tens
   const int64_t rows = logits.rows, local = logits.cols;
   const MergedRows<T> merged = merge_rows<T>(gathered, target, options.ignore_index);
   CeCall<T> call = slice_call<T>(options, local);
-  set_divisors(call, merged.counts);
+  set_shard_divisors(call, merged.counts);
 
 #pragma omp parallel for schedule(static) if (rows * local >= kParallelWork)
   for (int64_t k = 0; k < rows; ++k) {

@@ -10,14 +10,14 @@
 //                           gradient kernel read (the role ce_batch_totals plays unsharded).
 //   ce_grad_from_lse        the ce gradient kernel with the slice's offset (ce_grad.cu).
 // Workspace: [CeBatchTotals | row_loss | row_z_loss | row_correct | lse | target_weight], N each.
-#include <cub/block/block_reduce.cuh>
-
 #include "api/shard_backend.hpp"
 #include "common/ce_shard.hpp"
 #include "cuda/ce_device.cuh"
+#include "cuda/ce_shard.cuh"
 #include "cuda/ce_grad.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
+#include "cuda/shard_merge.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -31,6 +31,8 @@ struct StatsParams {
   CeRowsArgs rows;  // logits (vocab: the local columns), target, options
   int64_t offset;
   float* partial;
+  int64_t record_stride;  // floats from one row's record to the next (a ce record may sit in a
+                          // wider one: the hard term of a distill record, ce_shard.cuh)
   int cluster;
   int64_t slice_elements;
   bool vector_ok;
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(kMaxThreads) ce_shard_stats_kernel(const Stats
   if (threadIdx.x == 0 && rank == 0) {
     ShardPartial<float> record = merged_storage.get();
     if (record.stats.argmax >= 0) record.stats.argmax += p.offset;
-    common::write_shard_record(p.partial + row * kCeShardStatsWidth, record);
+    common::write_shard_record(p.partial + row * p.record_stride, record);
   }
 }
 
@@ -113,15 +115,10 @@ struct MergeParams {
   float *lse, *target_weight;
 };
 
-constexpr int kMergeThreads = 1024;
-
-struct Minimum {
-  __device__ double operator()(double a, double b) const { return b < a ? b : a; }
-};
+constexpr int kMergeThreads = kShardMergeThreads;
 
 __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const MergeParams p) {
-  using Reduce = cub::BlockReduce<double, kMergeThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ ShardMergeReduce::TempStorage reduce_storage;
   __shared__ float shared_weight_sum;
   const CeRowOptions& o = p.options;
   double valid = 0, divisor = 0;
@@ -175,31 +172,10 @@ __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const Mer
     if (p.lse) p.lse[n] = lse;
     if (p.target_weight) p.target_weight[n] = is_valid && in_range ? m.target_weight : 0.0f;
   }
-  valid = Reduce(reduce_storage).Sum(valid);
-  __syncthreads();
-  divisor = Reduce(reduce_storage).Sum(divisor);
-  __syncthreads();
-  const double bad = Reduce(reduce_storage).Reduce(static_cast<double>(first_bad), Minimum{});
-  if (threadIdx.x != 0) return;
-  CeBatchTotals t;
-  t.valid_rows = valid;
-  t.target_weight_sum = divisor;
-  t.class_weight_sum = shared_weight_sum;
-  const bool mean = o.reduction == Reduction::mean;
-  t.loss_factor = mean ? (divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.0f) : 1.0f;
-  t.z_factor = mean ? (valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f) : 1.0f;
-  t.upstream = p.grad_output && o.reduction != Reduction::none ? *p.grad_output : 1.0f;
-  *p.totals = t;
-  DeviceErrorState* error = p.error;
-  if (bad < static_cast<double>(LLONG_MAX) && error->pending == 0) {
-    const int64_t row = static_cast<int64_t>(bad);
-    error->op = static_cast<int32_t>(p.op);
-    error->row = row;
-    error->value = read_target(p.target, p.target_dtype, row);
-    error->vocab = p.vocab;
-    error->ignore_index = o.ignore_index;
-    error->pending = 1;
-  }
+  // Only thread 0 reads the batch, and row 0 (W) was its own row.
+  const ShardMergeBatch batch{o.reduction, shared_weight_sum, p.grad_output, p.target,
+                              p.target_dtype, p.vocab, o.ignore_index, p.op, p.error};
+  finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
 struct ShardWorkspace {
@@ -245,8 +221,9 @@ void launch_merge(MergeParams p, cudaStream_t stream) {
 
 }  // namespace
 
-void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
-                    const CeOptions& options, TensorView partial, Stream stream) {
+void ce_shard_records(TensorView logits, TensorView target, VocabShard shard,
+                      const CeOptions& options, float* records, int64_t record_stride,
+                      cudaStream_t stream) {
   if (logits.rows <= 0) return;
   DeviceGuard guard(logits.device.index);
   const std::size_t element = dtype_size(logits.dtype);
@@ -256,20 +233,26 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
   StatsParams p{};
   p.rows = ce_rows_args(logits, target, options, nullptr);
   p.offset = shard.offset;
-  p.partial = static_cast<float*>(partial.data);
+  p.partial = records;
+  p.record_stride = record_stride;
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.vector_ok = rows_are_vector_aligned(logits.data, logits.row_stride, element);
-  const cudaStream_t s = stream_of(stream);
   switch (logits.dtype) {
-    case DType::f32: launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, s); break;
-    case DType::bf16: launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, s); break;
-    case DType::f16: launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, s); break;
+    case DType::f32: launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, stream); break;
+    case DType::bf16: launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, stream); break;
+    case DType::f16: launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, stream); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_shard_stats: logits dtype unsupported on CUDA: got ") +
                       dtype_name(logits.dtype) + "; expected float32, bfloat16 or float16");
   }
+}
+
+void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
+                    const CeOptions& options, TensorView partial, Stream stream) {
+  ce_shard_records(logits, target, shard, options, static_cast<float*>(partial.data),
+                   kCeShardStatsWidth, stream_of(stream));
 }
 
 std::size_t ce_shard_workspace_size(int64_t rows) { return 256 + 5 * array_bytes(rows); }

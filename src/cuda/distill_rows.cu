@@ -36,11 +36,10 @@ struct DistillPartial {
   float hard_target_logit;
 };
 
-// Row sums of the loss sweep: Σ term, Σ p_s·u, and tvd's Σ p_s per side of p_t.
-constexpr int kSums = 5;
 struct DistillSums {
-  float value[kSums];
+  float value[kDistillSums];
 };
+constexpr int kSums = kDistillSums;
 
 struct DistillRowShared {
   DistillPartial stats;
@@ -76,7 +75,6 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                               bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   dc.kind = kKind;
-  constexpr bool tvd = kKind == DistillKindCode::tvd;
   const int vectors = static_cast<int>(student.vectors());
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
     Vector<S> s = student.reload(j);  // sweep 1 waited on every piece this thread reads
@@ -87,23 +85,7 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
       const float x = s.value[k];
       const ElementProbs e = element_probs(transform.value(x), transform.value(t.value[k]),
                                            row.lse_student, row.lse_teacher);
-      if (kLoss && i < student.length) {
-        if (tvd) {
-          // tvd's gradient takes the per-side sums, never Σ p_s·u: only the loss and the sums.
-          const float diff = e.pt - e.ps;
-          partial.value[0] += 0.5f * (diff < 0 ? -diff : diff);
-          common::TvdSums<float> one;
-          one.add_probs(e.ps, e.pt);
-          partial.value[2] += one.above;
-          partial.value[3] += one.below;
-          partial.value[4] += one.equal;
-        } else {
-          const auto term =
-              common::distill_term_from_probs(dc, e.log_ps, e.log_pt, e.ps, e.pt, FastExpLog{});
-          partial.value[0] += term.loss;
-          partial.value[1] += term.prob_u;
-        }
-      }
+      if (kLoss && i < student.length) add_distill_sums<kKind>(dc, e, partial.value);
       if (kGrad) {
         s.value[k] = distill_element_grad<kKind>(dc, row, transform, x, e, with_hard, hc,
                                                  hard_row, hard_columns, i);
@@ -211,7 +193,7 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
     row_shared.soft_coef = distill_soft_coef(o, a.totals, upstream);
     if (with_hard) {
       row_shared.hard_row =
-          distill_hard_grad_row(o, hc, a.totals, hs.lse(), target, upstream, r);
+          distill_hard_grad_row(o, hc, a.totals, hs.lse(), target, target_weight, upstream, r);
     }
   }
   __syncthreads();

@@ -159,6 +159,34 @@ __device__ __forceinline__ ElementProbs element_probs(float vs, float vt, float 
   return e;
 }
 
+// Row sums of a loss sweep, in this order: Σ term, Σ p_s·u, and tvd's Σ p_s above, below and
+// equal to p_t (the columns of xent/distill_shard.hpp's pass-2 records).
+constexpr int kDistillSums = 5;
+
+// Adds one element's loss term and the row sums its gradient needs (kind fixed).
+template <common::DistillKindCode kKind>
+__device__ __forceinline__ void add_distill_sums(const common::DistillConstants<float>& dc,
+                                                 const ElementProbs& e,
+                                                 float (&sums)[kDistillSums]) {
+  if constexpr (kKind == common::DistillKindCode::tvd) {
+    // tvd's gradient takes the per-side sums, never Σ p_s·u: only the loss and the sums.
+    const float diff = e.pt - e.ps;
+    sums[0] += 0.5f * (diff < 0 ? -diff : diff);
+    common::TvdSums<float> one;
+    one.add_probs(e.ps, e.pt);
+    sums[2] += one.above;
+    sums[3] += one.below;
+    sums[4] += one.equal;
+  } else {
+    common::DistillConstants<float> fixed = dc;
+    fixed.kind = kKind;
+    const auto term =
+        common::distill_term_from_probs(fixed, e.log_ps, e.log_pt, e.ps, e.pt, FastExpLog{});
+    sums[0] += term.loss;
+    sums[1] += term.prob_u;
+  }
+}
+
 // The row constants of the soft gradient: what the row kernel holds after its loss sweep, and
 // what a blocked pass re-forms from DistillRowStatistics (the same values, so both passes form
 // one gradient).
@@ -180,11 +208,11 @@ __device__ __forceinline__ float distill_soft_coef(const DistillRowOptions& o,
   return upstream * soft_factor;
 }
 
-// Coefficients of the hard-label ce term of a row (SPEC §3: α·CE at the §1 options).
+// Coefficients of the hard-label ce term of a row (SPEC §3: α·CE at the §1 options). `target` is
+// in the caller's column numbering; `target_weight` is w_y (1 without class weights).
 __device__ __forceinline__ common::CeGradRow<float> distill_hard_grad_row(
     const DistillRowOptions& o, const common::CeConstants<float>& hc, const CeBatchTotals* totals,
-    float hard_lse, int64_t target, float upstream, float row_weight) {
-  const float target_weight = o.ce.class_weight ? o.ce.class_weight[target] : 1.0f;
+    float hard_lse, int64_t target, float target_weight, float upstream, float row_weight) {
   const float coef = static_cast<float>(o.hard_weight) * upstream * row_weight;
   return common::ce_grad_row(hc, hard_lse, target, target_weight, coef * totals->loss_factor,
                              coef * totals->z_factor);

@@ -1,4 +1,5 @@
-// Elementwise distillation gradient of a vocabulary block (linear_distill_block_grad.cuh).
+// Elementwise distillation gradient of a vocabulary block (linear_distill_block_grad.cuh); also
+// the gradient of a rank's slice in vocabulary-parallel distill (distill_shard.cu).
 // Memory-bound: the student and teacher tiles are read once and the gradient written once, in
 // 16-byte vectors where rows are aligned; a block of threads covers one row segment, so the
 // per-row constants (three divisions for tvd, the hard term's coefficients) are formed once per
@@ -61,12 +62,17 @@ __global__ void __launch_bounds__(kThreads)
   common::CeGradRow<float> hard_row{};
   if (with_hard) {
     const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-    hard_row = distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, upstream, r);
+    const float target_weight = a.target_weight   ? a.target_weight[row]
+                                : o.ce.class_weight ? o.ce.class_weight[target]
+                                                    : 1.0f;
+    hard_row = distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, target_weight,
+                                     upstream, r);
   }
   DistillHardColumns hard_columns;  // columns of this segment
   hard_columns.target_column = target - a.first_column - begin;  // may lie outside the segment
   hard_columns.class_weight = with_hard && o.ce.class_weight && hc.smoothing > 0
-                                  ? o.ce.class_weight + a.first_column + begin
+                                  ? o.ce.class_weight + (a.first_column -
+                                                         a.class_weight_first_column) + begin
                                   : nullptr;
   hard_columns.columns = length;
 

@@ -29,6 +29,11 @@ struct DistillBlockGradArgs {
   const float* grad_output_rows = nullptr;           // tile rows (reduction none) or null
   DistillRowOptions options;
   const CeBatchTotals* totals = nullptr;
+  // Vocabulary-parallel distill (distill_shard.cu): options.ce.class_weight holds the columns
+  // from class_weight_first_column on (the local slice), and w_y of each row comes merged from
+  // every rank (tile rows); null: w_y = class_weight[target].
+  int64_t class_weight_first_column = 0;
+  const float* target_weight = nullptr;
 };
 
 void distill_block_grad(const DistillBlockGradArgs& args, cudaStream_t stream);

@@ -22,13 +22,6 @@ struct ShardProblem {
 
 DType record_dtype(DType input) { return input == DType::f64 ? DType::f64 : DType::f32; }
 
-Matrix columns(const Matrix& m, int64_t begin, int64_t width) {
-  Matrix out(m.rows, width);
-  for (int64_t r = 0; r < m.rows; ++r)
-    for (int64_t c = 0; c < width; ++c) out.at(r, c) = m.at(r, begin + c);
-  return out;
-}
-
 Matrix rows_of(const Matrix& m, int64_t begin, int64_t end) {
   Matrix out(end - begin, m.cols);
   for (int64_t r = begin; r < end; ++r)

@@ -79,6 +79,12 @@ Matrix rounded(Matrix m, DType dtype) {
   m.values = rounded(std::move(m.values), dtype);
   return m;
 }
+Matrix columns(const Matrix& m, int64_t begin, int64_t width) {
+  Matrix out(m.rows, width);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t c = 0; c < width; ++c) out.at(r, c) = m.at(r, begin + c);
+  return out;
+}
 std::string short_name(DType dtype) {
   switch (dtype) {
     case DType::f32: return "f32";

@@ -70,6 +70,8 @@ inline DType result_dtype(DType input) { return input == DType::f64 ? DType::f64
 double round_to(DType dtype, double value);
 std::vector<double> rounded(std::vector<double> values, DType dtype);
 Matrix rounded(Matrix m, DType dtype);
+// Columns [begin, begin + width) of m: one rank's vocabulary slice in the sharded suites.
+Matrix columns(const Matrix& m, int64_t begin, int64_t width);
 std::string short_name(DType dtype);
 
 // ---- tensors ----------------------------------------------------------------------------------

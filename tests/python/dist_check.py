@@ -4,13 +4,16 @@
     torchrun --nproc_per_node 2 tests/python/dist_check.py --json OUT/dist.json
 
 1. Correctness on CUDA: sharded cross_entropy / linear_cross_entropy (uneven slices, every §1
-   option, fp32 and bf16) against the unsharded xent result on the same GPU.
+   option, fp32 and bf16) and sharded distill (every kind, the §3 options, every reduction)
+   against the unsharded xent result on the same GPU, on every rank.
 2. Timings (forward + backward, median / p20 / p80 of CUDA-event times, the max over ranks per
    step): ce N = 16384, V = 262144 bf16 and linear_ce (N, H, V) = (8192, 4096, 128256) bf16,
    sharded over the group against unsharded on one GPU, each beside a Megatron-style parallel
    cross-entropy in plain torch ops (all-reduce of the max, then of sum-exp and target logit;
    the local parts torch.compile'd) as the anchor. The collective time is measured alone, at the
-   same sizes. Rank 0 writes one JSON record per measurement.
+   same sizes. Distill: N = 4096, V = 131072 bf16 student and teacher, every kind, sharded
+   against unsharded, the collectives (one all_gather of records; two for jsd and tvd) timed
+   alone. Rank 0 writes one JSON record per measurement (with world_size).
 """
 
 from __future__ import annotations
@@ -130,6 +133,52 @@ def correctness(rank, world, device, failures):
             check_close(tag + " grad weight", w2.grad, w1.grad[begin:end], 1e-4, 1e-5, failures)
             check_close(tag + " grad bias", b2.grad, b1.grad[begin:end], 1e-4, 1e-5, failures)
     torch.backends.cuda.matmul.allow_tf32 = True
+    distill_correctness(rank, world, device, failures)
+
+
+DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
+
+
+def distill_correctness(rank, world, device, failures):
+    """Sharded distill of every kind against unsharded xent.distill on the same GPU: the loss on
+    every rank and the gradient of the local student slice."""
+    options = [{}, {"temperature": 2.0, "softcap": 30.0}, {"beta": 0.25},
+               {"hard_weight": 0.5, "label_smoothing": 0.1, "z_loss": 1e-3, "class_weight": True},
+               {"no_target": True}]
+    cases = [(37, 1031, dtype, opts, reduction) for dtype in (torch.float32, torch.bfloat16)
+             for opts in options for reduction in ("none", "sum", "mean")]
+    cases += [(512, 50257, torch.bfloat16, {}, "mean")]
+    for rows, vocab, dtype, opts, reduction in cases:
+        begin, end = split(vocab, world, rank, uneven=True)
+        for kind in DISTILL_KINDS:
+            gen = torch.Generator(device=device).manual_seed(rows + vocab)
+            student = torch.randn(rows, vocab, device=device, generator=gen) * 2
+            teacher = (student + torch.randn(rows, vocab, device=device, generator=gen))
+            student, teacher = student.to(dtype), teacher.to(dtype)
+            target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+            target[::7] = -100
+            kw = {k: v for k, v in opts.items() if k != "no_target"}
+            if opts.get("no_target"):
+                target = None
+            if kw.get("class_weight"):
+                kw["class_weight"] = torch.rand(vocab, device=device, generator=gen) + 0.5
+            upstream = torch.randn(rows if reduction == "none" else (), device=device,
+                                   generator=gen)
+            tag = f"distill {kind} {rows}x{vocab} {dtype} {sorted(opts)} {reduction}"
+            full = student.clone().requires_grad_()
+            ref = xent.distill(full, teacher, target, kind=kind, reduction=reduction, **kw)
+            (ref * upstream).sum().backward()
+            local = student[:, begin:end].clone().requires_grad_()
+            skw = dict(kw)
+            if "class_weight" in skw:
+                skw["class_weight"] = kw["class_weight"][begin:end]
+            got = xent.distill(local, teacher[:, begin:end].contiguous(), target, kind=kind,
+                               reduction=reduction, process_group=dist.group.WORLD, **skw)
+            (got * upstream).sum().backward()
+            check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
+            tol = 1e-4 if dtype == torch.float32 else 1e-2
+            check_close(tag + " grad", local.grad, full.grad[:, begin:end], tol,
+                        tol * full.grad.abs().max().item(), failures)
 
 
 # ---- 2. timings ----------------------------------------------------------------------------------
@@ -286,11 +335,11 @@ def time_linear_ce(rank, world, records):
     del weight
     torch.cuda.empty_cache()
 
-    def sharded(cache):
+    def sharded(in_forward, cache):
         def step():
             hidden.grad = local_weight.grad = None
             xent.linear_cross_entropy(hidden, local_weight, target, process_group=group,
-                                      cache_logits=cache).backward()
+                                      grad_in_forward=in_forward, cache_logits=cache).backward()
         return step
 
     def anchor():
@@ -307,13 +356,61 @@ def time_linear_ce(rank, world, records):
     shapes = {"N": rows, "H": hidden_size, "V": vocab, "V_local": end - begin}
     record("linear_ce", "xent", 1, {"N": rows, "H": hidden_size, "V": vocab}, base,
            base["median_ms"], 0.0, records)
-    record("linear_ce", "xent-sharded", world, shapes, guarded(sharded(False), iterations=10),
+    # The default forms the gradient per row chunk in the forward (no recompute); the two-pass
+    # schedule (grad_in_forward=False) recomputes the logits in the backward, or keeps them.
+    record("linear_ce", "xent-sharded", world, shapes, guarded(sharded(True, False), iterations=10),
            base["median_ms"], collectives["median_ms"], records)
-    record("linear_ce", "xent-sharded-cache-logits", world, shapes,
-           guarded(sharded(True), iterations=10), base["median_ms"], collectives["median_ms"],
-           records)
+    record("linear_ce", "xent-sharded-two-pass", world, shapes,
+           guarded(sharded(False, False), iterations=10), base["median_ms"],
+           collectives["median_ms"], records)
+    record("linear_ce", "xent-sharded-two-pass-cache-logits", world, shapes,
+           guarded(sharded(False, True), iterations=10), base["median_ms"],
+           collectives["median_ms"], records)
     record("linear_ce", "megatron-style-torch-compile", world, shapes,
            guarded(anchor, iterations=10), base["median_ms"], collectives["median_ms"], records)
+
+
+def time_distill(rank, world, records):
+    """Sharded distill against unsharded at a PERF-like shape (N = 4096, V = 131072, bf16
+    student and teacher), forward + backward, every kind; the collectives timed alone: one
+    all_gather of [N, 13] records (every kind), and for jsd and tvd a second of [N, 5] sums."""
+    rows, vocab = 4096, 131072
+    begin, end = split(vocab, world, rank, uneven=False)
+    group = dist.group.WORLD
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    full_student = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16, generator=gen)
+    full_teacher = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16, generator=gen)
+    local_student = full_student[:, begin:end].contiguous().requires_grad_()
+    local_teacher = full_teacher[:, begin:end].contiguous()
+    full_student.requires_grad_()
+    records_1 = torch.empty(rows, 13, device="cuda")
+    gathered_1 = torch.empty(world * rows, 13, device="cuda")
+    records_2 = torch.empty(rows, 5, device="cuda")
+    gathered_2 = torch.empty(world * rows, 5, device="cuda")
+    one = timed(lambda: dist.all_gather_into_tensor(gathered_1, records_1, group=group))
+    two = timed(lambda: (dist.all_gather_into_tensor(gathered_1, records_1, group=group),
+                         dist.all_gather_into_tensor(gathered_2, records_2, group=group)))
+    shapes = {"N": rows, "V": vocab, "V_local": end - begin}
+    for kind in DISTILL_KINDS:
+        def unsharded():
+            full_student.grad = None
+            xent.distill(full_student, full_teacher, kind=kind).backward()
+
+        def sharded():
+            local_student.grad = None
+            xent.distill(local_student, local_teacher, kind=kind,
+                         process_group=group).backward()
+
+        base = guarded(unsharded)
+        if base is None:
+            record(f"distill_{kind}", "xent", 1, {"N": rows, "V": vocab}, None, None, 0.0,
+                   records)
+            continue
+        record(f"distill_{kind}", "xent", 1, {"N": rows, "V": vocab}, base, base["median_ms"],
+               0.0, records)
+        collective = two if kind in ("jsd", "tvd") else one
+        record(f"distill_{kind}", "xent-sharded", world, shapes, guarded(sharded),
+               base["median_ms"], collective["median_ms"], records)
 
 
 def main():
@@ -350,14 +447,17 @@ def main():
         torch.cuda.empty_cache()
         time_linear_ce(rank, world, records)
         save()
+        torch.cuda.empty_cache()
+        time_distill(rank, world, records)
+        save()
     if rank == 0:
-        print(f"{'op':<10} {'impl':<30} {'P':>2} {'median ms':>10} {'ratio':>6} {'coll ms':>8}")
+        print(f"{'op':<18} {'impl':<30} {'P':>2} {'median ms':>10} {'ratio':>6} {'coll ms':>8}")
         for r in records:
             if "error" in r:
-                print(f"{r['op']:<10} {r['impl']:<30} {r['world_size']:>2} {'failed':>10}")
+                print(f"{r['op']:<18} {r['impl']:<30} {r['world_size']:>2} {'failed':>10}")
                 continue
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-            print(f"{r['op']:<10} {r['impl']:<30} {r['world_size']:>2} "
+            print(f"{r['op']:<18} {r['impl']:<30} {r['world_size']:>2} "
                   f"{r['time_median_ms']:>10.3f} {ratio:>6} {r['collective_ms']:>8.3f}")
     dist.destroy_process_group()
     sys.exit(1 if ok.item() else 0)

@@ -3,7 +3,9 @@
 2 and 3 processes each hold an uneven slice of the vocabulary (V = 1031); every option of §1 is
 run sharded and compared with the single-process xent result on the whole vocabulary: the loss,
 the statistics and the gradient (of the local slice for ce; ∂hidden, the local rows of ∂W and
-∂bias for linear_cross_entropy). All cases run inside one spawn per world size, so the suite
+∂bias for linear_cross_entropy). distill: every kind with each option of §3 (temperature,
+softcap, β, the hard term with smoothing and z-loss, class weights, no target) and all at once,
+every reduction, fp32 and fp64, loss and the gradient of the local student slice. All cases run inside one spawn per world size, so the suite
 pays the process start-up twice.
 """
 
@@ -126,13 +128,17 @@ def _linear_cases(rank, world, group):
 
     begin, end = _slice_of(rank, world)
     case = 0
-    # Every option set in one chunk; every option at once also in several row chunks.
-    cases = [(names, None) for names in _option_sets()]
-    cases.append((tuple(OPTIONS), 20 * VOCAB * 4))
-    for names, workspace_bytes in cases:
+    # Every option set in one chunk; every option at once also in several row chunks, in the
+    # default schedule (gradient per chunk in the forward for sum/mean; two passes for none and
+    # for mean with class weights and z-loss), and in the two-pass one (grad_in_forward=False),
+    # its logits recomputed in the backward or kept (sum).
+    cases = [(names, None, True) for names in _option_sets()]
+    cases.append((tuple(OPTIONS), 20 * VOCAB * 4, True))
+    cases.append((tuple(OPTIONS), 20 * VOCAB * 4, False))
+    cases.append((("class_weight", "label_smoothing"), 20 * VOCAB * 4, True))
+    for names, workspace_bytes, in_forward in cases:
         for reduction in ("none", "sum", "mean"):
-            # Several chunks: the logits are recomputed in the backward, or kept (sum).
-            cache = workspace_bytes is not None and reduction == "sum"
+            cache = workspace_bytes is not None and reduction == "sum" and not in_forward
             case += 1
             gen = torch.Generator().manual_seed(5000 + case)
             hidden = torch.randn(ROWS, HIDDEN, generator=gen)
@@ -141,7 +147,7 @@ def _linear_cases(rank, world, group):
             target = _targets(gen)
             kwargs = _kwargs(gen, names)
             upstream = torch.randn(ROWS if reduction == "none" else (), generator=gen)
-            tag = f"linear_ce {names} {reduction} budget={workspace_bytes}"
+            tag = f"linear_ce {names} {reduction} budget={workspace_bytes} {in_forward}"
 
             h_full = hidden.clone().requires_grad_()
             w_full = weight.clone().requires_grad_()
@@ -160,7 +166,8 @@ def _linear_cases(rank, world, group):
             got = xent.linear_cross_entropy(h, w, target, b, reduction=reduction,
                                             return_stats=True, process_group=group,
                                             workspace_bytes=workspace_bytes,
-                                            cache_logits=cache, **sharded_kwargs)
+                                            cache_logits=cache, grad_in_forward=in_forward,
+                                            **sharded_kwargs)
             (got.loss * upstream).sum().backward()
             _compare_result(tag, got, expected)
             _close(f"{tag} grad hidden", h.grad, h_full.grad, rtol=1e-4, atol=1e-5)
@@ -183,14 +190,97 @@ def _linear_cases(rank, world, group):
     assert not torch.allclose(h.grad, h_full.grad), "reduce_hidden_grad=False reduced anyway"
 
 
+DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
+DISTILL_OPTIONS = {
+    "temperature": {"temperature": 2.0},
+    "softcap": {"softcap": 4.5},
+    "beta": {"beta": 0.25},
+    "hard": {"hard_weight": 0.375, "soft_weight": 0.625, "label_smoothing": 0.125,
+             "z_loss": 0.0625},
+    "class_weight": {"hard_weight": 0.5, "label_smoothing": 0.1, "class_weight": None},
+    "no_target": {},
+}
+
+
+def _distill_option_sets():
+    yield ()
+    for name in DISTILL_OPTIONS:
+        yield (name,)
+    yield ("temperature", "softcap", "hard", "class_weight")
+
+
+def _distill_cases(rank, world, group):
+    import xent
+
+    begin, end = _slice_of(rank, world)
+    case = 0
+    cases = [(torch.float32, kind, names) for kind in DISTILL_KINDS
+             for names in _distill_option_sets()]
+    cases += [(torch.float64, kind, ("temperature", "hard")) for kind in DISTILL_KINDS]
+    for dtype, kind, names in cases:
+        for reduction in ("none", "sum", "mean"):
+            case += 1
+            gen = torch.Generator().manual_seed(3000 + case)
+            student = (torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64) * 2)
+            teacher = (student + torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64))
+            student, teacher = student.to(dtype), teacher.to(dtype)
+            target = None if "no_target" in names else _targets(gen)
+            kwargs = {}
+            for name in names:
+                kwargs.update(DISTILL_OPTIONS[name])
+            if "class_weight" in kwargs:
+                kwargs["class_weight"] = torch.rand(VOCAB, generator=gen) + 0.5
+            upstream = torch.randn(ROWS if reduction == "none" else (), generator=gen)
+            tag = f"distill {kind} {dtype} {names} {reduction}"
+
+            full = student.clone().requires_grad_()
+            expected = xent.distill(full, teacher, target, kind=kind, reduction=reduction,
+                                    **kwargs)
+            (expected * upstream).sum().backward()
+
+            local = student[:, begin:end].clone().requires_grad_()
+            sharded_kwargs = dict(kwargs)
+            if "class_weight" in kwargs:
+                sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
+            if reduction == "sum":  # the explicit layout once per case
+                sharded_kwargs.update(vocab_offset=begin, vocab_size=VOCAB)
+            got = xent.distill(local, teacher[:, begin:end], target, kind=kind,
+                               reduction=reduction, process_group=group, **sharded_kwargs)
+            (got * upstream).sum().backward()
+            _close(f"{tag} loss", got, expected)
+            _close(f"{tag} grad", local.grad, full.grad[:, begin:end])
+
+            with torch.no_grad():
+                plain = xent.distill(local.detach(), teacher[:, begin:end], target, kind=kind,
+                                     reduction=reduction, process_group=group, **sharded_kwargs)
+            _close(f"{tag} no-grad loss", plain, expected)
+
+    # normalizer (reduction sum) and a 3-D (B, T, V) batch, sharded like the 2-D one.
+    gen = torch.Generator().manual_seed(3999)
+    student = torch.randn(2, 5, VOCAB, generator=gen)
+    teacher = torch.randn(2, 5, VOCAB, generator=gen)
+    full = student.clone().requires_grad_()
+    expected = xent.distill(full, teacher, kind="jsd", reduction="sum", normalizer=7.0)
+    expected.backward()
+    local = student[..., begin:end].clone().requires_grad_()
+    got = xent.distill(local, teacher[..., begin:end], kind="jsd", reduction="sum",
+                       normalizer=7.0, process_group=group)
+    got.backward()
+    _close("distill 3-D normalizer loss", got, expected)
+    _close("distill 3-D normalizer grad", local.grad, full.grad[..., begin:end])
+
+
 def _error_cases(rank, world, group):
     import xent
 
     begin, end = _slice_of(rank, world)
     logits = torch.randn(ROWS, end - begin)
     target = _targets(torch.Generator().manual_seed(1))
-    with pytest.raises(NotImplementedError, match="distill"):
-        xent.distill(logits, logits, target, process_group=group)
+    with pytest.raises(ValueError, match="vocab_offset"):
+        xent.distill(logits, logits, target, process_group=group, vocab_offset=VOCAB,
+                     vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="teacher"):
+        xent.distill(logits, logits[:, :-1], target, process_group=group)
     with pytest.raises(ValueError, match="vocab_offset"):
         xent.cross_entropy(logits, target, process_group=group, vocab_offset=VOCAB,
                            vocab_size=VOCAB)
@@ -214,6 +304,7 @@ def _worker(rank, world, init_file, error_dir):
         group = dist.group.WORLD
         _ce_cases(rank, world, group)
         _linear_cases(rank, world, group)
+        _distill_cases(rank, world, group)
         _error_cases(rank, world, group)
         dist.barrier()
         dist.destroy_process_group()
