@@ -37,6 +37,15 @@ void add_ce(std::vector<Case>& cases) {
   // Shapes where a row-per-block kernel has too little (small V) or too few rows (small N) to
   // fill the GPU: they show whether the kernel adapts.
   cases.push_back(make(Op::ce, 262144, 0, 4096, "perf-ce small V"));
+  cases.push_back(make(Op::ce, 262144, 0, 4096, "perf-ce small V no grad", Mode::fwd));
+  Case small_every = make(Op::ce, 262144, 0, 4096, "perf-ce small V every option");
+  small_every.options = every_option();
+  cases.push_back(small_every);
+  // The seed benchmark's vocabularies (PERF.md "ce, small V"): one warp per row up to 4096
+  // columns, a pair of warps at 8192 (docs/perf-notes.md decision 29).
+  for (const int64_t v : {1024, 4096, 8192}) {
+    cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce small V"));
+  }
   cases.push_back(make(Op::ce, 256, 0, 262144, "perf-ce small N"));
   cases.push_back(make(Op::ce, 128, 0, 131072, "perf-ce small N"));
 }
