@@ -1,7 +1,7 @@
 // The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
 // from HBM once, statistics, loss, optional outputs and the gradient from the staged copy (a
 // forward without gradient streams its slices: nothing reads them twice). Short rows go to
-// ce_short_rows.cu (a warp per row, the row in registers). Semantics come from
+// ce_short_rows_kernel.cuh (a warp per row, the row in registers). Semantics come from
 // src/common/ce_row.hpp (through ce_rows_device.cuh); this file only moves data.
 #include <cstdlib>
 
@@ -212,7 +212,7 @@ CeRowOptions ce_row_options(const CeOptions& options) {
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   // Rows of up to 8192 16-bit (4096 fp32) columns: a warp or a pair of warps per row, the row in
-  // registers (ce_short_rows.cu, decision 29); XENT_CUDA_SHORT_ROWS=0 keeps them here.
+  // registers (ce_short_rows_kernel.cuh, decision 30); XENT_CUDA_SHORT_ROWS=0 keeps them here.
   if (args.vocab <= short_row_limit(args.dtype)) {
     ce_short_rows(args, stream);
     return;

@@ -1,5 +1,5 @@
 // Device pieces of the two cross-entropy row kernel families: ce_rows.cu (a row per CTA or
-// thread-block cluster, staged in shared memory) and ce_short_rows.cu (a row per warp or pair of
+// thread-block cluster, staged in shared memory) and ce_short_rows_kernel.cuh (a row per warp or pair of
 // warps, held in registers). What a row reports once its statistics are merged, its gradient
 // coefficients, and the gradient of one 16-byte vector are written here once, so the two
 // families cannot drift apart; the math itself is common::ce_row_loss, ce_grad_row and

@@ -225,7 +225,7 @@ namespace xent::cuda {
 // Adds one 16-byte vector x of columns column, column+1, ... to a thread's statistics: the
 // vector path when `full`, else element by element for the `valid` columns of a ragged tail
 // (valid ≤ 0: nothing). Shared by the slice sweeps below and the register-resident short rows
-// (ce_short_rows.cu), so both accumulate exactly the same fields the same way.
+// (ce_short_rows_kernel.cuh), so both accumulate exactly the same fields the same way.
 template <bool kFull, bool kArgmax, class S, class Transform>
 __device__ __forceinline__ void add_vector_stats(VectorRowStats<kFull, kArgmax>& acc,
                                                  const Vector<S>& x, int64_t column, bool full,

@@ -1,4 +1,4 @@
-// GPU-only cases for the short-row kernel of ce (src/cuda/ce_short_rows.cu): a warp, or a pair of
+// GPU-only cases for the short-row kernel of ce (src/cuda/ce_short_rows_kernel.cuh): a warp, or a pair of
 // warps, per row, the row held in registers. The vocabulary sizes straddle every register-array
 // size of the kernel and both of its limits — 16-bit rows: 4, 8, 16 vectors of 8 columns a lane
 // up to 1024 / 2048 / 4096 columns (down to V = 1, where one lane holds the row), a pair of warps
