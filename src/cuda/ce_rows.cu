@@ -1,13 +1,11 @@
 // The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
 // from HBM once, statistics, loss, optional outputs and the gradient from the staged copy (a
-// forward without gradient streams its slices: nothing reads them twice). Short rows go to
-// ce_short_rows_kernel.cuh (a warp per row, the row in registers). Semantics come from
-// src/common/ce_row.hpp (through ce_rows_device.cuh); this file only moves data.
+// forward without gradient streams its slices: nothing reads them twice). Semantics come from
+// src/common/ce_row.hpp; this file only moves data.
 #include <cstdlib>
 
+#include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
-#include "cuda/ce_rows_device.cuh"
-#include "cuda/ce_short_rows.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
 
@@ -40,7 +38,20 @@ struct CeRowShared {
   CeGradRow<float> grad_row;
 };
 
-// Writes ∂loss/∂x of a slice from its staged (or re-read) logits (ce_grad_vector).
+template <class S>
+__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
+  constexpr int kVec = kVectorElements<S>;
+  Vector<S> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.value[k] = value;
+  const int64_t vectors = (length + kVec - 1) / kVec;
+  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+    store_vector(grad, j, length, vector_ok, v);
+  }
+}
+
+// Writes ∂loss/∂x of a slice from its staged (or re-read) logits. The class weight of a column
+// enters only through label smoothing (kWeighted: weighted and ε > 0).
 template <bool kWeighted, class S, class Transform>
 __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Transform& transform,
                                               const CeGradRow<float>& row,
@@ -48,15 +59,35 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
                                               S* grad, bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
+  // p = 2^(x̃·log2(e) − lse·log2(e)): one fused multiply-add per element (see fast_exp2).
   const float scaled_lse = row.lse * kLog2e;
   // Only one vector of the row holds the target: the others skip the per-column comparison.
   const int target_vector = target_in_slice >= 0 ? target_in_slice / kVec : -1;
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
     const Vector<S> x = slice.reload(j);  // this thread waited on its piece in the first sweep
-    const int target_k = j == target_vector ? target_in_slice - j * kVec : -1;
-    const Vector<S> g = ce_grad_vector<kWeighted>(
-        x, transform, row, scaled_lse, target_k, class_weight, slice.begin + int64_t{j} * kVec,
-        (j + 1) * kVec <= slice.length, slice.length - int64_t{j} * kVec);
+    Vector<S> g;
+    float w[kVec];
+    if (kWeighted) {
+      load_class_weights(class_weight, slice.begin + int64_t{j} * kVec,
+                         (j + 1) * kVec <= slice.length, slice.length - j * kVec, w);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) w[k] = 1.0f;
+    }
+    auto element = [&](int k, bool is_target) {
+      float value, slope;
+      value_and_slope(transform, x.value[k], value, slope);
+      const float p = fast_exp2(fmaf(value, kLog2e, -scaled_lse));
+      return common::ce_grad_from_prob(row, p, slope, is_target, w[k]);
+    };
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) g.value[k] = element(k, false);
+    if (j == target_vector) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k == target_in_slice) g.value[k] = element(k, true);
+      }
+    }
     store_vector(grad, j, slice.length, grad_vector_ok, g);
   }
 }
@@ -93,10 +124,18 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   // An ignored row reads nothing: no loss, no statistics (common::IgnoredRow), a zero gradient.
   // Every CTA of its cluster leaves here alike, so none waits at a cluster barrier.
   if (!valid) {
-    if (rank == 0) write_ignored_row_outputs(a, row);
-    if (want_gradient) {
-      write_constant_row(grad, length, p.grad_vector_ok, 0.0f, threadIdx.x, blockDim.x);
+    using Ignored = common::IgnoredRow<float>;
+    if (rank == 0) {
+      if (a.row_loss) a.row_loss[row] = Ignored::loss;
+      if (a.row_z_loss) a.row_z_loss[row] = Ignored::loss;
+      if (a.row_total) a.row_total[row] = Ignored::loss;
+      if (a.row_correct) a.row_correct[row] = 0.0f;
+      if (a.lse) a.lse[row] = Ignored::lse;
+      if (a.logprob) a.logprob[row] = Ignored::logprob;
+      if (a.entropy) a.entropy[row] = Ignored::entropy;
+      if (a.argmax) a.argmax[row] = Ignored::argmax;
     }
+    if (want_gradient) write_constant_row(grad, length, p.grad_vector_ok, 0.0f);
     return;
   }
 
@@ -138,18 +177,42 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const RowStats<float>& row_stats = row_shared.merged.stats;
   if (threadIdx.x == 0) {
     const float lse = row_stats.lse();
-    const CeRowScalars scalars = load_ce_row_scalars(a, row, target, in_range);
     if (rank == 0) {
-      write_ce_row_outputs(a, c, row, target, in_range, scalars, row_stats, lse,
-                           row_shared.merged.target_logit);
+      if (a.entropy) a.entropy[row] = row_stats.entropy();
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      float loss = quiet_nan(), z = quiet_nan(), logprob = quiet_nan();
+      if (in_range) {
+        const float target_logit = row_shared.merged.target_logit;
+        const float target_weight = class_weight ? class_weight[target] : 1.0f;
+        const auto parts = common::ce_row_loss(c, row_stats, lse, target_logit, target_weight);
+        loss = r * parts.loss;
+        z = r * parts.z_loss;
+        logprob = target_logit - lse;
+      }
+      if (a.row_loss) a.row_loss[row] = loss;
+      if (a.row_z_loss) a.row_z_loss[row] = z;
+      if (a.row_total) a.row_total[row] = loss + z;
+      if (a.row_correct) a.row_correct[row] = row_stats.argmax == target ? 1.0f : 0.0f;
+      if (a.lse) a.lse[row] = lse;
+      if (a.logprob) a.logprob[row] = logprob;
+      if (a.argmax) a.argmax[row] = row_stats.argmax;
     }
-    if (want_gradient && in_range) row_shared.grad_row = ce_row_gradient(a, c, lse, target, scalars);
+    if (want_gradient && in_range) {
+      const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      const float target_weight = class_weight ? class_weight[target] : 1.0f;
+      const float base = upstream * r;
+      row_shared.grad_row =
+          common::ce_grad_row(c, lse, target, target_weight,
+                              base * a.totals->loss_factor * a.grad_scale,
+                              base * a.totals->z_factor * a.grad_scale);
+    }
   }
   __syncthreads();
 
   if (want_gradient) {
     if (!in_range) {
-      write_constant_row(grad, length, p.grad_vector_ok, quiet_nan(), threadIdx.x, blockDim.x);
+      write_constant_row(grad, length, p.grad_vector_ok, quiet_nan());
     } else {
       const CeGradRow<float> grad_row = row_shared.grad_row;
       const int target_in_slice =  // -1 when y lies in another CTA's slice
@@ -211,12 +274,6 @@ CeRowOptions ce_row_options(const CeOptions& options) {
 
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
-  // Rows of up to 8192 16-bit (4096 fp32) columns: a warp or a pair of warps per row, the row in
-  // registers (ce_short_rows_kernel.cuh, decision 30); XENT_CUDA_SHORT_ROWS=0 keeps them here.
-  if (args.vocab <= short_row_limit(args.dtype)) {
-    ce_short_rows(args, stream);
-    return;
-  }
   const std::size_t element = dtype_size(args.dtype);
   SlicePlan plan = plan_row_slices(args.vocab, element, 1);
   if (args.grad == nullptr && stream_forward()) {

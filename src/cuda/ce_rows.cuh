@@ -91,10 +91,8 @@ struct CeRowsArgs {
   float grad_scale = 1;  // extra constant multiplier of the gradient (1 for plain ce)
 };
 
-// Step 2: one launch over the chunk's rows. Rows up to 8192 16-bit (4096 fp32) columns are held in
-// the registers of a warp or a pair of warps (ce_short_rows_kernel.cuh); rows up to a few hundred
-// thousand columns stay on chip (split over a thread-block cluster); longer rows take a path
-// that reads them twice.
+// Step 2: one launch over the chunk's rows. Rows up to a few hundred thousand columns stay on chip
+// (split over a thread-block cluster); longer rows take a path that reads them twice.
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream);
 
 struct CeReduceArgs {

@@ -222,49 +222,6 @@ struct VectorRowStats {
 
 namespace xent::cuda {
 
-// Adds one 16-byte vector x of columns column, column+1, ... to a thread's statistics: the
-// vector path when `full`, else element by element for the `valid` columns of a ragged tail
-// (valid ≤ 0: nothing). Shared by the slice sweeps below and the register-resident short rows
-// (ce_short_rows_kernel.cuh), so both accumulate exactly the same fields the same way.
-template <bool kFull, bool kArgmax, class S, class Transform>
-__device__ __forceinline__ void add_vector_stats(VectorRowStats<kFull, kArgmax>& acc,
-                                                 const Vector<S>& x, int64_t column, bool full,
-                                                 int64_t valid, const Transform& transform,
-                                                 const float* class_weight) {
-  constexpr int kVec = kVectorElements<S>;
-  float v[kVec], w[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    v[k] = transform.value(x.value[k]);
-    w[k] = 1.0f;
-  }
-  if (kFull && class_weight) load_class_weights(class_weight, column, full, valid, w);
-  if (full) {
-    acc.add(v, column, w);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      if (k < valid) acc.stats.add(v[k], column + k, w[k]);
-    }
-  }
-}
-
-// RowStats::add for the first `valid` columns of one vector (the exact path of rows with NaN or
-// +Inf, which defines their argmax and NaN statistics).
-template <class S, class Transform>
-__device__ __forceinline__ void add_vector_exact(common::RowStats<float>& exact, const Vector<S>& x,
-                                                 int64_t column, int64_t valid,
-                                                 const Transform& transform,
-                                                 const float* class_weight) {
-#pragma unroll
-  for (int k = 0; k < kVectorElements<S>; ++k) {
-    if (k < valid) {
-      const float w = class_weight ? class_weight[column + k] : 1.0f;
-      exact.add(transform.value(x.value[k]), column + k, w);
-    }
-  }
-}
-
 // RowStats::add element by element (NaN / +Inf present: it decides argmax and the NaN
 // statistics). Call after a sweep that waited on every piece of the slice.
 template <class S, class Transform>
@@ -275,8 +232,15 @@ __device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slic
   const int vectors = static_cast<int>(slice.vectors());
   common::RowStats<float> exact;
   for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
-    add_vector_exact(exact, slice.reload(j), slice.begin + int64_t{j} * kVec,
-                     slice.length - int64_t{j} * kVec, transform, class_weight);
+    const Vector<S> x = slice.reload(j);
+    const int64_t column = slice.begin + int64_t{j} * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      if (j * kVec + k < slice.length) {
+        const float w = class_weight ? class_weight[column + k] : 1.0f;
+        exact.add(transform.value(x.value[k]), column + k, w);
+      }
+    }
   }
   return exact;
 }
@@ -298,8 +262,24 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
   }
   // Adds vector j (columns begin + j·kVec ...) to this thread's statistics.
   auto add_vector = [&](const Vector<S>& x, int j) {
-    add_vector_stats(acc, x, slice.begin + int64_t{j} * kVec, j < full_vectors,
-                     slice.length - int64_t{j} * kVec, transform, class_weight);
+    const int64_t column = slice.begin + int64_t{j} * kVec;
+    float v[kVec], w[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      v[k] = transform.value(x.value[k]);
+      w[k] = 1.0f;
+    }
+    if (kFull && class_weight) {
+      load_class_weights(class_weight, column, j < full_vectors, slice.length - j * kVec, w);
+    }
+    if (j < full_vectors) {
+      acc.add(v, column, w);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k < slice.length) acc.stats.add(v[k], column + k, w[k]);
+      }
+    }
   };
   int first = threadIdx.x;
   if (slice.deep_stream && !slice.staged && slice.vector_ok) {
