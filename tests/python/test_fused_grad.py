@@ -238,13 +238,15 @@ def test_fp32_weight_gets_an_fp32_gradient_from_bf16_products(device, gen, autoc
     loss.backward(upstream)
     assert w_in.grad.dtype == torch.float32
     # The same products on bf16 copies made by hand, the weight gradient kept in fp32 by
-    # linear_cross_entropy's own arithmetic: equal up to the final rounding of a bf16 ∂W.
+    # linear_cross_entropy's own arithmetic: equal up to the roundings of the bf16 path (its ∂W
+    # summed in bf16 chunks). In norm: element by element, a small ∂W entry that is a sum of
+    # cancelling terms can differ by more than 1 % between the two (a CUDA seed did).
     h16 = h.to(torch.bfloat16).requires_grad_()
     w16 = w.to(torch.bfloat16).requires_grad_()
     xent.linear_cross_entropy(h16, w16, target, reduction=reduction,
                               workspace_bytes=1 << 16).backward(upstream)
-    torch.testing.assert_close(w_in.grad.to(torch.bfloat16), w16.grad, rtol=1e-2, atol=1e-5)
-    torch.testing.assert_close(h_in.grad.float(), h16.grad.float(), rtol=1e-2, atol=1e-5)
+    assert ref.rel_error(w_in.grad, w16.grad.float()) <= 1e-2
+    assert ref.rel_error(h_in.grad.float(), h16.grad.float()) <= 1e-2
     # And the fp32 gradient is closer to float64 than the bf16 one.
     h64 = h.to(torch.bfloat16).double().cpu().requires_grad_()
     w64 = w.to(torch.bfloat16).double().cpu().requires_grad_()
