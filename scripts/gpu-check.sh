@@ -24,41 +24,12 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BUILD=build-gpu
 JOBS="${JOBS:-$(nproc)}"
-SKIP=",${GPU_CHECK_SKIP:-},"
 export PATH="$PATH:/usr/local/cuda/bin"
-SUMMARY=()
-
-skipped() { [[ "$SKIP" == *",$1,"* ]]; }
-# step NAME LIMIT_SECONDS COMMAND...: runs with a time limit, log in OUT/NAME.log, one summary line.
-step() {
-  local name="$1" limit="$2"
-  shift 2
-  if skipped "$name"; then
-    SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$name" SKIP - "GPU_CHECK_SKIP")")
-    return 0
-  fi
-  # GPU_CHECK_DEADLINE (seconds from the start) caps every step so the summary always prints.
-  if [[ -n "${GPU_CHECK_DEADLINE:-}" ]]; then
-    local left=$((GPU_CHECK_DEADLINE - SECONDS - 20))
-    if ((left < 5)); then
-      SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$name" SKIP - "no time left before GPU_CHECK_DEADLINE")")
-      return 0
-    fi
-    ((left < limit)) && limit=$left
-  fi
-  local start=$SECONDS status note
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  status=$?
-  note="$(tail -n 1 "$OUT/$name.log" | cut -c1-70)"
-  if [[ $status -eq 0 ]]; then
-    SUMMARY+=("$(printf '%-12s %-6s %5ss  %s' "$name" PASS $((SECONDS - start)) "$note")")
-  else
-    [[ $status -eq 124 ]] && note="timed out after ${limit}s; $note"
-    SUMMARY+=("$(printf '%-12s %-6s %5ss  rc=%s %s' "$name" FAIL $((SECONDS - start)) "$status" "$note")")
-  fi
-  return $status
-}
-note_skip() { SUMMARY+=("$(printf '%-12s %-6s %6s  %s' "$1" SKIP - "$2")"); }
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
+STEP_SKIP="${GPU_CHECK_SKIP:-}"
+STEP_DEADLINE="${GPU_CHECK_DEADLINE:-}"
+STEP_SKIP_NAME=GPU_CHECK_SKIP STEP_DEADLINE_NAME=GPU_CHECK_DEADLINE
 
 nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 || true
 cmake --version | head -n 1 >"$OUT/tools.log"
@@ -85,10 +56,10 @@ configure() {
 }
 
 export BUILD
-step configure 300 bash -c "$(declare -f configure); configure" || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+step configure 300 bash -c "$(declare -f configure); configure" || { print_summary; exit 1; }
 # The library and test binaries first: a tool that does not build must not stop the tests.
 step build 900 cmake --build "$BUILD" -j "$JOBS" --target xent_tests xent_gpu_tests xent_torch \
-  || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+  || { print_summary; exit 1; }
 step build-bench 900 cmake --build "$BUILD" -j "$JOBS" --target xent-bench
 step build-all 900 cmake --build "$BUILD" -j "$JOBS"
 cuobjdump --list-elf "$BUILD/libxent.a" 2>/dev/null | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' \
@@ -141,7 +112,7 @@ if [[ -x "$BUILD/tools/xent-bench" ]]; then
 else
   note_skip bench "$BUILD/tools/xent-bench not built yet"
 fi
-if [[ -d .whl ]] && ! skipped torch; then
+if [[ -d .whl ]] && ! step_skipped torch; then
   # Anchors travel as wheels (no network on a GPU machine); QuACK's large DSL library as an
   # archive, .whl/cutlass-dsl-libs.tar.xz (its libs-core and libs-cu13 wheels unpacked and
   # re-compressed to about half the size), unpacked into the same folder.
@@ -163,8 +134,8 @@ if [[ -n "$SWEEP_PID" ]]; then
   sweep_status=0
   wait "$SWEEP_PID" || sweep_status=$?
   line="$(tail -n 1 "$OUT/sweep.out" | cut -c1-90)"
-  SUMMARY+=("$(printf '%-12s %-6s %5ss  %s' seed-sweep "$([[ $sweep_status -eq 0 ]] && echo PASS || echo FAIL)" \
-    $((SECONDS - sweep_start)) "$line")")
+  summary_line seed-sweep "$([[ $sweep_status -eq 0 ]] && echo PASS || echo FAIL)" \
+    "$((SECONDS - sweep_start))s" "$line"
 fi
 
 echo
@@ -172,5 +143,4 @@ echo "== bandwidth probe (fraction of copy bandwidth) =="
 grep -E '^(copy|case|ce |distill )' "$OUT/probe.log" 2>/dev/null || echo "(no probe output)"
 echo
 echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)) =="
-printf '%s\n' "${SUMMARY[@]}"
-! printf '%s\n' "${SUMMARY[@]}" | grep -q ' FAIL '
+print_summary

@@ -21,39 +21,16 @@ export PATH="$PATH:/usr/local/cuda/bin"
 # NVLink multicast (NVLS) stays off on these machines: NCCL, symmetric memory and NVSHMEM.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [[ -n "${XENT_COMMIT:-}" ]] || export XENT_COMMIT="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
-SUMMARY=()
-
-# step NAME LIMIT COMMAND...: log in OUT/NAME.log, one summary line; the limit shrinks to fit
-# DEADLINE so the summary always prints.
-step() {
-  local name="$1" limit="$2"
-  shift 2
-  local left=$((DEADLINE - SECONDS - 10))
-  if ((left < 10)); then
-    SUMMARY+=("$(printf '%-10s %-5s %6s  %s' "$name" SKIP - "no time left (DIST_DEADLINE=$DEADLINE)")")
-    return 1
-  fi
-  ((left < limit)) && limit=$left
-  local start=$SECONDS status note
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  status=$?
-  note="$(tail -n 1 "$OUT/$name.log" | cut -c1-70)"
-  if [[ $status -eq 0 ]]; then
-    SUMMARY+=("$(printf '%-10s %-5s %5ss  %s' "$name" PASS $((SECONDS - start)) "$note")")
-  else
-    [[ $status -eq 124 ]] && note="timed out after ${limit}s; $note"
-    SUMMARY+=("$(printf '%-10s %-5s %5ss  rc=%s %s' "$name" FAIL $((SECONDS - start)) "$status" "$note")")
-  fi
-  return $status
-}
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
+STEP_DEADLINE="$DEADLINE" STEP_DEADLINE_NAME="DIST_DEADLINE=$DEADLINE"
 finish() {
   echo
   echo "== dist.json (rank 0) =="
   sed -n '/^op /,$p' "$OUT/torchrun.log" 2>/dev/null || echo "(no timings)"
   echo
   echo "== gpu-distributed summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) x $NPROC) =="
-  printf '%s\n' "${SUMMARY[@]}"
-  ! printf '%s\n' "${SUMMARY[@]}" | grep -q ' FAIL '
+  print_summary
   exit $?
 }
 
