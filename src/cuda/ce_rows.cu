@@ -275,11 +275,9 @@ CeRowOptions ce_row_options(const CeOptions& options) {
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  SlicePlan plan = plan_row_slices(args.vocab, element, 1);
-  if (args.grad == nullptr && stream_forward()) {
-    plan.staged = false;
-    plan.shared_bytes = 0;
-  }
+  const SlicePlan plan = args.grad == nullptr && stream_forward()
+                            ? plan_streamed_row_slices(args.vocab, element)
+                            : plan_row_slices(args.vocab, element, 1);
   CeKernelParams p{};
   p.args = args;
   p.cluster = plan.cluster;

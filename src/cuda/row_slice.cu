@@ -11,12 +11,21 @@ namespace xent::cuda {
 namespace {
 // 64 KiB: three CTAs per multiprocessor. XENT_CUDA_SLICE_BYTES overrides it (a tuning knob for
 // measurements, read once; not part of the API).
+std::size_t bytes_from_env(const char* name, std::size_t fallback) {
+  const char* text = std::getenv(name);
+  const long long value = text ? std::atoll(text) : 0;
+  return value >= 4096 ? static_cast<std::size_t>(value) : fallback;
+}
 std::size_t shared_slice_bytes() {
-  static const std::size_t bytes = [] {
-    const char* text = std::getenv("XENT_CUDA_SLICE_BYTES");
-    const long long value = text ? std::atoll(text) : 0;
-    return value >= 4096 ? static_cast<std::size_t>(value) : std::size_t{64 * 1024};
-  }();
+  static const std::size_t bytes = bytes_from_env("XENT_CUDA_SLICE_BYTES", 64 * 1024);
+  return bytes;
+}
+// Streamed slices (read from HBM, nothing staged) of a forward without gradient: shared memory
+// does not limit them, and fewer CTAs per row cost fewer cluster exchanges. 256 KiB: a 128K-column
+// bf16 row in one CTA, 256K columns in a cluster of 2. Measured in docs/perf-notes.md (decision
+// 31); XENT_CUDA_STREAM_SLICE_BYTES overrides it for measurements.
+std::size_t streamed_slice_bytes() {
+  static const std::size_t bytes = bytes_from_env("XENT_CUDA_STREAM_SLICE_BYTES", 256 * 1024);
   return bytes;
 }
 constexpr int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
@@ -44,36 +53,51 @@ void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
   current = bytes;
 }
 
-SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
+namespace {
+// The smallest cluster whose slices are at most `target` bytes (kMaxCluster when none is), with
+// the thread count of such slices; not yet decided whether they are staged.
+SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::size_t target) {
   const int64_t vec = 16 / static_cast<int64_t>(element);
   SlicePlan plan;
   auto slice_for = [&](int cluster) { return round_up((vocab + cluster - 1) / cluster, vec); };
   auto bytes_for = [&](int64_t slice) {
     return static_cast<std::size_t>(slice) * element * static_cast<std::size_t>(inputs);
   };
-  const std::size_t limit = max_shared_per_block();
   plan.cluster = 0;
   for (int cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
-    if (bytes_for(slice_for(cluster)) <= shared_slice_bytes()) {
+    if (bytes_for(slice_for(cluster)) <= target) {
       plan.cluster = cluster;
       break;
     }
   }
   if (plan.cluster == 0) plan.cluster = kMaxCluster;
   plan.slice_elements = slice_for(plan.cluster);
-  plan.staged = bytes_for(plan.slice_elements) <= limit;
-  plan.shared_bytes = plan.staged ? bytes_for(plan.slice_elements) : 0;
   const int64_t vectors = plan.slice_elements / vec;
   // At least four 16-byte vectors per thread: short rows (V <= 4096) then run in CTAs of 64-128
   // threads, so more rows (CTAs) share a multiprocessor instead of idle threads filling it.
   plan.threads = static_cast<int>(
       std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up((vectors + 3) / 4, 32))));
-  // Every staged piece is threads × 16 bytes and needs its own mbarrier (inputs share them).
-  if (plan.staged && (vectors + plan.threads - 1) / plan.threads > kMaxPieces / inputs) {
-    plan.staged = false;
-    plan.shared_bytes = 0;
-  }
+  plan.staged = false;
+  plan.shared_bytes = 0;
   return plan;
+}
+}  // namespace
+
+SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
+  SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes());
+  const std::size_t bytes =
+      static_cast<std::size_t>(plan.slice_elements) * element * static_cast<std::size_t>(inputs);
+  const int64_t vectors = plan.slice_elements / (16 / static_cast<int64_t>(element));
+  // Staged when the slice fits in shared memory and every staged piece (threads × 16 bytes) has
+  // its own mbarrier (inputs share them).
+  plan.staged = bytes <= max_shared_per_block() &&
+                (vectors + plan.threads - 1) / plan.threads <= kMaxPieces / inputs;
+  plan.shared_bytes = plan.staged ? bytes : 0;
+  return plan;
+}
+
+SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
+  return plan_slices_of(vocab, element, 1, streamed_slice_bytes());
 }
 
 }  // namespace xent::cuda

@@ -37,6 +37,9 @@ inline constexpr int kMaxCluster = 8;  // portable cluster size
 // another's arithmetic; up to 192 KiB is still staged (one CTA per multiprocessor) before
 // falling back to streaming.
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs);
+// The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
+// plan_row_slices' (row_slice.cu says why).
+SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);
 
 // Raises `kernel`'s dynamic shared-memory limit on the current device to at least `bytes`, once
 // per kernel, device and size: later calls (e.g. inside CUDA-graph capture, after warm-up) then
