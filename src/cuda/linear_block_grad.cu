@@ -1,6 +1,6 @@
 // Elementwise ce gradient of a vocabulary block (linear_block_grad.cuh). Memory-bound: the tile is
 // read once and written once, 16-byte vectors where rows are aligned; a block of threads covers one
-// row segment, so per-row coefficients are formed once per segment.
+// row segment, so per-row coefficients are formed once per segment (block_grad_tile.cuh).
 #include "cuda/ce_device.cuh"
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/row_stats.cuh"
@@ -8,32 +8,21 @@
 namespace xent::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kVectorsPerThread = 2;
-
-struct BlockGradParams {
-  BlockGradArgs args;
-  int64_t segments_per_row;
-  bool vector_ok;
-};
+using CeBlockGradParams = BlockGradParams<BlockGradArgs>;
 
 template <class S, bool kEntropy>
-__global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradParams p) {
-  constexpr int kVec = kVectorElements<S>;
-  constexpr int64_t kSegment = int64_t{kThreads} * kVectorsPerThread * kVec;
+__global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeBlockGradParams p) {
   const BlockGradArgs& a = p.args;
   const CeRowOptions& o = a.options;
-  const int64_t row = blockIdx.x / p.segments_per_row;
-  const int64_t begin = (blockIdx.x % p.segments_per_row) * kSegment;
-  const int64_t length = a.columns - begin < kSegment ? a.columns - begin : kSegment;
+  const RowSegment segment = row_segment<S>(a.columns, p.segments_per_row);
+  const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* x = static_cast<const S*>(a.logits) + row * a.logits_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
   const int64_t target = read_target(a.target, a.target_dtype, row);
   const bool valid = target != o.ignore_index;
   const bool in_range = target >= 0 && target < a.vocab;
-  if (!valid || !in_range) {  // zeros for ignored rows, NaN for out-of-range targets (SPEC §1)
-    const S fill = store_float<S>(valid ? quiet_nan() : 0.0f);
-    for (int64_t i = threadIdx.x; i < length; i += kThreads) grad[i] = fill;
+  if (!valid || !in_range) {
+    fill_segment(grad, length, valid);
     return;
   }
   const common::CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
@@ -64,34 +53,16 @@ __global__ void __launch_bounds__(kThreads) block_grad_kernel(const BlockGradPar
                                          i == target_column, w);
       }
     };
-    if (p.vector_ok) {
-      for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
-        Vector<S> v;
-        if ((j + 1) * kVec <= length) {
-          v = unpack<S>(__ldg(reinterpret_cast<const uint4*>(x) + j));
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) v.value[k] = element(j * kVec + k, v.value[k]);
-          reinterpret_cast<uint4*>(grad)[j] = pack<S>(v);
-        } else {
-          for (int64_t i = j * kVec; i < length; ++i) {
-            grad[i] = store_float<S>(element(i, load_float(x[i])));
-          }
-        }
-      }
-    } else {
-      for (int64_t i = threadIdx.x; i < length; i += kThreads) {
-        grad[i] = store_float<S>(element(i, load_float(x[i])));
-      }
-    }
+    write_segment(grad, length, p.vector_ok, element, x);
   });
 }
 
 template <class S>
-void launch_block_grad(const BlockGradParams& p, dim3 grid, cudaStream_t stream) {
+void launch_block_grad(const CeBlockGradParams& p, dim3 grid, cudaStream_t stream) {
   if (p.args.grad_entropy != nullptr) {
-    block_grad_kernel<S, true><<<grid, kThreads, 0, stream>>>(p);
+    block_grad_kernel<S, true><<<grid, kBlockGradThreads, 0, stream>>>(p);
   } else {
-    block_grad_kernel<S, false><<<grid, kThreads, 0, stream>>>(p);
+    block_grad_kernel<S, false><<<grid, kBlockGradThreads, 0, stream>>>(p);
   }
 }
 
@@ -100,14 +71,10 @@ void launch_block_grad(const BlockGradParams& p, dim3 grid, cudaStream_t stream)
 void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.columns <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  const int64_t segment =
-      int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
-  BlockGradParams p{};
-  p.args = args;
-  p.segments_per_row = (args.columns + segment - 1) / segment;
-  p.vector_ok = rows_are_vector_aligned(args.logits, args.logits_stride, element) &&
-                rows_are_vector_aligned(args.grad, args.grad_stride, element);
-  const dim3 grid(static_cast<unsigned>(args.rows * p.segments_per_row));
+  const CeBlockGradParams p =
+      block_grad_params(args, rows_are_vector_aligned(args.logits, args.logits_stride, element) &&
+                                  rows_are_vector_aligned(args.grad, args.grad_stride, element));
+  const dim3 grid = block_grad_grid(p);
   switch (args.dtype) {
     case DType::f32: launch_block_grad<float>(p, grid, stream); break;
     case DType::bf16: launch_block_grad<bf16_t>(p, grid, stream); break;

@@ -4,20 +4,16 @@
 // common::ce_grad_from_prob), so both passes form one gradient.
 #pragma once
 
+#include "cuda/block_grad_tile.cuh"
 #include "cuda/ce_rows.cuh"
 
 namespace xent::cuda {
 
-struct BlockGradArgs {
+// The tile's gradient and geometry (BlockGradTile; grad may alias logits), and what it is
+// formed of.
+struct BlockGradArgs : BlockGradTile {
   const void* logits = nullptr;  // tile: [rows, columns] with logits_stride (row 0 = first row)
   int64_t logits_stride = 0;
-  void* grad = nullptr;          // tile: [rows, columns] with grad_stride, same dtype (may alias)
-  int64_t grad_stride = 0;
-  DType dtype = DType::bf16;
-  int64_t rows = 0;
-  int64_t columns = 0;
-  int64_t first_column = 0;      // global index of the block's first column
-  int64_t vocab = 0;             // V of the whole row (smoothing divides by it)
   const void* target = nullptr;  // tile rows
   DType target_dtype = DType::i64;
   const float* lse = nullptr;               // tile rows, from the first pass

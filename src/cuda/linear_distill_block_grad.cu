@@ -3,31 +3,22 @@
 // Memory-bound: the student and teacher tiles are read once and the gradient written once, in
 // 16-byte vectors where rows are aligned; a block of threads covers one row segment, so the
 // per-row constants (three divisions for tvd, the hard term's coefficients) are formed once per
-// segment, and the kind and transform are resolved at compile time as in the row kernel.
+// segment (block_grad_tile.cuh), and the kind and transform are resolved at compile time as in the
+// row kernel.
 #include "cuda/linear_distill_block_grad.cuh"
 
 namespace xent::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kVectorsPerThread = 2;
-
-struct DistillBlockGradParams {
-  DistillBlockGradArgs args;
-  int64_t segments_per_row;
-  bool vector_ok;
-};
+using DistillBlockGradParams = BlockGradParams<DistillBlockGradArgs>;
 
 template <class S>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBlockGradThreads)
     distill_block_grad_kernel(const DistillBlockGradParams p) {
-  constexpr int kVec = kVectorElements<S>;
-  constexpr int64_t kSegment = int64_t{kThreads} * kVectorsPerThread * kVec;
   const DistillBlockGradArgs& a = p.args;
   const DistillRowOptions& o = a.options;
-  const int64_t row = blockIdx.x / p.segments_per_row;
-  const int64_t begin = (blockIdx.x % p.segments_per_row) * kSegment;
-  const int64_t length = a.columns - begin < kSegment ? a.columns - begin : kSegment;
+  const RowSegment segment = row_segment<S>(a.columns, p.segments_per_row);
+  const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* student = static_cast<const S*>(a.student) + row * a.student_stride + begin;
   const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
@@ -35,9 +26,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
   const bool valid = !has_target || target != o.ce.ignore_index;
   const bool in_range = !has_target || (target >= 0 && target < a.vocab);
-  if (!valid || !in_range) {  // zeros for ignored rows, NaN for out-of-range targets (SPEC §1)
-    const S fill = store_float<S>(valid ? quiet_nan() : 0.0f);
-    for (int64_t i = threadIdx.x; i < length; i += kThreads) grad[i] = fill;
+  if (!valid || !in_range) {
+    fill_segment(grad, length, valid);
     return;
   }
 
@@ -85,25 +75,7 @@ __global__ void __launch_bounds__(kThreads)
         return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
                                            hard_row, hard_columns, i);
       };
-      if (p.vector_ok) {
-        for (int64_t j = threadIdx.x; j * kVec < length; j += kThreads) {
-          if ((j + 1) * kVec <= length) {
-            Vector<S> s = unpack<S>(__ldg(reinterpret_cast<const uint4*>(student) + j));
-            const Vector<S> t = unpack<S>(__ldg(reinterpret_cast<const uint4*>(teacher) + j));
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) s.value[k] = element(j * kVec + k, s.value[k], t.value[k]);
-            reinterpret_cast<uint4*>(grad)[j] = pack<S>(s);
-          } else {
-            for (int64_t i = j * kVec; i < length; ++i) {
-              grad[i] = store_float<S>(element(i, load_float(student[i]), load_float(teacher[i])));
-            }
-          }
-        }
-      } else {
-        for (int64_t i = threadIdx.x; i < length; i += kThreads) {
-          grad[i] = store_float<S>(element(i, load_float(student[i]), load_float(teacher[i])));
-        }
-      }
+      write_segment(grad, length, p.vector_ok, element, student, teacher);
     });
   });
 }
@@ -113,19 +85,21 @@ __global__ void __launch_bounds__(kThreads)
 void distill_block_grad(const DistillBlockGradArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.columns <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  const int64_t segment =
-      int64_t{kThreads} * kVectorsPerThread * (16 / static_cast<int64_t>(element));
-  DistillBlockGradParams p{};
-  p.args = args;
-  p.segments_per_row = (args.columns + segment - 1) / segment;
-  p.vector_ok = rows_are_vector_aligned(args.student, args.student_stride, element) &&
+  const DistillBlockGradParams p = block_grad_params(
+      args, rows_are_vector_aligned(args.student, args.student_stride, element) &&
                 rows_are_vector_aligned(args.teacher, args.teacher_stride, element) &&
-                rows_are_vector_aligned(args.grad, args.grad_stride, element);
-  const dim3 grid(static_cast<unsigned>(args.rows * p.segments_per_row));
+                rows_are_vector_aligned(args.grad, args.grad_stride, element));
+  const dim3 grid = block_grad_grid(p);
   switch (args.dtype) {
-    case DType::f32: distill_block_grad_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    case DType::bf16: distill_block_grad_kernel<bf16_t><<<grid, kThreads, 0, stream>>>(p); break;
-    default: distill_block_grad_kernel<f16_t><<<grid, kThreads, 0, stream>>>(p); break;
+    case DType::f32:
+      distill_block_grad_kernel<float><<<grid, kBlockGradThreads, 0, stream>>>(p);
+      break;
+    case DType::bf16:
+      distill_block_grad_kernel<bf16_t><<<grid, kBlockGradThreads, 0, stream>>>(p);
+      break;
+    default:
+      distill_block_grad_kernel<f16_t><<<grid, kBlockGradThreads, 0, stream>>>(p);
+      break;
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

@@ -6,22 +6,18 @@
 // distill_element_grad), so both passes form one gradient.
 #pragma once
 
+#include "cuda/block_grad_tile.cuh"
 #include "cuda/distill_rows.cuh"
 
 namespace xent::cuda {
 
-struct DistillBlockGradArgs {
+// The tile's gradient and geometry (BlockGradTile; grad may alias student), and what it is
+// formed of.
+struct DistillBlockGradArgs : BlockGradTile {
   const void* student = nullptr;  // tile: [rows, columns] with student_stride (row 0 = first row)
   int64_t student_stride = 0;
   const void* teacher = nullptr;  // the same rows and columns of the teacher, same dtype
   int64_t teacher_stride = 0;
-  void* grad = nullptr;           // tile: [rows, columns] with grad_stride (may alias student)
-  int64_t grad_stride = 0;
-  DType dtype = DType::bf16;
-  int64_t rows = 0;
-  int64_t columns = 0;
-  int64_t first_column = 0;       // global index of the block's first column
-  int64_t vocab = 0;              // V of the whole row
   const void* target = nullptr;   // tile rows, or null (every row valid, no hard term)
   DType target_dtype = DType::i64;
   const DistillRowStatistics* statistics = nullptr;  // tile rows, from the first pass
