@@ -9,7 +9,8 @@
 // gradient (or in-place accumulation over many small chunks costs more), the planner picks the
 // vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above without ∂W, saving each row's
 // lse, then per vocabulary block the block's logits again, its gradient elementwise
-// (linear_block_grad.cuh) and ∂W of the block.
+// (linear_block_grad.cuh) and ∂W of the block (the pass that linear_distill.cu shares,
+// linear_block_pass.hpp).
 // options.logits_cache: a forward without gradients writes the logits of all rows into the cache
 // (one product, the row kernel reads them there); a backward reads every chunk's and block's logits
 // from it instead of forming h·Wᵀ, and writes gradients into its own buffers (the cache stays
@@ -21,6 +22,7 @@
 #include "cuda/ce_rows.cuh"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
+#include "cuda/linear_block_pass.hpp"
 #include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
@@ -95,8 +97,8 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
 
 namespace {
 
-// Pass 2 of the vocabulary-blocked schedule: ∂W one block of columns at a time.
-struct BlockPass {
+// What pass 2 of the vocabulary-blocked schedule (linear_block_pass.hpp) needs of the call.
+struct CeBlockPass {
   const LinearCeCall& call;
   const LinearCePlan& plan;
   void* region;             // tile buffer, then the block accumulator
@@ -108,91 +110,40 @@ struct BlockPass {
   bool read_cache;
 };
 
-void weight_gradient_by_blocks(const BlockPass& pass, cudaStream_t stream) {
+// ∂W block by block; the block gradient is elementwise from the lse of pass 1
+// (linear_block_grad.cuh).
+void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   const LinearCeCall& call = pass.call;
-  const ChunkPlan& chunks = pass.plan.chunks;
-  const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
-  const DType logits_dtype = pass.plan.logits_dtype, operand_dtype = call.hidden.dtype;
-  const std::size_t element = dtype_size(logits_dtype);
-  const TensorView& cache = call.options.logits_cache;
-  void* tile = pass.region;
-  float* accumulator = reinterpret_cast<float*>(static_cast<char*>(pass.region) +
-                                                align_up(chunks.tile_buffer_bytes));
-  // Tiles of fewer than N rows accumulate ∂W of the block: in place for an fp32 ∂W, else in the
-  // fp32 block accumulator, written back once per block.
-  const bool accumulate = chunks.tile_count > 1;
-  const bool in_accumulator = accumulate && call.grads.weight.dtype != DType::f32;
-  for (int64_t block = 0; block < chunks.block_count; ++block) {
-    const int64_t first_column = block * chunks.block_columns;
-    const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
-    const GemmMatrix weight_block = gemm_matrix(call.weight, first_column, columns);
-    TensorView grad_block = call.grads.weight;
-    grad_block.data = static_cast<char*>(grad_block.data) +
-                      static_cast<std::size_t>(first_column) *
-                          static_cast<std::size_t>(grad_block.row_stride) *
-                          dtype_size(grad_block.dtype);
-    grad_block.rows = columns;
-    for (int64_t t = 0; t < chunks.tile_count; ++t) {
-      const int64_t first = t * chunks.tile_rows;
-      const int64_t count = std::min(chunks.tile_rows, rows - first);
-      const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first, count);
-      BlockGradArgs args;
-      if (pass.read_cache) {
-        const std::size_t offset =
-            static_cast<std::size_t>(first) * static_cast<std::size_t>(cache.row_stride) +
-            static_cast<std::size_t>(first_column);
-        args.logits = static_cast<const char*>(cache.data) + offset * element;
-        args.logits_stride = cache.row_stride;
-      } else {
-        GemmProduct forward;
-        forward.a = hidden_rows;
-        forward.b = weight_block;
-        forward.b_transposed = true;
-        forward.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
-        if (call.bias.present()) {
-          forward.bias = static_cast<const char*>(call.bias.data) +
-                         static_cast<std::size_t>(first_column) * dtype_size(call.bias.dtype);
-        }
-        gemm(forward, pass.scratch, stream);
-        args.logits = tile;
-        args.logits_stride = columns;
-      }
-      args.grad = tile;
-      args.grad_stride = columns;
-      args.dtype = logits_dtype;
-      args.rows = count;
-      args.columns = columns;
-      args.first_column = first_column;
-      args.vocab = vocab;
-      args.target = static_cast<const char*>(call.target.data) +
-                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-      args.target_dtype = call.target.dtype;
-      args.lse = pass.lse + first;
-      args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
-      args.grad_output_rows =
-          pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
-      args.entropy = offset_rows<const float>(call.entropy.entropy, first);
-      args.grad_entropy = offset_rows<const float>(call.entropy.grad, first);
-      args.options = pass.row_options;
-      args.totals = pass.totals;
-      block_grad_from_lse(args, stream);
-      GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
-      if (logits_dtype != operand_dtype) {
-        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
-        gradient.dtype = operand_dtype;
-        gradient.stride = 2 * columns;
-      }
-      GemmProduct product;
-      product.a = gradient;
-      product.a_transposed = true;
-      product.b = hidden_rows;
-      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
-                                 : gemm_matrix(grad_block, 0, columns);
-      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
-      gemm(product, pass.scratch, stream);
-    }
-    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
-  }
+  BlockPassInputs inputs;
+  inputs.hidden = call.hidden;
+  inputs.weight = call.weight;
+  inputs.bias = call.bias;
+  if (pass.read_cache) inputs.logits_cache = call.options.logits_cache;
+  inputs.weight_grad = call.grads.weight;
+  inputs.chunks = pass.plan.chunks;
+  inputs.logits_dtype = pass.plan.logits_dtype;
+  inputs.region = pass.region;
+  inputs.scratch = pass.scratch;
+  auto block_gradient = [&](const BlockTile& tile, cudaStream_t on) {
+    const int64_t first = tile.first_row;
+    BlockGradArgs args;
+    static_cast<BlockGradTile&>(args) = tile.gradient;
+    args.logits = tile.logits;
+    args.logits_stride = tile.logits_stride;
+    args.target = static_cast<const char*>(call.target.data) +
+                  static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+    args.target_dtype = call.target.dtype;
+    args.lse = pass.lse + first;
+    args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
+    args.grad_output_rows =
+        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+    args.entropy = offset_rows<const float>(call.entropy.entropy, first);
+    args.grad_entropy = offset_rows<const float>(call.entropy.grad, first);
+    args.options = pass.row_options;
+    args.totals = pass.totals;
+    block_grad_from_lse(args, on);
+  };
+  weight_gradient_by_blocks(inputs, block_gradient, stream);
 }
 
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
@@ -390,9 +341,9 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   }
 
   if (blocked && want_weight) {
-    BlockPass pass{call, plan, chunk_buffer, saved_lse, scratch, totals, row_options,
-                   per_row_upstream, read_cache};
-    weight_gradient_by_blocks(pass, stream);
+    const CeBlockPass pass{call,   plan,        chunk_buffer,     saved_lse, scratch,
+                           totals, row_options, per_row_upstream, read_cache};
+    run_block_pass(pass, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 

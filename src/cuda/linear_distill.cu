@@ -6,10 +6,12 @@
 // When the budget has no room for a V×H fp32 ∂W accumulator (chunk_plan.cpp (c)), the row chunks
 // form loss and ∂h_s and save each row's statistics (DistillRowStatistics), and ∂W_s follows per
 // block of vocabulary columns: the block's logits again, its gradient elementwise from the saved
-// statistics (linear_distill_block_grad.cuh), one product per block.
+// statistics (linear_distill_block_grad.cuh), then ∂W of the block (the pass that linear_ce.cu
+// shares, linear_block_pass.hpp).
 #include "api/backend.hpp"
 #include "cuda/distill_rows.cuh"
 #include "cuda/gemm.hpp"
+#include "cuda/linear_block_pass.hpp"
 #include "cuda/linear_distill_block_grad.cuh"
 #include "cuda/linear_distill_plan.hpp"
 #include "cuda/linear_support.hpp"
@@ -122,85 +124,44 @@ const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count
   return source;
 }
 
-// Pass 2 of the vocabulary-blocked schedule: per block of vocabulary columns, the student (and
-// teacher) logits of the block again, the block's gradient elementwise from the row statistics
-// of pass 1, and ∂W of the block — one product straight into the output when all rows fit a
-// tile, else row tiles accumulated (in place for fp32 ∂W, in the fp32 block accumulator else).
-void weight_gradient_by_blocks(const DistillPasses& pass, void* region,
-                               const DistillRowStatistics* statistics, cudaStream_t stream) {
+// Pass 2 of the vocabulary-blocked schedule (linear_block_pass.hpp): per block of vocabulary
+// columns, the student (and teacher) logits of the block again and the block's gradient
+// elementwise from the row statistics of pass 1, then ∂W of the block.
+void run_block_pass(const DistillPasses& pass, void* region,
+                    const DistillRowStatistics* statistics, cudaStream_t stream) {
   const LinearDistillCall& call = pass.call;
-  const ChunkPlan& chunks = pass.plan.chunks;
-  const int64_t rows = call.student_hidden.rows, hidden = call.student_hidden.cols,
-                vocab = call.student_weight.rows;
-  const DType logits_dtype = pass.plan.logits_dtype, operand_dtype = call.student_hidden.dtype;
-  const std::size_t element = dtype_size(logits_dtype);
-  char* tile = static_cast<char*>(region);
-  char* teacher_tile =
-      tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
-                      static_cast<std::size_t>(chunks.block_columns) * element);
-  float* accumulator = reinterpret_cast<float*>(tile + align_up(chunks.tile_buffer_bytes));
-  const bool accumulate = chunks.tile_count > 1;
-  const bool in_accumulator = accumulate && call.grads.weight.dtype != DType::f32;
-  for (int64_t block = 0; block < chunks.block_count; ++block) {
-    const int64_t first_column = block * chunks.block_columns;
-    const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
-    TensorView grad_block = call.grads.weight;
-    grad_block.data = static_cast<char*>(grad_block.data) +
-                      static_cast<std::size_t>(first_column) *
-                          static_cast<std::size_t>(grad_block.row_stride) *
-                          dtype_size(grad_block.dtype);
-    grad_block.rows = columns;
-    for (int64_t t = 0; t < chunks.tile_count; ++t) {
-      const int64_t first = t * chunks.tile_rows;
-      const int64_t count = std::min(chunks.tile_rows, rows - first);
-      const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
-      GemmProduct student;
-      student.a = hidden_rows;
-      student.b = gemm_matrix(call.student_weight, first_column, columns);
-      student.b_transposed = true;
-      student.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
-      gemm(student, pass.scratch, stream);
-      DistillBlockGradArgs args;
-      args.teacher = teacher_rows(pass, first, count, first_column, columns, teacher_tile,
-                                  args.teacher_stride, stream);
-      args.student = tile;
-      args.student_stride = columns;
-      args.grad = tile;
-      args.grad_stride = columns;
-      args.dtype = logits_dtype;
-      args.rows = count;
-      args.columns = columns;
-      args.first_column = first_column;
-      args.vocab = vocab;
-      if (call.target.present()) {
-        args.target = static_cast<const char*>(call.target.data) +
-                      static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-        args.target_dtype = call.target.dtype;
-      }
-      args.statistics = statistics + first;
-      args.row_weight = offset_rows<const float>(call.options.distill.ce.row_weight, first);
-      args.grad_output_rows =
-          pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
-      args.options = pass.row_options;
-      args.totals = pass.totals;
-      distill_block_grad(args, stream);
-      GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
-      if (logits_dtype != operand_dtype) {
-        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
-        gradient.dtype = operand_dtype;
-        gradient.stride = 2 * columns;
-      }
-      GemmProduct product;
-      product.a = gradient;
-      product.a_transposed = true;
-      product.b = hidden_rows;
-      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
-                                 : gemm_matrix(grad_block, 0, columns);
-      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
-      gemm(product, pass.scratch, stream);
+  BlockPassInputs inputs;
+  inputs.hidden = call.student_hidden;
+  inputs.weight = call.student_weight;
+  inputs.weight_grad = call.grads.weight;
+  inputs.chunks = pass.plan.chunks;
+  inputs.logits_dtype = pass.plan.logits_dtype;
+  inputs.region = region;
+  inputs.scratch = pass.scratch;
+  // The teacher tile is formed (or converted) into the tile region's second buffer after the
+  // student product, as in the row chunks.
+  auto block_gradient = [&](const BlockTile& tile, cudaStream_t on) {
+    const int64_t first = tile.first_row;
+    DistillBlockGradArgs args;
+    static_cast<BlockGradTile&>(args) = tile.gradient;
+    args.teacher = teacher_rows(pass, first, args.rows, args.first_column, args.columns,
+                                tile.second_buffer, args.teacher_stride, on);
+    args.student = tile.logits;
+    args.student_stride = tile.logits_stride;
+    if (call.target.present()) {
+      args.target = static_cast<const char*>(call.target.data) +
+                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+      args.target_dtype = call.target.dtype;
     }
-    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
-  }
+    args.statistics = statistics + first;
+    args.row_weight = offset_rows<const float>(call.options.distill.ce.row_weight, first);
+    args.grad_output_rows =
+        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+    args.options = pass.row_options;
+    args.totals = pass.totals;
+    distill_block_grad(args, on);
+  };
+  weight_gradient_by_blocks(inputs, block_gradient, stream);
 }
 
 void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cudaStream_t stream) {
@@ -236,7 +197,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   char* chunk_buffer = static_cast<char*>(carver.take(chunk_region_bytes(plan.chunks)));
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
   // Vocabulary-blocked schedule (chunk_plan.cpp (c)): the row chunks form loss, ∂h and the row
-  // statistics; ∂W follows block by block (weight_gradient_by_blocks).
+  // statistics; ∂W follows block by block (run_block_pass).
   const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks && want_weight;
   auto* statistics = blocked ? static_cast<DistillRowStatistics*>(carver.take(plan.chunks.lse_bytes))
                              : nullptr;
@@ -326,7 +287,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                                scratch, stream);
   }
   if (blocked && plan.chunks.chunk_count > 0) {
-    weight_gradient_by_blocks(pass, chunk_buffer, statistics, stream);
+    run_block_pass(pass, chunk_buffer, statistics, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 

@@ -1,0 +1,92 @@
+// The block/tile loop of the vocabulary-blocked ∂W pass (linear_block_pass.hpp). Every launch is
+// on the caller's stream, in the order the tile's data flow needs: logits product, the loss's
+// block gradient, narrowing, ∂W product; the block's write-back after its last tile.
+#include "cuda/linear_block_pass.hpp"
+
+#include <algorithm>
+
+#include "cuda/linear_support.hpp"
+
+namespace xent::cuda {
+
+void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,
+                               cudaStream_t stream) {
+  const ChunkPlan& chunks = pass.chunks;
+  const int64_t rows = pass.hidden.rows, hidden = pass.hidden.cols, vocab = pass.weight.rows;
+  const DType logits_dtype = pass.logits_dtype, operand_dtype = pass.hidden.dtype;
+  const std::size_t element = dtype_size(logits_dtype);
+  const TensorView& cache = pass.logits_cache;
+  char* tile = static_cast<char*>(pass.region);
+  char* second_tile =
+      tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
+                      static_cast<std::size_t>(chunks.block_columns) * element);
+  float* accumulator = reinterpret_cast<float*>(tile + align_up(chunks.tile_buffer_bytes));
+  // Tiles of fewer than N rows accumulate ∂W of the block: in place for an fp32 ∂W, else in the
+  // fp32 block accumulator, written back once per block.
+  const bool accumulate = chunks.tile_count > 1;
+  const bool in_accumulator = accumulate && pass.weight_grad.dtype != DType::f32;
+  for (int64_t block = 0; block < chunks.block_count; ++block) {
+    const int64_t first_column = block * chunks.block_columns;
+    const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
+    const GemmMatrix weight_block = gemm_matrix(pass.weight, first_column, columns);
+    TensorView grad_block = pass.weight_grad;
+    grad_block.data = static_cast<char*>(grad_block.data) +
+                      static_cast<std::size_t>(first_column) *
+                          static_cast<std::size_t>(grad_block.row_stride) *
+                          dtype_size(grad_block.dtype);
+    grad_block.rows = columns;
+    for (int64_t t = 0; t < chunks.tile_count; ++t) {
+      const int64_t first = t * chunks.tile_rows;
+      const int64_t count = std::min(chunks.tile_rows, rows - first);
+      const GemmMatrix hidden_rows = gemm_matrix(pass.hidden, first, count);
+      BlockTile block_tile;
+      block_tile.gradient.grad = tile;
+      block_tile.gradient.grad_stride = columns;
+      block_tile.gradient.dtype = logits_dtype;
+      block_tile.gradient.rows = count;
+      block_tile.gradient.columns = columns;
+      block_tile.gradient.first_column = first_column;
+      block_tile.gradient.vocab = vocab;
+      block_tile.first_row = first;
+      if (cache.present()) {
+        const std::size_t offset =
+            static_cast<std::size_t>(first) * static_cast<std::size_t>(cache.row_stride) +
+            static_cast<std::size_t>(first_column);
+        block_tile.logits = static_cast<const char*>(cache.data) + offset * element;
+        block_tile.logits_stride = cache.row_stride;
+      } else {
+        GemmProduct forward;
+        forward.a = hidden_rows;
+        forward.b = weight_block;
+        forward.b_transposed = true;
+        forward.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
+        if (pass.bias.present()) {
+          forward.bias = static_cast<const char*>(pass.bias.data) +
+                         static_cast<std::size_t>(first_column) * dtype_size(pass.bias.dtype);
+        }
+        gemm(forward, pass.scratch, stream);
+        block_tile.logits = tile;
+        block_tile.logits_stride = columns;
+      }
+      block_tile.second_buffer = second_tile;
+      block_gradient(block_tile, stream);
+      GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
+      if (logits_dtype != operand_dtype) {
+        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
+        gradient.dtype = operand_dtype;
+        gradient.stride = 2 * columns;
+      }
+      GemmProduct product;
+      product.a = gradient;
+      product.a_transposed = true;
+      product.b = hidden_rows;
+      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
+                                 : gemm_matrix(grad_block, 0, columns);
+      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
+      gemm(product, pass.scratch, stream);
+    }
+    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
+  }
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,54 @@
+// Pass 2 of the vocabulary-blocked schedule of the fused linear losses (chunk_plan.hpp, schedule
+// (c)), written once for linear_ce.cu and linear_distill.cu: ∂W one block of vocabulary columns
+// at a time, tiled over rows. Per tile: the block's logits again (h·Wᵀ (+ bias) by cuBLASLt into
+// the tile buffer, or read from a logits cache), the loss's elementwise block gradient (the one
+// step that differs between the losses, passed in), fp32 gradients narrowed to the operand dtype
+// in place, then ∂W_block (+)= Gᵀ·h_tile. One tile of all N rows writes ∂W of the block straight
+// into the output; several tiles accumulate in place (fp32 ∂W) or in the fp32 block accumulator,
+// written back once per block (16-bit ∂W).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "cuda/block_grad_tile.cuh"
+#include "cuda/chunk_plan.hpp"
+#include "cuda/gemm.hpp"
+#include "xent/types.hpp"
+
+namespace xent::cuda {
+
+// One tile of one block, as the block-gradient step sees it.
+struct BlockTile {
+  // Where the step writes the tile's gradient (the tile buffer, row stride `columns`, which may
+  // be where the logits are), its columns of V and its dtype (the logits dtype).
+  BlockGradTile gradient;
+  int64_t first_row = 0;  // gradient.rows rows of the batch from here
+  const void* logits = nullptr;  // the tile's logits: row 0 is first_row
+  int64_t logits_stride = 0;
+  // The tile region's second logits buffer (distillation's teacher rows), free for the step when
+  // the plan has two logits buffers per row; it starts on the workspace alignment after the first.
+  void* second_buffer = nullptr;
+};
+
+// Writes the gradient of `tile` into tile.gradient.grad on `stream`, after its logits are formed.
+using BlockGradientStep = std::function<void(const BlockTile& tile, cudaStream_t stream)>;
+
+struct BlockPassInputs {
+  TensorView hidden;        // h [N, H]: the product operand dtype
+  TensorView weight;        // W [V, H]
+  TensorView bias;          // [V] added to recomputed logits, or absent
+  TensorView logits_cache;  // [N, V] logits read instead of recomputed, or absent
+  TensorView weight_grad;   // ∂W [V, H], written
+  ChunkPlan chunks;
+  DType logits_dtype = DType::bf16;
+  void* region = nullptr;  // the chunk region (chunk_region_bytes): tile buffers, then accumulator
+  GemmScratch scratch;
+};
+
+void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,
+                               cudaStream_t stream);
+
+}  // namespace xent::cuda
