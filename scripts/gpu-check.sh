@@ -5,7 +5,8 @@
 #   memcheck and racecheck on a subset of the GPU tests, the kernels' bandwidth probe, xent-bench's
 #   PERF.md suite and the PyTorch comparison when they are there.
 # Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
-# Records name the commit from git, or from XENT_COMMIT where the copy has no .git.
+# Records name the commit from XENT_COMMIT when set, else from git. Set it whenever the tree was
+# copied: a copy's git metadata can be older than its files (records once named a stale commit).
 # Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; GPU_CHECK_DEADLINE=SECONDS
 # caps the whole run (steps are cut to fit); JOBS sets build parallelism; GPU_CHECK_GTEST_FILTER
 # runs the GPU test binary with that gtest filter instead of every ctest "gpu" case;
