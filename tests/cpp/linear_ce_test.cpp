@@ -277,6 +277,7 @@ enum class LinearCase {
   smallest_budget, several_chunks, uneven_chunks, no_bias, fp32_logits, fp32_param_grads,
   all_rows_ignored, empty_batch, nan_row, padded_hidden, absent_grad_output, caller_workspace,
   logits_cache, hidden_grad_only, weight_grads_only, wide_vocab, all_options, targets_at_edges,
+  smallest_budget_cache, smallest_budget_fp32_logits,
 };
 
 const char* case_name(LinearCase c) {
@@ -284,7 +285,8 @@ const char* case_name(LinearCase c) {
       "smallest_budget", "several_chunks", "uneven_chunks", "no_bias", "fp32_logits",
       "fp32_param_grads", "all_rows_ignored", "empty_batch", "nan_row", "padded_hidden",
       "absent_grad_output", "caller_workspace", "logits_cache", "hidden_grad_only",
-      "weight_grads_only", "vocab5003", "all_options", "targets_at_edges"};
+      "weight_grads_only", "vocab5003", "all_options", "targets_at_edges",
+      "smallest_budget_cache", "smallest_budget_fp32_logits"};
   return names[static_cast<int>(c)];
 }
 
@@ -318,6 +320,12 @@ TEST_P(LinearCeCases, MatchesReference) {
     case LinearCase::wide_vocab: p.rows = 7; p.vocab = 5003; break;
     case LinearCase::all_options: p.options = kAllCeOptions; p.budget = Budget::uneven_chunks; break;
     case LinearCase::targets_at_edges: p.targets_at_edges = true; p.options = kSmoothing; break;
+    // On CUDA the smallest budget takes the vocabulary-blocked schedule: its ∂W pass then reads
+    // each block from the logits cache, or narrows fp32 block logits before the products.
+    case LinearCase::smallest_budget_cache:
+      p.budget = Budget::smallest; p.rows = 11; p.logits_cache = true; break;
+    case LinearCase::smallest_budget_fp32_logits:
+      p.budget = Budget::smallest; p.rows = 11; p.fp32_logits = true; break;
   }
   check_linear_ce(p, rng);
 }
@@ -338,7 +346,9 @@ INSTANTIATE_TEST_SUITE_P(
                           LinearCase::absent_grad_output, LinearCase::caller_workspace,
                           LinearCase::logits_cache, LinearCase::hidden_grad_only,
                           LinearCase::weight_grads_only, LinearCase::wide_vocab,
-                          LinearCase::all_options, LinearCase::targets_at_edges),
+                          LinearCase::all_options, LinearCase::targets_at_edges,
+                          LinearCase::smallest_budget_cache,
+                          LinearCase::smallest_budget_fp32_logits),
         ::testing::Values(Reduction::none, Reduction::mean)),
     case_param_name);
 
