@@ -91,7 +91,8 @@ def logprobs(logits, target, temperature=1.0, ignore_index=-100, softcap=None):
     return torch.where(valid, logprob, zero), torch.where(valid, entropy, zero)
 
 
-def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None):
+def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None,
+                 tvd_tie_band=0.0):
     s = softcapped(student.double(), softcap) / temperature
     t = softcapped(teacher.double(), softcap) / temperature
     log_ps, log_pt = F.log_softmax(s, -1), F.log_softmax(t, -1)
@@ -102,7 +103,13 @@ def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None
     if kind == "soft_ce":
         return -(log_pt.exp() * log_ps).sum(-1)
     if kind == "tvd":
-        return 0.5 * (log_pt.exp() - log_ps.exp()).abs().sum(-1)
+        difference = log_pt.exp() - log_ps.exp()
+        if tvd_tie_band > 0:
+            # Near-ties (|p_t − p_s| within the band, relative) at the kink's midpoint: gradient
+            # 0 there, the mean of the two sides an op in lower precision may take.
+            tie = difference.abs() <= tvd_tie_band * torch.maximum(log_pt.exp(), log_ps.exp())
+            difference = torch.where(tie, difference * 0, difference)
+        return 0.5 * difference.abs().sum(-1)
     if kind == "jsd":
         if beta in (0.0, 1.0):
             return (s * 0).sum(-1)
@@ -116,8 +123,9 @@ def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None
 
 def distill(student, teacher, target=None, kind="forward_kl", temperature=1.0, beta=0.5,
             softcap=None, soft_weight=1.0, hard_weight=0.0, ignore_index=-100,
-            reduction="mean", label_smoothing=0.0, z_loss=0.0, class_weight=None):
-    soft = distill_rows(student, teacher, kind, temperature, beta, softcap)
+            reduction="mean", label_smoothing=0.0, z_loss=0.0, class_weight=None,
+            tvd_tie_band=0.0):
+    soft = distill_rows(student, teacher, kind, temperature, beta, softcap, tvd_tie_band)
     if target is None:
         valid = torch.ones(soft.shape[0], dtype=torch.bool)
     else:
