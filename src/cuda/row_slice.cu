@@ -9,13 +9,14 @@
 namespace xent::cuda {
 
 namespace {
-// 64 KiB: three CTAs per multiprocessor. XENT_CUDA_SLICE_BYTES overrides it (a tuning knob for
-// measurements, read once; not part of the API).
+// A slice size from a tuning knob for measurements (read once; not part of the API), else
+// `fallback`.
 std::size_t bytes_from_env(const char* name, std::size_t fallback) {
   const char* text = std::getenv(name);
   const long long value = text ? std::atoll(text) : 0;
   return value >= 4096 ? static_cast<std::size_t>(value) : fallback;
 }
+// Staged slices: 64 KiB, three CTAs per multiprocessor. XENT_CUDA_SLICE_BYTES overrides it.
 std::size_t shared_slice_bytes() {
   static const std::size_t bytes = bytes_from_env("XENT_CUDA_SLICE_BYTES", 64 * 1024);
   return bytes;
@@ -38,23 +39,7 @@ std::size_t max_shared_per_block() {
   // Leave room for the kernels' static shared memory (barriers, reduction scratch, slots).
   return static_cast<std::size_t>(bytes) - 4096;
 }
-}  // namespace
 
-void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
-  if (bytes <= 48 * 1024) return;  // the default limit
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, std::size_t> allowed;
-  int device = 0;
-  XENT_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::size_t& current = allowed[{kernel, device}];
-  if (current >= bytes) return;
-  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-  current = bytes;
-}
-
-namespace {
 // The smallest cluster whose slices are at most `target` bytes (kMaxCluster when none is), with
 // the thread count of such slices; not yet decided whether they are staged.
 SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::size_t target) {
@@ -83,6 +68,20 @@ SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::si
   return plan;
 }
 }  // namespace
+
+void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
+  if (bytes <= 48 * 1024) return;  // the default limit
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::size_t& current = allowed[{kernel, device}];
+  if (current >= bytes) return;
+  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+  current = bytes;
+}
 
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes());

@@ -41,8 +41,8 @@ void add_ce(std::vector<Case>& cases) {
   Case small_every = make(Op::ce, 262144, 0, 4096, "perf-ce small V every option");
   small_every.options = every_option();
   cases.push_back(small_every);
-  // The seed benchmark's vocabularies (PERF.md "ce, small V"): one warp per row up to 4096
-  // columns, a pair of warps at 8192 (docs/perf-notes.md decision 29).
+  // The seed benchmark's vocabularies (PERF.md "ce, small V"), where a row is too short to
+  // keep a CTA busy (docs/perf-notes.md decision 30: the short-row kernel tried for them).
   for (const int64_t v : {1024, 4096, 8192}) {
     cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce small V"));
   }
