@@ -186,21 +186,25 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
 
 // The backward of xent.linear_logprobs (reduction none, no other loss option): g_lp enters as
 // grad_output = −g_lp, grad_entropy (may be absent) adds the entropy term to each chunk's
-// gradient in the same pass, from the forward's lse and entropy.
+// gradient in the same pass, from the forward's lse and entropy. logits_cache: the [N, V] logits
+// a forward with cache_logits kept (read instead of recomputed), as in linear_ce_backward.
 std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
     const Tensor& target, const Tensor& lse, const Tensor& entropy, const Tensor& grad_logprob,
     const c10::optional<Tensor>& grad_entropy, int64_t ignore_index,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
-    bool grad_hidden, bool grad_weight, bool grad_bias) {
+    bool grad_hidden, bool grad_weight, bool grad_bias,
+    const c10::optional<Tensor>& logits_cache) {
   constexpr const char* function = "linear_logprob_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
     const LinearInputs inputs = prepare_inputs(hidden, weight, bias, target, c10::nullopt,
                                                c10::nullopt);
-    const LinearCeOptions options =
+    LinearCeOptions options =
         make_linear_options(function, inputs, ignore_index, "none", 0.0, 0.0, softcap,
                             logit_scale, workspace_bytes, fp32_logits);
+    const auto cache_rows = optional_rows(logits_cache);
+    options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     const Tensor entropy_vector = entropy.contiguous();
     const auto grad_entropy32 = as_result_dtype(grad_entropy, hidden);
     EntropyGradient entropy_gradient;
@@ -237,7 +241,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "linear_logprob_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor lse, Tensor entropy, Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, "
       "float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
-      "bool grad_hidden, bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor)");
+      "bool grad_hidden, bool grad_weight, bool grad_bias, Tensor? logits_cache) -> "
+      "(Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {

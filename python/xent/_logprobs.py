@@ -21,11 +21,13 @@ def _zero_ignored(values, target, ignore_index):
     return values.masked_fill(target == ignore_index, 0.0)
 
 
-def _forward_outputs(ctx, statistics, target, ignore_index, inputs, options, with_entropy):
-    """(logprob, entropy) from a `none` forward's statistics; saves what the backward reads."""
+def _forward_outputs(ctx, statistics, target, ignore_index, inputs, options, with_entropy,
+                     cache=None):
+    """(logprob, entropy) from a `none` forward's statistics; saves what the backward reads
+    (inputs, target, lse, entropy, then the logits cache when there is one)."""
     lse, logprob = statistics[1], statistics[2]
     entropy = _zero_ignored(statistics[3], target, ignore_index)
-    ctx.save_for_backward(*inputs, target, lse, entropy)
+    ctx.save_for_backward(*inputs, target, lse, entropy, *(() if cache is None else (cache,)))
     ctx.options = options
     ctx.with_entropy = with_entropy
     if not with_entropy:
@@ -61,28 +63,32 @@ class LogprobsFunction(torch.autograd.Function):
 class LinearLogprobsFunction(torch.autograd.Function):
     # options: (ignore_index, softcap, logit_scale, workspace_bytes, fp32_logits)
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
+    # cache_logits: the forward keeps the [N, V] logits for the backward (three products instead
+    # of four, N·V elements more).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy):
+    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy, cache_logits):
         ignore_index, softcap, logit_scale, budget, fp32_logits = options
         # No gradient in the forward: the upstream gradients are per row (SPEC §2, reduction
-        # none), so the backward recomputes each chunk's logits and folds them in.
+        # none), so the backward recomputes each chunk's logits (or reads the cache) and folds
+        # them in.
         outputs = ops.linear_ce_forward(hidden, weight, bias, target, None, None, ignore_index,
                                         "none", 0.0, 0.0, softcap, logit_scale, budget,
-                                        fp32_logits, True, False, False, False, False, None,
-                                        None)
+                                        fp32_logits, True, False, False, False,
+                                        bool(cache_logits), None, None)
         ctx.wants = wants
         return _forward_outputs(ctx, outputs, target, ignore_index, (hidden, weight, bias),
-                                options, with_entropy)
+                                options, with_entropy, outputs[10] if cache_logits else None)
 
     @staticmethod
     def backward(ctx, grad_logprob, grad_entropy):
-        none = (None,) * 4
-        hidden, weight, bias, target, lse, entropy = ctx.saved_tensors
+        none = (None,) * 5
+        hidden, weight, bias, target, lse, entropy, *cache = ctx.saved_tensors
         with torch.no_grad():
             result = ops.linear_logprob_backward(hidden, weight, bias, target, lse, entropy,
                                                  grad_logprob,
                                                  grad_entropy if ctx.with_entropy else None,
-                                                 *ctx.options, *ctx.wants)
+                                                 *ctx.options, *ctx.wants,
+                                                 cache[0] if cache else None)
         grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
         grads = _no_double_backward("xent.linear_logprobs", grads)
         return tuple(grads) + none

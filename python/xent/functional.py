@@ -579,15 +579,19 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
                     bias: Optional[Tensor] = None, temperature: float = 1.0,
                     return_entropy: bool = False, workspace_bytes: Optional[int] = None, *,
                     ignore_index: int = -100, softcap: Optional[float] = None,
-                    fp32_logits: bool = False):
+                    fp32_logits: bool = False, cache_logits: bool = False):
     """logprobs(hidden @ weight.T + bias, target, temperature, return_entropy) without ever
     holding the (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
 
     hidden (N, H) or (B, T, H); weight (V, H); bias (V,) or None. Chunked within workspace_bytes
-    (default 512 MiB) like linear_cross_entropy; chunk logits are rounded to the input dtype
-    unless fp32_logits. Under autocast, hidden/weight/bias are cast to the autocast dtype first.
-    The backward recomputes each chunk's logits once and folds both upstream gradients in before
-    the products.
+    like linear_cross_entropy (same default, see default_workspace_bytes); chunk logits are
+    rounded to the input dtype unless fp32_logits. Under autocast, hidden/weight/bias are cast to
+    the autocast dtype first.
+    The upstream gradients of logprob and entropy are per token and unknown in the forward, so
+    the backward recomputes each chunk's logits once and folds both in before the products: four
+    products, the time of linear_cross_entropy(reduction="none"). cache_logits=True keeps the
+    (N, V) logits from the forward instead (N·V elements of the input dtype more, fp32 with
+    fp32_logits; one product less: about the time of the mean linear_cross_entropy).
     """
     function = "linear_logprobs"
     _check_tensor(function, "weight", weight)
@@ -603,7 +607,8 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
     wants = _needs_grad(hidden2d, weight, bias)
     if any(wants):
         logprob, entropy = LinearLogprobsFunction.apply(hidden2d, weight, bias, target1d, options,
-                                                        wants, bool(return_entropy))
+                                                        wants, bool(return_entropy),
+                                                        bool(cache_logits))
     else:
         outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, None, None, options[0],
                                         "none", 0.0, 0.0, *options[1:], True, False, False, False,

@@ -158,14 +158,20 @@ TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
 
 // ---- fused with the linear layer --------------------------------------------------------------
 
-using LinearParam = std::tuple<DType, double, Budget>;
+// cache: the forward fills options.logits_cache and the backward reads the logits there (row
+// chunks and, at the smallest budget, vocabulary blocks) instead of recomputing them.
+using LinearParam = std::tuple<DType, double, Budget, bool>;
+
+std::string linear_grid_name(const ::testing::TestParamInfo<LinearParam>& info) {
+  return grid_name(info) + (std::get<3>(info.param) ? "_cache" : "");
+}
 
 class LogprobLinear : public ::testing::TestWithParam<LinearParam> {};
 
 TEST_P(LogprobLinear, MatchesReference) {
   require_device();
   XENT_TEST_RNG(rng);
-  const auto [dtype, temperature, budget] = GetParam();
+  const auto [dtype, temperature, budget, cache] = GetParam();
   const int64_t rows = 37, hidden_size = 67, vocab = 1031;
   const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, true, 2.0, dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
@@ -193,6 +199,11 @@ TEST_P(LogprobLinear, MatchesReference) {
   LinearCeOptions options;
   options.ce.reduction = Reduction::none;
   options.ce.logit_scale = spec.logit_scale;
+  Tensor logits_cache = Tensor::matrix(dtype, cache ? rows : 0, cache ? vocab : 0);
+  if (cache) {
+    logits_cache.poison();  // the forward must write every element the backward reads
+    options.logits_cache = logits_cache.view();
+  }
   auto scratch_for = [&](const LinearCeOptions& o, bool with_gradients) {
     return Scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab, dtype, o,
                                                        test_device(), with_gradients)
@@ -265,8 +276,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
                        ::testing::Values(1.0, 0.6),
                        ::testing::Values(Budget::default_budget, Budget::smallest,
-                                         Budget::several_chunks, Budget::uneven_chunks)),
-    grid_name<LinearParam>);
+                                         Budget::several_chunks, Budget::uneven_chunks),
+                       ::testing::Bool()),
+    linear_grid_name);
 
 }  // namespace
 }  // namespace xent::test

@@ -75,13 +75,18 @@ def _linear_inputs(gen, device, rows=37, hidden=67, vocab=1031, dtype=torch.floa
     return h, w, b, y
 
 
+# cache_logits: the backward reads the forward's logits instead of recomputing them (with the
+# 64 KiB budget through the vocabulary-blocked pass as well).
+@pytest.mark.parametrize("cache_logits", [False, True])
 @pytest.mark.parametrize("workspace_bytes", [None, 64 << 10])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes):
+def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes,
+                                           cache_logits):
     h, w, b, y = _linear_inputs(gen, device)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
     outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=temperature,
-                                   return_entropy=True, workspace_bytes=workspace_bytes)
+                                   return_entropy=True, workspace_bytes=workspace_bytes,
+                                   cache_logits=cache_logits)
     ref_params = [t.cpu().double().requires_grad_() for t in (h, w, b)]
     expected = ref.logprobs(ref.linear_logits(*ref_params), y.cpu(), temperature)
     for out, exp in zip(outputs, expected):
@@ -93,12 +98,13 @@ def test_linear_logprobs_against_reference(device, gen, temperature, workspace_b
         assert ref.rel_error(grad, grad_expected) <= 1e-4
 
 
+@pytest.mark.parametrize("cache_logits", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype):
+def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, cache_logits):
     h, w, b, y = _linear_inputs(gen, device, dtype=dtype)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
     outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=0.7,
-                                   return_entropy=True)
+                                   return_entropy=True, cache_logits=cache_logits)
     upstream = _upstream(gen, y.shape[0], "cpu")
     grads = _grads(outputs, params, upstream)
     # PyTorch at this dtype: bf16 logits from F.linear, softmax in fp32.
@@ -160,13 +166,15 @@ def test_gradcheck_logprobs(gen):
         eps=1e-3, atol=2e-3, rtol=1e-3)
 
 
-def test_gradcheck_linear_logprobs(gen):
+@pytest.mark.parametrize("cache_logits", [False, True])
+def test_gradcheck_linear_logprobs(gen, cache_logits):
     h = torch.randn(4, 3, generator=gen, dtype=torch.float64).requires_grad_()
     w = torch.randn(6, 3, generator=gen, dtype=torch.float64).requires_grad_()
     b = torch.randn(6, generator=gen, dtype=torch.float64).requires_grad_()
     y = torch.tensor([0, 5, -100, 2])
     assert torch.autograd.gradcheck(
-        lambda h, w, b: xent.linear_logprobs(h, w, y, b, temperature=1.3, return_entropy=True),
+        lambda h, w, b: xent.linear_logprobs(h, w, y, b, temperature=1.3, return_entropy=True,
+                                             cache_logits=cache_logits),
         (h, w, b), eps=1e-3, atol=2e-3, rtol=1e-3)
 
 
@@ -179,12 +187,13 @@ def test_bad_temperature_is_named():
         xent.linear_logprobs(torch.randn(3, 4), torch.randn(5, 4), y, temperature=-1.0)
 
 
-def test_compile_linear_logprobs(device, gen):
+@pytest.mark.parametrize("cache_logits", [False, True])
+def test_compile_linear_logprobs(device, gen, cache_logits):
     h, w, _, y = _linear_inputs(gen, device, rows=22, hidden=40, vocab=257)
 
     def fn(h, w):
         logprob, entropy = xent.linear_logprobs(torch.tanh(h), w, y, temperature=0.9,
-                                                return_entropy=True)
+                                                return_entropy=True, cache_logits=cache_logits)
         return (logprob * 0.3).sum() + 0.01 * entropy.sum() + xent.logprobs(h @ w.T, y).sum()
 
     _compiled_matches_eager(fn, [h, w], grads_of=[0, 1])
