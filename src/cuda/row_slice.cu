@@ -22,12 +22,12 @@ std::size_t shared_slice_bytes() {
   return bytes;
 }
 // Streamed slices (read from HBM, nothing staged) of a forward without gradient: shared memory
-// does not limit them, and fewer CTAs per row cost fewer cluster exchanges. 256 KiB (a 131072-
-// column bf16 row in one CTA, 262144 in a cluster of 2): the size the GPU test suite has run
-// with; 128 KiB measured 0.5-0.8 % faster still (docs/perf-notes.md, decision 31) and waits for
-// its GPU test run. XENT_CUDA_STREAM_SLICE_BYTES overrides it for measurements.
+// does not limit them, and fewer CTAs per row cost fewer cluster exchanges. 128 KiB (a 65536-
+// column bf16 row in one CTA, 131072 in a cluster of 2): measured 0.5-0.8 % faster than 256 KiB
+// at 131072 / 262144 columns, the same at 32768 (docs/perf-notes.md, decisions 31 and 32).
+// XENT_CUDA_STREAM_SLICE_BYTES overrides it for measurements.
 std::size_t streamed_slice_bytes() {
-  static const std::size_t bytes = bytes_from_env("XENT_CUDA_STREAM_SLICE_BYTES", 256 * 1024);
+  static const std::size_t bytes = bytes_from_env("XENT_CUDA_STREAM_SLICE_BYTES", 128 * 1024);
   return bytes;
 }
 constexpr int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
