@@ -22,7 +22,6 @@ struct CeKernelParams {
   int64_t slice_elements;
   bool staged;
   bool deep_stream;  // streamed sweeps keep several loads in flight per thread
-  int prefetch_batches;  // ... and prefetch into L2 this many load batches ahead
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
@@ -144,8 +143,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const RowSlice<S> slice =
       p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
                              reinterpret_cast<S*>(dynamic_shared), barriers)
-               : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream,
-                                              p.prefetch_batches);
+               : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
 
   const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const float* class_weight = o.class_weight;
@@ -250,16 +248,6 @@ bool deep_stream() {
   return on;
 }
 
-// L2 bulk prefetch distance of streamed sweeps, in load batches (XENT_CUDA_STREAM_PREFETCH, 0 =
-// off, for A/B runs). Predicted and measured in docs/perf-notes.md, decision 32.
-int stream_prefetch_batches() {
-  static const int batches = [] {
-    const char* text = std::getenv("XENT_CUDA_STREAM_PREFETCH");
-    return text != nullptr && text[0] != '\0' ? std::atoi(text) : 2;
-  }();
-  return batches;
-}
-
 bool stream_forward() {
   static const bool on = [] {
     const char* text = std::getenv("XENT_CUDA_STREAM_FORWARD");
@@ -296,7 +284,6 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
   p.deep_stream = deep_stream();
-  p.prefetch_batches = stream_prefetch_batches();
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);

@@ -92,12 +92,6 @@ __device__ __forceinline__ uint4 load_shared_vector(const uint4* pointer) {
   return v;
 }
 
-// Asks the copy engine to bring `bytes` (a multiple of 16, from a 16-byte aligned address) into
-// L2; a hint: nothing waits on it and nothing is written.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* global, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(global), "r"(bytes) : "memory");
-}
-
 // Waits for a staged piece. The suspend-time hint lets the hardware park the waiting warp until
 // the bytes land: without it try_wait returns after a short, system-dependent time, and a CTA
 // waiting ~1-2 µs for its first piece spun through the retry loop, taking issue slots from the
@@ -131,7 +125,6 @@ struct RowSlice {
   int bulk_vectors = 0;       // vectors covered by the bulk copies (0 when not bulk); 32-bit,
                               // so the per-vector wait test is one comparison (slices < 2^31 B)
   bool deep_stream = false;   // streamed: several loads in flight per thread (slice_row_stats)
-  int prefetch_batches = 0;   // deep streamed: L2 bulk prefetch this many load batches ahead
 
   __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
 
@@ -217,10 +210,9 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
 // A slice read straight from HBM (rows too long to stage).
 template <class S>
 __device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t length,
-                                    bool vector_ok, bool deep = false, int prefetch_batches = 0) {
+                                    bool vector_ok, bool deep = false) {
   RowSlice<S> slice;
   slice.deep_stream = deep;
-  slice.prefetch_batches = deep ? prefetch_batches : 0;
   slice.global = global;
   slice.begin = begin;
   slice.length = length;

@@ -293,18 +293,7 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
     constexpr int kStreamDepth = 4;
     const uint4* words = reinterpret_cast<const uint4*>(slice.global);
     const int stride = static_cast<int>(blockDim.x);
-    // Thread 0 also asks the copy engine to bring load batches `ahead` batches early into L2
-    // (one bulk prefetch per batch, no registers): the CTA's demand loads then find their data
-    // in L2 instead of waiting on HBM, so more bytes are in flight than registers allow.
-    const int ahead = slice.prefetch_batches;
-    const int batch = kStreamDepth * stride;
-    auto prefetch = [&](int from, int count) {  // vectors [from, from + count), clamped
-      const int end = from + count < full_vectors ? from + count : full_vectors;
-      if (end > from) l2_prefetch_bulk(words + from, static_cast<uint32_t>(end - from) * 16u);
-    };
-    if (ahead > 0 && threadIdx.x == 0) prefetch(batch, (ahead - 1) * batch);
     for (; first + (kStreamDepth - 1) * stride < full_vectors; first += kStreamDepth * stride) {
-      if (ahead > 0 && threadIdx.x == 0) prefetch(first + ahead * batch, batch);
       uint4 raw[kStreamDepth];
 #pragma unroll
       for (int u = 0; u < kStreamDepth; ++u) raw[u] = __ldg(words + first + u * stride);
