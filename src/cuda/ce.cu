@@ -83,6 +83,7 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
     a.grad_row_stride = out.grad_logits.row_stride;
     a.grad_output_rows = none ? f32(grad_output) : nullptr;
   }
+  a.after_totals = true;  // run_totals was the launch just before
   ce_rows(a, s);
   ce_reduce(r, s);
 }
@@ -127,6 +128,7 @@ void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorVie
   if (lse.present()) {  // validation requires it with an entropy gradient
     ce_grad_from_lse(a, f32(lse), EntropyRows{f32(entropy.entropy), f32(entropy.grad)}, s);
   } else {
+    a.after_totals = true;  // run_totals was the launch just before
     ce_rows(a, s);
   }
 }

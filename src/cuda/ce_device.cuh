@@ -21,7 +21,7 @@ __device__ __forceinline__ common::CeConstants<float> make_ce_constants(
   c.z_loss = o.z_loss;
   c.vocab = static_cast<float>(vocab);
   c.weighted = o.class_weight != nullptr;
-  c.class_weight_sum = totals->class_weight_sum;
+  c.class_weight_sum = totals != nullptr ? totals->class_weight_sum : 0.0f;  // null: set later
   return c;
 }
 

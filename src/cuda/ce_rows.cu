@@ -136,6 +136,8 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
       if (a.argmax) a.argmax[row] = Ignored::argmax;
     }
     if (want_gradient) write_constant_row(grad, length, p.grad_vector_ok, 0.0f);
+    // Every CTA waits for the pre-pass before it exits, so the end of this grid implies its end.
+    wait_for_previous_grid();
     return;
   }
 
@@ -145,7 +147,9 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
                              reinterpret_cast<S*>(dynamic_shared), barriers)
                : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
 
-  const CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
+  // The batch totals are read only after the sweep below: with after_totals the pre-pass that
+  // forms them may still run beside this grid's first CTAs.
+  CeConstants<float> c = make_ce_constants(o, a.vocab, nullptr);
   const float* class_weight = o.class_weight;
   // Entropy and label smoothing need the extra sums; plain rows skip them.
   const bool full = a.entropy != nullptr || c.smoothing > 0;
@@ -161,6 +165,9 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
                    : slice_row_stats<false, false>(slice, transform, class_weight);
     }
   });
+
+  wait_for_previous_grid();
+  c.class_weight_sum = a.totals->class_weight_sum;
 
   CePartial mine;
   mine.stats = block_merge(stats, warp_scratch);
@@ -248,6 +255,16 @@ bool deep_stream() {
   return on;
 }
 
+// XENT_CUDA_OVERLAP_TOTALS=0 launches the row kernel after the pre-pass the ordinary way (for A/B
+// runs of decision 33, docs/perf-notes.md).
+bool overlap_totals() {
+  static const bool on = [] {
+    const char* text = std::getenv("XENT_CUDA_OVERLAP_TOTALS");
+    return !(text != nullptr && text[0] == '0');
+  }();
+  return on;
+}
+
 bool stream_forward() {
   static const bool on = [] {
     const char* text = std::getenv("XENT_CUDA_STREAM_FORWARD");
@@ -287,10 +304,11 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
+  const bool overlap = args.after_totals && overlap_totals();
   switch (args.dtype) {
-    case DType::f32: launch_row_kernel(ce_rows_kernel<float>, p, args.rows, plan, stream); break;
-    case DType::bf16: launch_row_kernel(ce_rows_kernel<bf16_t>, p, args.rows, plan, stream); break;
-    case DType::f16: launch_row_kernel(ce_rows_kernel<f16_t>, p, args.rows, plan, stream); break;
+    case DType::f32: launch_row_kernel(ce_rows_kernel<float>, p, args.rows, plan, stream, overlap); break;
+    case DType::bf16: launch_row_kernel(ce_rows_kernel<bf16_t>, p, args.rows, plan, stream, overlap); break;
+    case DType::f16: launch_row_kernel(ce_rows_kernel<f16_t>, p, args.rows, plan, stream, overlap); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_rows: logits dtype unsupported on CUDA: got ") +

@@ -70,6 +70,9 @@ struct CeRowsArgs {
   const float* row_weight = nullptr;  // chunk: [rows] or null
   CeRowOptions options;
   const CeBatchTotals* totals = nullptr;   // device, from ce_batch_totals over the whole batch
+  // The launch just before this one on the stream is the ce_batch_totals that fills `totals`:
+  // the row kernel then starts beside it and waits for it only after its sweep over the logits.
+  bool after_totals = false;
   const float* grad_output_rows = nullptr;  // chunk: per-row g_n (reduction none) or null
 
   // Outputs, each optional (null = not computed), all chunk pointers of fp32 unless said.

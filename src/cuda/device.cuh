@@ -27,6 +27,18 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 
 inline cudaStream_t stream_of(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
 
+// Programmatic dependent launch (sm_90): a grid launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the grid before it on the
+// stream still runs, once every CTA of that grid has called let_next_grid_start (or exited).
+// wait_for_previous_grid then blocks the calling thread until that grid has finished and its
+// writes are visible; in a grid launched the ordinary way it returns at once.
+__device__ __forceinline__ void let_next_grid_start() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // Makes the tensors' device current for the duration of an op (a host-side setting, no sync).
 class DeviceGuard {
  public:

@@ -46,10 +46,12 @@ SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);
 // make no runtime call at all.
 void allow_dynamic_shared(const void* kernel, std::size_t bytes);
 
-// Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster.
+// Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster. overlap_previous:
+// a programmatic dependent launch (device.cuh), for a kernel that reads what the grid before it
+// wrote only after wait_for_previous_grid, and calls it in every CTA before that CTA exits.
 template <class Params>
 void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t rows,
-                       const SlicePlan& plan, cudaStream_t stream) {
+                       const SlicePlan& plan, cudaStream_t stream, bool overlap_previous = false) {
   if (rows <= 0) return;
   allow_dynamic_shared(reinterpret_cast<const void*>(kernel), plan.shared_bytes);
   cudaLaunchConfig_t config{};
@@ -57,13 +59,15 @@ void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t row
   config.blockDim = dim3(static_cast<unsigned>(plan.threads));
   config.dynamicSmemBytes = plan.shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = overlap_previous ? 2 : 1;
   XENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
