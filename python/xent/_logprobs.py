@@ -74,7 +74,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
         outputs = ops.linear_ce_forward(hidden, weight, bias, target, None, None, ignore_index,
                                         "none", 0.0, 0.0, softcap, logit_scale, budget,
                                         fp32_logits, True, False, False, False,
-                                        bool(cache_logits), None, None)
+                                        cache_logits, None, None)
         ctx.wants = wants
         return _forward_outputs(ctx, outputs, target, ignore_index, (hidden, weight, bias),
                                 options, with_entropy, outputs[10] if cache_logits else None)

@@ -238,6 +238,12 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   }
 }
 
+// The A/B switches below: on unless the environment variable starts with `off` (read once each).
+bool switch_on(const char* name, char off) {
+  const char* text = std::getenv(name);
+  return !(text != nullptr && text[0] == off);
+}
+
 // Without a gradient each element is read once, so the shared-memory copy only adds the staging
 // latency and holds the multiprocessor to three CTAs (shared-memory bound); streamed slices read
 // HBM directly and run five CTAs (register bound). Measured on the H200 (docs/perf-notes.md,
@@ -248,28 +254,19 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
 // XENT_CUDA_STREAM_DEPTH=1 keeps one load in flight per thread in streamed sweeps (v5), for A/B
 // runs; the default keeps four (slice_row_stats, v6).
 bool deep_stream() {
-  static const bool on = [] {
-    const char* text = std::getenv("XENT_CUDA_STREAM_DEPTH");
-    return !(text != nullptr && text[0] == '1');
-  }();
+  static const bool on = switch_on("XENT_CUDA_STREAM_DEPTH", '1');
   return on;
 }
 
 // XENT_CUDA_OVERLAP_TOTALS=0 launches the row kernel after the pre-pass the ordinary way (for A/B
 // runs of decision 33, docs/perf-notes.md).
 bool overlap_totals() {
-  static const bool on = [] {
-    const char* text = std::getenv("XENT_CUDA_OVERLAP_TOTALS");
-    return !(text != nullptr && text[0] == '0');
-  }();
+  static const bool on = switch_on("XENT_CUDA_OVERLAP_TOTALS", '0');
   return on;
 }
 
 bool stream_forward() {
-  static const bool on = [] {
-    const char* text = std::getenv("XENT_CUDA_STREAM_FORWARD");
-    return !(text != nullptr && text[0] == '0');
-  }();
+  static const bool on = switch_on("XENT_CUDA_STREAM_FORWARD", '0');
   return on;
 }
 
@@ -305,10 +302,13 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const bool overlap = args.after_totals && overlap_totals();
+  auto launch = [&](auto kernel) {
+    launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
+  };
   switch (args.dtype) {
-    case DType::f32: launch_row_kernel(ce_rows_kernel<float>, p, args.rows, plan, stream, overlap); break;
-    case DType::bf16: launch_row_kernel(ce_rows_kernel<bf16_t>, p, args.rows, plan, stream, overlap); break;
-    case DType::f16: launch_row_kernel(ce_rows_kernel<f16_t>, p, args.rows, plan, stream, overlap); break;
+    case DType::f32: launch(ce_rows_kernel<float>); break;
+    case DType::bf16: launch(ce_rows_kernel<bf16_t>); break;
+    case DType::f16: launch(ce_rows_kernel<f16_t>); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_rows: logits dtype unsupported on CUDA: got ") +
