@@ -98,7 +98,6 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
     const auto f32 = hidden.options().dtype(at::kFloat);
-    const auto stat = hidden.options().dtype(result_dtype(hidden));
     const Reduction reduction_kind = options.ce.reduction;
 
     const LossOutputs outputs =
@@ -187,14 +186,15 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
 // The backward of xent.linear_logprobs (reduction none, no other loss option): g_lp enters as
 // grad_output = −g_lp, grad_entropy (may be absent) adds the entropy term to each chunk's
 // gradient in the same pass, from the forward's lse and entropy. logits_cache: the [N, V] logits
-// a forward with cache_logits kept (read instead of recomputed), as in linear_ce_backward.
+// a forward with cache_logits kept (read instead of recomputed), and weight_grad_dtype (fp32 for
+// an fp32 master weight: ∂W accumulated in place), as in linear_ce_backward.
 std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
     const Tensor& target, const Tensor& lse, const Tensor& entropy, const Tensor& grad_logprob,
     const c10::optional<Tensor>& grad_entropy, int64_t ignore_index,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
     bool grad_hidden, bool grad_weight, bool grad_bias,
-    const c10::optional<Tensor>& logits_cache) {
+    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype) {
   constexpr const char* function = "linear_logprob_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -214,7 +214,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
     }
     return run_linear_backward(function, inputs, options, lse,
                                grad_logprob.to(result_dtype(hidden)).neg().contiguous(), entropy_gradient,
-                               grad_hidden, grad_weight, grad_bias);
+                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
   });
 }
 
@@ -241,8 +241,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "linear_logprob_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor lse, Tensor entropy, Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, "
       "float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
-      "bool grad_hidden, bool grad_weight, bool grad_bias, Tensor? logits_cache) -> "
-      "(Tensor, Tensor, Tensor)");
+      "bool grad_hidden, bool grad_weight, bool grad_bias, Tensor? logits_cache, "
+      "ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(xent, CPU, m) {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from xent._autograd import _no_double_backward
+from xent._autograd import _compute_copies, _no_double_backward
 from xent._ops import ops
 
 
@@ -64,31 +64,40 @@ class LinearLogprobsFunction(torch.autograd.Function):
     # options: (ignore_index, softcap, logit_scale, workspace_bytes, fp32_logits)
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
     # cache_logits: the forward keeps the [N, V] logits for the backward (three products instead
-    # of four, N·V elements more).
+    # of four, N·V elements more). compute_dtype: as in LinearCrossEntropyFunction (the products
+    # run on converted copies that live only inside each op; an fp32 weight's gradient is
+    # accumulated in place in fp32).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy, cache_logits):
+    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy, cache_logits,
+                compute_dtype):
         ignore_index, softcap, logit_scale, budget, fp32_logits = options
         # No gradient in the forward: the upstream gradients are per row (SPEC §2, reduction
         # none), so the backward recomputes each chunk's logits (or reads the cache) and folds
         # them in.
-        outputs = ops.linear_ce_forward(hidden, weight, bias, target, None, None, ignore_index,
+        outputs = ops.linear_ce_forward(*_compute_copies(compute_dtype, hidden, weight, bias),
+                                        target, None, None, ignore_index,
                                         "none", 0.0, 0.0, softcap, logit_scale, budget,
                                         fp32_logits, True, False, False, False,
                                         cache_logits, None, None)
         ctx.wants = wants
+        ctx.compute_dtype = compute_dtype
+        ctx.weight_grad_dtype = (torch.float32 if compute_dtype is not None
+                                 and weight.dtype == torch.float32 else None)
         return _forward_outputs(ctx, outputs, target, ignore_index, (hidden, weight, bias),
                                 options, with_entropy, outputs[10] if cache_logits else None)
 
     @staticmethod
     def backward(ctx, grad_logprob, grad_entropy):
-        none = (None,) * 5
+        none = (None,) * 6
         hidden, weight, bias, target, lse, entropy, *cache = ctx.saved_tensors
         with torch.no_grad():
-            result = ops.linear_logprob_backward(hidden, weight, bias, target, lse, entropy,
+            operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
+            result = ops.linear_logprob_backward(*operands, target, lse, entropy,
                                                  grad_logprob,
                                                  grad_entropy if ctx.with_entropy else None,
                                                  *ctx.options, *ctx.wants,
-                                                 cache[0] if cache else None)
+                                                 cache[0] if cache else None,
+                                                 ctx.weight_grad_dtype)
         grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
         grads = _no_double_backward("xent.linear_logprobs", grads)
         return tuple(grads) + none

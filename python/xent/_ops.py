@@ -126,8 +126,9 @@ def _ce_logprob_backward_fake(logits, target, lse, entropy, grad_logprob, grad_e
 def _linear_logprob_backward_fake(hidden, weight, bias, target, lse, entropy, grad_logprob,
                                   grad_entropy, ignore_index, softcap, logit_scale,
                                   workspace_bytes, fp32_logits, grad_hidden, grad_weight,
-                                  grad_bias, logits_cache):
-    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias)
+                                  grad_bias, logits_cache, weight_grad_dtype):
+    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
+                             weight_grad_dtype)
 
 
 @_register_fake("xent::distill_forward")

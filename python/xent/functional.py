@@ -585,8 +585,10 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
 
     hidden (N, H) or (B, T, H); weight (V, H); bias (V,) or None. Chunked within workspace_bytes
     like linear_cross_entropy (same default, see default_workspace_bytes); chunk logits are
-    rounded to the input dtype unless fp32_logits. Under autocast, hidden/weight/bias are cast to
-    the autocast dtype first.
+    rounded to the input dtype unless fp32_logits. Mixed precision as in linear_cross_entropy:
+    under autocast the products run in the autocast dtype, and an fp32 weight (a master weight,
+    also with 16-bit hidden states outside autocast) is converted inside the op only, its
+    gradient accumulated in place in fp32.
     The upstream gradients of logprob and entropy are per token and unknown in the forward, so
     the backward recomputes each chunk's logits once and folds both in before the products: four
     products, the time of linear_cross_entropy(reduction="none"). cache_logits=True keeps the
@@ -596,21 +598,19 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
     function = "linear_logprobs"
     _check_tensor(function, "weight", weight)
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
-    # Under autocast the layer is cast as F.linear would cast it (as linear_cross_entropy does).
-    dtype = _autocast_dtype(hidden2d)
-    if dtype is not None:
-        hidden2d, weight, bias = (t.to(dtype) if t is not None else None
-                                  for t in (hidden2d, weight, bias))
-    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, False)
+    compute_dtype = _compute_dtype(hidden2d, weight)
+    wants = _needs_grad(hidden2d, weight, bias)
+    fp32_weight_grad = wants[1] and weight.dtype == torch.float32 and compute_dtype is not None
+    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, fp32_weight_grad)
     options = (int(ignore_index), None if softcap is None else float(softcap),
                _temperature_scale(function, temperature), budget, bool(fp32_logits))
-    wants = _needs_grad(hidden2d, weight, bias)
     if any(wants):
         logprob, entropy = LinearLogprobsFunction.apply(hidden2d, weight, bias, target1d, options,
                                                         wants, bool(return_entropy),
-                                                        bool(cache_logits))
+                                                        bool(cache_logits), compute_dtype)
     else:
-        outputs = ops.linear_ce_forward(hidden2d, weight, bias, target1d, None, None, options[0],
+        operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
+        outputs = ops.linear_ce_forward(*operands, target1d, None, None, options[0],
                                         "none", 0.0, 0.0, *options[1:], True, False, False, False,
                                         False, None, None)
         logprob, entropy = outputs[2], _zero_ignored(outputs[3], target1d, options[0])

@@ -237,6 +237,8 @@ def test_fp32_weight_gets_an_fp32_gradient_from_bf16_products(device, gen, autoc
                                          workspace_bytes=1 << 16)
     loss.backward(upstream)
     assert w_in.grad.dtype == torch.float32
+    # Accumulated in fp32, not a bf16 gradient that autograd widened on the way out.
+    assert (w_in.grad != w_in.grad.bfloat16().float()).any()
     # The same products on bf16 copies made by hand, the weight gradient kept in fp32 by
     # linear_cross_entropy's own arithmetic: equal up to the roundings of the bf16 path (its ∂W
     # summed in bf16 chunks). In norm: element by element, a small ∂W entry that is a sum of

@@ -157,6 +157,35 @@ def test_linear_logprobs_autocast_casts_like_f_linear(device, gen):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
 
 
+@pytest.mark.parametrize("cache_logits", [False, True])
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16-hidden", "autocast"])
+def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast, cache_logits):
+    h, w, _, y = _linear_inputs(gen, device)
+    upstream = _upstream(gen, y.shape[0], "cpu")
+    h_in = (h if autocast else h.to(torch.bfloat16)).clone().requires_grad_()
+    w_in = w.clone().requires_grad_()  # fp32: a master weight
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        outputs = xent.linear_logprobs(h_in, w_in, y, temperature=0.7, return_entropy=True,
+                                       workspace_bytes=1 << 16, cache_logits=cache_logits)
+    grads = _grads(outputs, [h_in, w_in], upstream)
+    assert grads[1].dtype == torch.float32 and grads[0].dtype == h_in.dtype
+    # Accumulated in fp32, not a bf16 gradient that autograd widened on the way out.
+    assert (grads[1] != grads[1].bfloat16().float()).any()
+    # The same products on bf16 copies made by hand (∂W summed in bf16 chunks there): equal up
+    # to the bf16 path's roundings, in norm (see test_fused_grad's fp32-weight test).
+    h16 = h.to(torch.bfloat16).requires_grad_()
+    w16 = w.to(torch.bfloat16).requires_grad_()
+    grads16 = _grads(xent.linear_logprobs(h16, w16, y, temperature=0.7, return_entropy=True,
+                                          workspace_bytes=1 << 16), [h16, w16], upstream)
+    assert ref.rel_error(grads[1], grads16[1].float()) <= 1e-2
+    assert ref.rel_error(grads[0].float(), grads16[0].float()) <= 1e-2
+    # And the fp32 ∂W is closer to float64 (of the bf16 operands) than the bf16 one.
+    params64 = [t.to(torch.bfloat16).double().cpu().requires_grad_() for t in (h, w)]
+    expected = ref.logprobs(params64[0] @ params64[1].t(), y.cpu(), 0.7)
+    (_, expected_w) = _grads(expected, params64, upstream)
+    assert ref.rel_error(grads[1], expected_w) <= ref.rel_error(grads16[1], expected_w) + 1e-6
+
+
 def test_gradcheck_logprobs(gen):
     x = torch.randn(5, 13, generator=gen, dtype=torch.float64).requires_grad_()
     y = torch.tensor([0, 12, -100, 3, 7])
