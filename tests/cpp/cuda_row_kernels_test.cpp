@@ -59,7 +59,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Batches with more rows than the GPU holds CTAs at once, so multiprocessors run many CTAs one
 // after another: (dtype, vocab, rows, options, in place, NaN row). Every fifth row is ignored.
 // 4099 bf16 columns make unaligned rows (thread copies instead of bulk copies); 40000 → clusters
-// of 2; 131079 → clusters of 8.
+// of 2; 131079 → clusters of 8. Slices above 56 KiB take the three-CTA (wide-register) kernel
+// instance: bf16 32768 (one 64 KiB CTA), f16 65531 (two), f32 32768 (two).
 using CeManyRowsCase = std::tuple<DType, int64_t, int64_t, unsigned, bool, bool>;
 
 class CudaCeManyRows : public ::testing::TestWithParam<CeManyRowsCase> {};
@@ -91,7 +92,9 @@ INSTANTIATE_TEST_SUITE_P(
                       CeManyRowsCase{DType::bf16, 4099, 3000, kAllCeOptions, false, true},
                       CeManyRowsCase{DType::bf16, 131079, 700, kSmoothing | kZLoss, false,
                                        false},
-                      CeManyRowsCase{DType::f32, 32768, 1200, kSoftcap, true, true}),
+                      CeManyRowsCase{DType::f32, 32768, 1200, kSoftcap, true, true},
+                      CeManyRowsCase{DType::bf16, 32768, 600, kAllCeOptions, false, true},
+                      CeManyRowsCase{DType::f16, 65531, 300, kSmoothing | kZLoss, true, false}),
     many_rows_case_name);
 
 // (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; fp32 300007
