@@ -92,14 +92,11 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
   }
 }
 
-// kMinCtas CTAs of 256 threads per multiprocessor bound the registers. 5 (48 registers): short
-// rows run CTAs of 64-128 threads with small slices, and 76 registers (what nvcc chose unbounded)
-// held those to 6 CTAs per multiprocessor; streamed slices need the CTAs for loads in flight.
-// There the softcap + class-weight gradient loop spills (one 4-byte slot). 3 (up to 80
-// registers): launches whose staged slice already limits a multiprocessor to three CTAs
-// (kWideSliceBytes), where registers past 48 cost no occupancy (decision 34, perf-notes).
-template <class S, int kMinCtas>
-__global__ void __launch_bounds__(kMaxThreads, kMinCtas) ce_rows_kernel(const CeKernelParams p) {
+// At most 48 registers (5 CTAs of 256 threads): short rows run CTAs of 64-128 threads with small
+// slices, and 76 registers (what nvcc chose unbounded) held those to 6 CTAs per multiprocessor.
+// Only the softcap + class-weight gradient loop spills (one 4-byte slot).
+template <class S>
+__global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelParams p) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
   __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
@@ -273,15 +270,6 @@ bool stream_forward() {
   return on;
 }
 
-// Staged slices above this leave room for at most three CTAs in a multiprocessor's 228 KiB of
-// shared memory (the 64 KiB default slices of rows of 32K columns and more).
-constexpr std::size_t kWideSliceBytes = 56 * 1024;
-// XENT_CUDA_WIDE_REGISTERS=0 keeps the 48-register instance for every launch (A/B of decision 34).
-bool wide_registers(const SlicePlan& plan) {
-  static const bool on = switch_on("XENT_CUDA_WIDE_REGISTERS", '0');
-  return on && plan.staged && plan.shared_bytes > kWideSliceBytes;
-}
-
 }  // namespace
 
 CeRowOptions ce_row_options(const CeOptions& options) {
@@ -314,14 +302,13 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const bool overlap = args.after_totals && overlap_totals();
-  const bool wide = wide_registers(plan);
-  auto launch = [&](auto narrow_kernel, auto wide_kernel) {
-    launch_row_kernel(wide ? wide_kernel : narrow_kernel, p, args.rows, plan, stream, overlap);
+  auto launch = [&](auto kernel) {
+    launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
   };
   switch (args.dtype) {
-    case DType::f32: launch(ce_rows_kernel<float, 5>, ce_rows_kernel<float, 3>); break;
-    case DType::bf16: launch(ce_rows_kernel<bf16_t, 5>, ce_rows_kernel<bf16_t, 3>); break;
-    case DType::f16: launch(ce_rows_kernel<f16_t, 5>, ce_rows_kernel<f16_t, 3>); break;
+    case DType::f32: launch(ce_rows_kernel<float>); break;
+    case DType::bf16: launch(ce_rows_kernel<bf16_t>); break;
+    case DType::f16: launch(ce_rows_kernel<f16_t>); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_rows: logits dtype unsupported on CUDA: got ") +
