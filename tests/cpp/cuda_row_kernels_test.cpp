@@ -59,8 +59,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Batches with more rows than the GPU holds CTAs at once, so multiprocessors run many CTAs one
 // after another: (dtype, vocab, rows, options, in place, NaN row). Every fifth row is ignored.
 // 4099 bf16 columns make unaligned rows (thread copies instead of bulk copies); 40000 → clusters
-// of 2; 131079 → clusters of 8. Slices above 56 KiB take the three-CTA (wide-register) kernel
-// instance: bf16 32768 (one 64 KiB CTA), f16 65531 (two), f32 32768 (two).
+// of 2; 131079 → clusters of 8. Full 64 KiB staged slices, the PERF.md rows' plan: bf16 32768
+// (one CTA), f16 65531 and f32 32768 (two).
 using CeManyRowsCase = std::tuple<DType, int64_t, int64_t, unsigned, bool, bool>;
 
 class CudaCeManyRows : public ::testing::TestWithParam<CeManyRowsCase> {};
