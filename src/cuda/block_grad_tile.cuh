@@ -108,14 +108,44 @@ __device__ __forceinline__ void write_vector(S* grad, int64_t j, const Element& 
   reinterpret_cast<uint4*>(grad)[j] = pack<S>(first);
 }
 
+template <class S>
+struct VectorPair {
+  Vector<S> first, second;
+};
+
+// Vectors j0 and j1 of one input, both loads issued before either is used.
+template <class S>
+__device__ __forceinline__ VectorPair<S> load_pair(const S* input, int64_t j0, int64_t j1) {
+  const uint4* vectors = reinterpret_cast<const uint4*>(input);
+  const uint4 first = __ldg(vectors + j0);
+  const uint4 second = __ldg(vectors + j1);
+  return {unpack<S>(first), unpack<S>(second)};
+}
+
+template <class S, class Element, class... Pairs>
+__device__ __forceinline__ void write_pair(S* grad, int64_t j0, int64_t j1,
+                                           const Element& element, const Pairs&... pairs) {
+  write_vector(grad, j0, element, pairs.first...);
+  write_vector(grad, j1, element, pairs.second...);
+}
+
 // grad[i] = element(i, inputs[i] in fp32...) over the segment's `length` columns: the inputs are
 // the logits of the segment (ce), or the student's then the teacher's (distillation).
 template <class S, class Element, class... Inputs>
 __device__ __forceinline__ void write_segment(S* grad, const RowSegment& segment, bool vector_ok,
                                               const Element& element, const Inputs*... inputs) {
   constexpr int kVec = kVectorElements<S>;
+  static_assert(kBlockGradVectorsPerThread == 2, "write_segment's fast path holds two vectors");
   const int64_t length = segment.length;
   if (vector_ok) {
+    // A thread holds at most two vectors of its segment (block_grad_params). When both are
+    // whole, every load is issued before any element is formed: the loop below, whose stride is
+    // known only at run time, issued them one after the other (decision 36, perf-notes).
+    const int64_t j0 = segment.lane, j1 = segment.lane + segment.stride;
+    if ((j1 + 1) * kVec <= length) {
+      write_pair(grad, j0, j1, element, load_pair(inputs, j0, j1)...);
+      return;
+    }
     for (int64_t j = segment.lane; j * kVec < length; j += segment.stride) {
       if ((j + 1) * kVec <= length) {
         write_vector(grad, j, element,

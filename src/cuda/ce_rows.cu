@@ -157,11 +157,12 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const bool want_argmax = a.row_correct != nullptr || a.argmax != nullptr;
   RowStats<float> stats;
   with_transform(c.transform, [&](const auto& transform) {
+    const bool entropy = a.entropy != nullptr;
     if (want_argmax) {
-      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight)
+      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy)
                    : slice_row_stats<false, true>(slice, transform, class_weight);
     } else {
-      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight)
+      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy)
                    : slice_row_stats<false, false>(slice, transform, class_weight);
     }
   });

@@ -133,12 +133,17 @@ __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
 }
 
 // kFull: also Σ e·d (entropy) and the logit sums of label smoothing; without it those fields
-// stay 0 and cost nothing.
+// stay 0 and cost nothing. Within kFull, `entropy_sum` and `weighted_sum` (uniform per CTA,
+// tested once per vector) skip Σ e·d when no entropy is asked for and Σ w·x̃ without class
+// weights: label smoothing alone then costs one sum per element instead of five operations more
+// (decision 37, docs/perf-notes.md). The skipped fields stay 0.
 // kArgmax: also track the first column of the max (accuracy, argmax outputs); without it the
 // argmax field is left at the thread's first column and must not be read.
 template <bool kFull, bool kArgmax>
 struct VectorRowStats {
   common::RowStats<float> stats;
+  bool entropy_sum = kFull;
+  bool weighted_sum = kFull;
 
   // Adds N transformed values of consecutive columns column, column+1, ... (all finite or -inf;
   // NaN and +Inf are caught by needs_exact_path()). `weights` are their class weights (kFull).
@@ -165,11 +170,13 @@ struct VectorRowStats {
       stats.argmax = column + where;
     }
     if (kFull) {
-      float weighted[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) weighted[k] = w[k] * v[k];
       stats.sum_logits += pairwise_sum(v);
-      stats.sum_weighted_logits += pairwise_sum(weighted);
+      if (weighted_sum) {
+        float weighted[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) weighted[k] = w[k] * v[k];
+        stats.sum_weighted_logits += pairwise_sum(weighted);
+      }
     }
     const float new_max = fmaxf(stats.max, best[0]);
     if (new_max == -common::infinity<float>()) {
@@ -187,26 +194,31 @@ struct VectorRowStats {
     // 1 when the max stays, 0 while nothing has been summed (stats.max = -inf).
     const float shift = stats.max - new_max;
     const float alpha = fast_exp2(shift * kLog2e);
-    if (kFull) {
+    const bool with_entropy = kFull && entropy_sum;
+    if (with_entropy) {
       const float moved = stats.sum_exp > 0 ? shift * stats.sum_exp : 0.0f;  // not -inf·0
       stats.sum_exp_shift = alpha * (stats.sum_exp_shift + moved);
     }
     stats.sum_exp *= alpha;
     stats.max = new_max;
-    float e[N], ed[N];
-    const float scaled_max = new_max * kLog2e;
+    float e[N];
+    if (with_entropy) {
+      float ed[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      if (kFull) {
+      for (int k = 0; k < N; ++k) {
         const float d = v[k] - new_max;
         e[k] = fast_exp(d);
         ed[k] = e[k] > 0.0f ? e[k] * d : 0.0f;  // -inf columns add 0, not 0·(-inf)
-      } else {
+      }
+      stats.sum_exp_shift += pairwise_sum(ed);
+    } else {
+      const float scaled_max = new_max * kLog2e;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
         e[k] = fast_exp2(fmaf(v[k], kLog2e, -scaled_max));  // -inf columns give 0
       }
     }
     stats.sum_exp += pairwise_sum(e);
-    if (kFull) stats.sum_exp_shift += pairwise_sum(ed);
   }
 
   // NaN or +Inf reached the sums: the caller re-runs its elements through RowStats::add, which
@@ -247,15 +259,19 @@ __device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slic
 
 // The statistics sweep of one CTA over its slice: RowStats of transform(x) for the columns this
 // thread owns (vectors threadIdx.x, +blockDim.x, ...), exact on rows with NaN or +Inf.
-// `class_weight` is read only when kFull (the weighted logit sum of label smoothing).
+// `class_weight` is read only when kFull (the weighted logit sum of label smoothing); with
+// kFull, `entropy` false leaves sum_exp_shift at 0 (the entropy is not asked for).
 template <bool kFull, bool kArgmax, class S, class Transform>
 __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlice<S>& slice,
                                                    const Transform& transform,
-                                                   const float* class_weight) {
+                                                   const float* class_weight,
+                                                   bool entropy = true) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
   const int full_vectors = static_cast<int>(slice.length / kVec);
   VectorRowStats<kFull, kArgmax> acc;
+  acc.entropy_sum = kFull && entropy;
+  acc.weighted_sum = kFull && class_weight != nullptr;
   // The first column this thread sees is its argmax until a value beats -inf (RowStats::add).
   if (static_cast<int>(threadIdx.x) < full_vectors) {
     acc.stats.argmax = slice.begin + int64_t{threadIdx.x} * kVec;
