@@ -37,7 +37,8 @@ struct Shape {
 // The planner takes vocabulary blocks for an fp32 ∂W only when re-reading V×H per row chunk costs
 // more than the blocks' extra product: a wide layer (the small one stays in row chunks).
 Shape shape_for(WeightSchedule schedule) {
-  const bool blocked = schedule == WeightSchedule::blocks || schedule == WeightSchedule::block_tiles;
+  const bool blocked =
+      schedule == WeightSchedule::blocks || schedule == WeightSchedule::block_tiles;
   return blocked ? Shape{23, 256, 16411} : Shape{37, 67, 1031};
 }
 
@@ -229,7 +230,9 @@ TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
   if (reduction != Reduction::none) return;  // the entropy term needs per-row upstreams
   SCOPED_TRACE("linear_ce_backward with the entropy term adds its ∂W");
   std::vector<double> grad_entropy_values;
-  for (int64_t n = 0; n < rows; ++n) grad_entropy_values.push_back(round_to(DType::f32, rng.uniform(-2, 2)));
+  for (int64_t n = 0; n < rows; ++n) {
+    grad_entropy_values.push_back(round_to(DType::f32, rng.uniform(-2, 2)));
+  }
   auto with_entropy = [&](const Matrix& x, const reference::CeResult& ce) {
     Matrix g = ce.grad;
     const Matrix e = reference::entropy_grad(x, target, setup.spec, grad_entropy_values);
@@ -348,8 +351,8 @@ TEST(LinearCeAccumulateEdges, EmptyBatchLeavesTheBufferAsItWas) {
                                                             options, test_device(), true)
                                  : 0);
   Tensor loss = Tensor::scalar(DType::f32);
-  linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), options, {loss.view(), {}, grads},
-                    {}, scratch.workspace());
+  linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), options,
+                    {loss.view(), {}, grads}, {}, scratch.workspace());
   linear_ce_backward(hidden.view(), weight.view(), {}, target.view(), {}, {}, options, grads,
                      scratch.workspace());
   finish();
@@ -373,8 +376,8 @@ TEST(LinearCeAccumulateEdges, BufferDtypeFollowsTheLayer) {
                                                               layer_dtype, {}, test_device(), true)
                                    : 0);
     expect_invalid([&] {
-      linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), {}, {loss.view(), {}, grads},
-                        {}, scratch.workspace());
+      linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), {},
+                        {loss.view(), {}, grads}, {}, scratch.workspace());
     }, "grads.weight", std::string("accumulate_weight: got ") + dtype_name(buffer_dtype));
     EXPECT_TRUE(buffer.untouched() && loss.untouched()) << "an output was written before the error";
   };
