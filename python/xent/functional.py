@@ -379,7 +379,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     the autograd gradient of weight is then None (weight.grad stays untouched), for any weight
     dtype, with no fp32 accumulator and no separate gradient. Nothing is added while the weight
     does not require grad. With reduction "sum"/"mean" (grad_in_forward) the forward adds the
-    gradient for an upstream gradient of 1, so the buffer changes during the forward; the backward
+    gradient for an upstream gradient of 1, so the buffer changes during the forward (also for a
+    loss that is then never backpropagated: compute such losses under torch.no_grad); the backward
     then reads the upstream g on the host (one small synchronisation per step) and, when g is
     not exactly 1, adds (g - 1) times the gradient by a second pass that recomputes the logits.
     Keep g at 1 under gradient accumulation by passing normalizer= (or reduction="mean") instead
@@ -437,7 +438,7 @@ def _gradient_buffer(function: str, buffer, weight: Tensor, process_group) -> Te
     _check_tensor(function, "accumulate_into", buffer)
     if process_group is not None:
         _fail(function, "accumulate_into", "unsupported with process_group", "both",
-              "one of them (each rank would add only its own vocabulary rows of the gradient)")
+              "one of them (the vocabulary-parallel form returns weight.grad)")
     expected = torch.float64 if weight.dtype == torch.float64 else torch.float32
     if buffer.dtype != expected:
         _fail(function, "accumulate_into", "has wrong dtype", buffer.dtype,

@@ -7,6 +7,7 @@
 // on CUDA with budgets that force each place ∂W is formed in (chunk_plan.hpp).
 #include <cmath>
 #include <functional>
+#include <type_traits>
 
 #include "linear_check.hpp"
 #if XENT_TEST_ON_GPU
@@ -85,32 +86,32 @@ std::size_t cpu_budget(WeightSchedule schedule, const Shape& s, DType dtype, boo
 }
 #endif
 
-// The budget that makes each op form ∂W as `schedule` asks.
-std::size_t linear_ce_budget(WeightSchedule schedule, const Shape& s, DType dtype,
-                             [[maybe_unused]] LinearCeOptions options,
-                             [[maybe_unused]] const LinearGradients& grads) {
 #if XENT_TEST_ON_GPU
-  return gpu_budget(schedule, [&](std::size_t budget) {
-    options.workspace_budget = budget;
-    return cuda::linear_ce_chunk_plan(s.rows, s.hidden, s.vocab, dtype, options, grads);
-  });
-#else
-  return cpu_budget(schedule, s, dtype, false);
-#endif
+// The plan each op makes for a call (linear_distill's teacher: logits of the student's dtype).
+cuda::ChunkPlan plan_of(const Shape& s, DType dtype, const LinearCeOptions& options,
+                        const LinearGradients& grads) {
+  return cuda::linear_ce_chunk_plan(s.rows, s.hidden, s.vocab, dtype, options, grads);
 }
+cuda::ChunkPlan plan_of(const Shape& s, DType dtype, const LinearDistillOptions& options,
+                        const LinearGradients& grads) {
+  return cuda::linear_distill_chunk_plan(s.rows, s.hidden, 0, s.vocab, dtype, options, dtype,
+                                         grads);
+}
+#endif
 
-// Teacher as logits of the student's dtype.
-std::size_t linear_distill_budget(WeightSchedule schedule, const Shape& s, DType dtype,
-                                  [[maybe_unused]] LinearDistillOptions options,
-                                  [[maybe_unused]] const LinearGradients& grads) {
+// The budget that makes the op of `Options` (linear_ce's or linear_distill's) form ∂W as
+// `schedule` asks.
+template <class Options>
+std::size_t budget_for(WeightSchedule schedule, const Shape& s, DType dtype,
+                       [[maybe_unused]] Options options,
+                       [[maybe_unused]] const LinearGradients& grads) {
 #if XENT_TEST_ON_GPU
   return gpu_budget(schedule, [&](std::size_t budget) {
     options.workspace_budget = budget;
-    return cuda::linear_distill_chunk_plan(s.rows, s.hidden, 0, s.vocab, dtype, options, dtype,
-                                           grads);
+    return plan_of(s, dtype, options, grads);
   });
 #else
-  return cpu_budget(schedule, s, dtype, true);
+  return cpu_budget(schedule, s, dtype, std::is_same_v<Options, LinearDistillOptions>);
 #endif
 }
 
@@ -153,16 +154,20 @@ void expect_added(const char* what, const Prefilled& prefilled, int calls,
 
 using AccumulateParam = std::tuple<DType, WeightSchedule, Reduction>;
 
-class LinearCeAccumulate : public ::testing::TestWithParam<AccumulateParam> {
+// (layer dtype, where ∂W is formed, reduction) and the shape that schedule needs.
+class AccumulateCase : public ::testing::TestWithParam<AccumulateParam> {
  protected:
   void SetUp() override { require_device(); }
+  const Shape shape = shape_for(std::get<1>(GetParam()));
+  const int64_t rows = shape.rows, hidden_size = shape.hidden, vocab = shape.vocab;
 };
+
+class LinearCeAccumulate : public AccumulateCase {};
+class LinearDistillAccumulate : public AccumulateCase {};
 
 TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
   XENT_TEST_RNG(rng);
   const auto [dtype, schedule, reduction] = GetParam();
-  const Shape shape = shape_for(schedule);
-  const int64_t rows = shape.rows, hidden_size = shape.hidden, vocab = shape.vocab;
   const DType buffer_dtype = result_dtype(dtype);
   const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, true, 2.0, dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
@@ -186,7 +191,7 @@ TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
 
   LinearCeOptions options;
   options.ce = setup.options;
-  options.workspace_budget = linear_ce_budget(schedule, shape, dtype, options, grads);
+  options.workspace_budget = budget_for(schedule, shape, dtype, options, grads);
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
   const Scratch scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab, dtype,
                                                             options, test_device(), true)
@@ -273,16 +278,9 @@ INSTANTIATE_TEST_SUITE_P(Schedules, LinearCeAccumulate,
 
 // ---- linear_distill: the same flag through the shared gradient sums and block pass -----------
 
-class LinearDistillAccumulate : public ::testing::TestWithParam<AccumulateParam> {
- protected:
-  void SetUp() override { require_device(); }
-};
-
 TEST_P(LinearDistillAccumulate, AddsIntoTheBuffer) {
   XENT_TEST_RNG(rng);
   const auto [dtype, schedule, reduction] = GetParam();
-  const Shape shape = shape_for(schedule);
-  const int64_t rows = shape.rows, hidden_size = shape.hidden, vocab = shape.vocab;
   const LinearLayer student = make_linear_layer(rng, rows, hidden_size, vocab, false, 2.0, dtype);
   const Matrix teacher_logits = rounded(rng.matrix(rows, vocab, 2.0), dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
@@ -307,7 +305,7 @@ TEST_P(LinearDistillAccumulate, AddsIntoTheBuffer) {
 
   LinearDistillOptions options;
   options.distill = setup.options;
-  options.workspace_budget = linear_distill_budget(schedule, shape, dtype, options, grads);
+  options.workspace_budget = budget_for(schedule, shape, dtype, options, grads);
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
   const Scratch scratch(on_gpu() ? linear_distill_workspace_size(rows, hidden_size, 0, vocab,
                                                                  dtype, options, test_device(),
