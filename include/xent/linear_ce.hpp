@@ -27,6 +27,13 @@ struct LinearGradients {
   TensorView hidden;  // [N, H]
   TensorView weight;  // [V, H]
   TensorView bias;    // [V]
+  // ∂W is ADDED into `weight` instead of written over it: a caller's fp32 gradient buffer kept
+  // across micro-batches (Megatron's main_grad), so no separate gradient and no add pass are
+  // needed. `weight` must then be float32 [V, H] whatever the layer dtype (float64 for float64
+  // layers on the CPU, whose math is float64), on the op's device; it is never zero-filled or
+  // overwritten (an empty batch adds nothing), and the products accumulate into it in place,
+  // with no fp32 accumulator in the workspace. Linear distillation takes it too.
+  bool accumulate_weight = false;
 };
 
 struct LinearCeOutputs {

@@ -57,13 +57,13 @@ at::Tensor contiguous_rows(const at::Tensor& tensor) {
 
 at::Tensor contiguous_vector(const at::Tensor& tensor) { return tensor.contiguous(); }
 
-void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor) {
+void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor,
+                           const char* remedy) {
   const bool readable = tensor.dim() == 2 && contiguous_rows(tensor).is_same(tensor);
   TORCH_CHECK_VALUE(readable, function, ": ", argument,
                     " cannot take the gradient in place: got a tensor of shape ", tensor.sizes(),
                     " and strides ", tensor.strides(),
-                    "; expected 2-D rows with contiguous columns (inplace_backward=False "
-                    "writes the gradient to a new tensor instead)");
+                    "; expected 2-D rows with contiguous columns (", remedy, ")");
 }
 
 TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument) {
@@ -107,6 +107,21 @@ Stream current_stream(const at::Tensor& tensor) {
   (void)tensor;
 #endif
   return Stream{};
+}
+
+bool stream_is_capturing(const at::Tensor& tensor) {
+#if defined(XENT_TORCH_CUDA)
+  if (tensor.is_cuda()) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t error = cudaStreamIsCapturing(
+        c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream(), &status);
+    TORCH_CHECK(error == cudaSuccess, "cudaStreamIsCapturing: ", cudaGetErrorString(error));
+    return status != cudaStreamCaptureStatusNone;
+  }
+#else
+  (void)tensor;
+#endif
+  return false;
 }
 
 Reduction parse_reduction(const char* function, c10::string_view reduction_view) {

@@ -21,7 +21,10 @@ at::Tensor contiguous_rows(const at::Tensor& tensor);
 at::Tensor contiguous_vector(const at::Tensor& tensor);
 // For outputs written over an input: raises ValueError naming `argument` when the core could not
 // read `tensor` as it is (contiguous_rows would copy it, and the copy would take the output).
-void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor);
+// `remedy` ends the message: what the caller can do instead.
+void require_in_place_rows(
+    const char* function, const char* argument, const at::Tensor& tensor,
+    const char* remedy = "inplace_backward=False writes the gradient to a new tensor instead");
 
 // `function` and `argument` name the tensor in the error raised for a dtype xent has no name for.
 TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument);
@@ -33,6 +36,9 @@ TensorView optional_vector_view(const c10::optional<at::Tensor>& tensor, const c
 
 Device xent_device(const at::Tensor& tensor);
 Stream current_stream(const at::Tensor& tensor);
+// Whether work on tensor's current stream is being captured into a CUDA graph (false on the CPU):
+// an op must then not read device values on the host, as a replay would not read them again.
+bool stream_is_capturing(const at::Tensor& tensor);
 
 Reduction parse_reduction(const char* function, c10::string_view reduction);
 DistillKind parse_distill_kind(const char* function, c10::string_view kind);

@@ -1,4 +1,5 @@
-// torch ops xent::linear_ce_forward and xent::linear_ce_backward (SPEC.md §2).
+// torch ops xent::linear_ce_forward, xent::linear_ce_backward, and the correction of a weight
+// gradient added in the forward (SPEC.md §2).
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -56,22 +57,34 @@ struct GradientBuffers {
 
 // weight_grad_dtype: float32 for the gradient of an fp32 (master) weight whose products run in
 // 16 bits: the core then accumulates ∂W in place in it, with no fp32 accumulator in the workspace.
+// accumulate_into: the caller's fp32 [V, H] buffer that ∂W is added into (accumulate_weight); the
+// returned weight gradient is then empty.
 GradientBuffers make_gradients(const char* function, const LinearInputs& inputs, bool grad_hidden,
                                bool grad_weight, bool grad_bias,
-                               c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt) {
+                               c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt,
+                               const c10::optional<Tensor>& accumulate_into = c10::nullopt) {
   GradientBuffers grads;
   const auto none = [&](const Tensor& like) { return at::empty({0}, like.options()); };
   grads.hidden = grad_hidden ? at::empty(inputs.hidden.sizes(), inputs.hidden.options())
                              : none(inputs.hidden);
   const auto weight_options =
       inputs.weight.options().dtype(weight_grad_dtype.value_or(inputs.weight.scalar_type()));
-  grads.weight = grad_weight ? at::empty(inputs.weight.sizes(), weight_options)
-                             : none(inputs.weight);
+  const bool added = grad_weight && accumulate_into.has_value();
+  grads.weight = grad_weight && !added ? at::empty(inputs.weight.sizes(), weight_options)
+                                       : none(inputs.weight);
   const bool with_bias = grad_bias && inputs.bias.has_value();
   grads.bias = with_bias ? at::empty(inputs.bias->sizes(), inputs.bias->options())
                          : none(inputs.weight);
   if (grad_hidden) grads.views.hidden = matrix_view(grads.hidden, function, "grad_hidden");
-  if (grad_weight) grads.views.weight = matrix_view(grads.weight, function, "grad_weight");
+  if (added) {
+    // The core adds where the tensor is: a copy would take the gradient and be dropped.
+    require_in_place_rows(function, "accumulate_into", *accumulate_into,
+                          "the buffer the weight gradient is added into");
+    grads.views.weight = matrix_view(*accumulate_into, function, "accumulate_into");
+    grads.views.accumulate_weight = true;
+  } else if (grad_weight) {
+    grads.views.weight = matrix_view(grads.weight, function, "grad_weight");
+  }
   if (with_bias) grads.views.bias = vector_view(grads.bias, function, "grad_bias");
   return grads;
 }
@@ -87,7 +100,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                      c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes,
                      bool fp32_logits, bool with_stats, bool grad_hidden, bool grad_weight,
                      bool grad_bias, bool cache_logits, const c10::optional<Tensor>& grad_scale,
-                     c10::optional<at::ScalarType> weight_grad_dtype) {
+                     c10::optional<at::ScalarType> weight_grad_dtype,
+                     const c10::optional<Tensor>& accumulate_into) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -102,8 +116,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
 
     const LossOutputs outputs =
         make_loss_outputs(function, hidden, reduction_kind, rows, with_stats);
-    GradientBuffers grads =
-        make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+    GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias,
+                                           weight_grad_dtype, accumulate_into);
     const auto grad_scale32 = as_result_dtype(grad_scale, hidden);
     LinearCeOptions cached_options = options;
     Tensor logits_cache = at::empty({0}, hidden.options());
@@ -134,16 +148,18 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
   });
 }
 
-// linear_ce_backward into fresh gradient buffers, with its workspace from the caching allocator.
-// grad_output is fp32; lse may be absent unless `entropy` is present.
+// linear_ce_backward into fresh gradient buffers (∂W into accumulate_into when given), with its
+// workspace from the caching allocator. grad_output is fp32; lse may be absent unless `entropy`
+// is present.
 std::tuple<Tensor, Tensor, Tensor> run_linear_backward(
     const char* function, const LinearInputs& inputs, const LinearCeOptions& options,
     const c10::optional<Tensor>& lse, const Tensor& grad_output, const EntropyGradient& entropy,
     bool grad_hidden, bool grad_weight, bool grad_bias,
-    c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt) {
+    c10::optional<at::ScalarType> weight_grad_dtype = c10::nullopt,
+    const c10::optional<Tensor>& accumulate_into = c10::nullopt) {
   const auto lse_vector = lse.has_value() ? c10::optional<Tensor>(lse->contiguous()) : lse;
-  GradientBuffers grads =
-      make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+  GradientBuffers grads = make_gradients(function, inputs, grad_hidden, grad_weight, grad_bias,
+                                         weight_grad_dtype, accumulate_into);
   const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
   const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
   const int64_t rows = inputs.hidden.dim() >= 1 ? inputs.hidden.size(0) : 0;
@@ -166,7 +182,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
     bool grad_hidden, bool grad_weight, bool grad_bias,
-    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype) {
+    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype,
+    const c10::optional<Tensor>& accumulate_into) {
   constexpr const char* function = "linear_ce_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -179,7 +196,39 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     return run_linear_backward(function, inputs, options, lse,
                                grad_output.to(result_dtype(hidden)).contiguous(), EntropyGradient{},
-                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype,
+                               accumulate_into);
+  });
+}
+
+// The rest of ∂W after a forward that added it into accumulate_into for an upstream gradient of
+// 1 (sum/mean, formed in the forward): adds (g − 1)·∂W for the real upstream g by recomputing
+// the chunk logits, the linear_ce_backward of the weight alone. grad_scale (1/normalizer) is
+// what the forward formed the gradient for. Deciding g == 1 reads g on the host: one small
+// device-to-host copy (a synchronisation) per step, which skips the recompute in the common
+// case (loss.backward(), a normalizer instead of dividing the loss). While the stream is captured
+// into a CUDA graph nothing may be read (a replay would not read it again): the recompute then
+// always runs, adding 0·∂W when g is 1.
+void linear_ce_accumulate_correction_op(
+    const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
+    const Tensor& target, const Tensor& lse, const Tensor& grad_loss,
+    const c10::optional<Tensor>& grad_scale, const c10::optional<Tensor>& class_weight,
+    const c10::optional<Tensor>& row_weight, int64_t ignore_index, c10::string_view reduction,
+    double label_smoothing, double z_loss, c10::optional<double> softcap, double logit_scale,
+    int64_t workspace_bytes, bool fp32_logits, const Tensor& accumulate_into) {
+  constexpr const char* function = "linear_ce_backward";
+  translate_errors([&] {
+    c10::DeviceGuard guard(hidden.device());
+    if (!stream_is_capturing(grad_loss) && grad_loss.item<double>() == 1.0) return;
+    const LinearInputs inputs =
+        prepare_inputs(hidden, weight, bias, target, class_weight, row_weight);
+    const LinearCeOptions options =
+        make_linear_options(function, inputs, ignore_index, reduction, label_smoothing, z_loss,
+                            softcap, logit_scale, workspace_bytes, fp32_logits);
+    Tensor upstream = grad_loss.to(result_dtype(hidden)) - 1;
+    if (grad_scale.has_value()) upstream = upstream * grad_scale->to(upstream.scalar_type());
+    run_linear_backward(function, inputs, options, lse, upstream.contiguous(), EntropyGradient{},
+                        false, true, false, c10::nullopt, accumulate_into);
   });
 }
 
@@ -228,15 +277,21 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
       "bool grad_weight, bool grad_bias, bool cache_logits, Tensor? grad_scale, "
-      "ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "ScalarType? weight_grad_dtype, Tensor(a!)? accumulate_into=None) -> (Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "
       "Tensor grad_output, Tensor? class_weight, Tensor? row_weight, int ignore_index, "
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
-      "bool grad_bias, Tensor? logits_cache, ScalarType? weight_grad_dtype) -> "
-      "(Tensor, Tensor, Tensor)");
+      "bool grad_bias, Tensor? logits_cache, ScalarType? weight_grad_dtype, "
+      "Tensor(a!)? accumulate_into=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "linear_ce_accumulate_correction(Tensor hidden, Tensor weight, Tensor? bias, "
+      "Tensor target, Tensor lse, Tensor grad_loss, Tensor? grad_scale, Tensor? class_weight, "
+      "Tensor? row_weight, int ignore_index, str reduction, float label_smoothing, "
+      "float z_loss, float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
+      "Tensor(a!) accumulate_into) -> ()");
   m.def(
       "linear_logprob_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, "
       "Tensor lse, Tensor entropy, Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, "
@@ -248,6 +303,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
 TORCH_LIBRARY_IMPL(xent, CPU, m) {
   m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
   m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
+  m.impl("linear_ce_accumulate_correction",
+         &xent::torch_binding::linear_ce_accumulate_correction_op);
   m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
 }
 
@@ -255,6 +312,8 @@ TORCH_LIBRARY_IMPL(xent, CPU, m) {
 TORCH_LIBRARY_IMPL(xent, CUDA, m) {
   m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
   m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
+  m.impl("linear_ce_accumulate_correction",
+         &xent::torch_binding::linear_ce_accumulate_correction_op);
   m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
 }
 #endif

@@ -155,9 +155,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     # compute_dtype: the dtype the products run in when it is not the weight's (an fp32 weight
     # under autocast, or with 16-bit hidden states): ∂W then goes straight into an fp32 gradient
     # (the core accumulates it in place, no accumulator). grad_scale: 1/normalizer or None.
+    # accumulate_into: an fp32 (V, H) buffer ∂W is added into instead of returned (or None).
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
-                wants, grad_in_forward, cache_logits, compute_dtype, grad_scale):
+                wants, grad_in_forward, cache_logits, compute_dtype, grad_scale, accumulate_into):
         reduction = options[1]
         # sum/mean: the gradient for an upstream of 1 (or 1/normalizer) is formed in the same
         # pass as the loss (SPEC §2) and the backward only scales it, on the device. none (or
@@ -169,19 +170,28 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         cache = cache_logits and not in_forward
         weight_grad_dtype = (torch.float32 if compute_dtype is not None
                              and weight.dtype == torch.float32 else None)
+        # The buffer is kept on ctx, not saved: autograd's version check would reject it once a
+        # later micro-batch's forward has added into it, which is the point of the buffer.
+        ctx.accumulate_into = accumulate_into if wants[1] else None
         operands = _compute_copies(compute_dtype, hidden, weight, bias)
         outputs = ops.linear_ce_forward(*operands[:3], target, class_weight, row_weight,
                                         *options, with_stats, *flags, cache,
-                                        grad_scale if in_forward else None, weight_grad_dtype)
+                                        grad_scale if in_forward else None, weight_grad_dtype,
+                                        ctx.accumulate_into if in_forward else None)
         stats, grads, logits_cache = list(outputs[:7]), outputs[7:10], outputs[10]
         ctx.options = options
         ctx.wants = wants
+        ctx.returned = (wants[0], wants[1] and ctx.accumulate_into is None, wants[2])
         ctx.in_forward = in_forward
         ctx.compute_dtype = compute_dtype
         ctx.weight_grad_dtype = weight_grad_dtype
         ctx.scaled = False
         if in_forward:
-            ctx.save_for_backward(*[g if w else None for g, w in zip(grads, wants)])
+            saved = [g if w else None for g, w in zip(grads, ctx.returned)]
+            if ctx.accumulate_into is not None:  # what the correction of ∂W recomputes from
+                saved += [hidden, weight, bias, target, stats[1], class_weight, row_weight,
+                          grad_scale]
+            ctx.save_for_backward(*saved)
             stats = _normalized(stats, grad_scale)  # the gradients were formed for it
         else:
             ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight,
@@ -191,19 +201,30 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        none = (None,) * 10
+        none = (None,) * 11
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
-            grads = _apply_upstream(_scale_saved(ctx, "xent.linear_cross_entropy"), grad_loss)
+            saved = _scale_saved(ctx, "xent.linear_cross_entropy")
+            grads = _apply_upstream(saved[:3], grad_loss)
+            if ctx.accumulate_into is not None:
+                # The forward added ∂W for an upstream of 1; the op adds (g - 1)·∂W (nothing
+                # when g is exactly 1).
+                hidden, weight, bias, target, lse, class_weight, row_weight, grad_scale = saved[3:]
+                with torch.no_grad():
+                    operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
+                    ops.linear_ce_accumulate_correction(
+                        *operands, target, lse, grad_loss, grad_scale, class_weight, row_weight,
+                        *ctx.options, ctx.accumulate_into)
         else:
             hidden, weight, bias, target, lse, class_weight, row_weight, cache = ctx.saved_tensors
             with torch.no_grad():
                 operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
                 result = ops.linear_ce_backward(*operands, target, lse, grad_loss,
                                                 class_weight, row_weight, *ctx.options,
-                                                *ctx.wants, cache, ctx.weight_grad_dtype)
-            grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
+                                                *ctx.wants, cache, ctx.weight_grad_dtype,
+                                                ctx.accumulate_into)
+            grads = tuple(g if w else None for g, w in zip(result, ctx.returned))
         grads = _no_double_backward("xent.linear_cross_entropy", grads)
         return tuple(grads) + none
 

@@ -26,7 +26,9 @@ _OPS = {
 # listed are the same in both (logits, target, label_smoothing, class_weight, ...).
 KEYWORDS = {
     "cross_entropy": {},
-    "linear_cross_entropy": {"workspace_budget": "workspace_bytes"},
+    # grads.weight is a buffer of the caller only when it is accumulate_into.
+    "linear_cross_entropy": {"workspace_budget": "workspace_bytes",
+                             "grads.weight": "accumulate_into"},
     "distill": {"student": "student_logits", "teacher": "teacher_logits"},
     "linear_distill": {
         "workspace_budget": "workspace_bytes",

@@ -88,9 +88,10 @@ def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight
 def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weight, ignore_index,
                             reduction, label_smoothing, z_loss, softcap, logit_scale,
                             workspace_bytes, fp32_logits, with_stats, grad_hidden, grad_weight,
-                            grad_bias, cache_logits, grad_scale, weight_grad_dtype):
+                            grad_bias, cache_logits, grad_scale, weight_grad_dtype,
+                            accumulate_into=None):
     grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                              weight_grad_dtype)
+                              weight_grad_dtype, accumulate_into)
     cache_dtype = torch.float32 if fp32_logits else hidden.dtype
     cache_shape = (hidden.shape[0], weight.shape[0]) if cache_logits else (0,)
     cache = hidden.new_empty(cache_shape, dtype=cache_dtype if cache_logits else hidden.dtype)
@@ -98,10 +99,13 @@ def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weig
 
 
 def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                      weight_grad_dtype=None):
+                      weight_grad_dtype=None, accumulate_into=None):
+    """The gradient outputs: empty [0] when not requested, and for the weight when its gradient
+    is added into accumulate_into instead."""
+    returned_weight = grad_weight and accumulate_into is None
     return (
         hidden.new_empty(hidden.shape if grad_hidden else (0,)),
-        weight.new_empty(weight.shape, dtype=weight_grad_dtype or weight.dtype) if grad_weight
+        weight.new_empty(weight.shape, dtype=weight_grad_dtype or weight.dtype) if returned_weight
         else weight.new_empty((0,)),
         bias.new_empty(bias.shape) if (grad_bias and bias is not None) else weight.new_empty((0,)),
     )
@@ -111,9 +115,19 @@ def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
 def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, class_weight,
                              row_weight, ignore_index, reduction, label_smoothing, z_loss,
                              softcap, logit_scale, workspace_bytes, fp32_logits, grad_hidden,
-                             grad_weight, grad_bias, logits_cache, weight_grad_dtype):
+                             grad_weight, grad_bias, logits_cache, weight_grad_dtype,
+                             accumulate_into=None):
     return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                             weight_grad_dtype)
+                             weight_grad_dtype, accumulate_into)
+
+
+@_register_fake("xent::linear_ce_accumulate_correction")
+def _linear_ce_accumulate_correction_fake(hidden, weight, bias, target, lse, grad_loss,
+                                          grad_scale, class_weight, row_weight, ignore_index,
+                                          reduction, label_smoothing, z_loss, softcap,
+                                          logit_scale, workspace_bytes, fp32_logits,
+                                          accumulate_into):
+    return None
 
 
 @_register_fake("xent::ce_logprob_backward")

@@ -177,16 +177,18 @@ def _fused_mode(function: str, reduction: str, grad_in_forward: bool,
     return "inplace" if inplace_backward else "fused"
 
 
-def _check_in_place_rows(function: str, argument: str, rows: Tensor) -> None:
-    """inplace_backward writes the gradient over `rows`: they must be readable as they are
-    (contiguous columns, ordered rows), since a copy would take the gradient instead."""
+def _check_in_place_rows(function: str, argument: str, rows: Tensor,
+                         remedy: str = "inplace_backward=False writes the gradient to a new "
+                                       "tensor instead") -> None:
+    """The op writes a gradient into `rows` (inplace_backward, accumulate_into): they must be
+    readable as they are (contiguous columns, ordered rows), since a copy would take the gradient
+    instead. `remedy` ends the message: what the caller can do instead."""
     readable = (rows.dim() == 2 and (rows.stride(1) == 1 or rows.size(1) <= 1)
                 and (rows.stride(0) >= rows.size(1) or rows.size(0) <= 1))
     if not readable:
         _fail(function, argument, "cannot take the gradient in place",
               f"a tensor of shape {tuple(rows.shape)} and strides {rows.stride()}",
-              "2-D rows with contiguous columns (inplace_backward=False writes the gradient to "
-              "a new tensor instead)")
+              f"2-D rows with contiguous columns ({remedy})")
 
 
 def _grad_scale(function: str, normalizer, reduction: str, like: Tensor):
@@ -342,7 +344,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                          workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
                          grad_in_forward: bool = True, cache_logits: bool = False,
                          return_stats: bool = False, normalizer=None, process_group=None,
-                         vocab_offset=None, vocab_size=None, reduce_hidden_grad: bool = True):
+                         vocab_offset=None, vocab_size=None, reduce_hidden_grad: bool = True,
+                         accumulate_into: Optional[Tensor] = None):
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -370,6 +373,21 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     items in the batch, so the backward moves no bytes).
     With process_group, weight/bias are this rank's vocabulary rows of the LM head: see
     xent.distributed (reduce_hidden_grad=False leaves ∂hidden partial for a tensor-parallel layer).
+
+    accumulate_into: a float32 (V, H) tensor on the weight's device (float64 for a float64
+    weight) that the weight gradient is ADDED into, never overwritten, as Megatron's main_grad:
+    the autograd gradient of weight is then None (weight.grad stays untouched), for any weight
+    dtype, with no fp32 accumulator and no separate gradient. Nothing is added while the weight
+    does not require grad. With reduction "sum"/"mean" (grad_in_forward) the forward adds the
+    gradient for an upstream gradient of 1, so the buffer changes during the forward (also for a
+    loss that is then never backpropagated: compute such losses under torch.no_grad); the backward
+    then reads the upstream g on the host (one small synchronisation per step) and, when g is
+    not exactly 1, adds (g - 1) times the gradient by a second pass that recomputes the logits.
+    Keep g at 1 under gradient accumulation by passing normalizer= (or reduction="mean") instead
+    of dividing the loss; loss scaling (fp16) makes every step pay that pass, and so does a
+    backward captured into a CUDA graph, where nothing can be read (it always adds (g - 1) times
+    the gradient). With reduction "none" or grad_in_forward=False the backward adds the gradient
+    of the real upstream. Not with process_group.
     """
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
@@ -385,6 +403,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
                None if softcap is None else float(softcap), float(logit_scale), budget,
                bool(fp32_logits))
     grad_scale = _grad_scale(function, normalizer, reduction, hidden)
+    if accumulate_into is not None:
+        accumulate_into = _gradient_buffer(function, accumulate_into, weight, process_group)
     in_forward = False
     if process_group is not None:  # vocabulary-parallel (SPEC §5)
         outputs = _distributed.linear_cross_entropy(
@@ -397,7 +417,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
         outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
                                                    row_weight1d, options, bool(return_stats),
                                                    wants, bool(grad_in_forward),
-                                                   bool(cache_logits), compute_dtype, grad_scale)
+                                                   bool(cache_logits), compute_dtype, grad_scale,
+                                                   accumulate_into)
         in_forward = grad_in_forward and reduction != "none"
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
@@ -408,6 +429,30 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     if not in_forward:
         outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
+
+
+def _gradient_buffer(function: str, buffer, weight: Tensor, process_group) -> Tensor:
+    """accumulate_into checked as the core will use it: float32 (float64 for a float64 weight),
+    weight's shape and device, and rows the core reads where they are (a copy would take the
+    gradient and be dropped). Detached: it is written under no autograd."""
+    _check_tensor(function, "accumulate_into", buffer)
+    if process_group is not None:
+        _fail(function, "accumulate_into", "unsupported with process_group", "both",
+              "one of them (the vocabulary-parallel form returns weight.grad)")
+    expected = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    if buffer.dtype != expected:
+        _fail(function, "accumulate_into", "has wrong dtype", buffer.dtype,
+              f"{expected} (the gradient is added in fp32 whatever the weight dtype; float64 "
+              "for a float64 weight)")
+    if tuple(buffer.shape) != tuple(weight.shape):
+        _fail(function, "accumulate_into", "shape mismatch", tuple(buffer.shape),
+              f"{tuple(weight.shape)} (the shape of weight)")
+    if buffer.device != weight.device:
+        _fail(function, "accumulate_into", "is on another device", buffer.device,
+              f"{weight.device} (the device of weight)")
+    _check_in_place_rows(function, "accumulate_into", buffer,
+                         "the gradient is added where the buffer is: a contiguous one")
+    return buffer.detach()
 
 
 def _distill_options(function: str, kind: str, temperature: float, beta: float,

@@ -84,13 +84,17 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.cache_logits = cache_logits
 
     def forward(self, input: Tensor, weight: Tensor, target: Tensor,
-                bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None):
+                bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
+                accumulate_into: Optional[Tensor] = None):
+        """accumulate_into: an fp32 buffer the weight gradient is added into instead of
+        weight.grad (Megatron's main_grad), as in xent.linear_cross_entropy."""
         return F.linear_cross_entropy(
             input, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
             z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
             class_weight=self.class_weight, row_weight=row_weight,
             workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits,
-            grad_in_forward=self.grad_in_forward, cache_logits=self.cache_logits)
+            grad_in_forward=self.grad_in_forward, cache_logits=self.cache_logits,
+            accumulate_into=accumulate_into)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "

@@ -26,12 +26,30 @@ void check_linear_layer(const ArgumentChecker& check, const TensorView& hidden,
   }
 }
 
+// accumulate_weight: grads.weight is the caller's buffer that ∂W is added into, in the compute
+// type (fp32, or fp64 for fp64 layers), so the products accumulate into it directly.
+void check_accumulated_weight(const ArgumentChecker& check, const LinearGradients& grads,
+                              const TensorView& hidden) {
+  if (!grads.accumulate_weight) return;
+  check.require_present(grads.weight, "grads.weight",
+                        "the [V, H] buffer that accumulate_weight adds the weight gradient into");
+  const bool wide = hidden.dtype == DType::f64;
+  if (grads.weight.dtype != (wide ? DType::f64 : DType::f32)) {
+    check.fail("grads.weight", "has wrong dtype for accumulate_weight",
+               dtype_name(grads.weight.dtype),
+               wide ? "float64 (the buffer of a float64 layer)"
+                    : "float32 (accumulate_weight adds into an fp32 buffer whatever the layer "
+                      "dtype)");
+  }
+}
+
 // Gradients: hidden like hidden; weight and bias in their parameter's dtype or fp32; none of them
 // overlapping an input (each is written while the inputs are still read).
 void check_linear_gradients(const ArgumentChecker& check, const LinearGradients& grads,
                             const TensorView& hidden, const char* hidden_name,
                             const TensorView& weight, const char* weight_name,
                             const TensorView& bias, bool bias_allowed) {
+  check_accumulated_weight(check, grads, hidden);
   if (grads.hidden.present()) {
     check.matrix(grads.hidden, "grads.hidden", hidden.rows, hidden.cols,
                  std::string("the shape of ") + hidden_name + " " + shape_string(hidden));

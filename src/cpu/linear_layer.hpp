@@ -188,7 +188,11 @@ class LinearGradientAccumulator {
                          ? ComputeMatrix<T>{static_cast<T*>(grads.weight.data),
                                             grads.weight.row_stride}
                          : ComputeMatrix<T>{own(weight_buffer, vocab * width), width};
-      zero(const_cast<T*>(grad_weight_.data), vocab, width, grad_weight_.stride);
+      // accumulate_weight: the caller's buffer (the compute type, validated) keeps what it holds
+      // and the chunk products add to it.
+      if (!grads.accumulate_weight) {
+        zero(const_cast<T*>(grad_weight_.data), vocab, width, grad_weight_.stride);
+      }
     }
     if (grads.bias.present()) {
       grad_bias_ = direct<T>(grads.bias) ? static_cast<T*>(grads.bias.data)

@@ -82,7 +82,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
       product.b = hidden_rows;
       product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
                                  : gemm_matrix(grad_block, 0, columns);
-      product.beta = accumulate && t > 0 ? 1.0f : 0.0f;
+      product.beta = (accumulate && t > 0) || pass.add_to_weight_grad ? 1.0f : 0.0f;
       gemm(product, pass.scratch, stream);
     }
     if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);

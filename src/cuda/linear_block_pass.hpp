@@ -5,7 +5,7 @@
 // step that differs between the losses, passed in), fp32 gradients narrowed to the operand dtype
 // in place, then ∂W_block (+)= Gᵀ·h_tile. One tile of all N rows writes ∂W of the block straight
 // into the output; several tiles accumulate in place (fp32 ∂W) or in the fp32 block accumulator,
-// written back once per block (16-bit ∂W).
+// written back once per block (16-bit ∂W). An accumulated ∂W (fp32) is added to in place.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +42,9 @@ struct BlockPassInputs {
   TensorView bias;          // [V] added to recomputed logits, or absent
   TensorView logits_cache;  // [N, V] logits read instead of recomputed, or absent
   TensorView weight_grad;   // ∂W [V, H], written
+  // accumulate_weight (linear_ce.hpp): ∂W is added into weight_grad, an fp32 buffer, so every
+  // block product adds (beta 1) and no block accumulator is ever used.
+  bool add_to_weight_grad = false;
   ChunkPlan chunks;
   DType logits_dtype = DType::bf16;
   void* region = nullptr;  // the chunk region (chunk_region_bytes): tile buffers, then accumulator

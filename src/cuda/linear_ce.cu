@@ -4,7 +4,8 @@
 //      and, when gradients are wanted, G = ∂loss/∂L in place over L, with its final coefficients
 //      (N_valid, D and the upstream gradient come from a pre-pass over all targets);
 //   3. ∂h_chunk = G·W (written straight into grad hidden) and ∂W += Gᵀ·h_chunk into an fp32
-//      accumulator (beta = 1 after the first chunk), ∂bias += column sums of G.
+//      accumulator (beta = 1 after the first chunk, or from the first one when ∂W is added into
+//      the caller's buffer: accumulate_weight), ∂bias += column sums of G.
 // When the budget leaves too little room for the V×H fp32 ∂W accumulator of a 16-bit weight
 // gradient (or in-place accumulation over many small chunks costs more), the planner picks the
 // vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above without ∂W, saving each row's
@@ -23,6 +24,7 @@
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/linear_block_pass.hpp"
+#include "cuda/linear_ce_plan.hpp"
 #include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
@@ -74,7 +76,23 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   return plan;
 }
 
+// The plan of a call with these gradients: a 16-bit ∂W or ∂bias needs an fp32 accumulator; an
+// fp32 one (accumulate_weight's buffer included) is accumulated in place.
+LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                const LinearCeOptions& options, const LinearGradients& grads) {
+  const bool want_weight = grads.weight.present(), want_bias = grads.bias.present();
+  const bool want_grad = want_weight || want_bias || grads.hidden.present();
+  return plan_linear_ce(rows, hidden, vocab, dtype, options, want_grad, want_weight,
+                        want_weight && grads.weight.dtype != DType::f32,
+                        want_bias && grads.bias.dtype != DType::f32);
+}
+
 }  // namespace
+
+ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                               const LinearCeOptions& options, const LinearGradients& grads) {
+  return plan_for_gradients(rows, hidden, vocab, dtype, options, grads).chunks;
+}
 
 std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                      const LinearCeOptions& options, bool with_gradients) {
@@ -120,6 +138,7 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.bias = call.bias;
   if (pass.read_cache) inputs.logits_cache = call.options.logits_cache;
   inputs.weight_grad = call.grads.weight;
+  inputs.add_to_weight_grad = call.grads.accumulate_weight;
   inputs.chunks = pass.plan.chunks;
   inputs.logits_dtype = pass.plan.logits_dtype;
   inputs.region = pass.region;
@@ -152,11 +171,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const bool want_hidden = grads.hidden.present(), want_weight = grads.weight.present(),
              want_bias = grads.bias.present();
   const bool want_grad = want_hidden || want_weight || want_bias;
-  const bool weight_accumulator = want_weight && grads.weight.dtype != DType::f32;
-  const bool bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
   const LinearCePlan plan =
-      plan_linear_ce(rows, hidden, vocab, call.hidden.dtype, call.options, want_grad, want_weight,
-                     weight_accumulator, bias_accumulator);
+      plan_for_gradients(rows, hidden, vocab, call.hidden.dtype, call.options, grads);
   if (!plan.chunks.fits_budget) {
     throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
   }

@@ -134,6 +134,7 @@ void run_block_pass(const DistillPasses& pass, void* region,
   inputs.hidden = call.student_hidden;
   inputs.weight = call.student_weight;
   inputs.weight_grad = call.grads.weight;
+  inputs.add_to_weight_grad = call.grads.accumulate_weight;
   inputs.chunks = pass.plan.chunks;
   inputs.logits_dtype = pass.plan.logits_dtype;
   inputs.region = region;

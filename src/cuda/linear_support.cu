@@ -174,6 +174,7 @@ GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients&
       sums.weight = grads.weight.data;
       sums.weight_dtype = grads.weight.dtype;
       sums.weight_stride = grads.weight.row_stride;
+      sums.weight_added = grads.accumulate_weight;
     }
   }
   if (grads.bias.present()) {
@@ -204,7 +205,7 @@ void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hi
     product.b = hidden_rows;
     product.c = GemmMatrix{sums.weight, sums.weight_dtype, weight.rows, weight.cols,
                            sums.weight_stride};
-    product.beta = first_chunk ? 0.0f : 1.0f;
+    product.beta = first_chunk && !sums.weight_added ? 0.0f : 1.0f;
     gemm(product, scratch, stream);
   }
   if (sums.bias) {
@@ -216,7 +217,7 @@ void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hi
 void finish_gradient_sums(const LinearGradients& grads, const GradientSums& sums, int64_t hidden,
                           bool any_chunk, cudaStream_t stream) {
   if (!any_chunk) {
-    if (grads.weight.present()) fill_zero(grads.weight, stream);
+    if (grads.weight.present() && !grads.accumulate_weight) fill_zero(grads.weight, stream);
     if (grads.bias.present()) fill_zero(grads.bias, stream);
     return;
   }

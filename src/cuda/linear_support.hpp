@@ -61,11 +61,14 @@ void convert_rows(const void* source, DType source_dtype, int64_t source_stride,
 // row_chunks_accumulated schedule keeps a V×H fp32 ∂W (accumulate_weight): a single chunk writes
 // ∂W straight into the 16-bit output (one rounding, as a plain Gᵀ·h would), and the
 // vocabulary-blocked schedule forms ∂W block by block after the row chunks (weight = null here).
+// With accumulate_weight ∂W sums straight into the caller's fp32 buffer from the first chunk on
+// (weight_added: the first product adds too).
 struct GradientSums {
   void* weight = nullptr;
   DType weight_dtype = DType::f32;
   int64_t weight_stride = 0;
   bool weight_in_workspace = false;
+  bool weight_added = false;
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
@@ -101,7 +104,7 @@ void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hi
                                 GemmScratch scratch, cudaStream_t stream);
 
 // After the last chunk: writes workspace accumulators to the outputs, or zero-fills the
-// parameter gradients when there was no chunk at all (N = 0).
+// parameter gradients when there was no chunk at all (N = 0; an accumulated ∂W is left as is).
 void finish_gradient_sums(const LinearGradients& grads, const GradientSums& sums, int64_t hidden,
                           bool any_chunk, cudaStream_t stream);
 

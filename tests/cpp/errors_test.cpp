@@ -53,6 +53,7 @@ struct Call {
   LinearDistillOptions linear_distill;
   CeStats stats;
   std::size_t budget = std::size_t{512} << 20;
+  bool accumulate_weight = false;  // LinearGradients::accumulate_weight of the linear ops
 
   Call() {
     grad_output.upload({1.0});
@@ -124,7 +125,8 @@ void invoke(Entry entry, Call& c) {
       const Scratch s(on_gpu() ? linear_ce_workspace_size(kRows, kHidden, kVocab, c.dtype, sizing,
                                                           device, true)
                                : 0);
-      const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view};
+      const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view,
+                                  c.accumulate_weight};
       if (entry == Entry::linear_ce_forward) {
         linear_ce_forward(c.hidden_view, c.weight_view, c.bias_view, c.target_view, c.linear_ce,
                           {c.loss_view, c.stats, grads}, c.grad_output_view, s.workspace());
@@ -143,7 +145,8 @@ void invoke(Entry entry, Call& c) {
                                                                kVocab, c.dtype, sizing, device,
                                                                true)
                                : 0);
-      const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view};
+      const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view,
+                                  c.accumulate_weight};
       if (entry == Entry::linear_distill_forward) {
         linear_distill_forward(c.hidden_view, c.weight_view, c.linear_teacher, c.target_view,
                                c.linear_distill, {c.loss_view, grads}, c.grad_output_view,
@@ -321,6 +324,25 @@ std::vector<ErrorCase> error_cases() {
       c.target_values[3] = kVocab;
       c.target.upload_integers(c.target_values);
     }, "target", "= 97", true);
+    // accumulate_weight: an fp32 [V, H] buffer on the op's device (float64 for float64 layers).
+    add(f + "accumulate_weight_without_buffer", e, [](Call& c) {
+      c.accumulate_weight = true;
+      c.grad_weight_view = {};
+    }, "grads.weight", "missing");
+    add(f + "accumulate_weight_16_bit_buffer", e, [](Call& c) {
+      c.accumulate_weight = true;
+      c.grad_weight_view = retyped(c.grad_weight_view, DType::bf16);
+    }, "grads.weight", "accumulate_weight: got bfloat16");
+    add(f + "accumulate_weight_shape", e, [](Call& c) {
+      c.accumulate_weight = true;
+      c.grad_weight_view.rows = kVocab - 1;
+    }, "grads.weight", "[96, 11]");
+    if (on_gpu()) {
+      add(f + "accumulate_weight_on_host", e, [](Call& c) {
+        c.accumulate_weight = true;
+        c.grad_weight_view.device = Device{DeviceKind::cpu, 0};
+      }, "grads.weight", "cpu:0");
+    }
   }
 
   // ---- linear_distill (§4) ----
@@ -362,6 +384,11 @@ std::vector<ErrorCase> error_cases() {
       no_bias(c);
       c.budget = 1;
     }, "workspace_budget", "got 1 ");
+    add(f + "accumulate_weight_16_bit_buffer", e, [=](Call& c) {
+      no_bias(c);
+      c.accumulate_weight = true;
+      c.grad_weight_view = retyped(c.grad_weight_view, DType::f16);
+    }, "grads.weight", "accumulate_weight: got float16");
   }
   if (on_gpu()) {
     add("ce_forward_float64_on_gpu", E::ce_forward, [](Call& c) {

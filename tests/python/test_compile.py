@@ -49,6 +49,35 @@ def test_compile_linear_cross_entropy(device, gen):
     _compiled_matches_eager(fn, [h, w], grads_of=[0, 1])
 
 
+def test_compile_linear_cross_entropy_accumulate_into(device, gen):
+    h = ref.randn(gen, 2, 11, 40, device=device)
+    w = ref.randn(gen, 257, 40, device=device, scale=0.2)
+    target = ref.targets(gen, 22, 257, device).reshape(2, 11)
+    prefill = ref.randn(gen, 257, 40, device=device)
+
+    def fn(h, w, buffer):
+        # The correction of the forward-added gradient (upstream 0.5) and the recompute of
+        # reduction none both add into the buffer inside the compiled backward.
+        per_row = xent.linear_cross_entropy(h, w, target, reduction="none",
+                                            accumulate_into=buffer)
+        mean = xent.linear_cross_entropy(h, w, target, accumulate_into=buffer)
+        return 0.5 * mean + per_row.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    results = []
+    for f in (fn, compiled):
+        hidden, weight = h.clone().requires_grad_(), w.clone().requires_grad_()
+        buffer = prefill.clone()
+        loss = f(hidden, weight, buffer)
+        loss.backward()
+        assert weight.grad is None
+        results.append((loss.detach(), hidden.grad, buffer))
+    for compiled_value, eager_value in zip(results[1], results[0]):
+        torch.testing.assert_close(compiled_value, eager_value, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(results[1][2], prefill)
+
+
 def test_compile_distill(device, gen):
     student = ref.randn(gen, 13, 301, device=device)
     teacher = ref.randn(gen, 13, 301, device=device)
@@ -95,6 +124,9 @@ def _opcheck_cases(device, gen):
     ce = (-100, "none", 0.1, 1e-3, 5.0, 1.0)
     distill = ("forward_kl", 2.0, 0.5, None, 1.0, 0.5, -100, "none", 0.0, 0.0)
     lse = ops.ce_forward(x, y, None, None, *ce, False)[1]
+    lse_rows = ops.linear_ce_forward(h, w, b, y, None, None, *ce, 0, False, False, False, False,
+                                     False, False, None, None)[1]
+    buffer = torch.randn(vocab, hidden, generator=gen).to(device)  # accumulate_into
     entropy = ops.ce_forward(x, y, None, None, *ce, True)[3]
     return [
         (ops.ce_forward, (x, y, None, None, *ce, True)),
@@ -117,6 +149,14 @@ def _opcheck_cases(device, gen):
                                   False, h @ w.T, None)),
         (ops.linear_ce_backward, (h16, w16, None, y, None, g, None, None, *ce, 0, False, True,
                                   True, False, None, torch.float32)),
+        (ops.linear_ce_forward, (h16, w16, b.bfloat16(), y, None, None, -100, "sum", 0.0, 0.0,
+                                 None, 1.0, 0, False, False, True, True, True, False, half, None,
+                                 buffer.clone())),
+        (ops.linear_ce_backward, (h, w, b, y, None, g, None, None, *ce, 0, False, True, True,
+                                  True, None, None, buffer.clone())),
+        (ops.linear_ce_accumulate_correction, (h, w, b, y, lse_rows, half, None, None, None,
+                                               *ce[:1], "mean", *ce[2:], 0, False,
+                                               buffer.clone())),
         (ops.ce_logprob_backward, (x, y, lse, entropy, g, g, -100, None, 1.5)),
         (ops.ce_logprob_backward, (x, y, lse, entropy, g, None, -100, 3.0, 1.0)),
         (ops.linear_logprob_backward, (h, w, b, y, lse, entropy, g, g, -100, None, 1.5, 0, False,

@@ -161,6 +161,10 @@ def test_translate_leaves_other_messages_alone():
                      "got [2, 3]; expected [5] rows (the rows of student_hidden)") == (
         "linear_distill: teacher_hidden has wrong shape: got [2, 3]; expected [5] rows (the rows "
         "of student_hidden)")
+    assert translate("linear_cross_entropy", "linear_ce_forward: grads.weight has wrong dtype "
+                     "for accumulate_weight: got bfloat16; expected float32") == (
+        "linear_cross_entropy: accumulate_into has wrong dtype for accumulate_weight: got "
+        "bfloat16; expected float32")
     assert translate("distill", "distill_backward: teacher has wrong dtype: got float64; "
                      "expected float32 (the dtype of student)") == (
         "distill: teacher_logits has wrong dtype: got float64; expected float32 (the dtype of "
