@@ -22,6 +22,7 @@ struct CeKernelParams {
   int64_t slice_elements;
   bool staged;
   bool deep_stream;  // streamed sweeps keep several loads in flight per thread
+  bool lean_sums;    // the statistics skip the sums no output reads (decision 37)
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
@@ -159,10 +160,12 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   with_transform(c.transform, [&](const auto& transform) {
     const bool entropy = a.entropy != nullptr;
     if (want_argmax) {
-      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy)
+      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy,
+                                                 p.lean_sums)
                    : slice_row_stats<false, true>(slice, transform, class_weight);
     } else {
-      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy)
+      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy,
+                                                  p.lean_sums)
                    : slice_row_stats<false, false>(slice, transform, class_weight);
     }
   });
@@ -266,6 +269,13 @@ bool overlap_totals() {
   return on;
 }
 
+// XENT_CUDA_LEAN_SUMS=0 forms the entropy's and the class-weighted sums of label smoothing even
+// when nothing reads them (A/B runs of decision 37).
+bool lean_sums() {
+  static const bool on = switch_on("XENT_CUDA_LEAN_SUMS", '0');
+  return on;
+}
+
 bool stream_forward() {
   static const bool on = switch_on("XENT_CUDA_STREAM_FORWARD", '0');
   return on;
@@ -299,6 +309,7 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
   p.deep_stream = deep_stream();
+  p.lean_sums = lean_sums();
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);

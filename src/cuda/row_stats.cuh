@@ -260,18 +260,19 @@ __device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slic
 // The statistics sweep of one CTA over its slice: RowStats of transform(x) for the columns this
 // thread owns (vectors threadIdx.x, +blockDim.x, ...), exact on rows with NaN or +Inf.
 // `class_weight` is read only when kFull (the weighted logit sum of label smoothing); with
-// kFull, `entropy` false leaves sum_exp_shift at 0 (the entropy is not asked for).
+// kFull, `entropy` false leaves sum_exp_shift at 0 (the entropy is not asked for); `lean` false
+// forms both optional sums regardless (the A/B switch of decision 37).
 template <bool kFull, bool kArgmax, class S, class Transform>
 __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlice<S>& slice,
                                                    const Transform& transform,
                                                    const float* class_weight,
-                                                   bool entropy = true) {
+                                                   bool entropy = true, bool lean = true) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
   const int full_vectors = static_cast<int>(slice.length / kVec);
   VectorRowStats<kFull, kArgmax> acc;
-  acc.entropy_sum = kFull && entropy;
-  acc.weighted_sum = kFull && class_weight != nullptr;
+  acc.entropy_sum = kFull && (entropy || !lean);
+  acc.weighted_sum = kFull && (class_weight != nullptr || !lean);
   // The first column this thread sees is its argmax until a value beats -inf (RowStats::add).
   if (static_cast<int>(threadIdx.x) < full_vectors) {
     acc.stats.argmax = slice.begin + int64_t{threadIdx.x} * kVec;
