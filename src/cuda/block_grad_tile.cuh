@@ -1,8 +1,8 @@
 // What the two elementwise block-gradient kernels share (linear_block_grad.cu for cross-entropy,
 // linear_distill_block_grad.cu for distillation): the gradient tile they write, and how their CTAs
-// cover it. The threads of a row segment (up to 256, × 2 16-byte vectors each) each form the
-// per-row coefficients once; 16-byte loads and stores wherever every row of every operand is
-// aligned, element by element else.
+// cover it. One CTA per row segment of 256 threads × 2 16-byte vectors, so the per-row
+// coefficients are formed once per segment; 16-byte loads and stores wherever every row of every
+// operand is aligned, element by element else.
 #pragma once
 
 #include <cstdint>
@@ -26,73 +26,56 @@ struct BlockGradTile {
 inline constexpr int kBlockGradThreads = 256;
 inline constexpr int kBlockGradVectorsPerThread = 2;
 
+// Columns of one row segment of elements of `element` bytes.
+__host__ __device__ constexpr int64_t segment_columns(std::size_t element) {
+  return int64_t{kBlockGradThreads} * kBlockGradVectorsPerThread *
+         (16 / static_cast<int64_t>(element));
+}
+
 // The kernel parameter of a block-gradient launch: the arguments (a BlockGradTile and what the
-// loss forms it of), how the CTAs cover the tile, and whether every row of every operand is
-// 16-byte aligned (rows_are_vector_aligned). A row is covered by threads_per_row threads (a power
-// of two, 32 to 256), so a CTA covers 256 / threads_per_row rows, or one segment of a long row.
-// Narrow blocks need this: with one row per CTA, the 960-column blocks of a 64 MiB plan at
-// (32768, 768, 128256) kept 120 of 256 threads busy on one 16-byte load each, and the block
-// gradient took 21 % of the step at 27 % of copy bandwidth (docs/perf-notes.md, decision 36).
+// loss forms it of), how many CTAs cover a row, and whether every row of every operand is 16-byte
+// aligned (rows_are_vector_aligned).
 template <class Args>
 struct BlockGradParams {
   Args args;
   int64_t segments_per_row;
-  int threads_per_row;
   bool vector_ok;
 };
 
 template <class Args>
 BlockGradParams<Args> block_grad_params(const Args& args, bool vector_ok) {
-  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(args.dtype));
-  const int64_t vectors = (args.columns + vec - 1) / vec;
-  // The fewest threads that still leave each at most kBlockGradVectorsPerThread vectors.
-  int threads = kBlockGradThreads;
-  while (threads > 32 && int64_t{threads / 2} * kBlockGradVectorsPerThread >= vectors) threads /= 2;
-  const int64_t segment = int64_t{threads} * kBlockGradVectorsPerThread * vec;
-  return BlockGradParams<Args>{args, (args.columns + segment - 1) / segment, threads, vector_ok};
+  const int64_t segment = segment_columns(dtype_size(args.dtype));
+  return BlockGradParams<Args>{args, (args.columns + segment - 1) / segment, vector_ok};
 }
 
+// One CTA per row segment.
 template <class Args>
 dim3 block_grad_grid(const BlockGradParams<Args>& p) {
-  const int64_t rows_per_cta = kBlockGradThreads / p.threads_per_row;
-  return dim3(static_cast<unsigned>((p.args.rows + rows_per_cta - 1) / rows_per_cta *
-                                    p.segments_per_row));
+  return dim3(static_cast<unsigned>(p.args.rows * p.segments_per_row));
 }
 
-// The row segment of this thread: tile row, first column within the tile, length, and the
-// thread's place among those covering it (lane, stride). present is false for the threads of a
-// last CTA past the tile's rows.
+// The row segment of CTA blockIdx.x: tile row, first column within the tile, and length.
 struct RowSegment {
   int64_t row;
   int64_t begin;
   int64_t length;
-  int lane;
-  int stride;
-  bool present;
 };
 
-template <class S, class Args>
-__device__ __forceinline__ RowSegment row_segment(const BlockGradParams<Args>& p) {
+template <class S>
+__device__ __forceinline__ RowSegment row_segment(int64_t columns, int64_t segments_per_row) {
+  constexpr int64_t kSegment = segment_columns(sizeof(S));
   RowSegment segment;
-  const int64_t segment_columns =
-      int64_t{p.threads_per_row} * kBlockGradVectorsPerThread * kVectorElements<S>;
-  const int rows_per_cta = kBlockGradThreads / p.threads_per_row;
-  segment.stride = p.threads_per_row;
-  segment.lane = static_cast<int>(threadIdx.x) % p.threads_per_row;
-  segment.row = static_cast<int64_t>(blockIdx.x / p.segments_per_row) * rows_per_cta +
-                static_cast<int>(threadIdx.x) / p.threads_per_row;
-  segment.begin = (blockIdx.x % p.segments_per_row) * segment_columns;
-  const int64_t left = p.args.columns - segment.begin;
-  segment.length = left < segment_columns ? left : segment_columns;
-  segment.present = segment.row < p.args.rows;
+  segment.row = blockIdx.x / segments_per_row;
+  segment.begin = (blockIdx.x % segments_per_row) * kSegment;
+  segment.length = columns - segment.begin < kSegment ? columns - segment.begin : kSegment;
   return segment;
 }
 
 // A row without a gradient: zeros for an ignored row, NaN for an out-of-range target (SPEC §1).
 template <class S>
-__device__ __forceinline__ void fill_segment(S* grad, const RowSegment& segment, bool valid) {
+__device__ __forceinline__ void fill_segment(S* grad, int64_t length, bool valid) {
   const S fill = store_float<S>(valid ? quiet_nan() : 0.0f);
-  for (int64_t i = segment.lane; i < segment.length; i += segment.stride) grad[i] = fill;
+  for (int64_t i = threadIdx.x; i < length; i += kBlockGradThreads) grad[i] = fill;
 }
 
 // grad[j·kVec + k] = element(j·kVec + k, value of every input there) over the 16-byte vector j;
@@ -108,45 +91,14 @@ __device__ __forceinline__ void write_vector(S* grad, int64_t j, const Element& 
   reinterpret_cast<uint4*>(grad)[j] = pack<S>(first);
 }
 
-template <class S>
-struct VectorPair {
-  Vector<S> first, second;
-};
-
-// Vectors j0 and j1 of one input, both loads issued before either is used.
-template <class S>
-__device__ __forceinline__ VectorPair<S> load_pair(const S* input, int64_t j0, int64_t j1) {
-  const uint4* vectors = reinterpret_cast<const uint4*>(input);
-  const uint4 first = __ldg(vectors + j0);
-  const uint4 second = __ldg(vectors + j1);
-  return {unpack<S>(first), unpack<S>(second)};
-}
-
-template <class S, class Element, class... Pairs>
-__device__ __forceinline__ void write_pair(S* grad, int64_t j0, int64_t j1,
-                                           const Element& element, const Pairs&... pairs) {
-  write_vector(grad, j0, element, pairs.first...);
-  write_vector(grad, j1, element, pairs.second...);
-}
-
 // grad[i] = element(i, inputs[i] in fp32...) over the segment's `length` columns: the inputs are
 // the logits of the segment (ce), or the student's then the teacher's (distillation).
 template <class S, class Element, class... Inputs>
-__device__ __forceinline__ void write_segment(S* grad, const RowSegment& segment, bool vector_ok,
+__device__ __forceinline__ void write_segment(S* grad, int64_t length, bool vector_ok,
                                               const Element& element, const Inputs*... inputs) {
   constexpr int kVec = kVectorElements<S>;
-  static_assert(kBlockGradVectorsPerThread == 2, "write_segment's fast path holds two vectors");
-  const int64_t length = segment.length;
   if (vector_ok) {
-    // A thread holds at most two vectors of its segment (block_grad_params). When both are
-    // whole, every load is issued before any element is formed: the loop below, whose stride is
-    // known only at run time, issued them one after the other (decision 36, perf-notes).
-    const int64_t j0 = segment.lane, j1 = segment.lane + segment.stride;
-    if ((j1 + 1) * kVec <= length) {
-      write_pair(grad, j0, j1, element, load_pair(inputs, j0, j1)...);
-      return;
-    }
-    for (int64_t j = segment.lane; j * kVec < length; j += segment.stride) {
+    for (int64_t j = threadIdx.x; j * kVec < length; j += kBlockGradThreads) {
       if ((j + 1) * kVec <= length) {
         write_vector(grad, j, element,
                      unpack<S>(__ldg(reinterpret_cast<const uint4*>(inputs) + j))...);
@@ -157,7 +109,7 @@ __device__ __forceinline__ void write_segment(S* grad, const RowSegment& segment
       }
     }
   } else {
-    for (int64_t i = segment.lane; i < length; i += segment.stride) {
+    for (int64_t i = threadIdx.x; i < length; i += kBlockGradThreads) {
       grad[i] = store_float<S>(element(i, load_float(inputs[i])...));
     }
   }

@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(kMaxThreads) ce_shard_stats_kernel(const Stats
   // Every field of the record, always: whether the caller wants the entropy or the argmax is
   // decided after the gather, and this pass is bound by its one HBM read.
   with_transform(t, [&](const auto& transform) {
-    stats = slice_row_stats<true, true>(slice, transform, o.class_weight);
+    // Records always carry both sums (the merge runs the weighted form, common/ce_shard.hpp).
+    stats = slice_row_stats<true, true>(slice, transform, o.class_weight, true, false);
   });
   ShardPartial<float> mine;
   mine.stats = block_merge(stats, warp_scratch_storage.get());

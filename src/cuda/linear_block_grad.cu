@@ -14,16 +14,15 @@ template <class S, bool kEntropy>
 __global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeBlockGradParams p) {
   const BlockGradArgs& a = p.args;
   const CeRowOptions& o = a.options;
-  const RowSegment segment = row_segment<S>(p);
-  if (!segment.present) return;
-  const int64_t row = segment.row, begin = segment.begin;
+  const RowSegment segment = row_segment<S>(a.columns, p.segments_per_row);
+  const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* x = static_cast<const S*>(a.logits) + row * a.logits_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
   const int64_t target = read_target(a.target, a.target_dtype, row);
   const bool valid = target != o.ignore_index;
   const bool in_range = target >= 0 && target < a.vocab;
   if (!valid || !in_range) {
-    fill_segment(grad, segment, valid);
+    fill_segment(grad, length, valid);
     return;
   }
   const common::CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
@@ -54,7 +53,7 @@ __global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeB
                                          i == target_column, w);
       }
     };
-    write_segment(grad, segment, p.vector_ok, element, x);
+    write_segment(grad, length, p.vector_ok, element, x);
   });
 }
 

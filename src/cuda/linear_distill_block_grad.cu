@@ -17,9 +17,8 @@ __global__ void __launch_bounds__(kBlockGradThreads)
     distill_block_grad_kernel(const DistillBlockGradParams p) {
   const DistillBlockGradArgs& a = p.args;
   const DistillRowOptions& o = a.options;
-  const RowSegment segment = row_segment<S>(p);
-  if (!segment.present) return;
-  const int64_t row = segment.row, begin = segment.begin;
+  const RowSegment segment = row_segment<S>(a.columns, p.segments_per_row);
+  const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* student = static_cast<const S*>(a.student) + row * a.student_stride + begin;
   const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
@@ -28,7 +27,7 @@ __global__ void __launch_bounds__(kBlockGradThreads)
   const bool valid = !has_target || target != o.ce.ignore_index;
   const bool in_range = !has_target || (target >= 0 && target < a.vocab);
   if (!valid || !in_range) {
-    fill_segment(grad, segment, valid);
+    fill_segment(grad, length, valid);
     return;
   }
 
@@ -65,7 +64,7 @@ __global__ void __launch_bounds__(kBlockGradThreads)
                                   ? o.ce.class_weight + (a.first_column -
                                                          a.class_weight_first_column) + begin
                                   : nullptr;
-  hard_columns.columns = segment.length;
+  hard_columns.columns = length;
 
   with_distill_transform(dc.transform, [&](const auto& transform) {
     with_distill_kind(dc.kind, [&](auto kind) {
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kBlockGradThreads)
         return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
                                            hard_row, hard_columns, i);
       };
-      write_segment(grad, segment, p.vector_ok, element, student, teacher);
+      write_segment(grad, length, p.vector_ok, element, student, teacher);
     });
   });
 }

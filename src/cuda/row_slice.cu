@@ -83,26 +83,6 @@ void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
   current = bytes;
 }
 
-void tune_row_kernel(const void* kernel) {
-  static const int carveout = [] {
-    const char* text = std::getenv("XENT_CUDA_CARVEOUT");
-    return text ? std::atoi(text) : -1;
-  }();
-  static const std::size_t raise = bytes_from_env("XENT_CUDA_RAISE_SHARED", 0);
-  if (raise > 0) allow_dynamic_shared(kernel, raise);
-  if (carveout < 0) return;
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, bool> done;
-  int device = 0;
-  XENT_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  bool& set = done[{kernel, device}];
-  if (set) return;
-  XENT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-  set = true;
-}
-
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
   SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes());
   const std::size_t bytes =

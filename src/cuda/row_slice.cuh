@@ -46,11 +46,6 @@ SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);
 // make no runtime call at all.
 void allow_dynamic_shared(const void* kernel, std::size_t bytes);
 
-// Measurement knobs of decision 35 (docs/perf-notes.md), read once, off unless set:
-// XENT_CUDA_CARVEOUT=P sets the kernel's preferred shared-memory carveout to P percent;
-// XENT_CUDA_RAISE_SHARED=BYTES raises its dynamic shared-memory limit before every launch.
-void tune_row_kernel(const void* kernel);
-
 // Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster. overlap_previous:
 // a programmatic dependent launch (device.cuh), for a kernel that reads what the grid before it
 // wrote only after wait_for_previous_grid, and calls it in every CTA before that CTA exits.
@@ -58,7 +53,6 @@ template <class Params>
 void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t rows,
                        const SlicePlan& plan, cudaStream_t stream, bool overlap_previous = false) {
   if (rows <= 0) return;
-  tune_row_kernel(reinterpret_cast<const void*>(kernel));
   allow_dynamic_shared(reinterpret_cast<const void*>(kernel), plan.shared_bytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(rows * plan.cluster));
