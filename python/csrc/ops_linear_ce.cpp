@@ -216,7 +216,7 @@ void linear_ce_accumulate_correction_op(
     const c10::optional<Tensor>& row_weight, int64_t ignore_index, c10::string_view reduction,
     double label_smoothing, double z_loss, c10::optional<double> softcap, double logit_scale,
     int64_t workspace_bytes, bool fp32_logits, const Tensor& accumulate_into) {
-  constexpr const char* function = "linear_ce_backward";
+  constexpr const char* function = "linear_ce_accumulate_correction";
   translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
     if (!stream_is_capturing(grad_loss) && grad_loss.item<double>() == 1.0) return;

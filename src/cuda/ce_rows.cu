@@ -153,12 +153,12 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   CeConstants<float> c = make_ce_constants(o, a.vocab, nullptr);
   const float* class_weight = o.class_weight;
   // Entropy and label smoothing need the extra sums; plain rows skip them.
-  const bool full = a.entropy != nullptr || c.smoothing > 0;
+  const bool entropy = a.entropy != nullptr;
+  const bool full = entropy || c.smoothing > 0;
   // The argmax is tracked only for the outputs that report it.
   const bool want_argmax = a.row_correct != nullptr || a.argmax != nullptr;
   RowStats<float> stats;
   with_transform(c.transform, [&](const auto& transform) {
-    const bool entropy = a.entropy != nullptr;
     if (want_argmax) {
       stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy,
                                                  p.lean_sums)
