@@ -185,5 +185,14 @@ def test_patched_under_bf16_autocast_matches(gen):
     for m in (model, patched):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             results.append(_loss_and_grads(m, input_ids=input_ids, labels=labels))
-    # Both round the logits to bf16 and do the softmax in fp32; only summation order differs.
-    _assert_same(results[0], results[1], tol=2e-3)
+    # Both round the logits to bf16 and do the softmax in fp32; only summation order differs,
+    # so a logit may round to the other bf16 neighbour, and the model's own bf16 backward carries
+    # that into every gradient: element-wise the two differ by independent draws of about one bf16
+    # ulp (0.4 %), which failed a 2e-3 element-wise bound for 2 of 31 seeds. Per parameter in norm
+    # they differ by 1.6e-3 (median) to 4.1e-3 (worst) over 42 seeds; the bound is 1e-2.
+    (out_ref, grads_ref), (out_xent, grads_xent) = results
+    torch.testing.assert_close(out_xent.loss, out_ref.loss, rtol=2e-3, atol=2e-3)
+    assert grads_ref.keys() == grads_xent.keys()
+    for name, reference in grads_ref.items():
+        error = (grads_xent[name] - reference).norm() / reference.norm()
+        assert error <= 1e-2, f"{name}: relative error in norm {error.item():.3g} > 1e-2"
