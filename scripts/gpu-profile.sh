@@ -104,6 +104,8 @@ SECTIONS=(SpeedOfLight Occupancy SchedulerStats LaunchStats MemoryWorkloadAnalys
           ComputeWorkloadAnalysis WarpStateStats)
 EXTRA_METRICS=(dram__bytes_read.sum dram__bytes_write.sum dram__bytes_read.sum.per_second
                dram__bytes_write.sum.per_second smsp__inst_executed.sum
+               smsp__thread_inst_executed.sum sm__inst_executed_pipe_xu.sum
+               sm__inst_executed_pipe_fma.sum sm__cycles_elapsed.avg.per_second
                sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
                sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active)
 "$NCU" --query-metrics >"$OUT/ncu-query-metrics.log" 2>&1

@@ -39,6 +39,13 @@ DRAM_WRITE_BYTES = ("dram__bytes_write.sum",)
 SM_PCT = ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)
 ISSUE = ("smsp__issue_active.avg.per_cycle_active",)
 INSTRUCTIONS = ("smsp__inst_executed.sum", "sm__inst_executed.sum")
+# The instruction mix behind the arithmetic budget (docs/perf-notes.md): thread-level instructions
+# (inactive lanes not counted), warp instructions issued to the special-function pipe (MUFU: ex2,
+# lg2, rcp, tanh; 16 lanes per clock per SM) and to the FMA pipes, and the SM clock of the run.
+THREAD_INSTRUCTIONS = ("smsp__thread_inst_executed.sum",)
+XU_INSTRUCTIONS = ("sm__inst_executed_pipe_xu.sum", "smsp__inst_executed_pipe_xu.sum")
+FMA_INSTRUCTIONS = ("sm__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_fma.sum")
+SM_CLOCK = ("sm__cycles_elapsed.avg.per_second",)
 OCC_THEORETICAL = ("sm__maximum_warps_per_active_cycle_pct",)
 OCC_ACHIEVED = ("sm__warps_active.avg.pct_of_peak_sustained_active",)
 REGISTERS = ("launch__registers_per_thread",)
@@ -204,6 +211,10 @@ def parse_raw_csv(text):
             # ncu's "no eligible": the share of cycles in which a scheduler issued nothing.
             "no_eligible_pct": None if issue is None else max(0.0, 100.0 * (1.0 - issue)),
             "instructions": pick(INSTRUCTIONS),
+            "thread_instructions": pick(THREAD_INSTRUCTIONS),
+            "xu_instructions": pick(XU_INSTRUCTIONS),
+            "fma_instructions": pick(FMA_INSTRUCTIONS),
+            "sm_clock_hz": pick(SM_CLOCK),
             "occupancy_theoretical_pct": pick(OCC_THEORETICAL),
             "occupancy_achieved_pct": pick(OCC_ACHIEVED),
             "registers_per_thread": pick(REGISTERS),
@@ -230,8 +241,9 @@ def parse_raw_csv(text):
 # Figures of a kernel group weighted by each launch's time (a share-of-peak over the group's span).
 _WEIGHTED = ("dram_pct", "dram_read_gb_s", "dram_write_gb_s", "sm_pct", "issue_per_scheduler",
              "no_eligible_pct", "occupancy_theoretical_pct", "occupancy_achieved_pct",
-             "tensor_pct")
-_SUMMED = ("duration_us", "dram_read_bytes", "dram_write_bytes", "instructions")
+             "tensor_pct", "sm_clock_hz")
+_SUMMED = ("duration_us", "dram_read_bytes", "dram_write_bytes", "instructions",
+           "thread_instructions", "xu_instructions", "fma_instructions")
 _FIRST = ("registers_per_thread", "smem_per_block_bytes", "grid_size", "block_size", "grid",
           "block", "cluster_size", "ctas_per_sm_limit")
 
@@ -277,6 +289,22 @@ def group_by_kernel(kernels):
     return merged
 
 
+def per_element_mix(kernel, n, v):
+    """The dominant kernel's instructions per logit (N·V elements): all thread instructions, and
+    the lanes issued to the MUFU (XU) and FMA pipes (warp instructions × 32). None where the
+    capture lacks the metric or the row has no N × V shape."""
+    if kernel is None or not n or not v:
+        return None
+    elements = float(n) * float(v)
+
+    def per(value, lanes=1.0):
+        return None if value is None else value * lanes / elements
+
+    return {"thread_instructions": per(kernel.get("thread_instructions")),
+            "mufu_lanes": per(kernel.get("xu_instructions"), 32.0),
+            "fma_lanes": per(kernel.get("fma_instructions"), 32.0)}
+
+
 def summarize_row(meta, kernels):
     """One JSON record for a PERF.md row: what was run, every kernel launch of the one op call,
     the launches grouped by kernel, and the summed kernel time with each kernel's share."""
@@ -293,6 +321,8 @@ def summarize_row(meta, kernels):
     record["dominant_kernel"] = record["by_kernel"][0]["name"] if kernels else None
     gemm_us = sum(k["duration_us"] or 0.0 for k in kernels if is_gemm(k["full_name"]))
     record["gemm_time_share"] = gemm_us / total if total > 0 else None
+    record["per_element"] = per_element_mix(record["by_kernel"][0] if kernels else None,
+                                            meta.get("n"), meta.get("v"))
     devices = {k["device"] for k in kernels if k["device"]}
     if devices and "device" not in record:
         record["device"] = sorted(devices)[0]
@@ -362,15 +392,17 @@ def markdown_table(records):
     lines = [
         "| row | kernel µs (launches) | dominant kernel | DRAM % | read / write GB/s | SM % "
         "| issue / scheduler | occupancy theor. / achieved % | CTA limit regs / smem "
-        "| regs | smem KiB | grid × block | tensor % | top stalls (cycles / issue) | time shares |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| regs | smem KiB | grid × block | tensor % | instr / MUFU / FMA per element "
+        "| top stalls (cycles / issue) | time shares |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for r in records:
         shape = "×".join(str(x) for x in (r.get("n"), r.get("h"), r.get("v")) if x)
         title = " ".join(x for x in (r.get("op"), r.get("kind"), shape, r.get("mode"),
                                      r.get("options")) if x) or r.get("row") or "?"
         if r.get("error") or not r["by_kernel"]:
-            lines.append(f"| {title} | – | error: {r.get('error')} |" + " |" * 12)
+            lines.append(f"| {title} | – | error: {r.get('error')} |" + " |" * 13)
             continue
         d = r["by_kernel"][0]
         limits = d["ctas_per_sm_limit"] or {}
@@ -379,6 +411,9 @@ def markdown_table(records):
         if r.get("gemm_time_share"):
             shares = f"GEMMs {_fmt(r['gemm_time_share'], 0, 100)} %: " + shares
         stalls = ", ".join(f"{reason} {value:.2f}" for reason, value in d["top_stalls"][:3])
+        mix = r.get("per_element") or {}
+        mix_text = " / ".join(_fmt(mix.get(key), 1) for key in
+                              ("thread_instructions", "mufu_lanes", "fma_lanes"))
         if len(r["by_kernel"]) > 4:
             shares += f", {len(r['by_kernel']) - 4} more"
         lines.append(
@@ -390,7 +425,7 @@ def markdown_table(records):
             f"| {_fmt(limits.get('registers'))} / {_fmt(limits.get('shared_mem'))} "
             f"| {_fmt(d['registers_per_thread'])} | {_fmt(d['smem_per_block_bytes'], 1, 1 / 1024)} "
             f"| {_fmt(d['grid_size'])} × {_fmt(d['block_size'])} | {_fmt(d['tensor_pct'])} "
-            f"| {stalls or '–'} | {shares} |")
+            f"| {mix_text} | {stalls or '–'} | {shares} |")
     return "\n".join(lines)
 
 

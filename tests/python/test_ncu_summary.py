@@ -200,3 +200,18 @@ def test_captured_on_a_gpu(capture):
         assert 0 < k["issue_per_scheduler"] <= 1.0
         assert k["registers_per_thread"] > 0 and k["block_size"] > 0 and k["grid_size"] > 0
         assert not math.isnan(k["dram_read_gb_s"])
+
+
+def test_instruction_mix_per_element():
+    # The dominant kernel's counts over N·V elements; warp instructions of a pipe count 32 lanes.
+    kernel = {"thread_instructions": 6.4e9, "xu_instructions": 2.0e7, "fma_instructions": 1.0e8}
+    mix = ncu_summary.per_element_mix(kernel, 1000, 200000)
+    assert mix["thread_instructions"] == pytest.approx(32.0)
+    assert mix["mufu_lanes"] == pytest.approx(3.2)
+    assert mix["fma_lanes"] == pytest.approx(16.0)
+    missing = ncu_summary.per_element_mix({"thread_instructions": None, "xu_instructions": None,
+                                           "fma_instructions": 5.0}, 10, 10)
+    assert missing["thread_instructions"] is None and missing["mufu_lanes"] is None
+    assert missing["fma_lanes"] == pytest.approx(1.6)
+    assert ncu_summary.per_element_mix(kernel, None, 10) is None
+    assert ncu_summary.per_element_mix(None, 10, 10) is None
