@@ -3,6 +3,8 @@
 // fixed-order reduction of per-row values. Both run as one CTA: N targets or N per-row floats
 // are a few hundred KB at most, microseconds next to the N×V pass, and one CTA makes the order
 // of every addition fixed (bitwise reproducible) without atomics.
+#include <cstdlib>
+
 #include "cuda/ce_rows.cuh"
 
 namespace xent::cuda {
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs a) {
   __shared__ double scratch[32];
+  wait_for_previous_grid();  // launched as a dependent of the row kernel (launch_finishing_kernel)
   double loss = 0, z = 0, correct = 0;
 #pragma unroll 4
   for (int64_t n = threadIdx.x; n < a.rows; n += kThreads) {
@@ -136,6 +139,14 @@ __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs 
 
 }  // namespace
 
+bool overlap_reduce() {
+  static const bool on = [] {
+    const char* text = std::getenv("XENT_CUDA_OVERLAP_REDUCE");
+    return !(text != nullptr && text[0] == '0');
+  }();
+  return on;
+}
+
 void ce_batch_totals(const CeBatchRequest& request, CeBatchTotals* totals, cudaStream_t stream) {
   ce_batch_totals_kernel<<<1, kThreads, 0, stream>>>(request, totals, device_error_state());
   XENT_CUDA_CHECK_LAUNCH();
@@ -143,8 +154,7 @@ void ce_batch_totals(const CeBatchRequest& request, CeBatchTotals* totals, cudaS
 
 void ce_reduce(const CeReduceArgs& args, cudaStream_t stream) {
   if (!args.loss && !args.z_loss_value && !args.accuracy) return;
-  ce_reduce_kernel<<<1, kThreads, 0, stream>>>(args);
-  XENT_CUDA_CHECK_LAUNCH();
+  launch_finishing_kernel(ce_reduce_kernel, kThreads, args, stream);
 }
 
 std::size_t ce_workspace_bytes(int64_t rows) {

@@ -22,6 +22,7 @@ __device__ double block_sum_double(double value, double* scratch) {
 
 __global__ void __launch_bounds__(kReduceThreads) distill_reduce_kernel(const DistillReduceArgs a) {
   __shared__ double scratch[32];
+  wait_for_previous_grid();  // launched as a dependent of the row kernel (launch_finishing_kernel)
   double soft = 0, hard = 0, hard_z = 0;
   for (int64_t n = threadIdx.x; n < a.rows; n += kReduceThreads) {
     if (a.row_soft) soft += a.row_soft[n];
@@ -137,8 +138,7 @@ void run_distill(TensorView student, TensorView teacher, TensorView target,
 
 void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream) {
   if (!args.loss) return;
-  distill_reduce_kernel<<<1, kReduceThreads, 0, stream>>>(args);
-  XENT_CUDA_CHECK_LAUNCH();
+  launch_finishing_kernel(distill_reduce_kernel, kReduceThreads, args, stream);
 }
 
 std::size_t distill_workspace_bytes(int64_t rows) {
