@@ -124,6 +124,14 @@ def suite_cases(name: str) -> List[dict]:
                 cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", weight=weight,
                                   impls=("compile", "xent_torch"),
                                   label=f"perf-linear {weight} weight"))
+        # linear_distill (forward KL, teacher hidden states and head): at the default budget
+        # (the fp32 ∂W accumulator fits) and at 64 MiB; F counts its four products.
+        for n, h, v in LINEAR_SHAPES:
+            cases.append(dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd",
+                              impls=("compile", "xent_torch"), label="perf-linear distill"))
+            cases.append(dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd",
+                              budget_bytes=64 << 20, impls=("xent_torch",),
+                              label="perf-linear distill 64 MiB"))
     for case in cases:
         case.setdefault("kind", "forward_kl")
         case.setdefault("dtype", "bf16")
