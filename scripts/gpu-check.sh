@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole check on a machine with a GPU, from a fresh checkout (googletest sources in
-# .carry/googletest when the system has none):
+# third_party/googletest when the system has none):
 #   configure for the GPU (Hopper: sm_90a), build, ctest (labels cpu and gpu), compute-sanitizer
 #   memcheck and racecheck on a subset of the GPU tests, the kernels' bandwidth probe, xent-bench's
 #   PERF.md suite and the PyTorch comparison when they are there.

@@ -6,7 +6,7 @@ under bf16 autocast, once with the model's own loss and once patched. Prints bot
 their largest relative gap, the peak memory and the step time of each; exits 1 when the curves
 differ by more than bf16 tolerance or the patched run does not use less memory.
 
-    python tests/python/e2e_llama.py --text .carry/tinyshakespeare.txt [--json out.json]
+    python tests/python/e2e_llama.py --text data/tinyshakespeare.txt [--json out.json]
 """
 
 import argparse
@@ -23,7 +23,7 @@ import xent
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--text", default=".carry/tinyshakespeare.txt")
+    parser.add_argument("--text", default="data/tinyshakespeare.txt")
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
