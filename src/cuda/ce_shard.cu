@@ -120,15 +120,16 @@ constexpr int kMergeThreads = kShardMergeThreads;
 
 __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const MergeParams p) {
   __shared__ ShardMergeReduce::TempStorage reduce_storage;
-  __shared__ float shared_weight_sum;
   const CeRowOptions& o = p.options;
   double valid = 0, divisor = 0;
   long long first_bad = LLONG_MAX;
-  if (threadIdx.x == 0) shared_weight_sum = static_cast<float>(p.vocab);
-  __syncthreads();
+  // W (the class-weight sum) is the same in every row's record; thread 0 takes it from row 0,
+  // its own first row, and is the only thread that reads the batch. A register, not shared
+  // memory: other threads never need it (a shared copy raced with their reads of the batch).
+  float weight_sum = static_cast<float>(p.vocab);
   for (int64_t n = threadIdx.x; n < p.rows; n += kMergeThreads) {
     const ShardPartial<float> m = common::merge_shard_records(p.gathered, p.rows, p.ranks, n);
-    if (n == 0) shared_weight_sum = m.class_weight_sum;
+    if (n == 0) weight_sum = m.class_weight_sum;
     const int64_t y = read_target(p.target, p.target_dtype, n);
     const bool is_valid = y != o.ignore_index;
     const bool in_range = y >= 0 && y < p.vocab;
@@ -173,8 +174,7 @@ __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const Mer
     if (p.lse) p.lse[n] = lse;
     if (p.target_weight) p.target_weight[n] = is_valid && in_range ? m.target_weight : 0.0f;
   }
-  // Only thread 0 reads the batch, and row 0 (W) was its own row.
-  const ShardMergeBatch batch{o.reduction, shared_weight_sum, p.grad_output, p.target,
+  const ShardMergeBatch batch{o.reduction, weight_sum, p.grad_output, p.target,
                               p.target_dtype, p.vocab, o.ignore_index, p.op, p.error};
   finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
