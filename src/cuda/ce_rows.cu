@@ -283,6 +283,13 @@ bool stream_forward() {
 
 }  // namespace
 
+// XENT_CUDA_OVERLAP_REDUCE=0 launches the finishing reductions the ordinary way (device.cuh,
+// launch_finishing_kernel; A/B runs of decision 39).
+bool overlap_reduce() {
+  static const bool on = switch_on("XENT_CUDA_OVERLAP_REDUCE", '0');
+  return on;
+}
+
 CeRowOptions ce_row_options(const CeOptions& options) {
   CeRowOptions o;
   o.ignore_index = options.ignore_index;

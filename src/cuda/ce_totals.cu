@@ -3,8 +3,6 @@
 // fixed-order reduction of per-row values. Both run as one CTA: N targets or N per-row floats
 // are a few hundred KB at most, microseconds next to the N×V pass, and one CTA makes the order
 // of every addition fixed (bitwise reproducible) without atomics.
-#include <cstdlib>
-
 #include "cuda/ce_rows.cuh"
 
 namespace xent::cuda {
@@ -138,14 +136,6 @@ __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs 
 }
 
 }  // namespace
-
-bool overlap_reduce() {
-  static const bool on = [] {
-    const char* text = std::getenv("XENT_CUDA_OVERLAP_REDUCE");
-    return !(text != nullptr && text[0] == '0');
-  }();
-  return on;
-}
 
 void ce_batch_totals(const CeBatchRequest& request, CeBatchTotals* totals, cudaStream_t stream) {
   ce_batch_totals_kernel<<<1, kThreads, 0, stream>>>(request, totals, device_error_state());
