@@ -258,19 +258,25 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
 
 std::size_t ce_shard_workspace_size(int64_t rows) { return 256 + 5 * array_bytes(rows); }
 
+void ce_shard_finish(TensorView gathered, TensorView target, VocabShard shard,
+                     const CeOptions& options, const CeOutputs& out, Workspace workspace,
+                     OpCode op, cudaStream_t stream) {
+  const int64_t rows = target.rows;
+  const ShardWorkspace ws = carve(workspace, rows);
+  MergeParams p = merge_params(gathered, target, shard, options, ws);
+  p.op = op;
+  const CeReduceArgs r = bind_ce_outputs(p.out, out, options.reduction, rows, ws.row_loss,
+                                         ws.row_z_loss, ws.row_correct, ws.totals);
+  launch_merge(p, stream);
+  ce_reduce(r, stream);
+}
+
 void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
                    const CeOptions& options, const CeOutputs& out, Workspace workspace,
                    Stream stream) {
   DeviceGuard guard(gathered.device.index);
-  const cudaStream_t s = stream_of(stream);
-  const int64_t rows = target.rows;
-  const ShardWorkspace ws = carve(workspace, rows);
-  MergeParams p = merge_params(gathered, target, shard, options, ws);
-  p.op = OpCode::ce_forward;
-  const CeReduceArgs r = bind_ce_outputs(p.out, out, options.reduction, rows, ws.row_loss,
-                                         ws.row_z_loss, ws.row_correct, ws.totals);
-  launch_merge(p, s);
-  ce_reduce(r, s);
+  ce_shard_finish(gathered, target, shard, options, out, workspace, OpCode::ce_forward,
+                  stream_of(stream));
 }
 
 void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
