@@ -21,6 +21,7 @@
 #include "api/backend.hpp"
 #include "cuda/ce_grad.cuh"
 #include "cuda/ce_rows.cuh"
+#include "cuda/fused_stats.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/linear_block_pass.hpp"
@@ -109,6 +110,12 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
                                     .chunks.total_bytes);
       }
     }
+  }
+  // A forward without gradients may take the fused statistics product (fused_stats.hpp) when
+  // its tile partials fit the budget: the caller's workspace must then hold them too.
+  if (!with_gradients && fused_stats_candidate(dtype, options)) {
+    const std::size_t fused = fused_stats_workspace_bytes(rows, vocab);
+    if (fused <= options.workspace_budget) bytes = std::max(bytes, fused);
   }
   return bytes;
 }
@@ -392,6 +399,14 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
                        const LinearCeOptions& options, const LinearCeOutputs& out,
                        TensorView grad_output, Workspace workspace, Stream stream) {
   DeviceGuard guard(hidden.device.index);
+  const LinearGradients& grads = out.grads;
+  // Without gradients (and no logits cache to fill) the whole forward is one fused product on
+  // Hopper, with no logits buffer; it declines (launching nothing) where it cannot run.
+  if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
+      linear_ce_forward_fused_stats(hidden, weight, bias, target, options, out, workspace,
+                                    stream_of(stream))) {
+    return;
+  }
   LinearCeCall call{hidden, weight, bias, target, options};
   call.grad_output = grad_output;
   call.loss = &out.loss;

@@ -1,0 +1,193 @@
+// The no-gradient linear_ce forward through the fused statistics product (fused_stats.hpp):
+//   1. fused_stats_product   x = h·Wᵀ with the statistics epilogue: tile partials
+//                            [N, ceil(V/256), kTilePartialWidth], no logits anywhere;
+//   2. fused_tile_merge      one warp per row merges its tile partials (common::RowStats::merge,
+//                            the merge of the row kernels and of vocabulary shards) into the
+//                            shard record of common/ce_shard.hpp: the whole vocabulary as one
+//                            shard;
+//   3. ce_shard_finish       the vocabulary-parallel finish (ce_shard.cu) turns the records into
+//                            the loss, the statistics and the batch totals, with P = 1.
+// Workspace: [tile partials | records | the finish's scratch], each 256-byte aligned; for
+// (8192, ·, 128256) that is 8192 · 501 · 24 B ≈ 94 MiB of partials, against 2 GiB of bf16 logits.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/shard_backend.hpp"
+#include "common/ce_shard.hpp"
+#include "cuda/ce_device.cuh"
+#include "cuda/ce_shard.cuh"
+#include "cuda/chunk_plan.hpp"
+#include "cuda/device.cuh"
+#include "cuda/fused_stats.hpp"
+
+namespace xent::cuda {
+namespace {
+
+using common::RowStats;
+
+constexpr int kMergeWarps = 8;
+
+std::atomic<int64_t> fused_forwards{0};
+
+int64_t tile_count(int64_t vocab) { return (vocab + kFusedTileColumns - 1) / kFusedTileColumns; }
+
+struct TileMergeParams {
+  const float* partials;
+  int64_t rows, tiles, vocab;
+  const void* target;
+  DType target_dtype;
+  float* records;  // [rows, kCeShardStatsWidth]
+};
+
+__device__ RowStats<float> read_tile_partial(const float* partial) {
+  RowStats<float> s;
+  s.max = partial[kTileMax];
+  s.sum_exp = partial[kTileSumExp];
+  s.sum_exp_shift = partial[kTileSumExpShift];
+  s.sum_logits = partial[kTileSumLogits];
+  s.sum_weighted_logits = s.sum_logits;  // w ≡ 1: class weights never take this path
+  s.argmax = static_cast<int32_t>(common::float_to_bits(partial[kTileArgmax]));
+  return s;
+}
+
+__global__ void __launch_bounds__(kMergeWarps * 32) fused_tile_merge_kernel(const TileMergeParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (row >= p.rows) return;  // the whole warp
+  const float* partials = p.partials + row * p.tiles * kTilePartialWidth;
+  RowStats<float> stats;
+  float target_logit = 0;  // one tile holds y; the others add +0
+  for (int64_t tile = lane; tile < p.tiles; tile += 32) {
+    const float* partial = partials + tile * kTilePartialWidth;
+    stats.merge(read_tile_partial(partial));
+    target_logit += partial[kTileTargetLogit];
+  }
+  for (int mask = 16; mask > 0; mask >>= 1) {
+    RowStats<float> other;
+    other.max = __shfl_xor_sync(0xffffffffu, stats.max, mask);
+    other.sum_exp = __shfl_xor_sync(0xffffffffu, stats.sum_exp, mask);
+    other.sum_exp_shift = __shfl_xor_sync(0xffffffffu, stats.sum_exp_shift, mask);
+    other.sum_logits = __shfl_xor_sync(0xffffffffu, stats.sum_logits, mask);
+    other.sum_weighted_logits = other.sum_logits;
+    other.argmax = __shfl_xor_sync(0xffffffffu, static_cast<int>(stats.argmax), mask);
+    stats.merge(other);
+    target_logit += __shfl_xor_sync(0xffffffffu, target_logit, mask);
+  }
+  if (lane != 0) return;
+  const int64_t y = read_target(p.target, p.target_dtype, row);
+  common::ShardPartial<float> record;
+  record.stats = stats;
+  record.target_logit = target_logit;
+  // The finish reads w_y only for valid in-range rows; an out-of-range one is its NaN + error.
+  record.target_weight = y >= 0 && y < p.vocab ? 1.0f : 0.0f;
+  record.class_weight_sum = static_cast<float>(p.vocab);
+  common::write_shard_record(p.records + row * kCeShardStatsWidth, record);
+}
+
+struct FusedWorkspace {
+  float* partials;
+  float* records;
+  Workspace finish;
+};
+
+std::size_t partial_bytes(int64_t rows, int64_t vocab) {
+  return align_up(static_cast<std::size_t>(rows) * static_cast<std::size_t>(tile_count(vocab)) *
+                  kTilePartialWidth * sizeof(float));
+}
+
+std::size_t record_bytes(int64_t rows) {
+  return align_up(static_cast<std::size_t>(rows) * kCeShardStatsWidth * sizeof(float));
+}
+
+FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab) {
+  char* base = static_cast<char*>(workspace.data);
+  FusedWorkspace ws;
+  ws.partials = reinterpret_cast<float*>(base);
+  ws.records = reinterpret_cast<float*>(base + partial_bytes(rows, vocab));
+  ws.finish.data = base + partial_bytes(rows, vocab) + record_bytes(rows);
+  ws.finish.bytes = ce_shard_workspace_size(rows);
+  return ws;
+}
+
+bool device_is_sm90(int device) {
+  int major = 0, minor = 0;
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+}
+
+bool tma_aligned(const TensorView& matrix) {
+  // TMA wants 16-byte aligned bases and row strides: 8 bf16/f16 elements.
+  return reinterpret_cast<std::uintptr_t>(matrix.data) % 16 == 0 && matrix.row_stride % 8 == 0 &&
+         matrix.cols % 8 == 0;
+}
+
+}  // namespace
+
+std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab) {
+  return partial_bytes(rows, vocab) + record_bytes(rows) + align_up(ce_shard_workspace_size(rows));
+}
+
+bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
+  const char* knob = std::getenv("XENT_CUDA_FUSED_STATS");
+  if (knob && std::strcmp(knob, "0") == 0) return false;
+  // Class weights (Σw·x̃ and w_y in the epilogue) stay on the cuBLASLt path, as does a forward
+  // that fills the logits cache (it must write the logits).
+  return (dtype == DType::bf16 || dtype == DType::f16) && !options.ce.class_weight.present() &&
+         !options.logits_cache.present();
+}
+
+bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
+                                   TensorView target, const LinearCeOptions& options,
+                                   const LinearCeOutputs& out, Workspace workspace,
+                                   cudaStream_t stream) {
+  const int64_t rows = hidden.rows, vocab = weight.rows;
+  if (!fused_stats_candidate(hidden.dtype, options) || bias.present() ||
+      weight.dtype != hidden.dtype || rows <= 0 || rows > INT32_MAX || vocab > INT32_MAX ||
+      !fused_stats_product_built() || !tma_aligned(hidden) || !tma_aligned(weight) ||
+      !device_is_sm90(hidden.device.index)) {
+    return false;
+  }
+  const std::size_t bytes = fused_stats_workspace_bytes(rows, vocab);
+  if (bytes > options.workspace_budget || bytes > workspace.bytes || workspace.data == nullptr) {
+    return false;
+  }
+  const FusedWorkspace ws = carve(workspace, rows, vocab);
+  FusedStatsProduct product;
+  product.hidden = hidden.data;
+  product.hidden_stride = hidden.row_stride;
+  product.weight = weight.data;
+  product.weight_stride = weight.row_stride;
+  product.dtype = hidden.dtype;
+  product.rows = rows;
+  product.vocab = vocab;
+  product.hidden_size = hidden.cols;
+  product.target = target.data;
+  product.target_int64 = target.dtype == DType::i64;
+  product.logit_scale = static_cast<float>(options.ce.logit_scale);
+  product.softcap = options.ce.softcap ? static_cast<float>(*options.ce.softcap) : 0.0f;
+  product.partials = ws.partials;
+  product.tiles = tile_count(vocab);
+  if (!fused_stats_product(product, stream)) return false;
+
+  TileMergeParams merge{ws.partials, rows,        product.tiles, vocab,
+                        target.data, target.dtype, ws.records};
+  const unsigned blocks = static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps);
+  fused_tile_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(merge);
+  XENT_CUDA_CHECK_LAUNCH();
+
+  const TensorView records = matrix(ws.records, DType::f32, rows, kCeShardStatsWidth,
+                                    kCeShardStatsWidth, hidden.device);
+  CeOutputs finish_out;
+  finish_out.loss = out.loss;
+  finish_out.stats = out.stats;
+  ce_shard_finish(records, target, VocabShard{0, vocab}, options.ce, finish_out, ws.finish,
+                  OpCode::linear_ce_forward, stream);
+  fused_forwards.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+int64_t fused_stats_forward_count() { return fused_forwards.load(std::memory_order_relaxed); }
+
+}  // namespace xent::cuda

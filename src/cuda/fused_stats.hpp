@@ -1,0 +1,81 @@
+// The fused statistics product of linear_ce on Hopper (issue 13, step 1): x = h·Wᵀ on tensor cores
+// whose epilogue never writes the logits; it leaves, per row and per column tile of the product,
+// a tile partial of the row's statistics of x̃ (SPEC §1 transform). fused_stats.cu merges each
+// row's tile partials into the vocabulary-shard record of common/ce_shard.hpp and finishes them
+// with the vocabulary-parallel merge (ce_shard.cu), so the loss and every statistic come from the
+// code that already turns shard records into outputs.
+//
+//   fused_stats_product.cu  the CUTLASS sm_90a kernel (TMA + wgmma, warp-specialised, persistent)
+//                           with the statistics epilogue; a stub elsewhere (not built for sm_90a,
+//                           or no CUTLASS headers), where fused_stats_product_built() is false.
+//   fused_stats.cu          eligibility, workspace, the tile merge kernel and the finish.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xent/linear_ce.hpp"
+
+namespace xent::cuda {
+
+// Columns of one tile partial (fp32; the argmax is the global column bit-cast to int32).
+enum FusedTileColumn : int64_t {
+  kTileMax = 0,        // max of x̃ over the tile's columns of the row
+  kTileSumExp,         // Σ e^(x̃−max)
+  kTileSumExpShift,    // Σ e^(x̃−max)·(x̃−max)  (entropy)
+  kTileSumLogits,      // Σ x̃                  (label smoothing)
+  kTileArgmax,         // lowest column of the max
+  kTileTargetLogit,    // x̃_y when y is one of the tile's columns, else 0
+  kTilePartialWidth
+};
+
+// Columns of x per tile of the product (its N tile); the partials of a row number
+// ceil(V / kFusedTileColumns).
+constexpr int64_t kFusedTileColumns = 256;
+
+struct FusedStatsProduct {
+  const void* hidden = nullptr;  // [rows, hidden_size], row stride hidden_stride (elements)
+  int64_t hidden_stride = 0;
+  const void* weight = nullptr;  // [vocab, hidden_size]
+  int64_t weight_stride = 0;
+  DType dtype = DType::bf16;     // of both operands: bf16 or f16
+  int64_t rows = 0, vocab = 0, hidden_size = 0;
+  const void* target = nullptr;  // [rows]
+  bool target_int64 = true;
+  float logit_scale = 1, softcap = 0;
+  float* partials = nullptr;     // [rows, tiles, kTilePartialWidth]
+  int64_t tiles = 0;
+};
+
+// Whether this build holds the sm_90a kernel (false: the stub; callers take the cuBLASLt path).
+bool fused_stats_product_built();
+
+// Launches the product on `stream`. False (nothing launched) when the kernel cannot take these
+// operands (alignment, sizes) or is not built: the caller falls back.
+bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream);
+
+// ---- fused_stats.cu ----------------------------------------------------------------------------
+
+// Bytes of workspace the fused no-gradient forward needs for these sizes (tile partials, merged
+// records, the finishing merge's scratch).
+std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab);
+
+// Whether a no-gradient linear_ce forward with these options may take the fused path, from what
+// the size query sees (dtype, options; not the device, bias or alignment). Reads the switch
+// XENT_CUDA_FUSED_STATS (0 disables; default on).
+bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
+
+// The no-gradient forward through the fused product, when this call can take it (sm_90 device,
+// built kernel, bf16/f16, no bias, no class weights, aligned operands, workspace within budget
+// and given). Returns false, having launched nothing, otherwise.
+bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
+                                   TensorView target, const LinearCeOptions& options,
+                                   const LinearCeOutputs& out, Workspace workspace,
+                                   cudaStream_t stream);
+
+// How many forwards took the fused path in this process (tests assert the path ran).
+int64_t fused_stats_forward_count();
+
+}  // namespace xent::cuda

@@ -1,0 +1,306 @@
+// The fused statistics product (fused_stats.hpp): x = h·Wᵀ by a persistent, warp-specialised
+// CUTLASS sm_90a kernel (TMA loads, wgmma, two consumer warpgroups cooperating on a 128×256 tile,
+// K-tile 64) whose epilogue reduces each accumulator tile to per-row tile partials in registers
+// and quad shuffles: the logits never leave the SM.
+//
+// This translation unit alone is compiled for sm_90a (wgmma has no sm_90 or portable form; see
+// CMakeLists.txt); built for anything else, or without the CUTLASS headers, it is a stub whose
+// fused_stats_product_built() is false. Two instantiations (bf16, f16); softcap, scale and the
+// target are runtime values, so the compile cost stays two kernels.
+#include "cuda/fused_stats.hpp"
+
+#if defined(XENT_FUSED_STATS_SM90A)
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/detail.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_hardware_info.h>
+
+#include <type_traits>
+
+#include "common/ce_row.hpp"
+#include "cuda/device.cuh"
+
+namespace xent::cuda {
+namespace {
+
+using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+static_assert(cute::size<1>(TileShape{}) == kFusedTileColumns, "fused_stats.hpp tile width");
+
+struct StatsEpilogueParams {
+  float* partials = nullptr;
+  int64_t tiles = 0;
+  const void* target = nullptr;
+  bool target_int64 = true;
+  float logit_scale = 1, softcap = 0;
+};
+
+// Operator-style epilogue (the form Sm90TmaWarpSpecializedAdapter wraps; see CUTLASS's
+// DefaultEpilogue): called once per output tile by each consumer thread with its accumulators.
+class StatsEpilogue {
+ public:
+  using ElementC = float;
+  using ElementD = float;
+  using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideD = StrideC;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  using ThreadEpilogueOp = void;  // named by GemmUniversalAdapter, not used by 3.x kernels
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+  using Arguments = StatsEpilogueParams;
+  using Params = StatsEpilogueParams;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static std::size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+
+  CUTLASS_HOST_DEVICE explicit StatsEpilogue(Params const& params) : params_(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK block_shape,
+                                 BlockCoordMNKL block_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    // The wgmma accumulator layout (CUTLASS's GMMA::CLayout_64xN): in a warpgroup's 64-row slab,
+    // thread t = t0 + 4·t1 + 32·t2 (t0 < 4) holds rows t1 + 16·t2 and that + 8 (value mode 1),
+    // columns 2·t0 + {0, 1} (value mode 0) + 8·j (value mode 2). So one row of a tile lives in
+    // the 4 lanes of a quad (lane bits 0–1), each holding a strided quarter of its columns: the
+    // per-row reduction is in registers, then two xor-shuffles. Refuse any other layout.
+    constexpr int kAtomN = size<1>(typename TiledMma::AtomShape_MNK{});
+    static_assert(size<0>(typename TiledMma::AtomShape_MNK{}) == 64, "wgmma atom of 64 rows");
+    static_assert(std::is_same_v<typename TiledMma::AtomLayoutC_TV, GMMA::CLayout_64xN<kAtomN>>,
+                  "the statistics epilogue assumes the wgmma 64xN accumulator layout");
+    static_assert(rank<0>(FrgLayout{}) == 3 && size<0, 0>(FrgLayout{}) == 2 &&
+                      size<0, 1>(FrgLayout{}) == 2 && size<0, 2>(FrgLayout{}) == kAtomN / 8,
+                  "accumulator fragment ((2,2,N/8), MMA_M, MMA_N) expected");
+    static_assert(is_static<FrgLayout>::value, "static accumulator layout expected");
+    constexpr int kPairs = 2, kGroups = kAtomN / 8;
+    constexpr int kTilesM = size<1>(FrgLayout{}), kTilesN = size<2>(FrgLayout{});
+
+    const int rows = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
+    const int m_block = static_cast<int>(get<0>(block_coord_mnkl));
+    const int n_block = static_cast<int>(get<1>(block_coord_mnkl));
+    const int row0 = m_block * size<0>(block_shape);
+    const int col0 = n_block * size<1>(block_shape);
+
+    // (m, n) of every accumulator value inside the tile, partitioned exactly like the values.
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(block_shape)));
+    CUTE_STATIC_ASSERT_V(size(coords) == size(accumulators));
+
+    common::Transform<float> transform;
+    transform.scale = params_.logit_scale;
+    transform.softcap = params_.softcap;
+    const bool quad_leader = (thread_idx & 3) == 0;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int mm = 0; mm < kTilesM; ++mm) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + get<0>(coords(make_coord(make_coord(0, half, 0), mm, 0)));
+        int64_t y = -1;
+        if (row < rows) {
+          y = params_.target_int64 ? static_cast<const int64_t*>(params_.target)[row]
+                                   : static_cast<const int32_t*>(params_.target)[row];
+        }
+        // Pass 1: x̃ in place and the max (lowest column first: values run in column order).
+        float value[kTilesN * kGroups * kPairs];
+        float max = -common::infinity<float>();
+        int argmax = -1;
+        CUTLASS_PRAGMA_UNROLL
+        for (int nn = 0; nn < kTilesN; ++nn) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroups; ++j) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int p = 0; p < kPairs; ++p) {
+              const auto at = make_coord(make_coord(p, half, j), mm, nn);
+              const int col = col0 + get<1>(coords(at));
+              const float v = transform.value(accumulators(at));
+              const int k = (nn * kGroups + j) * kPairs + p;
+              value[k] = v;
+              // Columns ≥ V (the residue tile) enter no statistic.
+              if (col < cols && (v > max || argmax < 0 || (v != v && max == max))) {
+                max = v;
+                argmax = col;
+              }
+            }
+          }
+        }
+        // Pass 2: the sums relative to the thread's max (one exp per logit).
+        common::RowStats<float> stats;
+        stats.max = max;
+        stats.argmax = argmax;
+        float target_logit = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int nn = 0; nn < kTilesN; ++nn) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroups; ++j) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int p = 0; p < kPairs; ++p) {
+              const auto at = make_coord(make_coord(p, half, j), mm, nn);
+              const int col = col0 + get<1>(coords(at));
+              const float v = value[(nn * kGroups + j) * kPairs + p];
+              if (col < cols) {
+                stats.sum_logits += v;
+                if (col == y) target_logit = v;
+                if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
+                  const float d = v - max;
+                  const float e = ::exp2f(d * 1.4426950408889634f);
+                  stats.sum_exp += e;
+                  stats.sum_exp_shift += e * d;
+                }
+              }
+            }
+          }
+        }
+        stats.sum_weighted_logits = stats.sum_logits;
+        // The quad's four column quarters, merged by the shared row merge.
+        CUTLASS_PRAGMA_UNROLL
+        for (int lane_mask = 1; lane_mask <= 2; lane_mask <<= 1) {
+          common::RowStats<float> other;
+          other.max = __shfl_xor_sync(0xffffffffu, stats.max, lane_mask);
+          other.sum_exp = __shfl_xor_sync(0xffffffffu, stats.sum_exp, lane_mask);
+          other.sum_exp_shift = __shfl_xor_sync(0xffffffffu, stats.sum_exp_shift, lane_mask);
+          other.sum_logits = __shfl_xor_sync(0xffffffffu, stats.sum_logits, lane_mask);
+          other.sum_weighted_logits = other.sum_logits;
+          other.argmax = __shfl_xor_sync(0xffffffffu, static_cast<int>(stats.argmax), lane_mask);
+          stats.merge(other);
+          target_logit += __shfl_xor_sync(0xffffffffu, target_logit, lane_mask);
+        }
+        if (quad_leader && row < rows) {
+          float* record =
+              params_.partials + (static_cast<int64_t>(row) * params_.tiles + n_block) *
+                                     kTilePartialWidth;
+          // 24-byte records on a 256-byte aligned base: three aligned 8-byte stores.
+          reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
+          reinterpret_cast<float2*>(record)[1] =
+              make_float2(stats.sum_exp_shift, stats.sum_logits);
+          reinterpret_cast<float2*>(record)[2] = make_float2(
+              common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
+              target_logit);
+        }
+      }
+    }
+  }
+
+ private:
+  Params params_;
+};
+static_assert(kTileMax == 0 && kTileSumExp == 1 && kTileSumExpShift == 2 && kTileSumLogits == 3 &&
+                  kTileArgmax == 4 && kTileTargetLogit == 5 && kTilePartialWidth == 6,
+              "the epilogue's stores follow the FusedTileColumn order");
+
+using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<StatsEpilogue>;
+
+template <class Element>
+struct StatsProduct {
+  // h [rows, H] row-major is A (K-major); W [V, H] row-major is B as CUTLASS's column-major
+  // [K, N] (K-major). 16-byte TMA alignment: 8 elements.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
+      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+int multiprocessor_count() {
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  int count = 0;
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <class Element>
+bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
+  using Gemm = typename StatsProduct<Element>::Gemm;
+  using Kernel = typename StatsProduct<Element>::Kernel;
+  typename Kernel::StrideA stride_a{};
+  typename Kernel::StrideB stride_b{};
+  cute::get<0>(stride_a) = p.hidden_stride;
+  cute::get<0>(stride_b) = p.weight_stride;
+  cute::get<2>(stride_a) = p.hidden_stride * p.rows;
+  cute::get<2>(stride_b) = p.weight_stride * p.vocab;
+  StatsEpilogueParams epilogue;
+  epilogue.partials = p.partials;
+  epilogue.tiles = p.tiles;
+  epilogue.target = p.target;
+  epilogue.target_int64 = p.target_int64;
+  epilogue.logit_scale = p.logit_scale;
+  epilogue.softcap = p.softcap;
+  cutlass::KernelHardwareInfo hw_info;
+  XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
+  hw_info.sm_count = multiprocessor_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(p.rows), static_cast<int>(p.vocab), static_cast<int>(p.hidden_size), 1},
+      {static_cast<const Element*>(p.hidden), stride_a, static_cast<const Element*>(p.weight),
+       stride_b},
+      epilogue,
+      hw_info};
+  Gemm gemm;
+  // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
+  // rather than allocate behind the caller's back.
+  if (Gemm::get_workspace_size(args) != 0) return false;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
+  const cutlass::Status status = gemm.run(stream);
+  XENT_CUDA_CHECK_LAUNCH();
+  if (status != cutlass::Status::kSuccess) {
+    throw Error(ErrorKind::runtime, "linear_ce_forward: the fused statistics product failed to launch");
+  }
+  return true;
+}
+
+}  // namespace
+
+bool fused_stats_product_built() { return true; }
+
+bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
+  switch (product.dtype) {
+    case DType::bf16: return launch<cutlass::bfloat16_t>(product, stream);
+    case DType::f16: return launch<cutlass::half_t>(product, stream);
+    default: return false;
+  }
+}
+
+}  // namespace xent::cuda
+
+#else  // not built for sm_90a, or no CUTLASS headers
+
+namespace xent::cuda {
+
+bool fused_stats_product_built() { return false; }
+
+bool fused_stats_product(const FusedStatsProduct&, cudaStream_t) { return false; }
+
+}  // namespace xent::cuda
+
+#endif
