@@ -20,6 +20,7 @@
 #include "cuda/chunk_plan.hpp"
 #include "cuda/device.cuh"
 #include "cuda/fused_stats.hpp"
+#include "cuda/row_slice.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -63,16 +64,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) fused_tile_merge_kernel(cons
     stats.merge(read_tile_partial(partial));
     target_logit += partial[kTileTargetLogit];
   }
-  for (int mask = 16; mask > 0; mask >>= 1) {
-    RowStats<float> other;
-    other.max = __shfl_xor_sync(0xffffffffu, stats.max, mask);
-    other.sum_exp = __shfl_xor_sync(0xffffffffu, stats.sum_exp, mask);
-    other.sum_exp_shift = __shfl_xor_sync(0xffffffffu, stats.sum_exp_shift, mask);
-    other.sum_logits = __shfl_xor_sync(0xffffffffu, stats.sum_logits, mask);
-    other.sum_weighted_logits = other.sum_logits;
-    other.argmax = __shfl_xor_sync(0xffffffffu, static_cast<int>(stats.argmax), mask);
-    stats.merge(other);
-    target_logit += __shfl_xor_sync(0xffffffffu, target_logit, mask);
+  stats = warp_merge(stats);  // valid in lane 0
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    target_logit += __shfl_down_sync(0xffffffffu, target_logit, offset);
   }
   if (lane != 0) return;
   const int64_t y = read_target(p.target, p.target_dtype, row);

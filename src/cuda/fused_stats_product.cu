@@ -23,6 +23,7 @@
 
 #include "common/ce_row.hpp"
 #include "cuda/device.cuh"
+#include "cuda/row_slice.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -126,69 +127,56 @@ class StatsEpilogue {
           y = params_.target_int64 ? static_cast<const int64_t*>(params_.target)[row]
                                    : static_cast<const int32_t*>(params_.target)[row];
         }
-        // Pass 1: x̃ in place and the max (lowest column first: values run in column order).
-        float value[kTilesN * kGroups * kPairs];
-        float max = -common::infinity<float>();
-        int argmax = -1;
-        CUTLASS_PRAGMA_UNROLL
-        for (int nn = 0; nn < kTilesN; ++nn) {
+        // Every value of this row the thread holds, in increasing column order: f(k, column, x).
+        auto for_each_value = [&](auto&& f) {
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroups; ++j) {
+          for (int nn = 0; nn < kTilesN; ++nn) {
             CUTLASS_PRAGMA_UNROLL
-            for (int p = 0; p < kPairs; ++p) {
-              const auto at = make_coord(make_coord(p, half, j), mm, nn);
-              const int col = col0 + get<1>(coords(at));
-              const float v = transform.value(accumulators(at));
-              const int k = (nn * kGroups + j) * kPairs + p;
-              value[k] = v;
-              // Columns ≥ V (the residue tile) enter no statistic.
-              if (col < cols && (v > max || argmax < 0 || (v != v && max == max))) {
-                max = v;
-                argmax = col;
+            for (int j = 0; j < kGroups; ++j) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int p = 0; p < kPairs; ++p) {
+                const auto at = make_coord(make_coord(p, half, j), mm, nn);
+                f((nn * kGroups + j) * kPairs + p, col0 + get<1>(coords(at)), accumulators(at));
               }
             }
           }
-        }
+        };
+        // Pass 1: x̃ and the max (lowest column first). Columns ≥ V (the residue tile) enter no
+        // statistic.
+        float value[kTilesN * kGroups * kPairs];
+        float max = -common::infinity<float>();
+        int argmax = -1;
+        for_each_value([&](int k, int col, float x) {
+          const float v = transform.value(x);
+          value[k] = v;
+          if (col < cols && (v > max || argmax < 0 || (v != v && max == max))) {
+            max = v;
+            argmax = col;
+          }
+        });
         // Pass 2: the sums relative to the thread's max (one exp per logit).
         common::RowStats<float> stats;
         stats.max = max;
         stats.argmax = argmax;
         float target_logit = 0;
-        CUTLASS_PRAGMA_UNROLL
-        for (int nn = 0; nn < kTilesN; ++nn) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroups; ++j) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int p = 0; p < kPairs; ++p) {
-              const auto at = make_coord(make_coord(p, half, j), mm, nn);
-              const int col = col0 + get<1>(coords(at));
-              const float v = value[(nn * kGroups + j) * kPairs + p];
-              if (col < cols) {
-                stats.sum_logits += v;
-                if (col == y) target_logit = v;
-                if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
-                  const float d = v - max;
-                  const float e = ::exp2f(d * 1.4426950408889634f);
-                  stats.sum_exp += e;
-                  stats.sum_exp_shift += e * d;
-                }
-              }
-            }
+        for_each_value([&](int k, int col, float) {
+          const float v = value[k];
+          if (col >= cols) return;
+          stats.sum_logits += v;
+          if (col == y) target_logit = v;
+          if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
+            const float d = v - max;
+            const float e = ::exp2f(d * 1.4426950408889634f);
+            stats.sum_exp += e;
+            stats.sum_exp_shift += e * d;
           }
-        }
+        });
         stats.sum_weighted_logits = stats.sum_logits;
-        // The quad's four column quarters, merged by the shared row merge.
+        // The quad's four column quarters, merged into its first lane by the row kernels' merge.
         CUTLASS_PRAGMA_UNROLL
-        for (int lane_mask = 1; lane_mask <= 2; lane_mask <<= 1) {
-          common::RowStats<float> other;
-          other.max = __shfl_xor_sync(0xffffffffu, stats.max, lane_mask);
-          other.sum_exp = __shfl_xor_sync(0xffffffffu, stats.sum_exp, lane_mask);
-          other.sum_exp_shift = __shfl_xor_sync(0xffffffffu, stats.sum_exp_shift, lane_mask);
-          other.sum_logits = __shfl_xor_sync(0xffffffffu, stats.sum_logits, lane_mask);
-          other.sum_weighted_logits = other.sum_logits;
-          other.argmax = __shfl_xor_sync(0xffffffffu, static_cast<int>(stats.argmax), lane_mask);
-          stats.merge(other);
-          target_logit += __shfl_xor_sync(0xffffffffu, target_logit, lane_mask);
+        for (int offset = 2; offset > 0; offset >>= 1) {
+          stats.merge(shuffle_down(stats, offset));
+          target_logit += __shfl_down_sync(0xffffffffu, target_logit, offset);
         }
         if (quad_leader && row < rows) {
           float* record =

@@ -1,0 +1,240 @@
+// GPU-only cases of the fused statistics product (src/cuda/fused_stats*.cu): a linear_ce forward
+// without gradients on a compute capability 9.0 device runs as one CUTLASS sm_90a product whose
+// epilogue reduces the logits to per-tile row statistics. Odd shapes (N not a multiple of the
+// 128-row tile, V not a multiple of the 256-column tile, H down to one 16-byte TMA row), bf16 and
+// fp16, every option the path takes, every reduction and statistic, against the float64
+// reference, with outputs NaN-poisoned before the run. Each case also asserts which path ran,
+// through the process-wide count of fused forwards (fused_stats.hpp): the fused path where it
+// must run, the cuBLASLt path where it must not (class weights, bias, unaligned rows, the
+// XENT_CUDA_FUSED_STATS=0 switch). Off compute capability 9.0 the path assertions are skipped and
+// the numerical checks run on the fallback.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "cuda/fused_stats.hpp"
+#include "linear_check.hpp"
+
+namespace xent::test {
+namespace {
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
+
+enum class Path { fused, fallback };
+
+struct FusedCase {
+  DType dtype = DType::bf16;
+  int64_t rows = 77, hidden = 64, vocab = 129;
+  int64_t hidden_stride = -1;
+  unsigned options = 0;
+  Reduction reduction = Reduction::mean;
+  bool bias = false;
+  bool switch_off = false;  // XENT_CUDA_FUSED_STATS=0
+  Path expected = Path::fused;
+};
+
+void check_fused_forward(const FusedCase& c, Rng& rng) {
+  const int64_t rows = c.rows, vocab = c.vocab;
+  const LinearLayer layer = make_linear_layer(rng, rows, c.hidden, vocab, c.bias, 2.0, c.dtype);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
+  CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
+  const reference::Upstream upstream = make_upstream(rng, c.reduction, rows, true);
+  const Matrix logits = reference::linear_logits(layer.hidden, layer.weight, layer.bias);
+  const reference::CeResult ref = reference::ce(logits, target, setup.spec, upstream);
+  // PyTorch at this dtype rounds the logits; the fused path keeps them fp32 (never worse).
+  const reference::CeResult torch =
+      reference::ce(rounded(logits, c.dtype), target, setup.spec, upstream);
+
+  const Tensor hidden = Tensor::of(layer.hidden, c.dtype, c.hidden_stride);
+  const Tensor weight = Tensor::of(layer.weight, c.dtype);
+  const Tensor bias = c.bias ? Tensor::of(layer.bias, c.dtype) : Tensor();
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  LinearCeOptions options;
+  options.ce = setup.options;
+
+  const DType stat = result_dtype(c.dtype);
+  Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
+  Tensor lse = Tensor::vector(stat, rows), logprob = Tensor::vector(stat, rows),
+         entropy = Tensor::vector(stat, rows), argmax = Tensor::vector(DType::i64, rows),
+         accuracy = Tensor::scalar(stat), z_value = loss_tensor(c.reduction, rows, c.dtype);
+  for (Tensor* t : {&loss, &lse, &logprob, &entropy, &argmax, &accuracy, &z_value}) t->poison();
+  LinearCeOutputs out;
+  out.loss = loss.view();
+  out.stats = {lse.view(), logprob.view(), entropy.view(), argmax.view(), accuracy.view(),
+               z_value.view()};
+
+  if (c.switch_off) setenv("XENT_CUDA_FUSED_STATS", "0", 1);
+  const Scratch scratch(
+      linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), false));
+  const int64_t before = cuda::fused_stats_forward_count();
+  linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                    {}, scratch.workspace());
+  finish();
+  const int64_t ran = cuda::fused_stats_forward_count() - before;
+  if (c.switch_off) unsetenv("XENT_CUDA_FUSED_STATS");
+  if (device_is_sm90()) {
+    EXPECT_EQ(ran, c.expected == Path::fused ? 1 : 0)
+        << (c.expected == Path::fused ? "the fused statistics product did not run"
+                                      : "the fused statistics product ran where it must not");
+  } else {
+    EXPECT_EQ(ran, 0) << "the fused product ran on a device other than compute capability 9.0";
+  }
+
+  auto check_stat = [&](const char* what, const Tensor& t, const std::vector<double>& r,
+                        const std::vector<double>& torch_values) {
+    EXPECT_TRUE(close(what, t.download(), r,
+                      stat_tolerance(c.dtype, Family::linear, torch_values, r)));
+  };
+  check_stat("loss", loss, ref.loss, torch.loss);
+  check_stat("lse", lse, ref.lse, torch.lse);
+  check_stat("logprob", logprob, ref.logprob, torch.logprob);
+  check_stat("entropy", entropy, ref.entropy, torch.entropy);
+  check_stat("z_loss_value", z_value, ref.z_loss_value, torch.z_loss_value);
+  const std::vector<double> lse_out = lse.download(), entropy_out = entropy.download();
+  const std::vector<int64_t> arg = argmax.download_integers();
+  int64_t valid = 0, correct = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    if (target[n] == -100) {
+      EXPECT_EQ(arg[n], -1) << "argmax of ignored row " << n;
+      EXPECT_EQ(lse_out[n], 0.0) << "lse of ignored row " << n;
+      EXPECT_EQ(entropy_out[n], 0.0) << "entropy of ignored row " << n;
+      continue;
+    }
+    ++valid;
+    ASSERT_TRUE(arg[n] >= 0 && arg[n] < vocab) << "argmax row " << n << " = " << arg[n];
+    correct += arg[n] == target[n];
+    // fp32 products of bf16/fp16 operands in another summation order: near-ties may swap.
+    const double chosen = ce_transformed(setup.spec, logits.at(n, arg[n]));
+    EXPECT_LE(std::abs(chosen - ref.transformed_max[n]), 1e-3 * (1 + std::abs(chosen)))
+        << "argmax row " << n << ": got " << arg[n] << ", expected " << ref.argmax[n];
+  }
+  EXPECT_NEAR(accuracy.download()[0], valid ? double(correct) / double(valid) : 0.0, 1e-6);
+}
+
+// (dtype, N, H, V, options, reduction)
+using FusedShapeCase = std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction>;
+
+class CudaFusedStats : public ::testing::TestWithParam<FusedShapeCase> {};
+
+TEST_P(CudaFusedStats, MatchesReference) {
+  require_device();
+  const auto [dtype, rows, hidden, vocab, options, reduction] = GetParam();
+  XENT_TEST_RNG(rng);
+  FusedCase c;
+  c.dtype = dtype;
+  c.rows = rows;
+  c.hidden = hidden;
+  c.vocab = vocab;
+  c.options = options;
+  c.reduction = reduction;
+  check_fused_forward(c, rng);
+}
+
+std::string fused_case_name(const ::testing::TestParamInfo<FusedShapeCase>& info) {
+  const auto [dtype, rows, hidden, vocab, options, reduction] = info.param;
+  return short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
+         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
+         reduction_label(reduction);
+}
+
+constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kRowWeight;
+
+// Shapes: V = 1 and 7 (one partial column tile), 129 and 4099 (a residue tile past a multiple
+// of 128 / 256), 32003 (126 tiles); N = 77 and 1000 (a residue row tile); H = 8 (one 16-byte
+// row, far below the 64-wide K tile), 136 and 1032 (a K residue).
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaFusedStats,
+    ::testing::Values(
+        FusedShapeCase{DType::bf16, 77, 8, 1, 0, Reduction::mean},
+        FusedShapeCase{DType::f16, 77, 64, 7, kFusedOptions, Reduction::sum},
+        FusedShapeCase{DType::bf16, 1000, 136, 129, 0, Reduction::none},
+        FusedShapeCase{DType::f16, 1000, 64, 129, kFusedOptions, Reduction::mean},
+        FusedShapeCase{DType::bf16, 77, 1032, 4099, kFusedOptions, Reduction::none},
+        FusedShapeCase{DType::f16, 300, 136, 4099, 0, Reduction::sum},
+        FusedShapeCase{DType::bf16, 1000, 64, 32003, kFusedOptions, Reduction::mean},
+        FusedShapeCase{DType::f16, 77, 136, 32003, kSoftcap | kLogitScale, Reduction::none}),
+    fused_case_name);
+
+// Every option alone and the fused set, in both dtypes, at a shape with residues in N and V.
+class CudaFusedStatsOptions
+    : public ::testing::TestWithParam<std::tuple<DType, unsigned, Reduction>> {};
+
+TEST_P(CudaFusedStatsOptions, MatchesReference) {
+  require_device();
+  const auto [dtype, options, reduction] = GetParam();
+  XENT_TEST_RNG(rng);
+  FusedCase c;
+  c.dtype = dtype;
+  c.rows = 200;
+  c.hidden = 72;
+  c.vocab = 1031;
+  c.options = options;
+  c.reduction = reduction;
+  check_fused_forward(c, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, CudaFusedStatsOptions,
+    ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
+                       ::testing::Values(0u, kSmoothing, kZLoss, kSoftcap, kLogitScale,
+                                         kRowWeight, kFusedOptions),
+                       ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
+    [](const auto& info) {
+      return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
+             "_" + reduction_label(std::get<2>(info.param));
+    });
+
+// Calls the fused path declines: they must still be right, through the cuBLASLt path.
+enum class Decline { class_weights, bias, unaligned_hidden_rows, switched_off };
+
+class CudaFusedStatsFallback : public ::testing::TestWithParam<Decline> {};
+
+TEST_P(CudaFusedStatsFallback, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  FusedCase c;
+  c.expected = Path::fallback;
+  switch (GetParam()) {
+    case Decline::class_weights: c.options = kClassWeight | kSmoothing; break;
+    case Decline::bias: c.bias = true; break;
+    case Decline::unaligned_hidden_rows: c.hidden = 67; break;  // 134-byte rows: no TMA stride
+    case Decline::switched_off: c.switch_off = true; break;
+  }
+  check_fused_forward(c, rng);
+}
+
+std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
+  switch (info.param) {
+    case Decline::class_weights: return "class_weights";
+    case Decline::bias: return "bias";
+    case Decline::unaligned_hidden_rows: return "unaligned_hidden_rows";
+    case Decline::switched_off: return "switched_off";
+  }
+  return "unknown";
+}
+
+INSTANTIATE_TEST_SUITE_P(Declined, CudaFusedStatsFallback,
+                         ::testing::Values(Decline::class_weights, Decline::bias,
+                                           Decline::unaligned_hidden_rows, Decline::switched_off),
+                         decline_name);
+
+TEST(CudaFusedStatsStrides, PaddedHiddenRows) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  FusedCase c;
+  c.hidden = 64;
+  c.hidden_stride = 80;  // 16-byte aligned padding: TMA takes the stride
+  c.options = kFusedOptions;
+  check_fused_forward(c, rng);
+}
+
+}  // namespace
+}  // namespace xent::test
