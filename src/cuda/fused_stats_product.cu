@@ -19,6 +19,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "common/ce_row.hpp"
@@ -28,9 +29,22 @@
 namespace xent::cuda {
 namespace {
 
-using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-static_assert(cute::size<1>(TileShape{}) == kFusedTileColumns, "fused_stats.hpp tile width");
+
+// The two schedules measured against each other (docs/perf-notes.md, decision 41): cooperative
+// (both consumer warpgroups on one 128×256 tile, the epilogue after the mainloop in both) and
+// ping-pong (each warpgroup its own 64×256 tile, one's epilogue beside the other's mainloop).
+struct Cooperative {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using TileShape = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+};
+static_assert(cute::size<1>(Cooperative::TileShape{}) == kFusedTileColumns &&
+                  cute::size<1>(Pingpong::TileShape{}) == kFusedTileColumns,
+              "fused_stats.hpp tile width");
 
 struct StatsEpilogueParams {
   float* partials = nullptr;
@@ -38,6 +52,7 @@ struct StatsEpilogueParams {
   const void* target = nullptr;
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
+  bool skip = false;  // measurement only: the product without its epilogue (XENT_CUDA_FUSED_SKIP)
 };
 
 // Operator-style epilogue (the form Sm90TmaWarpSpecializedAdapter wraps; see CUTLASS's
@@ -84,6 +99,7 @@ class StatsEpilogue {
                                  cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     using namespace cute;
+    if (params_.skip) return;
     // The wgmma accumulator layout (CUTLASS's GMMA::CLayout_64xN): in a warpgroup's 64-row slab,
     // thread t = t0 + 4·t1 + 32·t2 (t0 < 4) holds rows t1 + 16·t2 and that + 8 (value mode 1),
     // columns 2·t0 + {0, 1} (value mode 0) + 8·j (value mode 2). So one row of a tile lives in
@@ -203,16 +219,16 @@ static_assert(kTileMax == 0 && kTileSumExp == 1 && kTileSumExpShift == 2 && kTil
 
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<StatsEpilogue>;
 
-template <class Element>
+template <class Element, class Config>
 struct StatsProduct {
   // h [rows, H] row-major is A (K-major); W [V, H] row-major is B as CUTLASS's column-major
   // [K, N] (K-major). 16-byte TMA alignment: 8 elements.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
-      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      Element, cutlass::layout::ColumnMajor, 8, float, typename Config::TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Config::Schedule>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -226,10 +242,34 @@ int multiprocessor_count() {
   return count;
 }
 
-template <class Element>
+// Measurement switches (decision 41), read once: XENT_CUDA_FUSED_SCHEDULE=pingpong,
+// XENT_CUDA_FUSED_RASTER=m|n (default: CUTLASS's heuristic), XENT_CUDA_FUSED_SWIZZLE=1|2|4|8,
+// XENT_CUDA_FUSED_SKIP=1 (the epilogue does nothing: timing of the product alone, wrong results).
+struct Knobs {
+  bool pingpong = false, skip = false;
+  char raster = 'h';
+  int swizzle = 1;
+};
+const Knobs& knobs() {
+  static const Knobs k = [] {
+    Knobs k;
+    const auto text = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v ? v : "";
+    };
+    k.pingpong = text("XENT_CUDA_FUSED_SCHEDULE")[0] == 'p';
+    k.skip = text("XENT_CUDA_FUSED_SKIP")[0] == '1';
+    if (text("XENT_CUDA_FUSED_RASTER")[0] != 0) k.raster = text("XENT_CUDA_FUSED_RASTER")[0];
+    if (text("XENT_CUDA_FUSED_SWIZZLE")[0] != 0) k.swizzle = std::atoi(text("XENT_CUDA_FUSED_SWIZZLE"));
+    return k;
+  }();
+  return k;
+}
+
+template <class Element, class Config>
 bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
-  using Gemm = typename StatsProduct<Element>::Gemm;
-  using Kernel = typename StatsProduct<Element>::Kernel;
+  using Gemm = typename StatsProduct<Element, Config>::Gemm;
+  using Kernel = typename StatsProduct<Element, Config>::Kernel;
   typename Kernel::StrideA stride_a{};
   typename Kernel::StrideB stride_b{};
   cute::get<0>(stride_a) = p.hidden_stride;
@@ -243,6 +283,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.target_int64 = p.target_int64;
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
+  epilogue.skip = knobs().skip;
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
   hw_info.sm_count = multiprocessor_count();
@@ -253,6 +294,10 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
        stride_b},
       epilogue,
       hw_info};
+  using Raster = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
+  if (knobs().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
+  if (knobs().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
+  args.scheduler.max_swizzle_size = knobs().swizzle;
   Gemm gemm;
   // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
   // rather than allocate behind the caller's back.
@@ -271,12 +316,18 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
 
 bool fused_stats_product_built() { return true; }
 
-bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
+template <class Config>
+bool launch_config(const FusedStatsProduct& product, cudaStream_t stream) {
   switch (product.dtype) {
-    case DType::bf16: return launch<cutlass::bfloat16_t>(product, stream);
-    case DType::f16: return launch<cutlass::half_t>(product, stream);
+    case DType::bf16: return launch<cutlass::bfloat16_t, Config>(product, stream);
+    case DType::f16: return launch<cutlass::half_t, Config>(product, stream);
     default: return false;
   }
+}
+
+bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
+  return knobs().pingpong ? launch_config<Pingpong>(product, stream)
+                          : launch_config<Cooperative>(product, stream);
 }
 
 }  // namespace xent::cuda
