@@ -161,6 +161,8 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
   product.target_int64 = target.dtype == DType::i64;
   product.logit_scale = static_cast<float>(options.ce.logit_scale);
   product.softcap = options.ce.softcap ? static_cast<float>(*options.ce.softcap) : 0.0f;
+  product.extras = options.ce.label_smoothing != 0 || out.stats.entropy.present() ||
+                   out.stats.argmax.present() || out.stats.accuracy.present();
   product.partials = ws.partials;
   product.tiles = tile_count(vocab);
   if (!fused_stats_product(product, stream)) return false;

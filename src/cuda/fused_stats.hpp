@@ -45,6 +45,9 @@ struct FusedStatsProduct {
   const void* target = nullptr;  // [rows]
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
+  // Also the tile partials' Σe·(x̃−max), Σx̃ and argmax (entropy, label smoothing, argmax,
+  // accuracy); without, those fields are 0, 0 and the tile's first column, and must not be read.
+  bool extras = true;
   float* partials = nullptr;     // [rows, tiles, kTilePartialWidth]
   int64_t tiles = 0;
 };

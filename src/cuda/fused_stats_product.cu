@@ -19,31 +19,28 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
 
+#include <cfloat>
 #include <cstdlib>
 #include <type_traits>
 
 #include "common/ce_row.hpp"
 #include "cuda/device.cuh"
 #include "cuda/row_slice.cuh"
+#include "cuda/row_stats.cuh"
 
 namespace xent::cuda {
 namespace {
 
-using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-
-// The two schedules measured against each other (docs/perf-notes.md, decision 41): cooperative
-// (both consumer warpgroups on one 128×256 tile, the epilogue after the mainloop in both) and
-// ping-pong (each warpgroup its own 64×256 tile, one's epilogue beside the other's mainloop).
+// Both consumer warpgroups on one 128×256 tile (the cooperative schedule; the ping-pong schedule
+// with 64×256 tiles measured slower even without an epilogue, decision 41). kClusterM CTAs of
+// neighbouring row tiles share each W tile's load (TMA multicast) when 2.
+template <int kClusterM>
 struct Cooperative {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 };
-struct Pingpong {
-  using TileShape = cute::Shape<cute::_64, cute::_256, cute::_64>;
-  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-};
-static_assert(cute::size<1>(Cooperative::TileShape{}) == kFusedTileColumns &&
-                  cute::size<1>(Pingpong::TileShape{}) == kFusedTileColumns,
+static_assert(cute::size<1>(Cooperative<1>::TileShape{}) == kFusedTileColumns,
               "fused_stats.hpp tile width");
 
 struct StatsEpilogueParams {
@@ -52,8 +49,103 @@ struct StatsEpilogueParams {
   const void* target = nullptr;
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
+  bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
   bool skip = false;  // measurement only: the product without its epilogue (XENT_CUDA_FUSED_SKIP)
 };
+
+// Statistics of the kN values one thread holds of a row in a tile whose columns all lie inside
+// the vocabulary, when they are ordinary (finite max and sums): the max by four fmaxf chains,
+// e^(v−m) as 2^(v·log2(e) − m·log2(e)) on the ex2 unit (the row kernels' form, row_stats.cuh),
+// four partial sums. kExtras also forms Σe·(v−m), Σv (entropy, label smoothing) and `where`, the
+// index of the first value equal to the max (argmax, accuracy). About 4 instructions per value
+// without extras, 8 with, against ~30 for the exact per-element path, whose code for 64 values
+// per row, unrolled, also overflowed the instruction cache (decision 41, docs/perf-notes.md).
+// False when something is not ordinary (NaN, ±Inf, or a part that is all -inf): the caller then
+// runs exact_row_stats, which defines those cases as RowStats::add does.
+template <bool kExtras, int kN>
+CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>& stats,
+                                   int& where) {
+  static_assert(kN % 4 == 0, "four chains");
+  float max4[4] = {-common::infinity<float>(), -common::infinity<float>(),
+                   -common::infinity<float>(), -common::infinity<float>()};
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kN; ++k) max4[k % 4] = fmaxf(max4[k % 4], v[k]);  // fmaxf drops NaN
+  const float m = fmaxf(fmaxf(max4[0], max4[1]), fmaxf(max4[2], max4[3]));
+  if (!(m > -common::infinity<float>() && m < common::infinity<float>())) return false;
+  const float m_log2e = m * kLog2e;
+  float sum4[4] = {0, 0, 0, 0}, shift4[4] = {0, 0, 0, 0}, logits4[4] = {0, 0, 0, 0};
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kN; ++k) {
+    const float e = fast_exp2(fmaf(v[k], kLog2e, -m_log2e));
+    sum4[k % 4] += e;
+    if constexpr (kExtras) {
+      shift4[k % 4] = fmaf(e, v[k] - m, shift4[k % 4]);  // -inf values: 0·-inf = NaN, caught below
+      logits4[k % 4] += v[k];
+    }
+  }
+  stats.max = m;
+  stats.sum_exp = (sum4[0] + sum4[1]) + (sum4[2] + sum4[3]);
+  if (!(stats.sum_exp <= FLT_MAX)) return false;  // a NaN value (dropped by fmaxf) or overflow
+  if constexpr (kExtras) {
+    stats.sum_exp_shift = (shift4[0] + shift4[1]) + (shift4[2] + shift4[3]);
+    if (stats.sum_exp_shift != stats.sum_exp_shift) return false;  // a -inf value
+    stats.sum_logits = (logits4[0] + logits4[1]) + (logits4[2] + logits4[3]);
+    stats.sum_weighted_logits = stats.sum_logits;
+    where = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = kN - 1; k >= 0; --k) {
+      if (v[k] == m) where = k;
+    }
+  }
+  return true;
+}
+
+// The exact per-element statistics (RowStats::add's cases: NaN takes the argmax, -inf adds
+// nothing), for the vocabulary's last, partial tile and for values lean_row_stats declines.
+// Columns ≥ V enter no statistic.
+template <int kN, class ForEachValue>
+CUTLASS_DEVICE void exact_row_stats(const float (&value)[kN], ForEachValue&& for_each_value,
+                                    int cols, common::RowStats<float>& stats) {
+  float max = -common::infinity<float>();
+  int argmax = -1;
+  for_each_value([&](int k, int col, float) {
+    const float v = value[k];
+    if (col < cols && (v > max || argmax < 0 || (v != v && max == max))) {
+      max = v;
+      argmax = col;
+    }
+  });
+  stats = common::RowStats<float>();
+  stats.max = max;
+  stats.argmax = argmax;
+  for_each_value([&](int k, int col, float) {
+    const float v = value[k];
+    if (col >= cols) return;
+    stats.sum_logits += v;
+    if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
+      const float d = v - max;
+      const float e = ::exp2f(d * kLog2e);
+      stats.sum_exp += e;
+      stats.sum_exp_shift += e * d;
+    }
+  });
+  stats.sum_weighted_logits = stats.sum_logits;
+}
+
+// The quad merge of lean statistics without extras: the quad's max, each lane's sum rescaled to
+// it with one ex2, two shuffled sums (RowStats::merge would form two precise exponentials per
+// round). Valid in every lane.
+CUTLASS_DEVICE void quad_merge_lean(common::RowStats<float>& stats) {
+  constexpr unsigned kAll = 0xffffffffu;
+  float m = stats.max;
+  m = fmaxf(m, __shfl_xor_sync(kAll, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(kAll, m, 2));
+  float sum = stats.sum_exp * fast_exp2((stats.max - m) * kLog2e);
+  sum += __shfl_xor_sync(kAll, sum, 1);
+  sum += __shfl_xor_sync(kAll, sum, 2);
+  stats.max = m;
+  stats.sum_exp = sum;
+}
 
 // Operator-style epilogue (the form Sm90TmaWarpSpecializedAdapter wraps; see CUTLASS's
 // DefaultEpilogue): called once per output tile by each consumer thread with its accumulators.
@@ -115,6 +207,7 @@ class StatsEpilogue {
     static_assert(is_static<FrgLayout>::value, "static accumulator layout expected");
     constexpr int kPairs = 2, kGroups = kAtomN / 8;
     constexpr int kTilesM = size<1>(FrgLayout{}), kTilesN = size<2>(FrgLayout{});
+    constexpr int kValues = kTilesN * kGroups * kPairs;  // of one row, per thread
 
     const int rows = static_cast<int>(get<0>(problem_shape_mnkl));
     const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
@@ -122,93 +215,98 @@ class StatsEpilogue {
     const int n_block = static_cast<int>(get<1>(block_coord_mnkl));
     const int row0 = m_block * size<0>(block_shape);
     const int col0 = n_block * size<1>(block_shape);
+    // The last column tile of a vocabulary that is not a multiple of the tile holds columns ≥ V
+    // (TMA fills them with zeros); only that tile checks columns per element.
+    const bool whole_tile = col0 + static_cast<int>(size<1>(block_shape)) <= cols;
 
     // (m, n) of every accumulator value inside the tile, partitioned exactly like the values.
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
     Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(block_shape)));
     CUTE_STATIC_ASSERT_V(size(coords) == size(accumulators));
 
-    common::Transform<float> transform;
-    transform.scale = params_.logit_scale;
-    transform.softcap = params_.softcap;
+    common::Transform<float> row_transform;
+    row_transform.scale = params_.logit_scale;
+    row_transform.softcap = params_.softcap;
     const bool quad_leader = (thread_idx & 3) == 0;
 
-    CUTLASS_PRAGMA_UNROLL
-    for (int mm = 0; mm < kTilesM; ++mm) {
+    // The softcap and the scale are resolved once per tile (row_stats.cuh's with_transform), so
+    // each element's code holds only the transform it needs.
+    with_transform(row_transform, [&](const auto& transform) {
       CUTLASS_PRAGMA_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + get<0>(coords(make_coord(make_coord(0, half, 0), mm, 0)));
-        int64_t y = -1;
-        if (row < rows) {
-          y = params_.target_int64 ? static_cast<const int64_t*>(params_.target)[row]
-                                   : static_cast<const int32_t*>(params_.target)[row];
-        }
-        // Every value of this row the thread holds, in increasing column order: f(k, column, x).
-        auto for_each_value = [&](auto&& f) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int nn = 0; nn < kTilesN; ++nn) {
+      for (int mm = 0; mm < kTilesM; ++mm) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const int row = row0 + get<0>(coords(make_coord(make_coord(0, half, 0), mm, 0)));
+          int64_t y = -1;
+          if (row < rows) {
+            y = params_.target_int64 ? static_cast<const int64_t*>(params_.target)[row]
+                                     : static_cast<const int32_t*>(params_.target)[row];
+          }
+          // Every value of this row the thread holds, in increasing column order: f(k, column, x).
+          auto for_each_value = [&](auto&& f) {
             CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kGroups; ++j) {
+            for (int nn = 0; nn < kTilesN; ++nn) {
               CUTLASS_PRAGMA_UNROLL
-              for (int p = 0; p < kPairs; ++p) {
-                const auto at = make_coord(make_coord(p, half, j), mm, nn);
-                f((nn * kGroups + j) * kPairs + p, col0 + get<1>(coords(at)), accumulators(at));
+              for (int j = 0; j < kGroups; ++j) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int p = 0; p < kPairs; ++p) {
+                  const auto at = make_coord(make_coord(p, half, j), mm, nn);
+                  f((nn * kGroups + j) * kPairs + p, col0 + get<1>(coords(at)), accumulators(at));
+                }
               }
             }
+          };
+          // The column of value k (k from 0 to kValues − 1 at run time; the layout is arithmetic).
+          auto column_of = [&](int k) {
+            const int p = k % kPairs, j = (k / kPairs) % kGroups, nn = k / (kPairs * kGroups);
+            return col0 + static_cast<int>(get<1>(coords(make_coord(make_coord(p, half, j), mm, nn))));
+          };
+          float value[kValues];
+          for_each_value([&](int k, int, float x) { value[k] = transform.value(x); });
+
+          common::RowStats<float> stats;
+          bool lean = false;
+          if (whole_tile) {
+            int where = 0;
+            lean = params_.extras ? lean_row_stats<true>(value, stats, where)
+                                  : lean_row_stats<false>(value, stats, where);
+            stats.argmax = params_.extras ? column_of(where) : col0;  // col0: never read
           }
-        };
-        // Pass 1: x̃ and the max (lowest column first). Columns ≥ V (the residue tile) enter no
-        // statistic.
-        float value[kTilesN * kGroups * kPairs];
-        float max = -common::infinity<float>();
-        int argmax = -1;
-        for_each_value([&](int k, int col, float x) {
-          const float v = transform.value(x);
-          value[k] = v;
-          if (col < cols && (v > max || argmax < 0 || (v != v && max == max))) {
-            max = v;
-            argmax = col;
+          if (!lean) exact_row_stats(value, for_each_value, cols, stats);
+          float target_logit = 0;  // x̃_y in the one lane holding column y, else 0
+          if (y >= col0 && y < col0 + static_cast<int64_t>(size<1>(block_shape)) && y < cols) {
+            for_each_value([&](int k, int col, float) {
+              if (col == y) target_logit = value[k];
+            });
           }
-        });
-        // Pass 2: the sums relative to the thread's max (one exp per logit).
-        common::RowStats<float> stats;
-        stats.max = max;
-        stats.argmax = argmax;
-        float target_logit = 0;
-        for_each_value([&](int k, int col, float) {
-          const float v = value[k];
-          if (col >= cols) return;
-          stats.sum_logits += v;
-          if (col == y) target_logit = v;
-          if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
-            const float d = v - max;
-            const float e = ::exp2f(d * 1.4426950408889634f);
-            stats.sum_exp += e;
-            stats.sum_exp_shift += e * d;
+          // The quad's four column quarters, merged into its first lane.
+          if (__all_sync(0xffffffffu, lean) && !params_.extras) {
+            quad_merge_lean(stats);
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int offset = 2; offset > 0; offset >>= 1) stats.merge(shuffle_down(stats, offset));
           }
-        });
-        stats.sum_weighted_logits = stats.sum_logits;
-        // The quad's four column quarters, merged into its first lane by the row kernels' merge.
-        CUTLASS_PRAGMA_UNROLL
-        for (int offset = 2; offset > 0; offset >>= 1) {
-          stats.merge(shuffle_down(stats, offset));
-          target_logit += __shfl_down_sync(0xffffffffu, target_logit, offset);
-        }
-        if (quad_leader && row < rows) {
-          float* record =
-              params_.partials + (static_cast<int64_t>(row) * params_.tiles + n_block) *
-                                     kTilePartialWidth;
-          // 24-byte records on a 256-byte aligned base: three aligned 8-byte stores.
-          reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
-          reinterpret_cast<float2*>(record)[1] =
-              make_float2(stats.sum_exp_shift, stats.sum_logits);
-          reinterpret_cast<float2*>(record)[2] = make_float2(
-              common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
-              target_logit);
+          CUTLASS_PRAGMA_UNROLL
+          for (int offset = 2; offset > 0; offset >>= 1) {
+            target_logit += __shfl_down_sync(0xffffffffu, target_logit, offset);
+          }
+          if (quad_leader && row < rows) {
+            float* record =
+                params_.partials + (static_cast<int64_t>(row) * params_.tiles + n_block) *
+                                       kTilePartialWidth;
+            // 24-byte records on a 256-byte aligned base: three aligned 8-byte stores.
+            reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
+            reinterpret_cast<float2*>(record)[1] =
+                make_float2(stats.sum_exp_shift, stats.sum_logits);
+            reinterpret_cast<float2*>(record)[2] = make_float2(
+                common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
+                target_logit);
+          }
         }
       }
-    }
+    });
   }
+
 
  private:
   Params params_;
@@ -225,7 +323,7 @@ struct StatsProduct {
   // [K, N] (K-major). 16-byte TMA alignment: 8 elements.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
-      Element, cutlass::layout::ColumnMajor, 8, float, typename Config::TileShape, ClusterShape,
+      Element, cutlass::layout::ColumnMajor, 8, float, typename Config::TileShape, typename Config::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       typename Config::Schedule>::CollectiveOp;
@@ -242,11 +340,11 @@ int multiprocessor_count() {
   return count;
 }
 
-// Measurement switches (decision 41), read once: XENT_CUDA_FUSED_SCHEDULE=pingpong,
+// Measurement switches (decision 41), read once: XENT_CUDA_FUSED_CLUSTER=2,
 // XENT_CUDA_FUSED_RASTER=m|n (default: CUTLASS's heuristic), XENT_CUDA_FUSED_SWIZZLE=1|2|4|8,
 // XENT_CUDA_FUSED_SKIP=1 (the epilogue does nothing: timing of the product alone, wrong results).
 struct Knobs {
-  bool pingpong = false, skip = false;
+  bool cluster = false, skip = false;
   char raster = 'h';
   int swizzle = 1;
 };
@@ -257,7 +355,7 @@ const Knobs& knobs() {
       const char* v = std::getenv(name);
       return v ? v : "";
     };
-    k.pingpong = text("XENT_CUDA_FUSED_SCHEDULE")[0] == 'p';
+    k.cluster = text("XENT_CUDA_FUSED_CLUSTER")[0] == '2';
     k.skip = text("XENT_CUDA_FUSED_SKIP")[0] == '1';
     if (text("XENT_CUDA_FUSED_RASTER")[0] != 0) k.raster = text("XENT_CUDA_FUSED_RASTER")[0];
     if (text("XENT_CUDA_FUSED_SWIZZLE")[0] != 0) k.swizzle = std::atoi(text("XENT_CUDA_FUSED_SWIZZLE"));
@@ -283,6 +381,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.target_int64 = p.target_int64;
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
+  epilogue.extras = p.extras;
   epilogue.skip = knobs().skip;
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
@@ -326,8 +425,8 @@ bool launch_config(const FusedStatsProduct& product, cudaStream_t stream) {
 }
 
 bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
-  return knobs().pingpong ? launch_config<Pingpong>(product, stream)
-                          : launch_config<Cooperative>(product, stream);
+  return knobs().cluster ? launch_config<Cooperative<2>>(product, stream)
+                         : launch_config<Cooperative<1>>(product, stream);
 }
 
 }  // namespace xent::cuda
