@@ -9,9 +9,9 @@
 //                            the loss, the statistics and the batch totals, with P = 1.
 // Workspace: [tile partials | records | the finish's scratch], each 256-byte aligned; for
 // (8192, ·, 128256) that is 8192 · 501 · 24 B ≈ 94 MiB of partials, against 2 GiB of bf16 logits.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "api/shard_backend.hpp"
 #include "common/ce_shard.hpp"
@@ -94,12 +94,33 @@ std::size_t record_bytes(int64_t rows) {
   return align_up(static_cast<std::size_t>(rows) * kCeShardStatsWidth * sizeof(float));
 }
 
-FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab) {
+// What the whole call keeps besides one chunk's partials: every row's record and the finish.
+std::size_t fixed_bytes(int64_t rows) {
+  return record_bytes(rows) + align_up(ce_shard_workspace_size(rows));
+}
+
+// Rows per fused product: all of them when their tile partials fit the budget beside the fixed
+// part, else the most whole 128-row tiles that do (each chunk re-reads W once: at 64 MiB and
+// V = 128256 a chunk holds ≈ 5,400 rows). 0 when not even one row tile fits.
+int64_t chunk_rows(int64_t rows, int64_t vocab, std::size_t budget) {
+  constexpr int64_t kRowTile = 128;
+  const std::size_t fixed = fixed_bytes(rows);
+  if (fixed + partial_bytes(rows, vocab) <= budget) return rows;
+  if (fixed >= budget) return 0;
+  const std::size_t per_row =
+      static_cast<std::size_t>(tile_count(vocab)) * kTilePartialWidth * sizeof(float);
+  // align_up rounds partial_bytes up by < 256 bytes: keep that much aside.
+  const std::size_t room = budget - fixed;
+  const int64_t fit = room > 256 ? static_cast<int64_t>((room - 256) / per_row) : 0;
+  return std::min(rows, fit / kRowTile * kRowTile);
+}
+
+FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab, int64_t chunk) {
   char* base = static_cast<char*>(workspace.data);
   FusedWorkspace ws;
   ws.partials = reinterpret_cast<float*>(base);
-  ws.records = reinterpret_cast<float*>(base + partial_bytes(rows, vocab));
-  ws.finish.data = base + partial_bytes(rows, vocab) + record_bytes(rows);
+  ws.records = reinterpret_cast<float*>(base + partial_bytes(chunk, vocab));
+  ws.finish.data = base + partial_bytes(chunk, vocab) + record_bytes(rows);
   ws.finish.bytes = ce_shard_workspace_size(rows);
   return ws;
 }
@@ -119,13 +140,37 @@ bool tma_aligned(const TensorView& matrix) {
 
 }  // namespace
 
-std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab) {
-  return partial_bytes(rows, vocab) + record_bytes(rows) + align_up(ce_shard_workspace_size(rows));
+std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t budget) {
+  const int64_t chunk = chunk_rows(rows, vocab, budget);
+  return chunk > 0 ? partial_bytes(chunk, vocab) + fixed_bytes(rows) : 0;
+}
+
+namespace {
+// XENT_CUDA_FUSED_STATS: "0" never, "1" whenever the call is eligible, unset: the policy of
+// fused_stats_preferred.
+char fused_switch() {
+  const char* knob = std::getenv("XENT_CUDA_FUSED_STATS");
+  return knob && (knob[0] == '0' || knob[0] == '1') ? knob[0] : 'p';
+}
+
+// Whether the tile partials need the extras (Σe·d, Σx̃, argmax) for these outputs.
+bool needs_extras(const LinearCeOptions& options, const LinearCeOutputs& out) {
+  return options.ce.label_smoothing != 0 || out.stats.entropy.present() ||
+         out.stats.argmax.present() || out.stats.accuracy.present();
+}
+}  // namespace
+
+bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
+                           bool logits_chunked) {
+  switch (fused_switch()) {
+    case '0': return false;
+    case '1': return true;
+    default: return logits_chunked || (!needs_extras(options, out) && !options.ce.softcap);
+  }
 }
 
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
-  const char* knob = std::getenv("XENT_CUDA_FUSED_STATS");
-  if (knob && std::strcmp(knob, "0") == 0) return false;
+  if (fused_switch() == '0') return false;
   // Class weights (Σw·x̃ and w_y in the epilogue) stay on the cuBLASLt path, as does a forward
   // that fills the logits cache (it must write the logits).
   return (dtype == DType::bf16 || dtype == DType::f16) && !options.ce.class_weight.present() &&
@@ -134,44 +179,57 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
 
 bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
                                    TensorView target, const LinearCeOptions& options,
-                                   const LinearCeOutputs& out, Workspace workspace,
-                                   cudaStream_t stream) {
+                                   const LinearCeOutputs& out, bool logits_chunked,
+                                   Workspace workspace, cudaStream_t stream) {
   const int64_t rows = hidden.rows, vocab = weight.rows;
-  if (!fused_stats_candidate(hidden.dtype, options) || bias.present() ||
+  if (!fused_stats_candidate(hidden.dtype, options) ||
+      !fused_stats_preferred(options, out, logits_chunked) || bias.present() ||
       weight.dtype != hidden.dtype || rows <= 0 || rows > INT32_MAX || vocab > INT32_MAX ||
       !fused_stats_product_built() || !tma_aligned(hidden) || !tma_aligned(weight) ||
       !device_is_sm90(hidden.device.index)) {
     return false;
   }
-  const std::size_t bytes = fused_stats_workspace_bytes(rows, vocab);
-  if (bytes > options.workspace_budget || bytes > workspace.bytes || workspace.data == nullptr) {
+  const int64_t chunk = chunk_rows(rows, vocab, options.workspace_budget);
+  if (chunk == 0 || partial_bytes(chunk, vocab) + fixed_bytes(rows) > workspace.bytes ||
+      workspace.data == nullptr) {
     return false;
   }
-  const FusedWorkspace ws = carve(workspace, rows, vocab);
-  FusedStatsProduct product;
-  product.hidden = hidden.data;
-  product.hidden_stride = hidden.row_stride;
-  product.weight = weight.data;
-  product.weight_stride = weight.row_stride;
-  product.dtype = hidden.dtype;
-  product.rows = rows;
-  product.vocab = vocab;
-  product.hidden_size = hidden.cols;
-  product.target = target.data;
-  product.target_int64 = target.dtype == DType::i64;
-  product.logit_scale = static_cast<float>(options.ce.logit_scale);
-  product.softcap = options.ce.softcap ? static_cast<float>(*options.ce.softcap) : 0.0f;
-  product.extras = options.ce.label_smoothing != 0 || out.stats.entropy.present() ||
-                   out.stats.argmax.present() || out.stats.accuracy.present();
-  product.partials = ws.partials;
-  product.tiles = tile_count(vocab);
-  if (!fused_stats_product(product, stream)) return false;
-
-  TileMergeParams merge{ws.partials, rows,        product.tiles, vocab,
-                        target.data, target.dtype, ws.records};
-  const unsigned blocks = static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps);
-  fused_tile_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(merge);
-  XENT_CUDA_CHECK_LAUNCH();
+  const FusedWorkspace ws = carve(workspace, rows, vocab, chunk);
+  const std::size_t hidden_row_bytes =
+      static_cast<std::size_t>(hidden.row_stride) * dtype_size(hidden.dtype);
+  const std::size_t target_bytes = dtype_size(target.dtype);
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t count = std::min(chunk, rows - first);
+    const void* chunk_target = static_cast<const char*>(target.data) + first * target_bytes;
+    FusedStatsProduct product;
+    product.hidden = static_cast<const char*>(hidden.data) + first * hidden_row_bytes;
+    product.hidden_stride = hidden.row_stride;
+    product.weight = weight.data;
+    product.weight_stride = weight.row_stride;
+    product.dtype = hidden.dtype;
+    product.rows = count;
+    product.vocab = vocab;
+    product.hidden_size = hidden.cols;
+    product.target = chunk_target;
+    product.target_int64 = target.dtype == DType::i64;
+    product.logit_scale = static_cast<float>(options.ce.logit_scale);
+    product.softcap = options.ce.softcap ? static_cast<float>(*options.ce.softcap) : 0.0f;
+    product.extras = needs_extras(options, out);
+    product.partials = ws.partials;
+    product.tiles = tile_count(vocab);
+    if (!fused_stats_product(product, stream)) {
+      // Only the first chunk can decline (the later ones have the same shapes and alignment).
+      if (first == 0) return false;
+      throw Error(ErrorKind::runtime, "linear_ce_forward: the fused statistics product declined "
+                                      "a later row chunk");
+    }
+    TileMergeParams merge{ws.partials, count,        product.tiles,
+                          vocab,       chunk_target, target.dtype,
+                          ws.records + first * kCeShardStatsWidth};
+    const unsigned blocks = static_cast<unsigned>((count + kMergeWarps - 1) / kMergeWarps);
+    fused_tile_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(merge);
+    XENT_CUDA_CHECK_LAUNCH();
+  }
 
   const TensorView records = matrix(ws.records, DType::f32, rows, kCeShardStatsWidth,
                                     kCeShardStatsWidth, hidden.device);

@@ -61,22 +61,35 @@ bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream);
 
 // ---- fused_stats.cu ----------------------------------------------------------------------------
 
-// Bytes of workspace the fused no-gradient forward needs for these sizes (tile partials, merged
-// records, the finishing merge's scratch).
-std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab);
+// Bytes of workspace the fused no-gradient forward needs for these sizes within `budget`: one row
+// chunk's tile partials (all rows when they fit, else whole 128-row tiles), every row's merged
+// record, the finishing merge's scratch. 0 when the budget holds not even one row tile.
+std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t budget);
 
 // Whether a no-gradient linear_ce forward with these options may take the fused path, from what
-// the size query sees (dtype, options; not the device, bias or alignment). Reads the switch
-// XENT_CUDA_FUSED_STATS (0 disables; default on).
+// the size query sees (dtype, options; not the device, bias, alignment or the outputs asked
+// for). Reads the switch XENT_CUDA_FUSED_STATS (0 disables).
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
+
+// Whether an eligible call takes the fused path (docs/perf-notes.md, decision 41, H200):
+// - always when the cuBLASLt path would split the rows into several logits chunks (a budget
+//   below N × V logits): the fused product reads W once per ≈ 5,400-row chunk at 64 MiB instead
+//   of once per few hundred rows;
+// - otherwise when its epilogue is the lean one (no entropy, argmax, accuracy, label smoothing
+//   or softcap), measured at 0.93–1.03 × the cuBLASLt path; with those, its epilogue is bound
+//   by the multiprocessor's ex2 unit and it measured 1.04–1.07 ×, so the cuBLASLt path stays.
+// XENT_CUDA_FUSED_STATS=1 takes it whenever eligible, =0 never (measurements, tests).
+bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
+                           bool logits_chunked);
 
 // The no-gradient forward through the fused product, when this call can take it (sm_90 device,
 // built kernel, bf16/f16, no bias, no class weights, aligned operands, workspace within budget
-// and given). Returns false, having launched nothing, otherwise.
+// and given) and fused_stats_preferred says so; `logits_chunked`: whether the cuBLASLt path's
+// plan has several row chunks. Returns false, having launched nothing, otherwise.
 bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
                                    TensorView target, const LinearCeOptions& options,
-                                   const LinearCeOutputs& out, Workspace workspace,
-                                   cudaStream_t stream);
+                                   const LinearCeOutputs& out, bool logits_chunked,
+                                   Workspace workspace, cudaStream_t stream);
 
 // How many forwards took the fused path in this process (tests assert the path ran).
 int64_t fused_stats_forward_count();

@@ -31,17 +31,13 @@
 namespace xent::cuda {
 namespace {
 
-// Both consumer warpgroups on one 128×256 tile (the cooperative schedule; the ping-pong schedule
-// with 64×256 tiles measured slower even without an epilogue, decision 41). kClusterM CTAs of
-// neighbouring row tiles share each W tile's load (TMA multicast) when 2.
-template <int kClusterM>
-struct Cooperative {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
-  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-};
-static_assert(cute::size<1>(Cooperative<1>::TileShape{}) == kFusedTileColumns,
-              "fused_stats.hpp tile width");
+// Both consumer warpgroups on one 128×256 tile (the cooperative schedule), in clusters of two
+// CTAs on neighbouring row tiles that share each W tile's load (TMA multicast). Measured on the
+// H200 (decision 41): the ping-pong schedule with 64×256 tiles ran slower even without an
+// epilogue; clusters of two ran 0–2 % faster than single CTAs.
+using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+static_assert(cute::size<1>(TileShape{}) == kFusedTileColumns, "fused_stats.hpp tile width");
 
 struct StatsEpilogueParams {
   float* partials = nullptr;
@@ -50,7 +46,7 @@ struct StatsEpilogueParams {
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
-  bool skip = false;  // measurement only: the product without its epilogue (XENT_CUDA_FUSED_SKIP)
+  bool skip = false;  // measurement only: the product without its epilogue (skip_epilogue)
 };
 
 // Statistics of the kN values one thread holds of a row in a tile whose columns all lie inside
@@ -317,16 +313,16 @@ static_assert(kTileMax == 0 && kTileSumExp == 1 && kTileSumExpShift == 2 && kTil
 
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<StatsEpilogue>;
 
-template <class Element, class Config>
+template <class Element>
 struct StatsProduct {
   // h [rows, H] row-major is A (K-major); W [V, H] row-major is B as CUTLASS's column-major
   // [K, N] (K-major). 16-byte TMA alignment: 8 elements.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
-      Element, cutlass::layout::ColumnMajor, 8, float, typename Config::TileShape, typename Config::ClusterShape,
+      Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      typename Config::Schedule>::CollectiveOp;
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -340,34 +336,20 @@ int multiprocessor_count() {
   return count;
 }
 
-// Measurement switches (decision 41), read once: XENT_CUDA_FUSED_CLUSTER=2,
-// XENT_CUDA_FUSED_RASTER=m|n (default: CUTLASS's heuristic), XENT_CUDA_FUSED_SWIZZLE=1|2|4|8,
-// XENT_CUDA_FUSED_SKIP=1 (the epilogue does nothing: timing of the product alone, wrong results).
-struct Knobs {
-  bool cluster = false, skip = false;
-  char raster = 'h';
-  int swizzle = 1;
-};
-const Knobs& knobs() {
-  static const Knobs k = [] {
-    Knobs k;
-    const auto text = [](const char* name) {
-      const char* v = std::getenv(name);
-      return v ? v : "";
-    };
-    k.cluster = text("XENT_CUDA_FUSED_CLUSTER")[0] == '2';
-    k.skip = text("XENT_CUDA_FUSED_SKIP")[0] == '1';
-    if (text("XENT_CUDA_FUSED_RASTER")[0] != 0) k.raster = text("XENT_CUDA_FUSED_RASTER")[0];
-    if (text("XENT_CUDA_FUSED_SWIZZLE")[0] != 0) k.swizzle = std::atoi(text("XENT_CUDA_FUSED_SWIZZLE"));
-    return k;
+// XENT_CUDA_FUSED_SKIP=1 makes the epilogue return at once: the product's time without it, for
+// measurements only (the results are then wrong). Read once.
+bool skip_epilogue() {
+  static const bool skip = [] {
+    const char* text = std::getenv("XENT_CUDA_FUSED_SKIP");
+    return text != nullptr && text[0] == '1';
   }();
-  return k;
+  return skip;
 }
 
-template <class Element, class Config>
+template <class Element>
 bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
-  using Gemm = typename StatsProduct<Element, Config>::Gemm;
-  using Kernel = typename StatsProduct<Element, Config>::Kernel;
+  using Gemm = typename StatsProduct<Element>::Gemm;
+  using Kernel = typename StatsProduct<Element>::Kernel;
   typename Kernel::StrideA stride_a{};
   typename Kernel::StrideB stride_b{};
   cute::get<0>(stride_a) = p.hidden_stride;
@@ -382,7 +364,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
-  epilogue.skip = knobs().skip;
+  epilogue.skip = skip_epilogue();
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
   hw_info.sm_count = multiprocessor_count();
@@ -393,10 +375,6 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
        stride_b},
       epilogue,
       hw_info};
-  using Raster = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
-  if (knobs().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
-  if (knobs().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
-  args.scheduler.max_swizzle_size = knobs().swizzle;
   Gemm gemm;
   // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
   // rather than allocate behind the caller's back.
@@ -415,18 +393,12 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
 
 bool fused_stats_product_built() { return true; }
 
-template <class Config>
-bool launch_config(const FusedStatsProduct& product, cudaStream_t stream) {
+bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
   switch (product.dtype) {
-    case DType::bf16: return launch<cutlass::bfloat16_t, Config>(product, stream);
-    case DType::f16: return launch<cutlass::half_t, Config>(product, stream);
+    case DType::bf16: return launch<cutlass::bfloat16_t>(product, stream);
+    case DType::f16: return launch<cutlass::half_t>(product, stream);
     default: return false;
   }
-}
-
-bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
-  return knobs().cluster ? launch_config<Cooperative<2>>(product, stream)
-                         : launch_config<Cooperative<1>>(product, stream);
 }
 
 }  // namespace xent::cuda

@@ -114,8 +114,7 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   // A forward without gradients may take the fused statistics product (fused_stats.hpp) when
   // its tile partials fit the budget: the caller's workspace must then hold them too.
   if (!with_gradients && fused_stats_candidate(dtype, options)) {
-    const std::size_t fused = fused_stats_workspace_bytes(rows, vocab);
-    if (fused <= options.workspace_budget) bytes = std::max(bytes, fused);
+    bytes = std::max(bytes, fused_stats_workspace_bytes(rows, vocab, options.workspace_budget));
   }
   return bytes;
 }
@@ -400,12 +399,18 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
                        TensorView grad_output, Workspace workspace, Stream stream) {
   DeviceGuard guard(hidden.device.index);
   const LinearGradients& grads = out.grads;
-  // Without gradients (and no logits cache to fill) the whole forward is one fused product on
-  // Hopper, with no logits buffer; it declines (launching nothing) where it cannot run.
-  if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
-      linear_ce_forward_fused_stats(hidden, weight, bias, target, options, out, workspace,
-                                    stream_of(stream))) {
-    return;
+  // Without gradients (and no logits cache to fill) the forward may be fused products on
+  // Hopper, with no logits buffer (fused_stats.hpp says when); it declines (launching nothing)
+  // where it cannot run or is not preferred.
+  if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present()) {
+    const bool logits_chunked =
+        plan_linear_ce(hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, false, false,
+                       false, false)
+            .chunks.chunk_count > 1;
+    if (linear_ce_forward_fused_stats(hidden, weight, bias, target, options, out, logits_chunked,
+                                      workspace, stream_of(stream))) {
+      return;
+    }
   }
   LinearCeCall call{hidden, weight, bias, target, options};
   call.grad_output = grad_output;
