@@ -327,7 +327,14 @@ TEST_P(CudaFusedStatsNonFinite, MatchesCublasLtPath) {
   same("lse", fused.lse, plain.lse);
   same("logprob", fused.logprob, plain.logprob);
   if (all_stats) {
-    same("entropy", fused.entropy, plain.entropy);
+    // In fp16 rows 2–4 are finite and so peaked that the cuBLASLt path's fp16 logits (32 apart
+    // near 48000) turn near-ties into exact ones (entropy ln 4 where fp32 logits give 0.8): their
+    // entropy is not comparable, only their NaN-free, finite loss and lse above.
+    std::vector<double> fused_entropy = fused.entropy, plain_entropy = plain.entropy;
+    if (dtype == DType::f16) {
+      for (int64_t n = 2; n <= 4; ++n) fused_entropy[n] = plain_entropy[n] = 0;
+    }
+    same("entropy", fused_entropy, plain_entropy);
     // The rows built above; elsewhere near-ties may swap. In fp16 rows 2–4 are finite near-ties
     // too (the cuBLASLt path's fp16 logits are 32 apart near 48000), so only the NaN rows count.
     for (int64_t n = 1; n <= 5; ++n) {
