@@ -415,6 +415,58 @@ INSTANTIATE_TEST_SUITE_P(Default, CudaFusedStatsPolicy,
                            return std::string("unknown");
                          });
 
+// A valid target outside [0, V) on the fused path: as on every GPU path, no synchronisation and
+// no exception in the call; that row's loss is NaN, the others are finite, and check_errors then
+// reports the target, its value and the op (through ce_shard_finish, as linear_ce_forward).
+TEST(CudaFusedStatsErrors, OutOfRangeTargetFlagged) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const int64_t rows = 40, hidden = 64, vocab = 300;
+  const LinearLayer layer = make_linear_layer(rng, rows, hidden, vocab, false, 2.0, DType::bf16);
+  std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, false, false, false);
+  target[4] = vocab + 6;
+  const Tensor hidden_t = Tensor::of(layer.hidden, DType::bf16);
+  const Tensor weight_t = Tensor::of(layer.weight, DType::bf16);
+  const Tensor target_t = Tensor::of_integers(target, DType::i64);
+  LinearCeOptions options;
+  options.ce.reduction = Reduction::none;
+  Tensor loss = Tensor::vector(DType::f32, rows);
+  loss.poison();
+  LinearCeOutputs out;
+  out.loss = loss.view();
+  const Scratch scratch(
+      linear_ce_workspace_size(rows, hidden, vocab, DType::bf16, options, test_device(), false));
+  setenv("XENT_CUDA_FUSED_STATS", "1", 1);
+  const int64_t before = cuda::fused_stats_forward_count();
+  linear_ce_forward(hidden_t.view(), weight_t.view(), {}, target_t.view(), options, out, {},
+                    scratch.workspace());
+  finish();
+  unsetenv("XENT_CUDA_FUSED_STATS");
+  if (device_is_sm90()) {
+    EXPECT_EQ(cuda::fused_stats_forward_count() - before, 1) << "the fused path did not run";
+  }
+  const std::vector<double> values = loss.download();
+  EXPECT_TRUE(std::isnan(values[4])) << "the row with the bad target must have a NaN loss";
+  for (int64_t n = 0; n < rows; ++n) {
+    if (n != 4) {
+      EXPECT_TRUE(std::isfinite(values[n])) << "row " << n;
+    }
+  }
+  std::string message;
+  expect_invalid(
+      [&] {
+        try {
+          check_errors(test_device());
+        } catch (const Error& e) {
+          message = e.what();
+          throw;
+        }
+      },
+      "target", "306");
+  EXPECT_NE(message.find("linear_ce"), std::string::npos) << "the op is not named: " << message;
+  EXPECT_NO_THROW(check_errors(test_device())) << "check_errors must clear the flag it reported";
+}
+
 // Calls the fused path declines: they must still be right, through the cuBLASLt path.
 enum class Decline { class_weights, bias, unaligned_hidden_rows, switched_off };
 
