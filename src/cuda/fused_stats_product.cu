@@ -19,6 +19,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdlib>
 #include <type_traits>
@@ -46,7 +47,7 @@ struct StatsEpilogueParams {
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
-  bool skip = false;  // measurement only: the product without its epilogue (skip_epilogue)
+  bool skip = false;  // measurement only: the product without its epilogue (Measurement)
 };
 
 // Statistics of the kN values one thread holds of a row in a tile whose columns all lie inside
@@ -336,14 +337,27 @@ int multiprocessor_count() {
   return count;
 }
 
-// XENT_CUDA_FUSED_SKIP=1 makes the epilogue return at once: the product's time without it, for
-// measurements only (the results are then wrong). Read once.
-bool skip_epilogue() {
-  static const bool skip = [] {
-    const char* text = std::getenv("XENT_CUDA_FUSED_SKIP");
-    return text != nullptr && text[0] == '1';
+// Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogue return at once (the
+// product's time without it; the results are then wrong); XENT_CUDA_FUSED_RASTER=m|n and
+// XENT_CUDA_FUSED_SWIZZLE=1|2|4|8 set the persistent scheduler's tile order (default: CUTLASS's
+// heuristic, swizzle 1). For A/B runs (docs/perf-notes.md, decisions 41 and 43).
+struct Measurement {
+  bool skip = false;
+  char raster = 'h';
+  int swizzle = 1;
+};
+const Measurement& measurement() {
+  static const Measurement m = [] {
+    Measurement m;
+    const char* skip = std::getenv("XENT_CUDA_FUSED_SKIP");
+    const char* raster = std::getenv("XENT_CUDA_FUSED_RASTER");
+    const char* swizzle = std::getenv("XENT_CUDA_FUSED_SWIZZLE");
+    m.skip = skip != nullptr && skip[0] == '1';
+    if (raster != nullptr && (raster[0] == 'm' || raster[0] == 'n')) m.raster = raster[0];
+    if (swizzle != nullptr) m.swizzle = std::max(1, std::atoi(swizzle));
+    return m;
   }();
-  return skip;
+  return m;
 }
 
 template <class Element>
@@ -364,7 +378,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
-  epilogue.skip = skip_epilogue();
+  epilogue.skip = measurement().skip;
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
   hw_info.sm_count = multiprocessor_count();
@@ -375,6 +389,10 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
        stride_b},
       epilogue,
       hw_info};
+  using Raster = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
+  if (measurement().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
+  if (measurement().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
+  args.scheduler.max_swizzle_size = measurement().swizzle;
   Gemm gemm;
   // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
   // rather than allocate behind the caller's back.
