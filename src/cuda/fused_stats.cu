@@ -161,13 +161,12 @@ bool needs_extras(const LinearCeOptions& options, const LinearCeOutputs& out) {
 }  // namespace
 
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
-                           int64_t hidden_size, bool logits_chunked) {
+                           bool logits_chunked) {
   switch (fused_switch()) {
     case '0': return false;
     case '1': return true;
     default:
-      return logits_chunked || (!needs_extras(options, out) && !options.ce.softcap &&
-                                hidden_size <= kFusedLeanMaxHidden);
+      return logits_chunked || (!needs_extras(options, out) && !options.ce.softcap);
   }
 }
 
@@ -185,7 +184,7 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
                                    Workspace workspace, cudaStream_t stream) {
   const int64_t rows = hidden.rows, vocab = weight.rows;
   if (!fused_stats_candidate(hidden.dtype, options) ||
-      !fused_stats_preferred(options, out, hidden.cols, logits_chunked) || bias.present() ||
+      !fused_stats_preferred(options, out, logits_chunked) || bias.present() ||
       weight.dtype != hidden.dtype || rows <= 0 || rows > INT32_MAX || vocab > INT32_MAX ||
       !fused_stats_product_built() || !tma_aligned(hidden) || !tma_aligned(weight) ||
       !device_is_sm90(hidden.device.index)) {

@@ -71,20 +71,18 @@ std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t
 // for). Reads the switch XENT_CUDA_FUSED_STATS (0 disables).
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 
-// Whether an eligible call takes the fused path (docs/perf-notes.md, decision 41, H200,
+// Whether an eligible call takes the fused path (docs/perf-notes.md, decisions 41 and 43, H200,
 // no-gradient forward at (8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256)):
 // - always when the cuBLASLt path would split the rows into several logits chunks (a budget
 //   below N × V logits): the fused product reads W once per ≈ 5,400-row chunk at 64 MiB instead
-//   of once per few hundred rows (measured 0.65–0.87 × the cuBLASLt path there);
+//   of once per few hundred rows (measured 0.63–0.87 × the cuBLASLt path there);
 // - otherwise when its epilogue is the lean one (no entropy, argmax, accuracy, label smoothing
-//   or softcap) and H ≤ kFusedLeanMaxHidden: measured 0.91–0.98 × at H = 768 and 2304, but
-//   1.02–1.04 × at H = 4096, where the logits' round trip is a small share and cuBLAS's
-//   product is a little faster than this one. With the extras or a softcap the epilogue is
-//   bound by the multiprocessor's ex2 unit (1.01–1.07 ×), so the cuBLASLt path stays.
+//   or softcap): with the tile order of decision 43, measured 0.97–1.0 / 0.98 / 0.87 × the
+//   cuBLASLt path at the three shapes. With the extras or a softcap the epilogue costs ≈ 1 ms
+//   more (ex2- and issue-bound) and measured 0.99–1.07 ×, so the cuBLASLt path stays.
 // XENT_CUDA_FUSED_STATS=1 takes it whenever eligible, =0 never (measurements, tests).
-constexpr int64_t kFusedLeanMaxHidden = 3072;
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
-                           int64_t hidden_size, bool logits_chunked);
+                           bool logits_chunked);
 
 // The no-gradient forward through the fused product, when this call can take it (sm_90 device,
 // built kernel, bf16/f16, no bias, no class weights, aligned operands, workspace within budget

@@ -188,7 +188,6 @@ class StatsEpilogue {
                                  cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     using namespace cute;
-    if (params_.skip) return;
     // The wgmma accumulator layout (CUTLASS's GMMA::CLayout_64xN): in a warpgroup's 64-row slab,
     // thread t = t0 + 4·t1 + 32·t2 (t0 < 4) holds rows t1 + 16·t2 and that + 8 (value mode 1),
     // columns 2·t0 + {0, 1} (value mode 0) + 8·j (value mode 2). So one row of a tile lives in
@@ -210,6 +209,10 @@ class StatsEpilogue {
     const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
     const int m_block = static_cast<int>(get<0>(block_coord_mnkl));
     const int n_block = static_cast<int>(get<1>(block_coord_mnkl));
+    // The scheduler pads the tile grid to whole swizzle groups and clusters: tiles past the last
+    // column tile (or past the last row: their rows fail `row < rows` below) hold no columns of
+    // x and must write nothing (their partial would land in the next row's).
+    if (params_.skip || n_block >= params_.tiles) return;
     const int row0 = m_block * size<0>(block_shape);
     const int col0 = n_block * size<1>(block_shape);
     // The last column tile of a vocabulary that is not a multiple of the tile holds columns ≥ V
@@ -337,14 +340,17 @@ int multiprocessor_count() {
   return count;
 }
 
+// The persistent scheduler's tile order: along M (consecutive clusters take the next row tiles
+// of one W column block) with a swizzle of 8 (eight column blocks interleaved), measured on the
+// H200 against CUTLASS's heuristic (along M here, swizzle 1) and along N: 1.5–4.4 % faster at the
+// three linear_ce shapes (docs/perf-notes.md, decision 43).
 // Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogue return at once (the
-// product's time without it; the results are then wrong); XENT_CUDA_FUSED_RASTER=m|n and
-// XENT_CUDA_FUSED_SWIZZLE=1|2|4|8 set the persistent scheduler's tile order (default: CUTLASS's
-// heuristic, swizzle 1). For A/B runs (docs/perf-notes.md, decisions 41 and 43).
+// product's time without it; the results are then wrong); XENT_CUDA_FUSED_RASTER=h|m|n (h:
+// CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8 replace the order above.
 struct Measurement {
   bool skip = false;
-  char raster = 'h';
-  int swizzle = 1;
+  char raster = 'm';
+  int swizzle = 8;
 };
 const Measurement& measurement() {
   static const Measurement m = [] {
@@ -353,7 +359,9 @@ const Measurement& measurement() {
     const char* raster = std::getenv("XENT_CUDA_FUSED_RASTER");
     const char* swizzle = std::getenv("XENT_CUDA_FUSED_SWIZZLE");
     m.skip = skip != nullptr && skip[0] == '1';
-    if (raster != nullptr && (raster[0] == 'm' || raster[0] == 'n')) m.raster = raster[0];
+    if (raster != nullptr && (raster[0] == 'h' || raster[0] == 'm' || raster[0] == 'n')) {
+      m.raster = raster[0];
+    }
     if (swizzle != nullptr) m.swizzle = std::max(1, std::atoi(swizzle));
     return m;
   }();
