@@ -77,8 +77,8 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 //   below N × V logits): the fused product reads W once per ≈ 5,400-row chunk at 64 MiB instead
 //   of once per few hundred rows (measured 0.63–0.87 × the cuBLASLt path there);
 // - otherwise when its epilogue is the lean one (no entropy, argmax, accuracy, label smoothing
-//   or softcap): with the tile order of decision 43, measured 0.97–1.0 / 0.98 / 0.87 × the
-//   cuBLASLt path at the three shapes. With the extras or a softcap the epilogue costs ≈ 1 ms
+//   or softcap): with the tile order of decision 43, measured 1.00 / 0.96 / 0.90 × the
+//   cuBLASLt path at the three shapes (0.99 / 0.96 / 0.91 × through Python). With the extras or a softcap the epilogue costs ≈ 1 ms
 //   more (ex2- and issue-bound) and measured 0.99–1.07 ×, so the cuBLASLt path stays.
 // XENT_CUDA_FUSED_STATS=1 takes it whenever eligible, =0 never (measurements, tests).
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
