@@ -9,6 +9,8 @@ states and the LM head weight:
   xent       xent.linear_logprobs(h, W, y, temperature, return_entropy=True)
   xent_cache the same with cache_logits=True (the forward keeps the N×V logits for the backward:
              three products instead of four, N·V elements more)
+  xent_logprob  xent.linear_logprobs(h, W, y, temperature) without the entropy: J = Σ a·logprob
+             (the forward asks for the loss and lse alone, so the lean kernels run)
   eager      log_softmax((h @ W.T).float() / T), gather and entropy, in PyTorch eager
   compile    the same function through torch.compile
   linear_ce  xent.linear_cross_entropy(h, W, y) (mean, gradient formed in the forward)
@@ -35,7 +37,7 @@ from compare_torch import (DTYPES, Timer, device_name, git_commit,  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-IMPLS = ("xent", "xent_cache", "eager", "compile", "linear_ce", "linear_ce_none")
+IMPLS = ("xent", "xent_cache", "xent_logprob", "eager", "compile", "linear_ce", "linear_ce_none")
 ENTROPY_WEIGHT = 0.01
 
 
@@ -57,6 +59,9 @@ def make_objective(impl: str, temperature: float):
                                                     cache_logits=impl == "xent_cache")
             return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
         return objective
+    if impl == "xent_logprob":
+        return lambda h, w, y, advantage: (
+            advantage * xent.linear_logprobs(h, w, y, temperature=temperature)).sum()
     if impl == "eager":
         return lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature)
     if impl == "compile":

@@ -21,12 +21,24 @@ def _zero_ignored(values, target, ignore_index):
     return values.masked_fill(target == ignore_index, 0.0)
 
 
+def _statistics(outputs, target, ignore_index, with_entropy):
+    """(lse, logprob, entropy) of a `none` forward called with `with_stats=with_entropy`.
+
+    Without the statistics the op forms the loss and lse alone, so the lean kernels run (the
+    fused product's lean epilogue, the row kernels without entropy and argmax); then logprob is
+    −loss (without label smoothing and z-loss a row's loss is lse − x̃_y, and an ignored row's
+    is 0) and the entropy, which the caller does not return, is zeros."""
+    if with_entropy:
+        return outputs[1], outputs[2], _zero_ignored(outputs[3], target, ignore_index)
+    logprob = _zero_ignored(outputs[0].neg(), target, ignore_index)  # +0, not −0, when ignored
+    return outputs[1], logprob, torch.zeros_like(logprob)
+
+
 def _forward_outputs(ctx, statistics, target, ignore_index, inputs, options, with_entropy,
                      cache=None):
-    """(logprob, entropy) from a `none` forward's statistics; saves what the backward reads
+    """(logprob, entropy) from a `none` forward's outputs; saves what the backward reads
     (inputs, target, lse, entropy, then the logits cache when there is one)."""
-    lse, logprob = statistics[1], statistics[2]
-    entropy = _zero_ignored(statistics[3], target, ignore_index)
+    lse, logprob, entropy = _statistics(statistics, target, ignore_index, with_entropy)
     ctx.save_for_backward(*inputs, target, lse, entropy, *(() if cache is None else (cache,)))
     ctx.options = options
     ctx.with_entropy = with_entropy
@@ -43,7 +55,7 @@ class LogprobsFunction(torch.autograd.Function):
     def forward(ctx, logits, target, options, with_entropy):
         ignore_index, softcap, logit_scale = options
         outputs = ops.ce_forward(logits, target, None, None, ignore_index, "none", 0.0, 0.0,
-                                 softcap, logit_scale, True)
+                                 softcap, logit_scale, bool(with_entropy))
         return _forward_outputs(ctx, outputs, target, ignore_index, (logits,), options,
                                 with_entropy)
 
@@ -77,7 +89,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
         outputs = ops.linear_ce_forward(*_compute_copies(compute_dtype, hidden, weight, bias),
                                         target, None, None, ignore_index,
                                         "none", 0.0, 0.0, softcap, logit_scale, budget,
-                                        fp32_logits, True, False, False, False,
+                                        fp32_logits, bool(with_entropy), False, False, False,
                                         cache_logits, None, None)
         ctx.wants = wants
         ctx.compute_dtype = compute_dtype

@@ -26,7 +26,7 @@ from xent._autograd import (
 )
 from xent import distributed as _distributed
 from xent._errors import python_names
-from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _zero_ignored
+from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _statistics
 from xent._ops import ops
 
 Tensor = torch.Tensor
@@ -615,8 +615,8 @@ def logprobs(logits: Tensor, target: Tensor, temperature: float = 1.0,
                                                   bool(return_entropy))
     else:
         outputs = ops.ce_forward(logits2d, target1d, None, None, options[0], "none", 0.0, 0.0,
-                                 options[1], options[2], True)
-        logprob, entropy = outputs[2], _zero_ignored(outputs[3], target1d, options[0])
+                                 options[1], options[2], bool(return_entropy))
+        _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), logits)
 
 
@@ -656,7 +656,7 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
         outputs = ops.linear_ce_forward(*operands, target1d, None, None, options[0],
-                                        "none", 0.0, 0.0, *options[1:], True, False, False, False,
-                                        False, None, None)
-        logprob, entropy = outputs[2], _zero_ignored(outputs[3], target1d, options[0])
+                                        "none", 0.0, 0.0, *options[1:], bool(return_entropy),
+                                        False, False, False, False, None, None)
+        _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), hidden)

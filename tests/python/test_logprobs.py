@@ -52,6 +52,40 @@ def test_logprobs_against_reference(device, gen, dtype, temperature):
     assert ref.rel_error(grad, grad_expected) <= grad_tol
 
 
+# Without return_entropy the op is asked for the loss and lse alone (the lean kernels: the fused
+# product's lean epilogue on Hopper, the row kernels without entropy and argmax) and the logprob
+# is formed as −loss: it must still match the float64 reference, give +0 (not −0) on ignored
+# rows, and carry the right gradient, with and without autograd, for both forms.
+@pytest.mark.parametrize("linear", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_logprob_without_entropy_matches_reference(device, gen, linear, grad):
+    h, w, b, y = _linear_inputs(gen, device, rows=41, hidden=48, vocab=1031)
+    y = y.clone()
+    y[0] = -100  # at least one ignored row
+    temperature = 0.7
+    x64 = (h.double() @ w.double().T + b.double()).cpu().requires_grad_()
+    expected = ref.logprobs(x64, y.cpu(), temperature)[0]
+    inputs = [h.clone().requires_grad_(grad)]
+    with torch.set_grad_enabled(grad):
+        if linear:
+            logprob = xent.linear_logprobs(inputs[0], w, y, b, temperature=temperature)
+        else:
+            logits = inputs[0] @ w.T + b
+            logprob = xent.logprobs(logits, y, temperature=temperature)
+    assert logprob.dtype == torch.float32 and logprob.shape == (41,)
+    assert ref.rel_error(logprob, expected) <= 1e-5
+    ignored = y == -100
+    assert (logprob[ignored] == 0).all() and not torch.signbit(logprob[ignored]).any()
+    if grad:
+        upstream = torch.randn(41, generator=gen, dtype=torch.float64)
+        (got,) = torch.autograd.grad((logprob.double() * upstream.to(device)).sum(), inputs)
+        h64 = h.double().cpu().requires_grad_()
+        logits64 = h64 @ w.double().cpu().T + b.double().cpu()
+        want = ref.logprobs(logits64, y.cpu(), temperature)[0]
+        (want_grad,) = torch.autograd.grad((want * upstream).sum(), [h64])
+        assert ref.rel_error(got, want_grad) <= 1e-5
+
+
 def test_logprobs_without_entropy_is_minus_the_none_loss(device, gen):
     logits = ref.randn(gen, 2, 9, 301, device=device, scale=2.0)
     target = ref.targets(gen, 18, 301, device).reshape(2, 9)
