@@ -27,6 +27,12 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 
 inline cudaStream_t stream_of(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
 
+inline int multiprocessor_count(int device) {
+  int count = 0;
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 // Programmatic dependent launch (sm_90): a grid launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the grid before it on the
 // stream still runs, once every CTA of that grid has called let_next_grid_start (or exited).

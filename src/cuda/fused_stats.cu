@@ -52,7 +52,8 @@ __device__ RowStats<float> read_tile_partial(const float* partial) {
   return s;
 }
 
-__global__ void __launch_bounds__(kMergeWarps * 32) fused_tile_merge_kernel(const TileMergeParams p) {
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    fused_tile_merge_kernel(const TileMergeParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= p.rows) return;  // the whole warp

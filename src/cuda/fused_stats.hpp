@@ -78,8 +78,9 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 //   of once per few hundred rows (measured 0.63–0.87 × the cuBLASLt path there);
 // - otherwise when its epilogue is the lean one (no entropy, argmax, accuracy, label smoothing
 //   or softcap): with the tile order of decision 43, measured 1.00 / 0.96 / 0.90 × the
-//   cuBLASLt path at the three shapes (0.99 / 0.96 / 0.91 × through Python). With the extras or a softcap the epilogue costs ≈ 1 ms
-//   more (ex2- and issue-bound) and measured 0.99–1.07 ×, so the cuBLASLt path stays.
+//   cuBLASLt path at the three shapes (0.99 / 0.96 / 0.91 × through Python). With the extras
+//   or a softcap the epilogue costs ≈ 1 ms more (ex2- and issue-bound) and measured
+//   0.99–1.07 ×, so the cuBLASLt path stays.
 // XENT_CUDA_FUSED_STATS=1 takes it whenever eligible, =0 never (measurements, tests).
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
                            bool logits_chunked);

@@ -76,7 +76,8 @@ CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>
     const float e = fast_exp2(fmaf(v[k], kLog2e, -m_log2e));
     sum4[k % 4] += e;
     if constexpr (kExtras) {
-      shift4[k % 4] = fmaf(e, v[k] - m, shift4[k % 4]);  // -inf values: 0·-inf = NaN, caught below
+      // A -inf value gives 0·-inf = NaN here, caught below.
+      shift4[k % 4] = fmaf(e, v[k] - m, shift4[k % 4]);
       logits4[k % 4] += v[k];
     }
   }
@@ -259,7 +260,8 @@ class StatsEpilogue {
           // The column of value k (k from 0 to kValues − 1 at run time; the layout is arithmetic).
           auto column_of = [&](int k) {
             const int p = k % kPairs, j = (k / kPairs) % kGroups, nn = k / (kPairs * kGroups);
-            return col0 + static_cast<int>(get<1>(coords(make_coord(make_coord(p, half, j), mm, nn))));
+            const auto at = make_coord(make_coord(p, half, j), mm, nn);
+            return col0 + static_cast<int>(get<1>(coords(at)));
           };
           float value[kValues];
           for_each_value([&](int k, int, float x) { value[k] = transform.value(x); });
@@ -307,7 +309,6 @@ class StatsEpilogue {
     });
   }
 
-
  private:
   Params params_;
 };
@@ -331,14 +332,6 @@ struct StatsProduct {
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
-
-int multiprocessor_count() {
-  int device = 0;
-  XENT_CUDA_CHECK(cudaGetDevice(&device));
-  int count = 0;
-  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
 
 // The persistent scheduler's tile order: along M (consecutive clusters take the next row tiles
 // of one W column block) with a swizzle of 8 (eight column blocks interleaved), measured on the
@@ -389,7 +382,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.skip = measurement().skip;
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));
-  hw_info.sm_count = multiprocessor_count();
+  hw_info.sm_count = multiprocessor_count(hw_info.device_id);
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {static_cast<int>(p.rows), static_cast<int>(p.vocab), static_cast<int>(p.hidden_size), 1},
@@ -397,7 +390,8 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
        stride_b},
       epilogue,
       hw_info};
-  using Raster = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
+  using Raster =
+      cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
   if (measurement().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
   if (measurement().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
   args.scheduler.max_swizzle_size = measurement().swizzle;
@@ -410,7 +404,8 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   const cutlass::Status status = gemm.run(stream);
   XENT_CUDA_CHECK_LAUNCH();
   if (status != cutlass::Status::kSuccess) {
-    throw Error(ErrorKind::runtime, "linear_ce_forward: the fused statistics product failed to launch");
+    throw Error(ErrorKind::runtime,
+                "linear_ce_forward: the fused statistics product failed to launch");
   }
   return true;
 }

@@ -402,7 +402,8 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
   // Without gradients (and no logits cache to fill) the forward may be fused products on
   // Hopper, with no logits buffer (fused_stats.hpp says when); it declines (launching nothing)
   // where it cannot run or is not preferred.
-  if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present()) {
+  if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
+      fused_stats_candidate(hidden.dtype, options)) {
     const bool logits_chunked =
         plan_linear_ce(hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, false, false,
                        false, false)

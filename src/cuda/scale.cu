@@ -57,8 +57,7 @@ void scale_in_place(TensorView data, TensorView factor, Stream stream) {
   const int64_t stride = data.ndim == 2 ? data.row_stride : cols;
   if (rows * cols == 0) return;
   DeviceGuard guard(data.device.index);
-  int sms = 0;
-  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, data.device.index));
+  const int sms = multiprocessor_count(data.device.index);
   const bool contiguous = rows == 1 || stride == cols;
   const ScaleParams p{data.data, static_cast<const float*>(factor.data), rows, cols, stride,
                       contiguous && reinterpret_cast<uintptr_t>(data.data) % 16 == 0};

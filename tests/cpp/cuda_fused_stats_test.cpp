@@ -177,22 +177,29 @@ INSTANTIATE_TEST_SUITE_P(
         FusedShapeCase{DType::f16, 77, 136, 32003, kSoftcap | kLogitScale, Reduction::none}),
     fused_case_name);
 
-// Every option alone and the fused set, in both dtypes, at a shape with residues in N and V.
-class CudaFusedStatsOptions
-    : public ::testing::TestWithParam<std::tuple<DType, unsigned, Reduction>> {};
-
-TEST_P(CudaFusedStatsOptions, MatchesReference) {
+// 200 rows (a residue row tile) of H = 72 (a K residue) with these options and vocabulary.
+void check_option_case(DType dtype, unsigned options, int64_t vocab, Reduction reduction,
+                       bool all_stats) {
   require_device();
-  const auto [dtype, options, reduction] = GetParam();
   XENT_TEST_RNG(rng);
   FusedCase c;
   c.dtype = dtype;
   c.rows = 200;
   c.hidden = 72;
-  c.vocab = 1031;
+  c.vocab = vocab;
   c.options = options;
   c.reduction = reduction;
+  c.all_stats = all_stats;
   check_fused_forward(c, rng);
+}
+
+// Every option alone and the fused set, in both dtypes, at a shape with residues in N and V.
+class CudaFusedStatsOptions
+    : public ::testing::TestWithParam<std::tuple<DType, unsigned, Reduction>> {};
+
+TEST_P(CudaFusedStatsOptions, MatchesReference) {
+  const auto [dtype, options, reduction] = GetParam();
+  check_option_case(dtype, options, 1031, reduction, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -212,18 +219,8 @@ class CudaFusedStatsLean
     : public ::testing::TestWithParam<std::tuple<DType, unsigned, int64_t, Reduction>> {};
 
 TEST_P(CudaFusedStatsLean, MatchesReference) {
-  require_device();
   const auto [dtype, options, vocab, reduction] = GetParam();
-  XENT_TEST_RNG(rng);
-  FusedCase c;
-  c.dtype = dtype;
-  c.rows = 200;
-  c.hidden = 72;
-  c.vocab = vocab;
-  c.options = options;
-  c.reduction = reduction;
-  c.all_stats = false;
-  check_fused_forward(c, rng);
+  check_option_case(dtype, options, vocab, reduction, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -362,6 +359,18 @@ enum class Policy { lean_default, lean_wide_hidden, extras_default, extras_small
 
 class CudaFusedStatsPolicy : public ::testing::TestWithParam<Policy> {};
 
+std::string policy_name(const ::testing::TestParamInfo<Policy>& info) {
+  switch (info.param) {
+    case Policy::lean_default: return "lean_default";
+    case Policy::lean_wide_hidden: return "lean_wide_hidden";
+    case Policy::extras_default: return "extras_default";
+    case Policy::extras_small_budget: return "extras_small_budget";
+    case Policy::lean_fused_chunks: return "lean_fused_chunks";
+    case Policy::extras_fused_chunks: return "extras_fused_chunks";
+  }
+  return "unknown";
+}
+
 TEST_P(CudaFusedStatsPolicy, MatchesReference) {
   require_device();
   XENT_TEST_RNG(rng);
@@ -400,19 +409,7 @@ INSTANTIATE_TEST_SUITE_P(Default, CudaFusedStatsPolicy,
                                            Policy::extras_default,
                                            Policy::extras_small_budget, Policy::lean_fused_chunks,
                                            Policy::extras_fused_chunks),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case Policy::lean_default: return std::string("lean_default");
-                             case Policy::lean_wide_hidden: return std::string("lean_wide_hidden");
-                             case Policy::extras_default: return std::string("extras_default");
-                             case Policy::extras_small_budget:
-                               return std::string("extras_small_budget");
-                             case Policy::lean_fused_chunks: return std::string("lean_fused_chunks");
-                             case Policy::extras_fused_chunks:
-                               return std::string("extras_fused_chunks");
-                           }
-                           return std::string("unknown");
-                         });
+                         policy_name);
 
 // A valid target outside [0, V) on the fused path: as on every GPU path, no synchronisation and
 // no exception in the call; that row's loss is NaN, the others are finite, and check_errors then
