@@ -558,6 +558,9 @@ def parse_args(argv=None):
     parser.add_argument("--device", choices=("cuda", "cpu"))
     parser.add_argument("--suite", choices=("perf-ce", "perf-ce-small", "perf-distill",
                                             "perf-linear", "perf"))
+    parser.add_argument("--budget-mib", type=int,
+                        help="workspace budget of xent's fused linear ops in MiB (default: the "
+                             "package's device-aware default)")
     parser.add_argument("--distribution", choices=("random", "peaked"), default="random",
                         help="logits of a linear case: random, or peaked (mean target "
                              "probability about 0.3)")
@@ -589,6 +592,8 @@ def parse_args(argv=None):
             parser.error(f"--h is required for --op {args.op}")
         if min(args.n, args.v) <= 0:
             parser.error("--n and --v must be positive")
+    if args.budget_mib is not None and (args.budget_mib <= 0 or args.suite is not None):
+        parser.error("--budget-mib: a positive number of MiB, for a single shape (--n, --v)")
     return args
 
 
@@ -624,6 +629,8 @@ def main(argv=None) -> int:
         cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
                       dtype=args.dtype, mode=args.mode, kind=args.kind, label="",
                       distribution=args.distribution)]
+        if args.budget_mib is not None:
+            cases[0]["budget_bytes"] = args.budget_mib << 20
     commit = git_commit()
     progress(f"device: {device_name(args.device)}, torch {torch.__version__}")
     bandwidth = copy_bandwidth(args.device)

@@ -249,19 +249,56 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   return plan;
 }
 
-// The best vocabulary-blocked plan: block widths from all of V down to kMinimumBlockColumns.
-ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
+// Schedule (d): the (c) block shape for these columns, with pass 1 replaced by the fused
+// statistics product (its partials share the chunk region with the tiles) and ∂h summed over the
+// blocks in an fp32 N×H accumulator that the region holds after the tile and the block
+// accumulator. Priced as 4 products (the fused one measured within 0–5 % of a cuBLASLt product,
+// docs/perf-notes.md decisions 41, 43), the block gradient's read and write of N×V, and the ∂h
+// accumulator's read and write per block after the first (8·N·H bytes).
+ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
+                                int64_t max_columns) {
+  ChunkRequest blocks_only = request;
+  const std::size_t hidden_accumulator =
+      request.hidden_gradient ? align_up(static_cast<std::size_t>(std::max<int64_t>(request.rows, 1)) *
+                                         static_cast<std::size_t>(request.hidden) * 4)
+                              : 0;
+  // The (c) plan of the room left beside the ∂h accumulator: its pass 1 is not run.
+  blocks_only.budget_bytes =
+      request.budget_bytes > hidden_accumulator ? request.budget_bytes - hidden_accumulator : 0;
+  ChunkPlan plan = block_plan(blocks_only, gemm, max_columns);
+  plan.schedule = Schedule::statistics_blocks;
+  plan.chunk_rows = plan.chunk_count = 0;
+  plan.logits_buffer_bytes = 0;
+  plan.hidden_accumulator_bytes = hidden_accumulator;
+  plan.statistics_bytes = align_up(request.statistics_bytes);
+  const Model m = model_of(request);
+  const double accumulate_hidden_ms =
+      request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;
+  const bool weight = request.weight_gradient || request.weight_accumulator;
+  const int products = 2 + (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
+  const int launches = products;  // per tile: logits, block gradient, ∂W, ∂h (no stats product)
+  plan.predicted_ms = products * m.product_ms + 2 * m.pass_ms +
+                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                      (plan.block_count - 1) * accumulate_hidden_ms +
+                      launches * plan.block_count * plan.tile_count * kLaunchSeconds * 1e3;
+  if (request.rows == 0) plan.tile_count = 0;
+  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
+  return plan;
+}
+
+// The cheapest plan of `plan_for(columns)` over block widths from all of V down to
+// kMinimumBlockColumns: among fitting plans the fastest; while none fits, the smallest.
+template <class PlanFor>
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
   ChunkPlan best;
   bool have = false;
   // Block counts 1, 2, 3, 4, 6, 9, 13, ...: a geometric scan is enough, the cost changes
   // smoothly with the block width.
-  int64_t blocks = 1;
-  for (;; blocks = blocks < 4 ? blocks + 1 : blocks * 3 / 2) {
+  for (int64_t blocks = 1;; blocks = blocks < 4 ? blocks + 1 : blocks * 3 / 2) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
-    const ChunkPlan plan = block_plan(request, gemm, columns);
+    const ChunkPlan plan = plan_for(columns);
     const bool fits = plan.total_bytes <= request.budget_bytes;
     const bool best_fits = have && best.total_bytes <= request.budget_bytes;
-    // Among fitting plans the fastest; while none fits, the smallest.
     if (!have || (fits && (!best_fits || plan.predicted_ms < best.predicted_ms)) ||
         (!fits && !best_fits && plan.total_bytes < best.total_bytes)) {
       best = plan;
@@ -272,12 +309,30 @@ ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
   return best;
 }
 
+ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  return best_over_block_widths(
+      request, [&](int64_t columns) { return block_plan(request, gemm, columns); });
+}
+
+ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  return best_over_block_widths(
+      request, [&](int64_t columns) { return statistics_block_plan(request, gemm, columns); });
+}
+
 }  // namespace
 
 std::size_t chunk_region_bytes(const ChunkPlan& plan) {
   const std::size_t chunks = align_up(plan.logits_buffer_bytes) * plan.buffer_count;
-  if (plan.schedule != Schedule::vocabulary_blocks) return chunks;
-  return std::max(chunks, align_up(plan.tile_buffer_bytes) + align_up(plan.accumulator_bytes));
+  switch (plan.schedule) {
+    case Schedule::vocabulary_blocks:
+      return std::max(chunks, align_up(plan.tile_buffer_bytes) + align_up(plan.accumulator_bytes));
+    case Schedule::statistics_blocks:
+      return std::max(plan.statistics_bytes, align_up(plan.tile_buffer_bytes) +
+                                                 align_up(plan.accumulator_bytes) +
+                                                 plan.hidden_accumulator_bytes);
+    default:
+      return chunks;
+  }
 }
 
 std::size_t minimum_budget_bytes(const ChunkRequest& request) {
@@ -294,7 +349,8 @@ ChunkPlan plan_chunks(const ChunkRequest& request) {
   const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
   const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
   ChunkPlan plan = plain;
-  if ((request.weight_gradient || request.weight_accumulator) && plain.chunk_count > 1) {
+  const bool weight = request.weight_gradient || request.weight_accumulator;
+  if (weight && plain.chunk_count > 1) {
     // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
     // place (the plain plan), which may still lose to blocks when chunks are small.
     const std::size_t accumulator =
@@ -311,6 +367,17 @@ ChunkPlan plan_chunks(const ChunkRequest& request) {
       plan = blocked;
     } else {
       plan = accumulated;
+    }
+  }
+  // (d) when the call can form its statistics without logits and (d) fits: taken when predicted
+  // faster than the plan above, or whenever asked to (then even where one chunk would do).
+  if (request.statistics_product && weight && request.rows > 0 &&
+      (plain.chunk_count > 1 || request.prefer_statistics)) {
+    const ChunkPlan statistics = best_statistics_block_plan(request, gemm);
+    const bool plan_fits = plan.total_bytes <= request.budget_bytes;
+    if (statistics.total_bytes <= request.budget_bytes &&
+        (request.prefer_statistics || !plan_fits || statistics.predicted_ms < plan.predicted_ms)) {
+      plan = statistics;
     }
   }
   plan.fits_budget = plan.total_bytes <= request.budget_bytes;

@@ -31,6 +31,14 @@ struct ChunkRequest {
   std::size_t saved_row_bytes = 4;
   int products_per_logits_chunk = 1;  // 2 when the teacher's logits are a product too
   bool overlap = false;  // two chunk buffers, so one chunk's row kernel runs beside the products
+  // Schedule (d), statistics_blocks: the call may form its row statistics with the fused
+  // statistics product (fused_stats.hpp, no logits written), or already has them (the forward's
+  // lse with an entropy gradient: statistics_bytes 0). statistics_bytes: the least workspace that
+  // product needs (one 128-row tile of partials, every row's record, the finish's scratch).
+  bool statistics_product = false;
+  std::size_t statistics_bytes = 0;
+  bool hidden_gradient = false;     // ∂h is wanted: (d) sums it over blocks in fp32 (N×H)
+  bool prefer_statistics = false;   // take (d) whenever it fits (tests, measurements)
 };
 
 enum class Schedule {
@@ -40,6 +48,10 @@ enum class Schedule {
   row_chunks_accumulated,
   // (c) row chunks for the loss, ∂h (and ∂bias); then ∂W per vocabulary block.
   vocabulary_blocks,
+  // (d) the fused statistics product for the loss and lse of all rows (no logits), then per
+  // vocabulary block the block's logits, its gradient from the lse, ∂W of the block and ∂h summed
+  // over blocks in an fp32 N×H accumulator: four products, one elementwise pass.
+  statistics_blocks,
 };
 
 struct ChunkPlan {
@@ -61,7 +73,9 @@ struct ChunkPlan {
   std::size_t lse_bytes = 0;          // N × saved_row_bytes saved by the first pass
   std::size_t gemm_workspace_bytes = 0; // scratch handed to cuBLASLt
   std::size_t fixed_bytes = 0;
-  std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c), or 0
+  std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c, d), or 0
+  std::size_t hidden_accumulator_bytes = 0;  // (d): fp32 ∂h, N×H, after the block accumulator
+  std::size_t statistics_bytes = 0;          // (d): pass 1's share of the chunk region
   std::size_t bias_accumulator_bytes = 0;
   std::size_t total_bytes = 0;          // everything above, with alignment padding
   double predicted_ms = 0;              // cost model (chunk_plan.cpp), H200-class figures
@@ -83,8 +97,9 @@ constexpr std::size_t align_up(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// Bytes of the one region that holds the chunk buffers, and in the vocabulary-blocked schedule
-// (which never needs both at once) the tile buffer followed by the block accumulator.
+// Bytes of the one region that holds the chunk buffers, and in the vocabulary-blocked schedules
+// (which never need both at once) the tile buffer followed by the block accumulator (and in (d)
+// the ∂h accumulator; its pass 1 uses the region for the fused product's partials).
 std::size_t chunk_region_bytes(const ChunkPlan& plan);
 
 }  // namespace xent::cuda

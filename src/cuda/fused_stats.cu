@@ -153,13 +153,14 @@ char fused_switch() {
   const char* knob = std::getenv("XENT_CUDA_FUSED_STATS");
   return knob && (knob[0] == '0' || knob[0] == '1') ? knob[0] : 'p';
 }
-
-// Whether the tile partials need the extras (Σe·d, Σx̃, argmax) for these outputs.
-bool needs_extras(const LinearCeOptions& options, const LinearCeOutputs& out) {
-  return options.ce.label_smoothing != 0 || out.stats.entropy.present() ||
-         out.stats.argmax.present() || out.stats.accuracy.present();
-}
 }  // namespace
+
+bool fused_stats_forced() { return fused_switch() == '1'; }
+
+bool fused_stats_needs_extras(const CeOptions& options, const CeStats& stats) {
+  return options.label_smoothing != 0 || stats.entropy.present() || stats.argmax.present() ||
+         stats.accuracy.present();
+}
 
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
                            bool logits_chunked) {
@@ -167,7 +168,8 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
     case '0': return false;
     case '1': return true;
     default:
-      return logits_chunked || (!needs_extras(options, out) && !options.ce.softcap);
+      return logits_chunked ||
+             (!fused_stats_needs_extras(options.ce, out.stats) && !options.ce.softcap);
   }
 }
 
@@ -179,24 +181,24 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
          !options.logits_cache.present();
 }
 
-bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
-                                   TensorView target, const LinearCeOptions& options,
-                                   const LinearCeOutputs& out, bool logits_chunked,
-                                   Workspace workspace, cudaStream_t stream) {
+bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
+                          const LinearCeOptions& options) {
+  return fused_stats_candidate(hidden.dtype, options) && !bias.present() &&
+         weight.dtype == hidden.dtype && hidden.rows > 0 && hidden.rows <= INT32_MAX &&
+         weight.rows <= INT32_MAX && fused_stats_product_built() && tma_aligned(hidden) &&
+         tma_aligned(weight) && device_is_sm90(hidden.device.index);
+}
+
+std::size_t fused_stats_minimum_bytes(int64_t rows, int64_t vocab) {
+  return partial_bytes(std::min<int64_t>(rows, 128), vocab) + fixed_bytes(rows);
+}
+
+bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
+  const TensorView &hidden = call.hidden, &weight = call.weight, &target = call.target;
   const int64_t rows = hidden.rows, vocab = weight.rows;
-  if (!fused_stats_candidate(hidden.dtype, options) ||
-      !fused_stats_preferred(options, out, logits_chunked) || bias.present() ||
-      weight.dtype != hidden.dtype || rows <= 0 || rows > INT32_MAX || vocab > INT32_MAX ||
-      !fused_stats_product_built() || !tma_aligned(hidden) || !tma_aligned(weight) ||
-      !device_is_sm90(hidden.device.index)) {
-    return false;
-  }
-  const int64_t chunk = chunk_rows(rows, vocab, options.workspace_budget);
-  if (chunk == 0 || partial_bytes(chunk, vocab) + fixed_bytes(rows) > workspace.bytes ||
-      workspace.data == nullptr) {
-    return false;
-  }
-  const FusedWorkspace ws = carve(workspace, rows, vocab, chunk);
+  const int64_t chunk = chunk_rows(rows, vocab, call.workspace.bytes);
+  if (chunk == 0 || call.workspace.data == nullptr) return false;
+  const FusedWorkspace ws = carve(call.workspace, rows, vocab, chunk);
   const std::size_t hidden_row_bytes =
       static_cast<std::size_t>(hidden.row_stride) * dtype_size(hidden.dtype);
   const std::size_t target_bytes = dtype_size(target.dtype);
@@ -214,16 +216,17 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
     product.hidden_size = hidden.cols;
     product.target = chunk_target;
     product.target_int64 = target.dtype == DType::i64;
-    product.logit_scale = static_cast<float>(options.ce.logit_scale);
-    product.softcap = options.ce.softcap ? static_cast<float>(*options.ce.softcap) : 0.0f;
-    product.extras = needs_extras(options, out);
+    product.logit_scale = static_cast<float>(call.options.logit_scale);
+    product.softcap = call.options.softcap ? static_cast<float>(*call.options.softcap) : 0.0f;
+    product.extras = call.extras;
     product.partials = ws.partials;
     product.tiles = tile_count(vocab);
     if (!fused_stats_product(product, stream)) {
       // Only the first chunk can decline (the later ones have the same shapes and alignment).
       if (first == 0) return false;
-      throw Error(ErrorKind::runtime, "linear_ce_forward: the fused statistics product declined "
-                                      "a later row chunk");
+      throw Error(ErrorKind::runtime, std::string(op_name(call.op)) +
+                                          ": the fused statistics product declined a later "
+                                          "row chunk");
     }
     TileMergeParams merge{ws.partials, count,        product.tiles,
                           vocab,       chunk_target, target.dtype,
@@ -235,13 +238,31 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
 
   const TensorView records = matrix(ws.records, DType::f32, rows, kCeShardStatsWidth,
                                     kCeShardStatsWidth, hidden.device);
-  CeOutputs finish_out;
-  finish_out.loss = out.loss;
-  finish_out.stats = out.stats;
-  ce_shard_finish(records, target, VocabShard{0, vocab}, options.ce, finish_out, ws.finish,
-                  OpCode::linear_ce_forward, stream);
+  ce_shard_finish(records, target, VocabShard{0, vocab}, call.options, call.out, ws.finish,
+                  call.op, stream);
   fused_forwards.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
+                                   TensorView target, const LinearCeOptions& options,
+                                   const LinearCeOutputs& out, bool logits_chunked,
+                                   Workspace workspace, cudaStream_t stream) {
+  if (!fused_stats_eligible(hidden, weight, bias, options) ||
+      !fused_stats_preferred(options, out, logits_chunked)) {
+    return false;
+  }
+  const int64_t rows = hidden.rows, vocab = weight.rows;
+  // Within the budget, however large the caller's workspace is.
+  const std::size_t needed = fused_stats_workspace_bytes(rows, vocab, options.workspace_budget);
+  if (needed == 0 || needed > workspace.bytes) return false;
+  FusedStatistics call{hidden, weight, target, options.ce};
+  call.out.loss = out.loss;
+  call.out.stats = out.stats;
+  call.extras = fused_stats_needs_extras(options.ce, out.stats);
+  call.workspace = Workspace{workspace.data, needed};
+  call.op = OpCode::linear_ce_forward;
+  return fused_statistics(call, stream);
 }
 
 int64_t fused_stats_forward_count() { return fused_forwards.load(std::memory_order_relaxed); }

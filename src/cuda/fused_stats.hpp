@@ -20,6 +20,8 @@
 
 namespace xent::cuda {
 
+enum class OpCode : int32_t;  // device.cuh: the op an error is reported for
+
 // Columns of one tile partial (fp32; the argmax is the global column bit-cast to int32).
 enum FusedTileColumn : int64_t {
   kTileMax = 0,        // max of x̃ over the tile's columns of the row
@@ -71,6 +73,14 @@ std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t
 // for). Reads the switch XENT_CUDA_FUSED_STATS (0 disables).
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 
+// XENT_CUDA_FUSED_STATS=1: every eligible call takes the fused path (linear_ce's training step
+// included: its statistics_blocks schedule whenever that fits the budget).
+bool fused_stats_forced();
+
+// Whether the tile partials must carry the extras (Σe·d, Σx̃, argmax) for these options and
+// requested statistics: label smoothing, entropy, argmax or accuracy.
+bool fused_stats_needs_extras(const CeOptions& options, const CeStats& stats);
+
 // Whether an eligible call takes the fused path (docs/perf-notes.md, decisions 41 and 43, H200,
 // no-gradient forward at (8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256)):
 // - always when the cuBLASLt path would split the rows into several logits chunks (a budget
@@ -85,16 +95,41 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
                            bool logits_chunked);
 
-// The no-gradient forward through the fused product, when this call can take it (sm_90 device,
-// built kernel, bf16/f16, no bias, no class weights, aligned operands, workspace within budget
-// and given) and fused_stats_preferred says so; `logits_chunked`: whether the cuBLASLt path's
-// plan has several row chunks. Returns false, having launched nothing, otherwise.
+// Whether this call's operands can take the fused product: sm_90 device, built kernel, bf16/f16
+// of one dtype, no bias, no class weights, no logits cache to fill, TMA-aligned rows, N and V
+// within int32. Not the policy (fused_stats_preferred) nor the workspace.
+bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
+                          const LinearCeOptions& options);
+
+// The least workspace fused_statistics runs in: one 128-row tile of partials beside every row's
+// record and the finish's scratch (more workspace: more rows per product, fewer reads of W).
+std::size_t fused_stats_minimum_bytes(int64_t rows, int64_t vocab);
+
+// One run of the fused statistics over all rows of an eligible call: the products in row chunks
+// within `workspace` (all of it may be used), the tile merge, and the finish that writes `out`
+// (loss, statistics, lse; the loss may be absent). `extras`: the tile partials also carry Σe·d,
+// Σx̃ and the argmax (entropy, label smoothing, argmax, accuracy). False, having launched
+// nothing, when the product declines or the workspace holds less than the minimum.
+struct FusedStatistics {
+  TensorView hidden, weight, target;
+  const CeOptions& options;
+  CeOutputs out{};
+  bool extras = true;
+  Workspace workspace{};
+  OpCode op{};
+};
+bool fused_statistics(const FusedStatistics& call, cudaStream_t stream);
+
+// The no-gradient forward through the fused product, when this call is eligible and
+// fused_stats_preferred says so, within options.workspace_budget; `logits_chunked`: whether the
+// cuBLASLt path's plan has several row chunks. Returns false, having launched nothing, otherwise.
 bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorView bias,
                                    TensorView target, const LinearCeOptions& options,
                                    const LinearCeOutputs& out, bool logits_chunked,
                                    Workspace workspace, cudaStream_t stream);
 
-// How many forwards took the fused path in this process (tests assert the path ran).
+// How many runs of fused_statistics (the no-gradient forward, and pass 1 of linear_ce's
+// statistics_blocks schedule) this process made: tests assert the path ran.
 int64_t fused_stats_forward_count();
 
 }  // namespace xent::cuda

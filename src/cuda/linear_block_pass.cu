@@ -1,6 +1,7 @@
 // The block/tile loop of the vocabulary-blocked ∂W pass (linear_block_pass.hpp). Every launch is
 // on the caller's stream, in the order the tile's data flow needs: logits product, the loss's
-// block gradient, narrowing, ∂W product; the block's write-back after its last tile.
+// block gradient, narrowing, ∂W product (and the ∂h product of schedule (d)); the block's
+// write-back after its last tile.
 #include "cuda/linear_block_pass.hpp"
 
 #include <algorithm>
@@ -84,6 +85,15 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
                                  : gemm_matrix(grad_block, 0, columns);
       product.beta = (accumulate && t > 0) || pass.add_to_weight_grad ? 1.0f : 0.0f;
       gemm(product, pass.scratch, stream);
+      if (pass.hidden_accumulator) {
+        GemmProduct hidden_product;
+        hidden_product.a = gradient;
+        hidden_product.b = weight_block;
+        hidden_product.c = GemmMatrix{pass.hidden_accumulator + first * hidden, DType::f32, count,
+                                      hidden, hidden};
+        hidden_product.beta = block > 0 ? 1.0f : 0.0f;
+        gemm(hidden_product, pass.scratch, stream);
+      }
     }
     if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
   }

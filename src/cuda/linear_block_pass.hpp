@@ -5,7 +5,8 @@
 // step that differs between the losses, passed in), fp32 gradients narrowed to the operand dtype
 // in place, then ∂W_block (+)= Gᵀ·h_tile. One tile of all N rows writes ∂W of the block straight
 // into the output; several tiles accumulate in place (fp32 ∂W) or in the fp32 block accumulator,
-// written back once per block (16-bit ∂W). An accumulated ∂W (fp32) is added to in place.
+// written back once per block (16-bit ∂W). An accumulated ∂W (fp32) is added to in place. In
+// schedule (d) each tile also adds G·W_block to its rows of an fp32 ∂h accumulator.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,6 +50,9 @@ struct BlockPassInputs {
   DType logits_dtype = DType::bf16;
   void* region = nullptr;  // the chunk region (chunk_region_bytes): tile buffers, then accumulator
   GemmScratch scratch;
+  // Schedule (d) (chunk_plan.hpp): ∂h [N, H] summed over the blocks in fp32 here, each tile's
+  // G·W_block added to its rows (the first block writes). Null: ∂h is not formed in this pass.
+  float* hidden_accumulator = nullptr;
 };
 
 void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,

@@ -18,6 +18,8 @@
 // intact for further backwards).
 // The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
 // with the host, so the op is graph-capturable.
+#include <atomic>
+
 #include "api/backend.hpp"
 #include "cuda/ce_grad.cuh"
 #include "cuda/ce_rows.cuh"
@@ -54,10 +56,20 @@ struct LinearCeCall {
   EntropyGradient entropy{};
 };
 
+// What a call wants formed, as the planner sees it.
+struct PlanWants {
+  bool gradients = false;           // any gradient
+  bool weight = false;              // ∂W
+  bool weight_accumulator = false;  // ∂W in a 16-bit dtype (fp32 sums over chunks)
+  bool bias_accumulator = false;    // ∂bias in a 16-bit dtype
+  bool hidden = false;              // ∂h
+  // The call may take schedule (d): it can form its statistics with the fused product
+  // (fused_stats_eligible).
+  bool statistics = false;
+};
+
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                            const LinearCeOptions& options, bool with_gradients,
-                            bool weight_gradient, bool weight_accumulator,
-                            bool bias_accumulator) {
+                            const LinearCeOptions& options, const PlanWants& wants) {
   ChunkRequest request;
   request.rows = rows;
   request.hidden = hidden;
@@ -66,11 +78,15 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
-  request.overlap = with_gradients && linear_overlap_enabled();
-  request.weight_gradient = with_gradients && weight_gradient;
-  request.weight_accumulator = with_gradients && weight_gradient && weight_accumulator;
+  request.overlap = wants.gradients && linear_overlap_enabled();
+  request.weight_gradient = wants.gradients && wants.weight;
+  request.weight_accumulator = request.weight_gradient && wants.weight_accumulator;
   request.bias_accumulator_bytes =
-      bias_accumulator_bytes(with_gradients && bias_accumulator, vocab);
+      bias_accumulator_bytes(wants.gradients && wants.bias_accumulator, vocab);
+  request.statistics_product = wants.gradients && wants.statistics;
+  request.statistics_bytes = fused_stats_minimum_bytes(rows, vocab);
+  request.hidden_gradient = wants.gradients && wants.hidden;
+  request.prefer_statistics = fused_stats_forced();
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
@@ -80,34 +96,53 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
 // The plan of a call with these gradients: a 16-bit ∂W or ∂bias needs an fp32 accumulator; an
 // fp32 one (accumulate_weight's buffer included) is accumulated in place.
 LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                                const LinearCeOptions& options, const LinearGradients& grads) {
-  const bool want_weight = grads.weight.present(), want_bias = grads.bias.present();
-  const bool want_grad = want_weight || want_bias || grads.hidden.present();
-  return plan_linear_ce(rows, hidden, vocab, dtype, options, want_grad, want_weight,
-                        want_weight && grads.weight.dtype != DType::f32,
-                        want_bias && grads.bias.dtype != DType::f32);
+                                const LinearCeOptions& options, const LinearGradients& grads,
+                                bool statistics) {
+  PlanWants wants;
+  wants.weight = grads.weight.present();
+  wants.hidden = grads.hidden.present();
+  const bool want_bias = grads.bias.present();
+  wants.gradients = wants.weight || want_bias || wants.hidden;
+  wants.weight_accumulator = wants.weight && grads.weight.dtype != DType::f32;
+  wants.bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
+  wants.statistics = statistics;
+  return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
 }
 
 }  // namespace
 
 ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                               const LinearCeOptions& options, const LinearGradients& grads) {
-  return plan_for_gradients(rows, hidden, vocab, dtype, options, grads).chunks;
+                               const LinearCeOptions& options, const LinearGradients& grads,
+                               bool statistics_product) {
+  return plan_for_gradients(rows, hidden, vocab, dtype, options, grads, statistics_product).chunks;
 }
 
 std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                      const LinearCeOptions& options, bool with_gradients) {
-  // The query cannot see which gradients come, nor their dtypes: it reports the largest plan a
-  // call of these sizes may choose (with and without fp32 accumulators for 16-bit ∂W and ∂bias).
-  // Each is within the budget whenever the budget holds the smallest plan.
+  // The query cannot see which gradients come, nor their dtypes, nor whether the call can take
+  // the fused statistics product (device, alignment, bias): it reports the largest plan a call
+  // of these sizes may choose (with and without fp32 accumulators for 16-bit ∂W and ∂bias, with
+  // and without ∂h and schedule (d)). Each is within the budget whenever the budget holds the
+  // smallest plan.
   std::size_t bytes = 0;
   const bool half = dtype != DType::f32;
+  const bool candidate = fused_stats_candidate(dtype, options);
   for (const bool weight : {false, true}) {
     for (const bool weight_16_bit : {false, half && weight}) {
       for (const bool bias : {false, half}) {
-        bytes = std::max(bytes, plan_linear_ce(rows, hidden, vocab, dtype, options,
-                                               with_gradients, weight, weight_16_bit, bias)
-                                    .chunks.total_bytes);
+        for (const bool statistics : {false, candidate && with_gradients}) {
+          for (const bool hidden_gradient : {true, false}) {
+            PlanWants wants;
+            wants.gradients = with_gradients;
+            wants.weight = weight;
+            wants.weight_accumulator = weight_16_bit;
+            wants.bias_accumulator = bias;
+            wants.hidden = hidden_gradient;
+            wants.statistics = statistics;
+            const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+            bytes = std::max(bytes, plan.chunks.total_bytes);
+          }
+        }
       }
     }
   }
@@ -132,6 +167,7 @@ struct CeBlockPass {
   CeRowOptions row_options;
   bool per_row_upstream;
   bool read_cache;
+  float* hidden_accumulator = nullptr;  // schedule (d)
 };
 
 // ∂W block by block; the block gradient is elementwise from the lse of pass 1
@@ -149,6 +185,7 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.logits_dtype = pass.plan.logits_dtype;
   inputs.region = pass.region;
   inputs.scratch = pass.scratch;
+  inputs.hidden_accumulator = pass.hidden_accumulator;
   auto block_gradient = [&](const BlockTile& tile, cudaStream_t on) {
     const int64_t first = tile.first_row;
     BlockGradArgs args;
@@ -171,17 +208,81 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   weight_gradient_by_blocks(inputs, block_gradient, stream);
 }
 
-void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
+// The batch pre-pass of every schedule: N_valid, D and the scalar upstream gradient.
+void batch_totals(const LinearCeCall& call, CeBatchTotals* totals, cudaStream_t stream) {
+  const Reduction reduction = call.options.ce.reduction;
+  CeBatchRequest batch;
+  batch.target = call.target.data;
+  batch.target_dtype = call.target.dtype;
+  batch.rows = call.hidden.rows;
+  batch.vocab = call.weight.rows;
+  batch.options = ce_row_options(call.options.ce);
+  batch.grad_output = (reduction != Reduction::none && call.grad_output.present())
+                          ? static_cast<const float*>(call.grad_output.data)
+                          : nullptr;
+  batch.op = call.op;
+  ce_batch_totals(batch, totals, stream);
+}
+
+// Schedule (d) (chunk_plan.hpp): the fused statistics product writes the loss, the statistics
+// and every row's lse without forming logits (skipped when a backward brings the forward's lse
+// and entropy); then per vocabulary block the block's logits, its gradient from the lse, ∂W of
+// the block and ∂h += G·W_block into an fp32 N×H accumulator in the chunk region, written to
+// grads.hidden at the end. False, having launched nothing, when the fused product declines.
+bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
+                           Workspace workspace, cudaStream_t stream) {
+  const ChunkPlan& chunks = plan.chunks;
+  WorkspaceCarver carver(workspace);
+  char* region = static_cast<char*>(carver.take(chunk_region_bytes(chunks)));
+  auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
+  const GemmScratch scratch{carver.take(chunks.gemm_workspace_bytes), chunks.gemm_workspace_bytes};
+  auto* saved_lse = static_cast<float*>(carver.take(chunks.lse_bytes));
+  const bool entropy_grad = call.entropy.present();
+  if (entropy_grad) {
+    saved_lse = static_cast<float*>(call.lse.data);  // read only
+  } else {
+    FusedStatistics statistics{call.hidden, call.weight, call.target, call.options.ce};
+    if (call.loss) statistics.out.loss = *call.loss;
+    if (call.stats) statistics.out.stats = *call.stats;
+    if (statistics.out.stats.lse.present()) {
+      saved_lse = static_cast<float*>(statistics.out.stats.lse.data);
+    } else {
+      statistics.out.stats.lse =
+          vector(saved_lse, DType::f32, call.hidden.rows, call.hidden.device);
+    }
+    statistics.extras = fused_stats_needs_extras(call.options.ce, statistics.out.stats);
+    statistics.workspace = Workspace{region, chunk_region_bytes(chunks)};
+    statistics.op = call.op;
+    if (!fused_statistics(statistics, stream)) return false;
+  }
+  batch_totals(call, totals, stream);
+  const bool want_hidden = call.grads.hidden.present();
+  CeBlockPass pass{call,
+                   plan,
+                   region,
+                   saved_lse,
+                   scratch,
+                   totals,
+                   ce_row_options(call.options.ce),
+                   call.options.ce.reduction == Reduction::none && call.grad_output.present(),
+                   false};
+  if (want_hidden) {
+    pass.hidden_accumulator = reinterpret_cast<float*>(
+        region + align_up(chunks.tile_buffer_bytes) + align_up(chunks.accumulator_bytes));
+  }
+  run_block_pass(pass, stream);
+  if (want_hidden) write_from_fp32(pass.hidden_accumulator, call.hidden.cols, call.grads.hidden, stream);
+  return true;
+}
+
+// Schedules (a)–(c): row chunks of logits by cuBLASLt and the ce row kernel (file comment).
+void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspace workspace,
+                    cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const LinearGradients& grads = call.grads;
   const bool want_hidden = grads.hidden.present(), want_weight = grads.weight.present(),
              want_bias = grads.bias.present();
   const bool want_grad = want_hidden || want_weight || want_bias;
-  const LinearCePlan plan =
-      plan_for_gradients(rows, hidden, vocab, call.hidden.dtype, call.options, grads);
-  if (!plan.chunks.fits_budget) {
-    throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
-  }
   const CeOptions& ce = call.options.ce;
   const Reduction reduction = ce.reduction;
   const CeStats* stats = call.stats;
@@ -209,17 +310,7 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
 
   const CeRowOptions row_options = ce_row_options(ce);
   const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();
-  CeBatchRequest batch;
-  batch.target = call.target.data;
-  batch.target_dtype = call.target.dtype;
-  batch.rows = rows;
-  batch.vocab = vocab;
-  batch.options = row_options;
-  batch.grad_output = (reduction != Reduction::none && call.grad_output.present())
-                          ? static_cast<const float*>(call.grad_output.data)
-                          : nullptr;
-  batch.op = call.op;
-  ce_batch_totals(batch, totals, stream);
+  batch_totals(call, totals, stream);
 
   const bool sum_or_mean = reduction != Reduction::none;
   const bool want_accuracy = stats && stats->accuracy.present();
@@ -392,7 +483,34 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   }
 }
 
+std::atomic<int64_t> schedule_runs[4];
+
+void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
+  const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
+  const DType dtype = call.hidden.dtype;
+  const bool statistics = fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
+  LinearCePlan plan =
+      plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, statistics);
+  if (plan.chunks.schedule == Schedule::statistics_blocks) {
+    if (run_statistics_blocks(call, plan, workspace, stream)) {
+      schedule_runs[static_cast<int>(Schedule::statistics_blocks)].fetch_add(1);
+      return;
+    }
+    // The fused product declined these operands: the cuBLASLt schedules.
+    plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, false);
+  }
+  if (!plan.chunks.fits_budget) {
+    throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
+  }
+  run_row_chunks(call, plan, workspace, stream);
+  schedule_runs[static_cast<int>(plan.chunks.schedule)].fetch_add(1);
+}
+
 }  // namespace
+
+int64_t linear_ce_runs(Schedule schedule) {
+  return schedule_runs[static_cast<int>(schedule)].load();
+}
 
 void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
                        const LinearCeOptions& options, const LinearCeOutputs& out,
@@ -405,8 +523,7 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
   if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
       fused_stats_candidate(hidden.dtype, options)) {
     const bool logits_chunked =
-        plan_linear_ce(hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, false, false,
-                       false, false)
+        plan_linear_ce(hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, PlanWants{})
             .chunks.chunk_count > 1;
     if (linear_ce_forward_fused_stats(hidden, weight, bias, target, options, out, logits_chunked,
                                       workspace, stream_of(stream))) {

@@ -9,8 +9,15 @@
 
 namespace xent::cuda {
 
-// Of `grads` only which gradients are present and their dtypes are read.
+// Of `grads` only which gradients are present and their dtypes are read. statistics_product:
+// the call can take the fused statistics product (fused_stats_eligible: sm_90, bf16/f16, no
+// bias, ...), so schedule (d) is among the candidates.
 ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                               const LinearCeOptions& options, const LinearGradients& grads);
+                               const LinearCeOptions& options, const LinearGradients& grads,
+                               bool statistics_product = false);
+
+// How many linear_ce calls (forward with gradients or backward) of this process ran each
+// schedule: tests assert which one ran.
+int64_t linear_ce_runs(Schedule schedule);
 
 }  // namespace xent::cuda

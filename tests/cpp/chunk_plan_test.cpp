@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 
@@ -274,6 +275,136 @@ TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
   const ChunkPlan rows = plan_chunks(training_request(8192, 2304, 256000, 3072 * kMiB));
   EXPECT_NEAR(rows.predicted_ms,
               3 * product2_ms + 2 * pass2_ms + rows.chunk_count * accumulator_ms, 0.5);
+}
+
+// ---- schedule (d): the fused statistics product, then blocks with an fp32 ∂h accumulator ------
+
+// A training call that can form its statistics with the fused product (bf16, ∂h and ∂W wanted);
+// the product's least workspace as fused_stats_minimum_bytes gives it for these sizes (one
+// 128-row tile of 24-byte partials per 256 columns, 52 bytes of record and finish per row).
+ChunkRequest statistics_request(int64_t rows, int64_t hidden, int64_t vocab, std::size_t budget) {
+  ChunkRequest request = training_request(rows, hidden, vocab, budget);
+  request.bias_accumulator_bytes = 0;  // the fused product takes no bias
+  request.statistics_product = true;
+  request.hidden_gradient = true;
+  request.statistics_bytes =
+      static_cast<std::size_t>(std::min<int64_t>(rows, 128)) * ((vocab + 255) / 256) * 24 +
+      static_cast<std::size_t>(rows) * 52 + 4096;
+  return request;
+}
+
+std::size_t hidden_accumulator_of(int64_t rows, int64_t hidden) {
+  return align_up(static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden) * 4);
+}
+
+class StatisticsBlocksBudget : public ChunkPlanBudget {};
+
+TEST_P(StatisticsBlocksBudget, FitsTheBudgetWithTheHiddenAccumulator) {
+  const auto [shape, budget_mib] = GetParam();
+  const auto [rows, hidden, vocab] = shape;
+  const std::size_t budget = static_cast<std::size_t>(budget_mib) * kMiB;
+  ChunkRequest request = statistics_request(rows, hidden, vocab, budget);
+  request.prefer_statistics = true;
+  const ChunkPlan plan = plan_chunks(request);
+  ASSERT_TRUE(plan.fits_budget);
+  EXPECT_LE(plan.total_bytes, budget);
+  const std::size_t hidden_accumulator = hidden_accumulator_of(rows, hidden);
+  // (d) runs wherever its ∂h accumulator leaves room for the smallest blocks; else the plan is
+  // one of (a)–(c), which need no N×H accumulator.
+  if (plan.schedule != Schedule::statistics_blocks) {
+    EXPECT_GT(hidden_accumulator + std::size_t{32} * kMiB, budget)
+        << "the ∂h accumulator fits with room to spare, yet (d) was not taken";
+    return;
+  }
+  EXPECT_EQ(plan.hidden_accumulator_bytes, hidden_accumulator);
+  EXPECT_EQ(plan.chunk_count, 0) << "(d) forms no row chunks of logits";
+  ASSERT_GT(plan.block_columns, 0);
+  EXPECT_GE(plan.block_columns * plan.block_count, vocab);
+  EXPECT_LT((plan.block_count - 1) * plan.block_columns, vocab) << "an empty last block";
+  EXPECT_GE(plan.tile_rows * plan.tile_count, rows);
+  EXPECT_GE(plan.lse_bytes, static_cast<std::size_t>(rows) * 4);
+  // The chunk region holds pass 1's partials, then the tile, the block accumulator and ∂h.
+  EXPECT_GE(chunk_region_bytes(plan), request.statistics_bytes);
+  EXPECT_GE(chunk_region_bytes(plan),
+            plan.tile_buffer_bytes + plan.accumulator_bytes + plan.hidden_accumulator_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PerfShapes, StatisticsBlocksBudget,
+    ::testing::Combine(::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+                                         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+                                         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
+                                         std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
+                       ::testing::Values(64, 256, 512, 1024)));
+
+TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
+  // At 512 MiB every PERF.md shape holds its ∂h accumulator (128 / 72 / 96 MiB) and blocks of
+  // all rows: 4 products and 2 passes over N×V, against (c)'s 4 products and 4 passes.
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab);
+    const ChunkRequest request = statistics_request(rows, hidden, vocab, 512 * kMiB);
+    const ChunkPlan plan = plan_chunks(request);
+    EXPECT_EQ(plan.schedule, Schedule::statistics_blocks);
+    EXPECT_LE(plan.tile_count, 2) << "blocks of (nearly) all rows: ∂W of a block in one product";
+    EXPECT_EQ(plan.hidden_accumulator_bytes, hidden_accumulator_of(rows, hidden));
+    ChunkRequest without = request;
+    without.statistics_product = false;
+    const ChunkPlan blocks = plan_chunks(without);
+    EXPECT_NE(blocks.schedule, Schedule::statistics_blocks);
+    EXPECT_LT(plan.predicted_ms, blocks.predicted_ms);
+    // The model: 4 products, the block gradient's read and write of N×V, the ∂h accumulator's
+    // read and write (8·N·H bytes) per block after the first, the block accumulator's (8·V·H)
+    // per tile when a block has several, 6 µs per launch (4 per tile).
+    const double product_ms = 2.0 * rows * vocab * hidden / 700e12 * 1e3;
+    const double pass_ms = double(rows) * vocab * 2 / 3e12 * 1e3;
+    const double hidden_ms = 8.0 * rows * hidden / 3e12 * 1e3;
+    const double block_accumulator_ms =
+        plan.tile_count > 1 ? plan.tile_count * 8.0 * vocab * hidden / 3e12 * 1e3 : 0.0;
+    const double launches_ms = 4 * plan.block_count * plan.tile_count * 6e-3;
+    EXPECT_NEAR(plan.predicted_ms,
+                4 * product_ms + 2 * pass_ms + (plan.block_count - 1) * hidden_ms +
+                    block_accumulator_ms + launches_ms,
+                0.01);
+  }
+}
+
+TEST(ChunkPlan, StatisticsBlocksNeedTheirHiddenAccumulator) {
+  // 64 MiB holds none of the three ∂h accumulators (128 / 72 / 96 MiB): (c) stays, even when
+  // asked for (d).
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    ChunkRequest request = statistics_request(rows, hidden, vocab, 64 * kMiB);
+    request.prefer_statistics = true;
+    const ChunkPlan plan = plan_chunks(request);
+    EXPECT_EQ(plan.schedule, Schedule::vocabulary_blocks);
+    EXPECT_TRUE(plan.fits_budget);
+  }
+  // Without ∂h (a frozen input) no accumulator is needed: (d) fits 64 MiB.
+  ChunkRequest weight_only = statistics_request(8192, 4096, 128256, 64 * kMiB);
+  weight_only.hidden_gradient = false;
+  const ChunkPlan plan = plan_chunks(weight_only);
+  EXPECT_EQ(plan.schedule, Schedule::statistics_blocks);
+  EXPECT_EQ(plan.hidden_accumulator_bytes, 0u);
+  EXPECT_LE(plan.total_bytes, 64 * kMiB);
+}
+
+TEST(ChunkPlan, PreferredStatisticsBlocksOverrideTheModel) {
+  // (32768, 768, 128256) at 1 GiB: the accumulated row chunks (b) are predicted faster; asked
+  // for (d), the planner takes it since it fits.
+  ChunkRequest request = statistics_request(32768, 768, 128256, 1024 * kMiB);
+  const ChunkPlan chosen = plan_chunks(request);
+  request.prefer_statistics = true;
+  const ChunkPlan preferred = plan_chunks(request);
+  EXPECT_EQ(preferred.schedule, Schedule::statistics_blocks);
+  EXPECT_LE(preferred.total_bytes, 1024 * kMiB);
+  if (chosen.schedule != Schedule::statistics_blocks) {
+    EXPECT_LE(chosen.predicted_ms, preferred.predicted_ms);
+  }
 }
 
 TEST(ChunkPlan, SmallestTrainingPlanReportsItsOwnBytes) {

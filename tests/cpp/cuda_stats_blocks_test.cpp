@@ -1,0 +1,297 @@
+// GPU-only cases of linear_ce's statistics_blocks schedule (chunk_plan.hpp, schedule (d)): the
+// fused statistics product forms the loss, the statistics and the lse of every row without
+// logits, then per vocabulary block the block's logits, its gradient from the lse, ∂W of the
+// block, and ∂h summed over the blocks in an fp32 accumulator. XENT_CUDA_FUSED_STATS=1 makes
+// every eligible call take it whenever it fits the budget; each case asserts it ran (through the
+// process-wide count of linear_ce_runs) on compute capability 9.0, and checks the loss, lse and
+// every gradient against the float64 reference with outputs NaN-poisoned before the run: forward
+// with gradients, backward with and without the forward's lse, and the backward with the entropy
+// term of log-probabilities. Budgets: the default (one block) and the smallest that still gives
+// (d) several blocks, or several row tiles per block (∂W in the fp32 block accumulator).
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "cuda/linear_ce_plan.hpp"
+#include "linear_check.hpp"
+
+namespace xent::test {
+namespace {
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
+
+// Where the weight gradient goes.
+enum class WeightGrad { same_dtype, fp32, accumulate_fp32, none };
+// The budget: the default (one block of all V), several blocks of all rows, several row tiles.
+enum class Blocks { one, several, row_tiles };
+
+struct StatsBlocksCase {
+  DType dtype = DType::bf16;
+  int64_t rows = 300, hidden = 72, vocab = 4099;
+  unsigned options = 0;
+  Reduction reduction = Reduction::mean;
+  WeightGrad weight = WeightGrad::same_dtype;
+  bool want_hidden = true;
+  Blocks blocks = Blocks::several;
+};
+
+// Sets XENT_CUDA_FUSED_STATS=1 for the lifetime of a case.
+struct ForcedFusedStatistics {
+  ForcedFusedStatistics() { setenv("XENT_CUDA_FUSED_STATS", "1", 1); }
+  ~ForcedFusedStatistics() { unsetenv("XENT_CUDA_FUSED_STATS"); }
+};
+
+bool takes(const cuda::ChunkPlan& plan, Blocks blocks) {
+  if (!plan.fits_budget || plan.schedule != cuda::Schedule::statistics_blocks) return false;
+  switch (blocks) {
+    case Blocks::one: return plan.block_count == 1;
+    case Blocks::several: return plan.block_count >= 3 && plan.tile_count == 1;
+    case Blocks::row_tiles: return plan.block_count >= 2 && plan.tile_count >= 2;
+  }
+  return false;
+}
+
+// The default budget, or the largest below it (in steps of 1/16 down) whose plan has the blocks
+// the case asks for; asserted.
+std::size_t budget_for(const StatsBlocksCase& c, const LinearCeOptions& base,
+                       const LinearGradients& grads) {
+  LinearCeOptions options = base;
+  std::size_t budget = options.workspace_budget;
+  for (; budget >= 4096; budget -= budget / 16) {
+    options.workspace_budget = budget;
+    const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype,
+                                                            options, grads, true);
+    if (takes(plan, c.blocks)) break;
+  }
+  options.workspace_budget = budget;
+  EXPECT_TRUE(takes(cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options,
+                                               grads, true),
+                    c.blocks))
+      << "no workspace_budget gives the statistics_blocks plan this case asks for";
+  return budget;
+}
+
+void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
+  const ForcedFusedStatistics forced;
+  const int64_t rows = c.rows, vocab = c.vocab, hidden_size = c.hidden;
+  const bool fp32_weight = c.weight == WeightGrad::fp32 || c.weight == WeightGrad::accumulate_fp32;
+  const DType weight_dtype = fp32_weight ? DType::f32 : c.dtype;
+  const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, false, 2.0, c.dtype);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
+  CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
+  const reference::Upstream upstream = make_upstream(rng, c.reduction, rows, false);
+  const Matrix logits = reference::linear_logits(layer.hidden, layer.weight, layer.bias);
+  const reference::CeResult ref = reference::ce(logits, target, setup.spec, upstream);
+  const reference::CeResult torch =
+      reference::ce(rounded(logits, c.dtype), target, setup.spec, upstream);
+  const reference::LinearGrads ref_grads =
+      reference::linear_backward(ref.grad, layer.hidden, layer.weight);
+  const reference::LinearGrads torch_grads =
+      rounded_linear_backward(torch.grad, layer, c.dtype, weight_dtype);
+
+  const Tensor hidden = Tensor::of(layer.hidden, c.dtype);
+  const Tensor weight = Tensor::of(layer.weight, c.dtype);
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  const Tensor grad_output = upstream_tensor(upstream, c.reduction, rows, c.dtype);
+  Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, hidden_size) : Tensor();
+  Tensor grad_weight = c.weight != WeightGrad::none ? Tensor::matrix(weight_dtype, vocab, hidden_size)
+                                                    : Tensor();
+  LinearGradients grads{grad_hidden.view(), grad_weight.view(), {}};
+  grads.accumulate_weight = c.weight == WeightGrad::accumulate_fp32;
+
+  LinearCeOptions options;
+  options.ce = setup.options;
+  options.workspace_budget = budget_for(c, options, grads);
+  SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
+  const Scratch scratch(linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype, options,
+                                                 test_device(), true));
+
+  // The buffer ∂W is added into starts from these values; the check subtracts them.
+  const Matrix prefill = rng.matrix(vocab, hidden_size, 0.01);
+  auto reset_grads = [&] {
+    if (grad_hidden.present()) grad_hidden.poison();
+    if (!grad_weight.present()) return;
+    if (grads.accumulate_weight) {
+      grad_weight.upload(prefill.values);
+    } else {
+      grad_weight.poison();
+    }
+  };
+  auto check_grads = [&](const std::vector<double>& ref_hidden,
+                         const std::vector<double>& torch_hidden,
+                         const std::vector<double>& ref_weight,
+                         const std::vector<double>& torch_weight) {
+    if (grad_hidden.present()) {
+      EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), ref_hidden,
+                        grad_tolerance(c.dtype, Family::linear, torch_hidden, ref_hidden)));
+    }
+    if (!grad_weight.present()) return;
+    std::vector<double> formed = grad_weight.download();
+    if (grads.accumulate_weight) {
+      for (std::size_t i = 0; i < formed.size(); ++i) formed[i] -= prefill.values[i];
+    }
+    EXPECT_TRUE(close("grads.weight", formed, ref_weight,
+                      grad_tolerance(c.dtype, Family::linear, torch_weight, ref_weight)));
+  };
+  // Runs `call` and asserts it took (d) where it can run (compute capability 9.0).
+  auto expect_statistics_blocks = [&](const auto& call) {
+    const int64_t before = cuda::linear_ce_runs(cuda::Schedule::statistics_blocks);
+    call();
+    finish();
+    const int64_t ran = cuda::linear_ce_runs(cuda::Schedule::statistics_blocks) - before;
+    EXPECT_EQ(ran, device_is_sm90() ? 1 : 0) << "the statistics_blocks schedule did not run";
+  };
+
+  const DType stat = result_dtype(c.dtype);
+  Tensor lse = Tensor::vector(stat, rows);
+  {
+    SCOPED_TRACE("linear_ce_forward with gradients");
+    Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
+    loss.poison();
+    lse.poison();
+    reset_grads();
+    LinearCeOutputs out;
+    out.loss = loss.view();
+    out.stats.lse = lse.view();
+    out.grads = grads;
+    expect_statistics_blocks([&] {
+      linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out,
+                        grad_output.view(), scratch.workspace());
+    });
+    EXPECT_TRUE(close("loss", loss.download(), ref.loss,
+                      stat_tolerance(c.dtype, Family::linear, torch.loss, ref.loss)));
+    EXPECT_TRUE(close("lse", lse.download(), ref.lse,
+                      stat_tolerance(c.dtype, Family::linear, torch.lse, ref.lse)));
+    check_grads(ref_grads.hidden.values, torch_grads.hidden.values, ref_grads.weight.values,
+                torch_grads.weight.values);
+  }
+  for (const bool with_lse : {true, false}) {
+    SCOPED_TRACE(with_lse ? "linear_ce_backward with lse" : "linear_ce_backward without lse");
+    reset_grads();
+    expect_statistics_blocks([&] {
+      linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(),
+                         with_lse ? lse.view() : TensorView{}, grad_output.view(), options, grads,
+                         scratch.workspace());
+    });
+    check_grads(ref_grads.hidden.values, torch_grads.hidden.values, ref_grads.weight.values,
+                torch_grads.weight.values);
+  }
+  if (c.reduction != Reduction::none || c.options != 0) return;
+
+  // Log-probabilities with entropy (reduction none, no options): the backward brings the
+  // forward's lse and entropy, so (d) forms no statistics and goes straight to the blocks.
+  SCOPED_TRACE("linear_ce_backward with the entropy term");
+  Tensor entropy = Tensor::vector(stat, rows);
+  {
+    Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
+    LinearCeOutputs out;
+    out.loss = loss.view();
+    out.stats.lse = lse.view();
+    out.stats.entropy = entropy.view();
+    const Scratch forward_scratch(linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype,
+                                                           options, test_device(), false));
+    linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out, {},
+                      forward_scratch.workspace());
+    finish();
+  }
+  const std::vector<double> grad_entropy = rng.uniform_vector(rows, -1.0, 1.0);
+  const Tensor grad_entropy_tensor = Tensor::of(grad_entropy, DType::f32);
+  auto with_entropy = [&](const Matrix& of_logits, const reference::CeResult& base) {
+    Matrix grad = reference::entropy_grad(of_logits, target, setup.spec, grad_entropy);
+    for (std::size_t i = 0; i < grad.values.size(); ++i) grad.values[i] += base.grad.values[i];
+    return grad;
+  };
+  const Matrix ref_grad = with_entropy(logits, ref);
+  const Matrix torch_grad = with_entropy(rounded(logits, c.dtype), torch);
+  const reference::LinearGrads ref_entropy =
+      reference::linear_backward(ref_grad, layer.hidden, layer.weight);
+  const reference::LinearGrads torch_entropy =
+      rounded_linear_backward(torch_grad, layer, c.dtype, weight_dtype);
+  reset_grads();
+  expect_statistics_blocks([&] {
+    linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(), lse.view(),
+                       grad_output.view(),
+                       EntropyGradient{entropy.view(), grad_entropy_tensor.view()}, options,
+                       grads, scratch.workspace());
+  });
+  check_grads(ref_entropy.hidden.values, torch_entropy.hidden.values, ref_entropy.weight.values,
+              torch_entropy.weight.values);
+}
+
+// (dtype, N, H, V, options, reduction, weight gradient, ∂h wanted, blocks)
+using StatsBlocksParam = std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction,
+                                    WeightGrad, bool, Blocks>;
+
+class CudaStatisticsBlocks : public ::testing::TestWithParam<StatsBlocksParam> {};
+
+TEST_P(CudaStatisticsBlocks, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  StatsBlocksCase c;
+  std::tie(c.dtype, c.rows, c.hidden, c.vocab, c.options, c.reduction, c.weight, c.want_hidden,
+           c.blocks) = GetParam();
+  check_statistics_blocks(c, rng);
+}
+
+std::string stats_blocks_name(const ::testing::TestParamInfo<StatsBlocksParam>& info) {
+  const auto [dtype, rows, hidden, vocab, options, reduction, weight, want_hidden, blocks] =
+      info.param;
+  static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
+  static const char* block_names[] = {"one_block", "blocks", "row_tiles"};
+  return short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
+         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
+         reduction_label(reduction) + "_" + weights[static_cast<int>(weight)] +
+         (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
+}
+
+constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kRowWeight;
+
+// Odd shapes (N off the 128-row tile, V off the 256-column tile, H off the 64-wide K tile), every
+// option the fused product takes alone and together, every reduction (none with a per-row
+// upstream gradient), each weight-gradient form, ∂h absent, and the three block layouts.
+INSTANTIATE_TEST_SUITE_P(
+    Grid, CudaStatisticsBlocks,
+    ::testing::Values(
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::none, WeightGrad::same_dtype,
+                         true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
+                         true, Blocks::one},
+        StatsBlocksParam{DType::f16, 300, 72, 4099, 0, Reduction::sum, WeightGrad::same_dtype,
+                         true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, kSmoothing, Reduction::mean,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, kZLoss, Reduction::none,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, kSoftcap, Reduction::sum,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::f16, 300, 72, 4099, kLogitScale, Reduction::mean,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, kRowWeight, Reduction::mean,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, kFusedOptions, Reduction::none,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::f16, 300, 72, 4099, kFusedOptions, Reduction::mean,
+                         WeightGrad::fp32, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean,
+                         WeightGrad::accumulate_fp32, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
+                         false, Blocks::several},
+        StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none,
+                         WeightGrad::same_dtype, true, Blocks::row_tiles},
+        StatsBlocksParam{DType::f16, 1000, 136, 4099, kFusedOptions, Reduction::sum,
+                         WeightGrad::fp32, true, Blocks::row_tiles},
+        StatsBlocksParam{DType::bf16, 77, 8, 32003, kSmoothing | kZLoss, Reduction::mean,
+                         WeightGrad::same_dtype, true, Blocks::several},
+        StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none,
+                         WeightGrad::same_dtype, true, Blocks::several}),
+    stats_blocks_name);
+
+}  // namespace
+}  // namespace xent::test
