@@ -112,6 +112,7 @@ int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
 // aligned kernels apply to every block). Measured: odd block widths (28445, 6751 columns) made
 // the blocked schedule 3× slower than aligned ones (docs/perf-notes.md).
 int64_t balanced_columns(int64_t vocab, int64_t max_columns) {
+  if (max_columns >= vocab) return vocab;  // one block: its width needs no grid
   const int64_t count = (vocab + max_columns - 1) / max_columns;
   const int64_t columns = (vocab + count - 1) / count;
   const int64_t grid = columns >= 1024 ? 256 : 8;
