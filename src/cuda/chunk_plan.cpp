@@ -78,6 +78,10 @@ constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
 constexpr double kProductFlops = 700e12;
 constexpr double kBandwidth = 3.0e12;
 constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small tiles pay it)
+// How much more the model underprices (c) than (d), measured on an H200 at the three PERF.md
+// shapes at 512 MiB (docs/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
+// 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
+constexpr double kBlocksModelBias = 1.05;
 
 std::size_t gemm_workspace_for(std::size_t budget) {
   const std::size_t share = std::min(kGemmWorkspaceBytes, budget / 16);
@@ -370,14 +374,17 @@ ChunkPlan plan_chunks(const ChunkRequest& request) {
       plan = accumulated;
     }
   }
-  // (d) when the call can form its statistics without logits and (d) fits: taken when predicted
-  // faster than the plan above, or whenever asked to (then even where one chunk would do).
+  // (d) when the call can form its statistics without logits and (d) fits: when predicted faster
+  // than the plan above, against (c) with the model's measured bias (below), and whenever asked
+  // to (then even where one chunk would do).
   if (request.statistics_product && weight && request.rows > 0 &&
       (plain.chunk_count > 1 || request.prefer_statistics)) {
     const ChunkPlan statistics = best_statistics_block_plan(request, gemm);
     const bool plan_fits = plan.total_bytes <= request.budget_bytes;
+    const double bias = plan.schedule == Schedule::vocabulary_blocks ? kBlocksModelBias : 1.0;
     if (statistics.total_bytes <= request.budget_bytes &&
-        (request.prefer_statistics || !plan_fits || statistics.predicted_ms < plan.predicted_ms)) {
+        (request.prefer_statistics || !plan_fits ||
+         statistics.predicted_ms < bias * plan.predicted_ms)) {
       plan = statistics;
     }
   }

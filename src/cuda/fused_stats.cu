@@ -219,6 +219,7 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
     product.logit_scale = static_cast<float>(call.options.logit_scale);
     product.softcap = call.options.softcap ? static_cast<float>(*call.options.softcap) : 0.0f;
     product.extras = call.extras;
+    product.rounded_logits = call.rounded_logits;
     product.partials = ws.partials;
     product.tiles = tile_count(vocab);
     if (!fused_stats_product(product, stream)) {

@@ -50,6 +50,10 @@ struct FusedStatsProduct {
   // Also the tile partials' Σe·(x̃−max), Σx̃ and argmax (entropy, label smoothing, argmax,
   // accuracy); without, those fields are 0, 0 and the tile's first column, and must not be read.
   bool extras = true;
+  // The statistics of x rounded to the operands' dtype (as the cuBLASLt path stores its logits)
+  // instead of the fp32 products: a gradient formed later from 16-bit logits of the same product
+  // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule).
+  bool rounded_logits = false;
   float* partials = nullptr;     // [rows, tiles, kTilePartialWidth]
   int64_t tiles = 0;
 };
@@ -108,13 +112,15 @@ std::size_t fused_stats_minimum_bytes(int64_t rows, int64_t vocab);
 // One run of the fused statistics over all rows of an eligible call: the products in row chunks
 // within `workspace` (all of it may be used), the tile merge, and the finish that writes `out`
 // (loss, statistics, lse; the loss may be absent). `extras`: the tile partials also carry Σe·d,
-// Σx̃ and the argmax (entropy, label smoothing, argmax, accuracy). False, having launched
+// Σx̃ and the argmax (entropy, label smoothing, argmax, accuracy); `rounded_logits`: see
+// FusedStatsProduct. False, having launched
 // nothing, when the product declines or the workspace holds less than the minimum.
 struct FusedStatistics {
   TensorView hidden, weight, target;
   const CeOptions& options;
   CeOutputs out{};
   bool extras = true;
+  bool rounded_logits = false;  // FusedStatsProduct::rounded_logits
   Workspace workspace{};
   OpCode op{};
 };

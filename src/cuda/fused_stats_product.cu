@@ -11,6 +11,8 @@
 
 #if defined(XENT_FUSED_STATS_SM90A)
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/detail.hpp>
@@ -48,7 +50,32 @@ struct StatsEpilogueParams {
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
   bool skip = false;  // measurement only: the product without its epilogue (Measurement)
+  // FusedStatsProduct::rounded_logits: x rounded to the operands' dtype first (1 bf16, 2 f16).
+  int round_to = 0;
 };
+
+// x rounded to nearest-even in place, as a cuBLASLt product storing 16-bit logits rounds them
+// (FusedStatsProduct::rounded_logits). A uniform branch per tile; each loop costs ~1.5
+// instructions per value (a packed convert and the unpacking), only when taken.
+template <int kN>
+CUTLASS_DEVICE void round_logits(float (&x)[kN], int round_to) {
+  static_assert(kN % 2 == 0, "pairs");
+  if (round_to == 1) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kN; k += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(x[k], x[k + 1]);
+      x[k] = __low2float(pair);
+      x[k + 1] = __high2float(pair);
+    }
+  } else if (round_to == 2) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kN; k += 2) {
+      const __half2 pair = __floats2half2_rn(x[k], x[k + 1]);
+      x[k] = __low2float(pair);
+      x[k + 1] = __high2float(pair);
+    }
+  }
+}
 
 // Statistics of the kN values one thread holds of a row in a tile whose columns all lie inside
 // the vocabulary, when they are ordinary (finite max and sums): the max by four fmaxf chains,
@@ -264,7 +291,10 @@ class StatsEpilogue {
             return col0 + static_cast<int>(get<1>(coords(at)));
           };
           float value[kValues];
-          for_each_value([&](int k, int, float x) { value[k] = transform.value(x); });
+          for_each_value([&](int k, int, float x) { value[k] = x; });
+          round_logits(value, params_.round_to);
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kValues; ++k) value[k] = transform.value(value[k]);
 
           common::RowStats<float> stats;
           bool lean = false;
@@ -379,6 +409,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
+  epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.skip = measurement().skip;
   cutlass::KernelHardwareInfo hw_info;
   XENT_CUDA_CHECK(cudaGetDevice(&hw_info.device_id));

@@ -251,6 +251,10 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
           vector(saved_lse, DType::f32, call.hidden.rows, call.hidden.device);
     }
     statistics.extras = fused_stats_needs_extras(call.options.ce, statistics.out.stats);
+    // The block gradients read 16-bit logits (cuBLASLt's rounding of the same products): the lse
+    // of those values keeps each row's softmax summing to one, so the gradient's error against
+    // float64 is the cuBLASLt path's (decision 45), and the loss and statistics are theirs too.
+    statistics.rounded_logits = plan.logits_dtype != DType::f32;
     statistics.workspace = Workspace{region, chunk_region_bytes(chunks)};
     statistics.op = call.op;
     if (!fused_statistics(statistics, stream)) return false;
