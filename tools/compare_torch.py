@@ -564,6 +564,9 @@ def parse_args(argv=None):
     parser.add_argument("--distribution", choices=("random", "peaked"), default="random",
                         help="logits of a linear case: random, or peaked (mean target "
                              "probability about 0.3)")
+    parser.add_argument("--weight", choices=("fp32", "fp32-autocast"),
+                        help="linear_ce: an fp32 (master) weight beside the 16-bit hidden states, "
+                             "plain or under autocast to --dtype (default: the weight in --dtype)")
     parser.add_argument("--errors", action="store_true",
                         help="linear_ce: gradient errors against float64 (slow)")
     parser.add_argument("--labels", help="comma list: run only suite cases whose label "
@@ -629,6 +632,8 @@ def main(argv=None) -> int:
         cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
                       dtype=args.dtype, mode=args.mode, kind=args.kind, label="",
                       distribution=args.distribution)]
+        if args.weight is not None:
+            cases[0]["weight"] = args.weight
         if args.budget_mib is not None:
             cases[0]["budget_bytes"] = args.budget_mib << 20
     commit = git_commit()

@@ -181,12 +181,17 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
          !options.logits_cache.present();
 }
 
-bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
-                          const LinearCeOptions& options) {
-  return fused_stats_candidate(hidden.dtype, options) && !bias.present() &&
+bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bias) {
+  return (hidden.dtype == DType::bf16 || hidden.dtype == DType::f16) && !bias.present() &&
          weight.dtype == hidden.dtype && hidden.rows > 0 && hidden.rows <= INT32_MAX &&
          weight.rows <= INT32_MAX && fused_stats_product_built() && tma_aligned(hidden) &&
          tma_aligned(weight) && device_is_sm90(hidden.device.index);
+}
+
+bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
+                          const LinearCeOptions& options) {
+  return fused_stats_candidate(hidden.dtype, options) &&
+         fused_operands_eligible(hidden, weight, bias);
 }
 
 std::size_t fused_stats_minimum_bytes(int64_t rows, int64_t vocab) {
@@ -261,6 +266,10 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
   call.out.loss = out.loss;
   call.out.stats = out.stats;
   call.extras = fused_stats_needs_extras(options.ce, out.stats);
+  // The statistics of x as the cuBLASLt path sees it (16-bit logits unless fp32_logits): a
+  // backward that forms its gradient from this lse and 16-bit logits of the same product (the
+  // fused gradient product, the entropy term) then has a softmax that sums to one.
+  call.rounded_logits = !options.fp32_logits;
   call.workspace = Workspace{workspace.data, needed};
   call.op = OpCode::linear_ce_forward;
   return fused_statistics(call, stream);

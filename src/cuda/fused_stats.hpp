@@ -52,7 +52,8 @@ struct FusedStatsProduct {
   bool extras = true;
   // The statistics of x rounded to the operands' dtype (as the cuBLASLt path stores its logits)
   // instead of the fp32 products: a gradient formed later from 16-bit logits of the same product
-  // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule).
+  // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule, and
+  // the no-gradient forward unless fp32_logits, whose lse a backward may read).
   bool rounded_logits = false;
   float* partials = nullptr;     // [rows, tiles, kTilePartialWidth]
   int64_t tiles = 0;
@@ -104,6 +105,11 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
 // within int32. Not the policy (fused_stats_preferred) nor the workspace.
 bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
                           const LinearCeOptions& options);
+
+// The part of that which every fused product of fused_product.cuh needs of its operands
+// (fused_grad.cuh's too): bf16/f16 of one dtype, no bias, TMA-aligned rows, 0 < N and V within
+// int32, an sm_90 device, the sm_90a kernels built. No switch, option or policy.
+bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bias);
 
 // The least workspace fused_statistics runs in: one 128-row tile of partials beside every row's
 // record and the finish's scratch (more workspace: more rows per product, fewer reads of W).

@@ -18,40 +18,20 @@ __global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeB
   const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* x = static_cast<const S*>(a.logits) + row * a.logits_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
-  const int64_t target = read_target(a.target, a.target_dtype, row);
-  const bool valid = target != o.ignore_index;
-  const bool in_range = target >= 0 && target < a.vocab;
-  if (!valid || !in_range) {
-    fill_segment(grad, length, valid);
+  const common::CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
+  const CeBlockRow r = ce_block_row<kEntropy>(a, row, c);
+  if (!r.valid || !r.in_range) {
+    fill_segment(grad, length, r.valid);
     return;
   }
-  const common::CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
-  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
-  const float base = upstream * (a.row_weight ? a.row_weight[row] : 1.0f);
-  const float target_weight = o.class_weight ? o.class_weight[target] : 1.0f;
-  const common::CeGradRow<float> grad_row = common::ce_grad_row(
-      c, a.lse[row], target, target_weight, base * a.totals->loss_factor,
-      base * a.totals->z_factor);
-  common::EntropyGradRow<float> entropy_row;
-  if constexpr (kEntropy) {
-    entropy_row = common::entropy_grad_row(a.grad_entropy[row], a.lse[row], a.entropy[row]);
-  }
-  const int64_t target_column = target - a.first_column - begin;  // may lie outside the segment
+  const int64_t target_column = r.target_column - begin;  // may lie outside the segment
   const bool weighted = o.class_weight != nullptr && c.smoothing > 0;
   const float* class_weight = weighted ? o.class_weight + a.first_column + begin : nullptr;
 
   with_transform(c.transform, [&](const auto& transform) {
     auto element = [&](int64_t i, float value) {
       const float w = class_weight ? class_weight[i] : 1.0f;
-      const float transformed = transform.value(value);
-      const float prob = fast_exp(transformed - grad_row.lse);
-      if constexpr (kEntropy) {
-        return common::ce_entropy_grad_from_prob(grad_row, entropy_row, prob, transformed,
-                                                 transform.slope(value), i == target_column, w);
-      } else {
-        return common::ce_grad_from_prob(grad_row, prob, transform.slope(value),
-                                         i == target_column, w);
-      }
+      return ce_block_grad<kEntropy>(r, transform, value, i == target_column, w);
     };
     write_segment(grad, length, p.vector_ok, element, x);
   });

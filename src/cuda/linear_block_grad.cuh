@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda/block_grad_tile.cuh"
+#include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
 
 namespace xent::cuda {
@@ -27,5 +28,51 @@ struct BlockGradArgs : BlockGradTile {
 };
 
 void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream);
+
+// The per-row part of a block's gradient, formed once per row (segment) by block_grad_kernel and
+// by the fused gradient product's epilogue (fused_grad.cuh), so both form one gradient.
+struct CeBlockRow {
+  bool valid = false;     // the target is not ignore_index
+  bool in_range = false;  // ... and lies in [0, V): else the row is NaN (SPEC §1)
+  common::CeGradRow<float> grad{};
+  common::EntropyGradRow<float> entropy{};
+  int64_t target_column = 0;  // target − first_column: the block column of y (may lie outside)
+};
+
+// Row `row` of the tile (0 = the tile's first row). Reads the entropy rows only with kEntropy.
+template <bool kEntropy>
+__device__ __forceinline__ CeBlockRow ce_block_row(const BlockGradArgs& a, int64_t row,
+                                                   const common::CeConstants<float>& c) {
+  CeBlockRow r;
+  const int64_t target = read_target(a.target, a.target_dtype, row);
+  r.valid = target != a.options.ignore_index;
+  r.in_range = target >= 0 && target < a.vocab;
+  if (!r.valid || !r.in_range) return r;
+  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+  const float base = upstream * (a.row_weight ? a.row_weight[row] : 1.0f);
+  const float target_weight = a.options.class_weight ? a.options.class_weight[target] : 1.0f;
+  r.grad = common::ce_grad_row(c, a.lse[row], target, target_weight, base * a.totals->loss_factor,
+                               base * a.totals->z_factor);
+  if constexpr (kEntropy) {
+    r.entropy = common::entropy_grad_row(a.grad_entropy[row], a.lse[row], a.entropy[row]);
+  }
+  r.target_column = target - a.first_column;
+  return r;
+}
+
+// ∂loss/∂x of one logit `value` of a valid, in-range row, through `transform` (with_transform),
+// with class weight w of its column (1 without class weights or smoothing).
+template <bool kEntropy, class Transform>
+__device__ __forceinline__ float ce_block_grad(const CeBlockRow& r, const Transform& transform,
+                                               float value, bool is_target, float w) {
+  const float transformed = transform.value(value);
+  const float prob = fast_exp(transformed - r.grad.lse);
+  if constexpr (kEntropy) {
+    return common::ce_entropy_grad_from_prob(r.grad, r.entropy, prob, transformed,
+                                             transform.slope(value), is_target, w);
+  } else {
+    return common::ce_grad_from_prob(r.grad, prob, transform.slope(value), is_target, w);
+  }
+}
 
 }  // namespace xent::cuda

@@ -10,6 +10,42 @@
 
 namespace xent::cuda {
 
+namespace {
+
+// The tile's logits: read from the cache where there is one, else h·W_blockᵀ (+ bias) by cuBLASLt
+// into the tile buffer.
+void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
+                       const GemmMatrix& hidden_rows, const GemmMatrix& weight_block,
+                       cudaStream_t stream) {
+  const TensorView& cache = pass.logits_cache;
+  const std::size_t element = dtype_size(pass.logits_dtype);
+  const int64_t first_column = block_tile.gradient.first_column;
+  const int64_t columns = block_tile.gradient.columns;
+  if (cache.present()) {
+    const std::size_t offset =
+        static_cast<std::size_t>(block_tile.first_row) * static_cast<std::size_t>(cache.row_stride) +
+        static_cast<std::size_t>(first_column);
+    block_tile.logits = static_cast<const char*>(cache.data) + offset * element;
+    block_tile.logits_stride = cache.row_stride;
+    return;
+  }
+  GemmProduct forward;
+  forward.a = hidden_rows;
+  forward.b = weight_block;
+  forward.b_transposed = true;
+  forward.c = GemmMatrix{block_tile.gradient.grad, pass.logits_dtype, block_tile.gradient.rows,
+                         columns, columns};
+  if (pass.bias.present()) {
+    forward.bias = static_cast<const char*>(pass.bias.data) +
+                   static_cast<std::size_t>(first_column) * dtype_size(pass.bias.dtype);
+  }
+  gemm(forward, pass.scratch, stream);
+  block_tile.logits = block_tile.gradient.grad;
+  block_tile.logits_stride = columns;
+}
+
+}  // namespace
+
 void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,
                                cudaStream_t stream) {
   const ChunkPlan& chunks = pass.chunks;
@@ -49,33 +85,18 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
       block_tile.gradient.first_column = first_column;
       block_tile.gradient.vocab = vocab;
       block_tile.first_row = first;
-      if (cache.present()) {
-        const std::size_t offset =
-            static_cast<std::size_t>(first) * static_cast<std::size_t>(cache.row_stride) +
-            static_cast<std::size_t>(first_column);
-        block_tile.logits = static_cast<const char*>(cache.data) + offset * element;
-        block_tile.logits_stride = cache.row_stride;
-      } else {
-        GemmProduct forward;
-        forward.a = hidden_rows;
-        forward.b = weight_block;
-        forward.b_transposed = true;
-        forward.c = GemmMatrix{tile, logits_dtype, count, columns, columns};
-        if (pass.bias.present()) {
-          forward.bias = static_cast<const char*>(pass.bias.data) +
-                         static_cast<std::size_t>(first_column) * dtype_size(pass.bias.dtype);
-        }
-        gemm(forward, pass.scratch, stream);
-        block_tile.logits = tile;
-        block_tile.logits_stride = columns;
-      }
       block_tile.second_buffer = second_tile;
-      block_gradient(block_tile, stream);
       GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
-      if (logits_dtype != operand_dtype) {
-        narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
-        gradient.dtype = operand_dtype;
-        gradient.stride = 2 * columns;
+      if (!cache.present() && pass.fused_gradient && pass.fused_gradient(block_tile, stream)) {
+        gradient.dtype = operand_dtype;  // written as the products read it
+      } else {
+        form_block_logits(pass, block_tile, hidden_rows, weight_block, stream);
+        block_gradient(block_tile, stream);
+        if (logits_dtype != operand_dtype) {
+          narrow_rows_in_place(tile, count, columns, columns, operand_dtype, stream);
+          gradient.dtype = operand_dtype;
+          gradient.stride = 2 * columns;
+        }
       }
       GemmProduct product;
       product.a = gradient;

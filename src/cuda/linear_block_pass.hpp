@@ -37,6 +37,12 @@ struct BlockTile {
 // Writes the gradient of `tile` into tile.gradient.grad on `stream`, after its logits are formed.
 using BlockGradientStep = std::function<void(const BlockTile& tile, cudaStream_t stream)>;
 
+// Forms the gradient of `tile` straight from h and W (a fused product, fused_grad.cuh) into
+// tile.gradient.grad, in the operand dtype with row stride tile.gradient.columns, in place of the
+// logits product, the block-gradient step and the narrowing; false, having launched nothing, when
+// it cannot (the tile then takes those steps).
+using FusedGradientStep = std::function<bool(const BlockTile& tile, cudaStream_t stream)>;
+
 struct BlockPassInputs {
   TensorView hidden;        // h [N, H]: the product operand dtype
   TensorView weight;        // W [V, H]
@@ -53,6 +59,8 @@ struct BlockPassInputs {
   // Schedule (d) (chunk_plan.hpp): ∂h [N, H] summed over the blocks in fp32 here, each tile's
   // G·W_block added to its rows (the first block writes). Null: ∂h is not formed in this pass.
   float* hidden_accumulator = nullptr;
+  // Tried first for every tile whose logits are not read from a cache, when set.
+  FusedGradientStep fused_gradient;
 };
 
 void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,

@@ -23,6 +23,7 @@
 #include "api/backend.hpp"
 #include "cuda/ce_grad.cuh"
 #include "cuda/ce_rows.cuh"
+#include "cuda/fused_grad.cuh"
 #include "cuda/fused_stats.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
@@ -170,8 +171,62 @@ struct CeBlockPass {
   float* hidden_accumulator = nullptr;  // schedule (d)
 };
 
-// ∂W block by block; the block gradient is elementwise from the lse of pass 1
-// (linear_block_grad.cuh).
+// What the gradient of `tile` is formed of (linear_block_grad.cuh): its rows' targets, lse, row
+// weights, upstream gradients and entropy terms.
+BlockGradArgs block_grad_args(const CeBlockPass& pass, const BlockTile& tile) {
+  const LinearCeCall& call = pass.call;
+  const int64_t first = tile.first_row;
+  BlockGradArgs args;
+  static_cast<BlockGradTile&>(args) = tile.gradient;
+  args.logits = tile.logits;
+  args.logits_stride = tile.logits_stride;
+  args.target = static_cast<const char*>(call.target.data) +
+                static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+  args.target_dtype = call.target.dtype;
+  args.lse = pass.lse + first;
+  args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
+  args.grad_output_rows =
+      pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+  args.entropy = offset_rows<const float>(call.entropy.entropy, first);
+  args.grad_entropy = offset_rows<const float>(call.entropy.grad, first);
+  args.options = pass.row_options;
+  args.totals = pass.totals;
+  return args;
+}
+
+// Whether the blocks of this call may form their gradients with the fused gradient product
+// (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel: Hopper operands
+// it takes (fused_operands_eligible), no class weights, logits not read from a cache.
+bool fused_gradient_eligible(const LinearCeCall& call, bool read_cache) {
+  return fused_grad_enabled() && !read_cache && !call.options.ce.class_weight.present() &&
+         fused_operands_eligible(call.hidden, call.weight, call.bias);
+}
+
+// The gradient of `tile` (rows of h, columns of W) by the fused gradient product, in the operand
+// dtype with row stride tile.gradient.columns; false, having launched nothing, if it declines.
+bool fused_tile_gradient(const CeBlockPass& pass, const BlockTile& tile, cudaStream_t stream) {
+  const LinearCeCall& call = pass.call;
+  FusedGradProduct product;
+  product.dtype = call.hidden.dtype;
+  const std::size_t element = dtype_size(product.dtype);
+  product.hidden = static_cast<const char*>(call.hidden.data) +
+                   static_cast<std::size_t>(tile.first_row) *
+                       static_cast<std::size_t>(call.hidden.row_stride) * element;
+  product.hidden_stride = call.hidden.row_stride;
+  product.weight = static_cast<const char*>(call.weight.data) +
+                   static_cast<std::size_t>(tile.gradient.first_column) *
+                       static_cast<std::size_t>(call.weight.row_stride) * element;
+  product.weight_stride = call.weight.row_stride;
+  product.hidden_size = call.hidden.cols;
+  product.args = block_grad_args(pass, tile);
+  product.args.dtype = product.dtype;  // the gradient as the products read it
+  product.args.grad_stride = tile.gradient.columns;
+  product.rounded_logits = pass.plan.logits_dtype != DType::f32;
+  return fused_grad_product(product, stream);
+}
+
+// ∂W block by block; each block's gradient comes from the lse of pass 1, through the fused
+// gradient product where eligible, else elementwise (linear_block_grad.cuh) over cuBLASLt logits.
 void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   const LinearCeCall& call = pass.call;
   BlockPassInputs inputs;
@@ -186,24 +241,13 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.region = pass.region;
   inputs.scratch = pass.scratch;
   inputs.hidden_accumulator = pass.hidden_accumulator;
+  if (fused_gradient_eligible(call, pass.read_cache)) {
+    inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
+      return fused_tile_gradient(pass, tile, on);
+    };
+  }
   auto block_gradient = [&](const BlockTile& tile, cudaStream_t on) {
-    const int64_t first = tile.first_row;
-    BlockGradArgs args;
-    static_cast<BlockGradTile&>(args) = tile.gradient;
-    args.logits = tile.logits;
-    args.logits_stride = tile.logits_stride;
-    args.target = static_cast<const char*>(call.target.data) +
-                  static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-    args.target_dtype = call.target.dtype;
-    args.lse = pass.lse + first;
-    args.row_weight = offset_rows<const float>(call.options.ce.row_weight, first);
-    args.grad_output_rows =
-        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
-    args.entropy = offset_rows<const float>(call.entropy.entropy, first);
-    args.grad_entropy = offset_rows<const float>(call.entropy.grad, first);
-    args.options = pass.row_options;
-    args.totals = pass.totals;
-    block_grad_from_lse(args, on);
+    block_grad_from_lse(block_grad_args(pass, tile), on);
   };
   weight_gradient_by_blocks(inputs, block_gradient, stream);
 }
@@ -412,16 +456,49 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     }
   };
 
-  // Stage 3: ∂h rows, ∂W and ∂bias from the chunk gradient.
-  auto products = [&](int64_t chunk) {
+  // Stage 3: ∂h rows, ∂W and ∂bias from the chunk gradient (`fused`: formed by the fused
+  // gradient product, in the operand dtype with row stride V).
+  auto products = [&](int64_t chunk, bool fused) {
     GemmMatrix gradient{buffer_of(chunk), plan.logits_dtype, row_count(chunk), vocab, vocab};
-    if (narrow_gradient) {
+    if (fused) {
+      gradient.dtype = operand_dtype;
+    } else if (narrow_gradient) {
       gradient.dtype = operand_dtype;
       gradient.stride = 2 * vocab;
     }
     const GemmMatrix hidden_rows = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
     accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first_row(chunk), chunk == 0,
                                sums, scratch, stream);
+  };
+
+  // A backward that brings the forward's lse forms each chunk's gradient with the fused gradient
+  // product where eligible (fused_grad.cuh): no logits written, no row kernel, the gradient in
+  // the operand dtype (row stride V) for the products.
+  const CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr, scratch,
+                               totals, row_options, per_row_upstream, read_cache};
+  const bool fused_chunks = call.op == OpCode::linear_ce_backward && call.lse.present() &&
+                            chunk_grad && plan.chunks.buffer_count == 1 &&
+                            fused_gradient_eligible(call, read_cache);
+  auto fused_chunk_gradient = [&](int64_t chunk) {
+    BlockTile tile;
+    tile.gradient.grad = buffer_of(chunk);
+    tile.gradient.grad_stride = vocab;
+    tile.gradient.dtype = operand_dtype;
+    tile.gradient.rows = row_count(chunk);
+    tile.gradient.columns = vocab;
+    tile.gradient.first_column = 0;
+    tile.gradient.vocab = vocab;
+    tile.first_row = first_row(chunk);
+    CeBlockPass pass = fused_pass;
+    pass.lse = static_cast<const float*>(call.lse.data);
+    if (!fused_tile_gradient(pass, tile, stream)) return false;
+    // Pass 2 of the blocked schedule reads the lse that the row kernel would have saved.
+    if (saved_lse && saved_lse != pass.lse) {
+      XENT_CUDA_CHECK(cudaMemcpyAsync(saved_lse + tile.first_row, pass.lse + tile.first_row,
+                                      static_cast<std::size_t>(tile.gradient.rows) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+    return true;
   };
 
   // With saved lse and H, pass 1 of the blocked schedule has nothing to do when it forms no
@@ -431,9 +508,13 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
       fill_cache ? (rows > 0 ? 1 : 0) : (skip_chunks ? 0 : plan.chunks.chunk_count);
   if (plan.chunks.buffer_count == 1 || !want_grad || chunks == 0) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      if (fused_chunks && fused_chunk_gradient(chunk)) {
+        products(chunk, true);
+        continue;
+      }
       if (!read_cache) form_logits(chunk);
       row_kernel(chunk, stream);
-      if (chunk_grad) products(chunk);
+      if (chunk_grad) products(chunk, false);
     }
   } else {
     // Two buffers: the row kernel of chunk i+1 runs on a side stream while chunk i's products run
@@ -453,7 +534,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
         row_kernel(chunk + 1, side.stream());
         side.mark_done();
       }
-      products(chunk);
+      products(chunk, false);
     }
   }
 

@@ -20,4 +20,8 @@ ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DTyp
 // schedule: tests assert which one ran.
 int64_t linear_ce_runs(Schedule schedule);
 
+// How many fused gradient products (fused_grad.cuh) this process launched: tests assert the path
+// ran.
+int64_t fused_grad_count();
+
 }  // namespace xent::cuda

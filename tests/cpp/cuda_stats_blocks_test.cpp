@@ -1,18 +1,23 @@
-// GPU-only cases of linear_ce's statistics_blocks schedule (chunk_plan.hpp, schedule (d)): the
+// GPU-only cases of linear_ce's blocked schedules (chunk_plan.hpp): (d), statistics_blocks — the
 // fused statistics product forms the loss, the statistics and the lse of every row without
-// logits, then per vocabulary block the block's logits, its gradient from the lse, ∂W of the
-// block, and ∂h summed over the blocks in an fp32 accumulator. XENT_CUDA_FUSED_STATS=1 makes
-// every eligible call take it whenever it fits the budget; each case asserts it ran (through the
-// process-wide count of linear_ce_runs) on compute capability 9.0, and checks the loss, lse and
-// every gradient against the float64 reference with outputs NaN-poisoned before the run: forward
-// with gradients, backward with and without the forward's lse, and the backward with the entropy
-// term of log-probabilities. Budgets: the default (one block) and the smallest that still gives
-// (d) several blocks, or several row tiles per block (∂W in the fp32 block accumulator).
+// logits, then per vocabulary block the block's gradient from the lse, ∂W of the block, and ∂h
+// summed over the blocks in an fp32 accumulator — and (c), vocabulary_blocks, whose first pass
+// forms them from row chunks of cuBLASLt logits. Each block's gradient comes from the fused
+// gradient product (fused_grad.cuh) or from cuBLASLt logits and the elementwise block kernel
+// (XENT_CUDA_FUSED_GRAD=0); every case runs in all four combinations. XENT_CUDA_FUSED_STATS=1
+// makes every eligible call take (d) whenever it fits the budget, =0 never. Each case asserts the
+// schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
+// and checks the loss, lse and every gradient against the float64 reference with outputs
+// NaN-poisoned before the run: forward with gradients, backward with and without the forward's
+// lse, and the backward with the entropy term of log-probabilities. Budgets: the default (one
+// block) and the smallest that still gives several blocks, or several row tiles per block (∂W in
+// the fp32 block accumulator).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda/linear_ce_plan.hpp"
 #include "linear_check.hpp"
@@ -32,7 +37,19 @@ enum class WeightGrad { same_dtype, fp32, accumulate_fp32, none };
 // The budget: the default (one block of all V), several blocks of all rows, several row tiles.
 enum class Blocks { one, several, row_tiles };
 
+// Which blocked schedule, and how its blocks form their gradients.
+// chunks_fused: the row-chunk schedules ((a), (b)), whose backward with the forward's lse forms
+// each chunk's gradient with the fused gradient product.
+enum class Variant {
+  statistics_fused,
+  statistics_cublaslt,
+  blocks_fused,
+  blocks_cublaslt,
+  chunks_fused
+};
+
 struct StatsBlocksCase {
+  Variant variant = Variant::statistics_fused;
   DType dtype = DType::bf16;
   int64_t rows = 300, hidden = 72, vocab = 4099;
   unsigned options = 0;
@@ -42,14 +59,42 @@ struct StatsBlocksCase {
   Blocks blocks = Blocks::several;
 };
 
-// Sets XENT_CUDA_FUSED_STATS=1 for the lifetime of a case.
-struct ForcedFusedStatistics {
-  ForcedFusedStatistics() { setenv("XENT_CUDA_FUSED_STATS", "1", 1); }
-  ~ForcedFusedStatistics() { unsetenv("XENT_CUDA_FUSED_STATS"); }
+bool statistics_schedule(Variant v) {
+  return v == Variant::statistics_fused || v == Variant::statistics_cublaslt;
+}
+bool fused_gradient(Variant v) {
+  return v == Variant::statistics_fused || v == Variant::blocks_fused ||
+         v == Variant::chunks_fused;
+}
+bool row_chunks(const cuda::ChunkPlan& plan) {
+  return plan.schedule == cuda::Schedule::row_chunks ||
+         plan.schedule == cuda::Schedule::row_chunks_accumulated;
+}
+
+// Sets XENT_CUDA_FUSED_STATS (1 for (d), 0 for (c)) and XENT_CUDA_FUSED_GRAD for the lifetime of
+// a case.
+struct ForcedVariant {
+  explicit ForcedVariant(Variant v) {
+    setenv("XENT_CUDA_FUSED_STATS", statistics_schedule(v) ? "1" : "0", 1);
+    setenv("XENT_CUDA_FUSED_GRAD", fused_gradient(v) ? "1" : "0", 1);
+  }
+  ~ForcedVariant() {
+    unsetenv("XENT_CUDA_FUSED_STATS");
+    unsetenv("XENT_CUDA_FUSED_GRAD");
+  }
 };
 
-bool takes(const cuda::ChunkPlan& plan, Blocks blocks) {
-  if (!plan.fits_budget || plan.schedule != cuda::Schedule::statistics_blocks) return false;
+bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant) {
+  if (!plan.fits_budget) return false;
+  if (variant == Variant::chunks_fused) {
+    // one: a chunk of all rows; several: several row chunks.
+    return row_chunks(plan) && (blocks == Blocks::one ? plan.chunk_count == 1
+                                                      : plan.chunk_count >= 3);
+  }
+  const cuda::Schedule schedule = statistics_schedule(variant)
+                                      ? cuda::Schedule::statistics_blocks
+                                      : cuda::Schedule::vocabulary_blocks;
+  if (plan.schedule != schedule) return false;
   switch (blocks) {
     case Blocks::one: return plan.block_count == 1;
     case Blocks::several: return plan.block_count >= 3 && plan.tile_count == 1;
@@ -63,23 +108,24 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks) {
 std::size_t budget_for(const StatsBlocksCase& c, const LinearCeOptions& base,
                        const LinearGradients& grads) {
   LinearCeOptions options = base;
+  const bool statistics = statistics_schedule(c.variant);
   std::size_t budget = options.workspace_budget;
   for (; budget >= 4096; budget -= budget / 16) {
     options.workspace_budget = budget;
     const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype,
-                                                            options, grads, true);
-    if (takes(plan, c.blocks)) break;
+                                                            options, grads, statistics);
+    if (takes(plan, c.blocks, c.variant)) break;
   }
   options.workspace_budget = budget;
   EXPECT_TRUE(takes(cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options,
-                                               grads, true),
-                    c.blocks))
-      << "no workspace_budget gives the statistics_blocks plan this case asks for";
+                                               grads, statistics),
+                    c.blocks, c.variant))
+      << "no workspace_budget gives the blocked plan this case asks for";
   return budget;
 }
 
 void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
-  const ForcedFusedStatistics forced;
+  const ForcedVariant forced(c.variant);
   const int64_t rows = c.rows, vocab = c.vocab, hidden_size = c.hidden;
   const bool fp32_weight = c.weight == WeightGrad::fp32 || c.weight == WeightGrad::accumulate_fp32;
   const DType weight_dtype = fp32_weight ? DType::f32 : c.dtype;
@@ -140,13 +186,24 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     EXPECT_TRUE(close("grads.weight", formed, ref_weight,
                       grad_tolerance(c.dtype, Family::linear, torch_weight, ref_weight)));
   };
-  // Runs `call` and asserts it took (d) where it can run (compute capability 9.0).
-  auto expect_statistics_blocks = [&](const auto& call) {
-    const int64_t before = cuda::linear_ce_runs(cuda::Schedule::statistics_blocks);
+  // Runs `call` and asserts it took the case's schedule and gradient path where they can run
+  // (compute capability 9.0; elsewhere (d) and the fused gradient decline). `with_lse`: the call
+  // brings the forward's lse, which the row-chunk schedules need for the fused gradient.
+  const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(
+      rows, hidden_size, vocab, c.dtype, options, grads, statistics_schedule(c.variant));
+  auto expect_paths = [&](const auto& call, bool with_lse) {
+    const bool sm90 = device_is_sm90();
+    const int64_t before = cuda::linear_ce_runs(plan.schedule);
+    const int64_t fused_before = cuda::fused_grad_count();
     call();
     finish();
-    const int64_t ran = cuda::linear_ce_runs(cuda::Schedule::statistics_blocks) - before;
-    EXPECT_EQ(ran, device_is_sm90() ? 1 : 0) << "the statistics_blocks schedule did not run";
+    const int64_t ran = cuda::linear_ce_runs(plan.schedule) - before;
+    EXPECT_EQ(ran, sm90 || plan.schedule != cuda::Schedule::statistics_blocks ? 1 : 0)
+        << "the schedule of this case did not run";
+    const bool fused_ran = cuda::fused_grad_count() > fused_before;
+    EXPECT_EQ(fused_ran, sm90 && fused_gradient(c.variant) &&
+                             (c.variant != Variant::chunks_fused || with_lse))
+        << "the fused gradient product " << (fused_ran ? "ran" : "did not run");
   };
 
   const DType stat = result_dtype(c.dtype);
@@ -161,10 +218,12 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     out.loss = loss.view();
     out.stats.lse = lse.view();
     out.grads = grads;
-    expect_statistics_blocks([&] {
-      linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out,
-                        grad_output.view(), scratch.workspace());
-    });
+    expect_paths(
+        [&] {
+          linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out,
+                            grad_output.view(), scratch.workspace());
+        },
+        false);
     EXPECT_TRUE(close("loss", loss.download(), ref.loss,
                       stat_tolerance(c.dtype, Family::linear, torch.loss, ref.loss)));
     EXPECT_TRUE(close("lse", lse.download(), ref.lse,
@@ -175,11 +234,13 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   for (const bool with_lse : {true, false}) {
     SCOPED_TRACE(with_lse ? "linear_ce_backward with lse" : "linear_ce_backward without lse");
     reset_grads();
-    expect_statistics_blocks([&] {
-      linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(),
-                         with_lse ? lse.view() : TensorView{}, grad_output.view(), options, grads,
-                         scratch.workspace());
-    });
+    expect_paths(
+        [&] {
+          linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(),
+                             with_lse ? lse.view() : TensorView{}, grad_output.view(), options,
+                             grads, scratch.workspace());
+        },
+        with_lse);
     check_grads(ref_grads.hidden.values, torch_grads.hidden.values, ref_grads.weight.values,
                 torch_grads.weight.values);
   }
@@ -215,12 +276,14 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const reference::LinearGrads torch_entropy =
       rounded_linear_backward(torch_grad, layer, c.dtype, weight_dtype);
   reset_grads();
-  expect_statistics_blocks([&] {
-    linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(), lse.view(),
-                       grad_output.view(),
-                       EntropyGradient{entropy.view(), grad_entropy_tensor.view()}, options,
-                       grads, scratch.workspace());
-  });
+  expect_paths(
+      [&] {
+        linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(), lse.view(),
+                           grad_output.view(),
+                           EntropyGradient{entropy.view(), grad_entropy_tensor.view()}, options,
+                           grads, scratch.workspace());
+      },
+      true);
   check_grads(ref_entropy.hidden.values, torch_entropy.hidden.values, ref_entropy.weight.values,
               torch_entropy.weight.values);
 }
@@ -229,23 +292,29 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
 using StatsBlocksParam = std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction,
                                     WeightGrad, bool, Blocks>;
 
-class CudaStatisticsBlocks : public ::testing::TestWithParam<StatsBlocksParam> {};
+class CudaStatisticsBlocks
+    : public ::testing::TestWithParam<std::tuple<Variant, StatsBlocksParam>> {};
 
 TEST_P(CudaStatisticsBlocks, MatchesReference) {
   require_device();
   XENT_TEST_RNG(rng);
   StatsBlocksCase c;
+  c.variant = std::get<0>(GetParam());
   std::tie(c.dtype, c.rows, c.hidden, c.vocab, c.options, c.reduction, c.weight, c.want_hidden,
-           c.blocks) = GetParam();
+           c.blocks) = std::get<1>(GetParam());
   check_statistics_blocks(c, rng);
 }
 
-std::string stats_blocks_name(const ::testing::TestParamInfo<StatsBlocksParam>& info) {
+std::string stats_blocks_name(
+    const ::testing::TestParamInfo<std::tuple<Variant, StatsBlocksParam>>& info) {
   const auto [dtype, rows, hidden, vocab, options, reduction, weight, want_hidden, blocks] =
-      info.param;
+      std::get<1>(info.param);
+  static const char* variants[] = {"d_fused", "d_cublaslt", "c_fused", "c_cublaslt",
+                                   "chunks_fused"};
   static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
-  static const char* block_names[] = {"one_block", "blocks", "row_tiles"};
-  return short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
+  static const char* block_names[] = {"one", "several", "row_tiles"};
+  return std::string(variants[static_cast<int>(std::get<0>(info.param))]) + "_" +
+         short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
          std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
          reduction_label(reduction) + "_" + weights[static_cast<int>(weight)] +
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
@@ -256,42 +325,62 @@ constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale 
 // Odd shapes (N off the 128-row tile, V off the 256-column tile, H off the 64-wide K tile), every
 // option the fused product takes alone and together, every reduction (none with a per-row
 // upstream gradient), each weight-gradient form, ∂h absent, and the three block layouts.
-INSTANTIATE_TEST_SUITE_P(
-    Grid, CudaStatisticsBlocks,
-    ::testing::Values(
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::none, WeightGrad::same_dtype,
-                         true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
-                         true, Blocks::one},
-        StatsBlocksParam{DType::f16, 300, 72, 4099, 0, Reduction::sum, WeightGrad::same_dtype,
-                         true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, kSmoothing, Reduction::mean,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, kZLoss, Reduction::none,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, kSoftcap, Reduction::sum,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::f16, 300, 72, 4099, kLogitScale, Reduction::mean,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, kRowWeight, Reduction::mean,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, kFusedOptions, Reduction::none,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::f16, 300, 72, 4099, kFusedOptions, Reduction::mean,
-                         WeightGrad::fp32, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean,
-                         WeightGrad::accumulate_fp32, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
-                         false, Blocks::several},
-        StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none,
-                         WeightGrad::same_dtype, true, Blocks::row_tiles},
-        StatsBlocksParam{DType::f16, 1000, 136, 4099, kFusedOptions, Reduction::sum,
-                         WeightGrad::fp32, true, Blocks::row_tiles},
-        StatsBlocksParam{DType::bf16, 77, 8, 32003, kSmoothing | kZLoss, Reduction::mean,
-                         WeightGrad::same_dtype, true, Blocks::several},
-        StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none,
-                         WeightGrad::same_dtype, true, Blocks::several}),
-    stats_blocks_name);
+const StatsBlocksParam kGrid[] = {
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::none, WeightGrad::same_dtype,
+                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
+                     true, Blocks::one},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, 0, Reduction::sum, WeightGrad::same_dtype,
+                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kSmoothing, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kZLoss, Reduction::none,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kSoftcap, Reduction::sum,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, kLogitScale, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kRowWeight, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kFusedOptions, Reduction::none,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, kFusedOptions, Reduction::mean,
+                     WeightGrad::fp32, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean,
+                     WeightGrad::accumulate_fp32, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
+                     false, Blocks::several},
+    StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none,
+                     WeightGrad::same_dtype, true, Blocks::row_tiles},
+    StatsBlocksParam{DType::f16, 1000, 136, 4099, kFusedOptions, Reduction::sum,
+                     WeightGrad::fp32, true, Blocks::row_tiles},
+    StatsBlocksParam{DType::bf16, 77, 8, 32003, kSmoothing | kZLoss, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none,
+                     WeightGrad::same_dtype, true, Blocks::several}};
+
+// Every grid case in every variant, except one block of all V for (c) (its first pass already
+// chunks the rows, so a tile of all N rows and all V never fits beside it) and row tiles for the
+// row-chunk schedules (they have no blocks).
+std::vector<std::tuple<Variant, StatsBlocksParam>> variant_grid() {
+  std::vector<std::tuple<Variant, StatsBlocksParam>> cases;
+  for (const Variant variant : {Variant::statistics_fused, Variant::statistics_cublaslt,
+                                Variant::blocks_fused, Variant::blocks_cublaslt,
+                                Variant::chunks_fused}) {
+    for (const StatsBlocksParam& param : kGrid) {
+      const Blocks blocks = std::get<8>(param);
+      if (variant == Variant::blocks_fused || variant == Variant::blocks_cublaslt) {
+        if (blocks == Blocks::one) continue;
+      }
+      if (variant == Variant::chunks_fused && blocks == Blocks::row_tiles) continue;
+      cases.emplace_back(variant, param);
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CudaStatisticsBlocks, ::testing::ValuesIn(variant_grid()),
+                         stats_blocks_name);
 
 }  // namespace
 }  // namespace xent::test

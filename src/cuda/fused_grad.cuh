@@ -1,0 +1,50 @@
+// The fused gradient product of linear_ce on Hopper (issue 13, step 2, where the lse is known):
+// x = h·W_blockᵀ on tensor cores for a tile of rows and a block of vocabulary columns, whose
+// epilogue turns each fp32 accumulator into the §1 gradient ∂loss/∂x from the row's saved lse
+// (linear_block_grad.cuh's ce_block_row and ce_block_grad, the formula of the elementwise block
+// kernel) and stores only that, in the operands' dtype. It replaces, in pass 2 of the blocked
+// schedules (chunk_plan.hpp (c) and (d)), the cuBLASLt product that wrote the block's logits and
+// the elementwise pass that read them and wrote the gradient over them: of the three transfers of
+// the block (logits written, read, gradient written) one remains.
+//
+//   fused_grad_product.cu  the CUTLASS sm_90a kernel of fused_product.cuh with the gradient
+//                          epilogue; a stub elsewhere (fused_grad_product_built() false).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/linear_block_grad.cuh"
+
+namespace xent::cuda {
+
+struct FusedGradProduct {
+  // The tile's rows of h, [args.rows, hidden_size], row stride in elements.
+  const void* hidden = nullptr;
+  int64_t hidden_stride = 0;
+  // The block's rows of W, [args.columns, hidden_size].
+  const void* weight = nullptr;
+  int64_t weight_stride = 0;
+  DType dtype = DType::bf16;  // of both operands and of the gradient written (args.dtype)
+  int64_t hidden_size = 0;
+  // Everything the gradient is formed of and where it goes (args.logits is not read). Class
+  // weights are not taken (fused_grad_eligible).
+  BlockGradArgs args;
+  // x rounded to the operands' dtype before the gradient, as the cuBLASLt path's 16-bit logits
+  // are (the lse of pass 1 was formed from those); false for fp32 chunk logits.
+  bool rounded_logits = true;
+};
+
+// Whether this build holds the sm_90a kernel.
+bool fused_grad_product_built();
+
+// Launches the product on `stream`. False (nothing launched) when the kernel cannot take these
+// operands or is not built: the caller falls back to the cuBLASLt product and the block kernel.
+bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream);
+
+// XENT_CUDA_FUSED_GRAD=0 keeps the cuBLASLt product and the elementwise block kernel (A/B
+// measurements, tests); otherwise every eligible block takes the fused product.
+bool fused_grad_enabled();
+
+}  // namespace xent::cuda

@@ -1,0 +1,196 @@
+// The fused gradient product (fused_grad.cuh): x = h·W_blockᵀ by the persistent, warp-specialised
+// CUTLASS sm_90a kernel of fused_product.cuh, whose epilogue forms ∂loss/∂x of each accumulator
+// value from its row's lse and stores the gradient in the operands' dtype: the block's logits
+// never leave the SM.
+//
+// Compiled for sm_90a with the CUTLASS headers only (CMakeLists.txt); elsewhere a stub whose
+// fused_grad_product_built() is false. Two instantiations (bf16, f16); the options, the transform
+// and the entropy term are run-time values resolved once per tile.
+#include "cuda/fused_grad.cuh"
+#include "cuda/linear_ce_plan.hpp"
+
+#include <atomic>
+#include <cstdlib>
+
+namespace xent::cuda {
+namespace {
+std::atomic<int64_t> fused_grad_launches{0};
+}  // namespace
+}  // namespace xent::cuda
+
+#if defined(XENT_FUSED_SM90A)
+
+#include "cuda/fused_product.cuh"
+#include "cuda/row_stats.cuh"
+
+namespace xent::cuda {
+namespace {
+
+struct GradEpilogueParams {
+  BlockGradArgs args;
+  int round_to = 0;    // FusedGradProduct::rounded_logits: 1 bf16, 2 f16, 0 not rounded
+  bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
+  bool skip = false;   // measurement only: the product without its epilogue (fused::Measurement)
+};
+
+template <class S>
+struct Packed;
+template <>
+struct Packed<cutlass::bfloat16_t> {
+  using Pair = __nv_bfloat162;
+  using One = __nv_bfloat16;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2bfloat16_rn(a); }
+};
+template <>
+struct Packed<cutlass::half_t> {
+  using Pair = __half2;
+  using One = __half;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
+};
+
+// The gradient epilogue: called once per output tile by each consumer thread with its
+// accumulators (fused::OperatorEpilogue). A thread holds two rows of the tile, 64 values each,
+// in pairs of adjacent columns: each pair is formed, rounded to S and stored as one 4-byte word.
+template <class S>
+class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
+ public:
+  using OperatorEpilogue::OperatorEpilogue;
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK block_shape,
+                                 BlockCoordMNKL block_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    using Rows = fused::AccumulatorRows<FrgLayout, TiledMma>;
+    using P = Packed<S>;
+    constexpr int kValues = Rows::kValues;
+    const BlockGradArgs& a = params_.args;
+    const int rows = static_cast<int>(get<0>(problem_shape_mnkl));
+    const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
+    const int row0 = static_cast<int>(get<0>(block_coord_mnkl)) * size<0>(block_shape);
+    const int col0 = static_cast<int>(get<1>(block_coord_mnkl)) * size<1>(block_shape);
+    // The scheduler pads the tile grid to whole swizzle groups and clusters: such tiles hold no
+    // part of x and must write nothing.
+    if (params_.skip || col0 >= cols || row0 >= rows) return;
+    // The last column tile of a block that is not a multiple of the tile holds columns ≥ the
+    // block's (TMA fills them with zeros): only that tile checks columns per pair.
+    const bool whole_tile = col0 + static_cast<int>(size<1>(block_shape)) <= cols;
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(block_shape)));
+    CUTE_STATIC_ASSERT_V(size(coords) == size(accumulators));
+    const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
+
+    with_transform(c.transform, [&](const auto& transform) {
+      auto tile = [&](auto entropy) {
+        constexpr bool kEntropy = decltype(entropy)::value;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < Rows::kRows; ++r) {
+          const int row = row0 + Rows::row_of(coords, r);
+          if (row >= rows) continue;
+          float value[kValues];
+          Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
+          fused::round_logits(value, params_.round_to);
+          const CeBlockRow block_row = ce_block_row<kEntropy>(a, row, c);
+          if (!block_row.valid || !block_row.in_range) {
+            const float fill = block_row.valid ? quiet_nan() : 0.0f;  // SPEC §1: NaN row
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kValues; ++k) value[k] = fill;
+          } else {
+            // The target's column within this tile, or -1: a 32-bit compare per value.
+            const int64_t target = block_row.target_column - col0;
+            const int target_in_tile = target >= 0 && target < size<1>(block_shape)
+                                           ? static_cast<int>(target) : -1;
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kValues; ++k) {
+              const int column = Rows::column_of(coords, k);
+              value[k] = ce_block_grad<kEntropy>(block_row, transform, value[k],
+                                                 column == target_in_tile, 1.0f);
+            }
+          }
+          // Pairs of S where aligned; in the block's last tile, only columns of the block.
+          auto* out = static_cast<typename P::One*>(a.grad) +
+                      static_cast<int64_t>(row) * a.grad_stride + col0;
+          if (params_.pairs && whole_tile) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kValues; k += 2) {
+              *reinterpret_cast<typename P::Pair*>(out + Rows::column_of(coords, k)) =
+                  P::pair(value[k], value[k + 1]);
+            }
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kValues; ++k) {
+              const int column = Rows::column_of(coords, k);
+              if (col0 + column < cols) out[column] = P::one(value[k]);
+            }
+          }
+        }
+      };
+      if (a.grad_entropy != nullptr) {
+        tile(std::true_type{});
+      } else {
+        tile(std::false_type{});
+      }
+    });
+  }
+};
+
+template <class Element>
+bool launch(const FusedGradProduct& p, cudaStream_t stream) {
+  const BlockGradArgs& a = p.args;
+  GradEpilogueParams epilogue;
+  epilogue.args = a;
+  epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
+  epilogue.pairs = reinterpret_cast<std::uintptr_t>(a.grad) % 4 == 0 && a.grad_stride % 2 == 0;
+  epilogue.skip = fused::measurement().skip;
+  const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
+                                 a.rows,   a.columns,       p.hidden_size};
+  return fused::launch<Element, GradEpilogue<Element>>(operands, epilogue, "linear_ce", stream);
+}
+
+}  // namespace
+
+bool fused_grad_product_built() { return true; }
+
+bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream) {
+  if (product.args.rows <= 0 || product.args.columns <= 0) return true;  // nothing to form
+  if (product.args.options.class_weight != nullptr || product.args.dtype != product.dtype) {
+    return false;
+  }
+  bool launched = false;
+  switch (product.dtype) {
+    case DType::bf16: launched = launch<cutlass::bfloat16_t>(product, stream); break;
+    case DType::f16: launched = launch<cutlass::half_t>(product, stream); break;
+    default: break;
+  }
+  if (launched) fused_grad_launches.fetch_add(1, std::memory_order_relaxed);
+  return launched;
+}
+
+}  // namespace xent::cuda
+
+#else  // not built for sm_90a, or no CUTLASS headers
+
+namespace xent::cuda {
+
+bool fused_grad_product_built() { return false; }
+
+bool fused_grad_product(const FusedGradProduct&, cudaStream_t) { return false; }
+
+}  // namespace xent::cuda
+
+#endif
+
+namespace xent::cuda {
+
+int64_t fused_grad_count() { return fused_grad_launches.load(std::memory_order_relaxed); }
+
+bool fused_grad_enabled() {
+  const char* knob = std::getenv("XENT_CUDA_FUSED_GRAD");  // read per call: tests switch it
+  return !(knob != nullptr && knob[0] == '0');
+}
+
+}  // namespace xent::cuda
