@@ -7,8 +7,8 @@
 #   slice sizes).
 #   AB_SHAPES: "N:V ..." (ce, distill) or "N:H:V ..." (linear ops); default the PERF.md ce rows.
 #   AB_ARGS: the other xent-bench flags (default "--op ce --no-naive --repeat 20").
-# Every record lands in OUTDIR/ab.json (one JSON array, each record with its "ab_config"), the
-# logs in OUTDIR/logs/; one line per run prints as it ends.
+# Every record lands in OUTDIR/ab.json (one JSON array, each record with its "ab_config" and the
+# variables it ran with, "ab_env"), the logs in OUTDIR/logs/; one line per run prints as it ends.
 set -uo pipefail
 OUT="${1:?usage: scripts/bench-ab.sh OUTDIR [XENT_BENCH]}"
 BENCH="${2:-build-gpu/tools/xent-bench}"
@@ -27,6 +27,7 @@ for config in $CONFIGS; do
       size=(--n "${dims[0]}" --v "${dims[1]}")
     fi
     tag="$name-${shape//:/-}"
+    printf '%s\n' "${vars//,/ }" >"$OUT/logs/$tag.env"
     # shellcheck disable=SC2086
     env ${vars//,/ } "$BENCH" $ARGS "${size[@]}" --json "$OUT/logs/$tag.json" \
       >"$OUT/logs/$tag.log" 2>&1
@@ -43,6 +44,9 @@ for path in sorted(glob.glob(os.path.join(out, "logs", "*.json"))):
     try:
         for record in json.load(open(path)):
             record["ab_config"] = os.path.basename(path)[: -len(".json")]
+            env = path[: -len(".json")] + ".env"
+            if os.path.exists(env):
+                record["ab_env"] = open(env).read().strip()
             records.append(record)
     except (OSError, ValueError) as error:
         print(f"{path}: {error}", file=sys.stderr)
