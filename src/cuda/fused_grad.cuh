@@ -20,19 +20,23 @@
 namespace xent::cuda {
 
 struct FusedGradProduct {
-  // The tile's rows of h, [args.rows, hidden_size], row stride in elements.
+  // The tile's rows of h, [rows, hidden_size], row stride in elements.
   const void* hidden = nullptr;
   int64_t hidden_stride = 0;
-  // The block's rows of W, [args.columns, hidden_size].
+  // The block's rows of W, [columns, hidden_size].
   const void* weight = nullptr;
   int64_t weight_stride = 0;
-  DType dtype = DType::bf16;  // of both operands and of the gradient written (args.dtype)
-  int64_t hidden_size = 0;
-  // Everything the gradient is formed of and where it goes (args.logits is not read). Class
-  // weights are not taken (fused_grad_eligible).
-  BlockGradArgs args;
+  DType dtype = DType::bf16;  // of both operands and of the gradient written
+  int64_t rows = 0, columns = 0, hidden_size = 0;
+  int64_t first_column = 0;   // the block's first column of V
+  // The tile's rows of the call's gradient records (ce_grad_records, made with first_column 0).
+  const CeGradRecord* records = nullptr;
+  bool entropy = false;       // the records carry the entropy term (EntropyGradient)
+  float logit_scale = 1, softcap = 0;  // SPEC §1 transform (softcap 0: none)
+  void* grad = nullptr;       // [rows, columns], row stride grad_stride, in `dtype`
+  int64_t grad_stride = 0;
   // x rounded to the operands' dtype before the gradient, as the cuBLASLt path's 16-bit logits
-  // are (the lse of pass 1 was formed from those); false for fp32 chunk logits.
+  // are (the lse in the records was formed from such logits); false for fp32 chunk logits.
   bool rounded_logits = true;
 };
 

@@ -27,7 +27,12 @@ namespace xent::cuda {
 namespace {
 
 struct GradEpilogueParams {
-  BlockGradArgs args;
+  const CeGradRecord* records = nullptr;
+  void* grad = nullptr;
+  int64_t grad_stride = 0;
+  int64_t first_column = 0;
+  float logit_scale = 1, softcap = 0;
+  bool entropy = false;
   int round_to = 0;    // FusedGradProduct::rounded_logits: 1 bf16, 2 f16, 0 not rounded
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool skip = false;   // measurement only: the product without its epilogue (fused::Measurement)
@@ -68,23 +73,36 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     using Rows = fused::AccumulatorRows<FrgLayout, TiledMma>;
     using P = Packed<S>;
     constexpr int kValues = Rows::kValues;
-    const BlockGradArgs& a = params_.args;
+    const GradEpilogueParams& a = params_;
     const int rows = static_cast<int>(get<0>(problem_shape_mnkl));
     const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
     const int row0 = static_cast<int>(get<0>(block_coord_mnkl)) * size<0>(block_shape);
     const int col0 = static_cast<int>(get<1>(block_coord_mnkl)) * size<1>(block_shape);
     // The scheduler pads the tile grid to whole swizzle groups and clusters: such tiles hold no
     // part of x and must write nothing.
-    if (params_.skip || col0 >= cols || row0 >= rows) return;
+    if (a.skip || col0 >= cols || row0 >= rows) return;
     // The last column tile of a block that is not a multiple of the tile holds columns ≥ the
     // block's (TMA fills them with zeros): only that tile checks columns per pair.
     const bool whole_tile = col0 + static_cast<int>(size<1>(block_shape)) <= cols;
     auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
     Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(block_shape)));
     CUTE_STATIC_ASSERT_V(size(coords) == size(accumulators));
-    const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
+    // Both rows' records first, so their loads are in flight together.
+    CeGradRecord records[Rows::kRows] = {};
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < Rows::kRows; ++r) {
+      const int row = row0 + Rows::row_of(coords, r);
+      if (row < rows) {
+        const float4* record = reinterpret_cast<const float4*>(a.records + row);
+        records[r].coefs = __ldg(record);
+        records[r].more = __ldg(record + 1);
+      }
+    }
+    common::Transform<float> row_transform;
+    row_transform.scale = a.logit_scale;
+    row_transform.softcap = a.softcap;
 
-    with_transform(c.transform, [&](const auto& transform) {
+    with_transform(row_transform, [&](const auto& transform) {
       auto tile = [&](auto entropy) {
         constexpr bool kEntropy = decltype(entropy)::value;
         CUTLASS_PRAGMA_UNROLL
@@ -93,15 +111,15 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           if (row >= rows) continue;
           float value[kValues];
           Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
-          fused::round_logits(value, params_.round_to);
-          const CeBlockRow block_row = ce_block_row<kEntropy>(a, row, c);
+          fused::round_logits(value, a.round_to);
+          const CeBlockRow block_row = block_row_of(records[r], a.first_column + col0);
           if (!block_row.valid || !block_row.in_range) {
             const float fill = block_row.valid ? quiet_nan() : 0.0f;  // SPEC §1: NaN row
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < kValues; ++k) value[k] = fill;
           } else {
             // The target's column within this tile, or -1: a 32-bit compare per value.
-            const int64_t target = block_row.target_column - col0;
+            const int64_t target = block_row.target_column;
             const int target_in_tile = target >= 0 && target < size<1>(block_shape)
                                            ? static_cast<int>(target) : -1;
             CUTLASS_PRAGMA_UNROLL
@@ -129,7 +147,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           }
         }
       };
-      if (a.grad_entropy != nullptr) {
+      if (a.entropy) {
         tile(std::true_type{});
       } else {
         tile(std::false_type{});
@@ -140,14 +158,19 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
 
 template <class Element>
 bool launch(const FusedGradProduct& p, cudaStream_t stream) {
-  const BlockGradArgs& a = p.args;
   GradEpilogueParams epilogue;
-  epilogue.args = a;
+  epilogue.records = p.records;
+  epilogue.grad = p.grad;
+  epilogue.grad_stride = p.grad_stride;
+  epilogue.first_column = p.first_column;
+  epilogue.logit_scale = p.logit_scale;
+  epilogue.softcap = p.softcap;
+  epilogue.entropy = p.entropy;
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
-  epilogue.pairs = reinterpret_cast<std::uintptr_t>(a.grad) % 4 == 0 && a.grad_stride % 2 == 0;
+  epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.skip = fused::measurement().skip;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
-                                 a.rows,   a.columns,       p.hidden_size};
+                                 p.rows,   p.columns,       p.hidden_size};
   return fused::launch<Element, GradEpilogue<Element>>(operands, epilogue, "linear_ce", stream);
 }
 
@@ -156,10 +179,7 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
 bool fused_grad_product_built() { return true; }
 
 bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream) {
-  if (product.args.rows <= 0 || product.args.columns <= 0) return true;  // nothing to form
-  if (product.args.options.class_weight != nullptr || product.args.dtype != product.dtype) {
-    return false;
-  }
+  if (product.rows <= 0 || product.columns <= 0) return true;  // nothing to form
   bool launched = false;
   switch (product.dtype) {
     case DType::bf16: launched = launch<cutlass::bfloat16_t>(product, stream); break;

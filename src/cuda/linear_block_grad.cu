@@ -46,7 +46,27 @@ void launch_block_grad(const CeBlockGradParams& p, dim3 grid, cudaStream_t strea
   }
 }
 
+template <bool kEntropy>
+__global__ void __launch_bounds__(256) grad_records_kernel(const BlockGradArgs a,
+                                                            CeGradRecord* records) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= a.rows) return;
+  const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
+  records[row] = grad_record_of(ce_block_row<kEntropy>(a, row, c));
+}
+
 }  // namespace
+
+void ce_grad_records(const BlockGradArgs& args, CeGradRecord* records, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  const unsigned blocks = static_cast<unsigned>((args.rows + 255) / 256);
+  if (args.grad_entropy != nullptr) {
+    grad_records_kernel<true><<<blocks, 256, 0, stream>>>(args, records);
+  } else {
+    grad_records_kernel<false><<<blocks, 256, 0, stream>>>(args, records);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
 
 void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream) {
   if (args.rows <= 0 || args.columns <= 0) return;

@@ -60,6 +60,47 @@ __device__ __forceinline__ CeBlockRow ce_block_row(const BlockGradArgs& a, int64
   return r;
 }
 
+// A row's CeBlockRow as 32 bytes, formed once per call for every row (ce_grad_records) and read
+// with two 16-byte loads by the fused gradient product's epilogue: per-row loads there (target,
+// lse, row weight, upstream, batch totals: two dependent rounds per row) are latency no
+// mainloop hides. coefs: lse, prob_coef, target_coef, smoothing_coef; more: the target (int32
+// bits), the state (0 ordinary, 1 ignored, 2 out-of-range target), g_H and S of the entropy term.
+struct CeGradRecord {
+  float4 coefs;
+  float4 more;
+};
+
+__device__ __forceinline__ CeGradRecord grad_record_of(const CeBlockRow& r) {
+  CeGradRecord record;
+  record.coefs = make_float4(r.grad.lse, r.grad.prob_coef, r.grad.target_coef,
+                             r.grad.smoothing_coef);
+  const float state = !r.valid ? 1.0f : !r.in_range ? 2.0f : 0.0f;
+  record.more = make_float4(__int_as_float(static_cast<int32_t>(r.target_column)), state,
+                            r.entropy.coef, r.entropy.mean_logit);
+  return record;
+}
+
+// The row of a record made with first_column 0, for a block starting at `first_column`.
+__device__ __forceinline__ CeBlockRow block_row_of(const CeGradRecord& record,
+                                                   int64_t first_column) {
+  CeBlockRow r;
+  r.valid = record.more.y != 1.0f;
+  r.in_range = record.more.y == 0.0f;
+  const int64_t target = __float_as_int(record.more.x);
+  r.grad.lse = record.coefs.x;
+  r.grad.prob_coef = record.coefs.y;
+  r.grad.target_coef = record.coefs.z;
+  r.grad.smoothing_coef = record.coefs.w;
+  r.grad.target = target;
+  r.entropy.coef = record.more.z;
+  r.entropy.mean_logit = record.more.w;
+  r.target_column = target - first_column;
+  return r;
+}
+
+// records[n] for the args.rows rows of args (its first_column must be 0): ce_block_row of each.
+void ce_grad_records(const BlockGradArgs& args, CeGradRecord* records, cudaStream_t stream);
+
 // ∂loss/∂x of one logit `value` of a valid, in-range row, through `transform` (with_transform),
 // with class weight w of its column (1 without class weights or smoothing).
 template <bool kEntropy, class Transform>

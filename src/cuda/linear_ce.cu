@@ -69,6 +69,12 @@ struct PlanWants {
   bool statistics = false;
 };
 
+// The gradient records of every row (linear_block_grad.cuh, CeGradRecord) that the fused gradient
+// product reads: part of every plan's fixed bytes, 32 per row.
+std::size_t grad_record_bytes(int64_t rows) {
+  return align_up(static_cast<std::size_t>(std::max<int64_t>(rows, 0)) * sizeof(CeGradRecord));
+}
+
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                             const LinearCeOptions& options, const PlanWants& wants) {
   ChunkRequest request;
@@ -77,7 +83,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.vocab = vocab;
   request.logits_element_bytes = options.fp32_logits ? sizeof(float) : dtype_size(dtype);
   request.budget_bytes = options.workspace_budget;
-  request.fixed_bytes = row_scratch_bytes(rows);
+  request.fixed_bytes = row_scratch_bytes(rows) + grad_record_bytes(rows);
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = wants.gradients && linear_overlap_enabled();
   request.weight_gradient = wants.gradients && wants.weight;
@@ -169,6 +175,7 @@ struct CeBlockPass {
   bool per_row_upstream;
   bool read_cache;
   float* hidden_accumulator = nullptr;  // schedule (d)
+  CeGradRecord* records = nullptr;      // [N], for the fused gradient product
 };
 
 // What the gradient of `tile` is formed of (linear_block_grad.cuh): its rows' targets, lse, row
@@ -217,12 +224,28 @@ bool fused_tile_gradient(const CeBlockPass& pass, const BlockTile& tile, cudaStr
                    static_cast<std::size_t>(tile.gradient.first_column) *
                        static_cast<std::size_t>(call.weight.row_stride) * element;
   product.weight_stride = call.weight.row_stride;
+  product.rows = tile.gradient.rows;
+  product.columns = tile.gradient.columns;
   product.hidden_size = call.hidden.cols;
-  product.args = block_grad_args(pass, tile);
-  product.args.dtype = product.dtype;  // the gradient as the products read it
-  product.args.grad_stride = tile.gradient.columns;
+  product.first_column = tile.gradient.first_column;
+  product.records = pass.records + tile.first_row;
+  product.entropy = call.entropy.present();
+  product.logit_scale = static_cast<float>(call.options.ce.logit_scale);
+  product.softcap = call.options.ce.softcap ? static_cast<float>(*call.options.ce.softcap) : 0.0f;
+  product.grad = tile.gradient.grad;
+  product.grad_stride = tile.gradient.columns;
   product.rounded_logits = pass.plan.logits_dtype != DType::f32;
   return fused_grad_product(product, stream);
+}
+
+// The gradient records of all rows (ce_grad_records) into pass.records, from pass.lse.
+void form_grad_records(const CeBlockPass& pass, cudaStream_t stream) {
+  const LinearCeCall& call = pass.call;
+  BlockTile all_rows;
+  all_rows.gradient.rows = call.hidden.rows;
+  all_rows.gradient.columns = call.weight.rows;
+  all_rows.gradient.vocab = call.weight.rows;
+  ce_grad_records(block_grad_args(pass, all_rows), pass.records, stream);
 }
 
 // ∂W block by block; each block's gradient comes from the lse of pass 1, through the fused
@@ -241,7 +264,8 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.region = pass.region;
   inputs.scratch = pass.scratch;
   inputs.hidden_accumulator = pass.hidden_accumulator;
-  if (fused_gradient_eligible(call, pass.read_cache)) {
+  if (pass.records && fused_gradient_eligible(call, pass.read_cache)) {
+    form_grad_records(pass, stream);
     inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
       return fused_tile_gradient(pass, tile, on);
     };
@@ -281,6 +305,7 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
   auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
   const GemmScratch scratch{carver.take(chunks.gemm_workspace_bytes), chunks.gemm_workspace_bytes};
   auto* saved_lse = static_cast<float*>(carver.take(chunks.lse_bytes));
+  auto* records = static_cast<CeGradRecord*>(carver.take(grad_record_bytes(call.hidden.rows)));
   const bool entropy_grad = call.entropy.present();
   if (entropy_grad) {
     saved_lse = static_cast<float*>(call.lse.data);  // read only
@@ -314,6 +339,7 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
                    ce_row_options(call.options.ce),
                    call.options.ce.reduction == Reduction::none && call.grad_output.present(),
                    false};
+  pass.records = records;
   if (want_hidden) {
     pass.hidden_accumulator = reinterpret_cast<float*>(
         region + align_up(chunks.tile_buffer_bytes) + align_up(chunks.accumulator_bytes));
@@ -348,6 +374,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
                             plan.chunks.gemm_workspace_bytes};
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
   float* saved_lse = blocked ? static_cast<float*>(carver.take(plan.chunks.lse_bytes)) : nullptr;
+  auto* records = static_cast<CeGradRecord*>(carver.take(grad_record_bytes(rows)));
   if (blocked && stats && stats->lse.present()) saved_lse = static_cast<float*>(stats->lse.data);
   const bool entropy_grad = call.entropy.present();
   if (blocked && entropy_grad) saved_lse = static_cast<float*>(call.lse.data);  // read only
@@ -474,11 +501,14 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // A backward that brings the forward's lse forms each chunk's gradient with the fused gradient
   // product where eligible (fused_grad.cuh): no logits written, no row kernel, the gradient in
   // the operand dtype (row stride V) for the products.
-  const CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr, scratch,
-                               totals, row_options, per_row_upstream, read_cache};
+  CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr, scratch,
+                         totals, row_options, per_row_upstream, read_cache};
+  fused_pass.lse = static_cast<const float*>(call.lse.data);
+  fused_pass.records = records;
   const bool fused_chunks = call.op == OpCode::linear_ce_backward && call.lse.present() &&
                             chunk_grad && plan.chunks.buffer_count == 1 &&
                             fused_gradient_eligible(call, read_cache);
+  if (fused_chunks) form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
   auto fused_chunk_gradient = [&](int64_t chunk) {
     BlockTile tile;
     tile.gradient.grad = buffer_of(chunk);
@@ -489,12 +519,10 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     tile.gradient.first_column = 0;
     tile.gradient.vocab = vocab;
     tile.first_row = first_row(chunk);
-    CeBlockPass pass = fused_pass;
-    pass.lse = static_cast<const float*>(call.lse.data);
-    if (!fused_tile_gradient(pass, tile, stream)) return false;
+    if (!fused_tile_gradient(fused_pass, tile, stream)) return false;
     // Pass 2 of the blocked schedule reads the lse that the row kernel would have saved.
-    if (saved_lse && saved_lse != pass.lse) {
-      XENT_CUDA_CHECK(cudaMemcpyAsync(saved_lse + tile.first_row, pass.lse + tile.first_row,
+    if (saved_lse && saved_lse != fused_pass.lse) {
+      XENT_CUDA_CHECK(cudaMemcpyAsync(saved_lse + tile.first_row, fused_pass.lse + tile.first_row,
                                       static_cast<std::size_t>(tile.gradient.rows) * sizeof(float),
                                       cudaMemcpyDeviceToDevice, stream));
     }
@@ -539,8 +567,9 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   }
 
   if (blocked && want_weight) {
-    const CeBlockPass pass{call,   plan,        chunk_buffer,     saved_lse, scratch,
-                           totals, row_options, per_row_upstream, read_cache};
+    CeBlockPass pass{call,   plan,        chunk_buffer,     saved_lse, scratch,
+                     totals, row_options, per_row_upstream, read_cache};
+    pass.records = records;
     run_block_pass(pass, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);

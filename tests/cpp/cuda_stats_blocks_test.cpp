@@ -89,7 +89,7 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant) {
   if (variant == Variant::chunks_fused) {
     // one: a chunk of all rows; several: several row chunks.
     return row_chunks(plan) && (blocks == Blocks::one ? plan.chunk_count == 1
-                                                      : plan.chunk_count >= 3);
+                                                      : plan.chunk_count >= 2);
   }
   const cuda::Schedule schedule = statistics_schedule(variant)
                                       ? cuda::Schedule::statistics_blocks
@@ -359,20 +359,30 @@ const StatsBlocksParam kGrid[] = {
     StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none,
                      WeightGrad::same_dtype, true, Blocks::several}};
 
-// Every grid case in every variant, except one block of all V for (c) (its first pass already
-// chunks the rows, so a tile of all N rows and all V never fits beside it) and row tiles for the
-// row-chunk schedules (they have no blocks).
+// Every grid case in every variant whose plan the planner makes at some budget (budget_for
+// asserts it), which leaves out for (c): one block of all V (its first pass already chunks the
+// rows, so a tile of all N rows and all V never fits beside it) and an fp32 ∂W (at these sizes
+// row chunks accumulating it in place are cheaper at every budget); for the row-chunk variant:
+// row tiles (it has no blocks) and H = 1032 (every budget that splits those rows into chunks
+// makes (c) cheaper).
 std::vector<std::tuple<Variant, StatsBlocksParam>> variant_grid() {
   std::vector<std::tuple<Variant, StatsBlocksParam>> cases;
   for (const Variant variant : {Variant::statistics_fused, Variant::statistics_cublaslt,
                                 Variant::blocks_fused, Variant::blocks_cublaslt,
                                 Variant::chunks_fused}) {
     for (const StatsBlocksParam& param : kGrid) {
+      const int64_t hidden = std::get<2>(param);
+      const WeightGrad weight = std::get<6>(param);
       const Blocks blocks = std::get<8>(param);
       if (variant == Variant::blocks_fused || variant == Variant::blocks_cublaslt) {
-        if (blocks == Blocks::one) continue;
+        if (blocks == Blocks::one || weight == WeightGrad::fp32 ||
+            weight == WeightGrad::accumulate_fp32) {
+          continue;
+        }
       }
-      if (variant == Variant::chunks_fused && blocks == Blocks::row_tiles) continue;
+      if (variant == Variant::chunks_fused && (blocks == Blocks::row_tiles || hidden > 1024)) {
+        continue;
+      }
       cases.emplace_back(variant, param);
     }
   }
