@@ -35,7 +35,9 @@ struct GradEpilogueParams {
   bool entropy = false;
   int round_to = 0;    // FusedGradProduct::rounded_logits: 1 bf16, 2 f16, 0 not rounded
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
-  bool skip = false;   // measurement only: the product without its epilogue (fused::Measurement)
+  // Measurement only (fused::Measurement): the product without its epilogue, or without stores.
+  bool skip = false;
+  bool skip_stores = false;
 };
 
 template <class S>
@@ -129,6 +131,13 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
                                                  column == target_in_tile, 1.0f);
             }
           }
+          if (a.skip_stores) {  // keeps the values live: one store per row, never taken
+            float sum = 0;
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < kValues; ++k) sum += value[k];
+            if (sum == 1.25e38f) static_cast<float*>(a.grad)[row] = sum;
+            continue;
+          }
           // Pairs of S where aligned; in the block's last tile, only columns of the block.
           auto* out = static_cast<typename P::One*>(a.grad) +
                       static_cast<int64_t>(row) * a.grad_stride + col0;
@@ -168,7 +177,8 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.entropy = p.entropy;
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
-  epilogue.skip = fused::measurement().skip;
+  epilogue.skip = fused::measurement().skip_gradient;
+  epilogue.skip_stores = fused::measurement().skip_gradient_stores;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
   return fused::launch<Element, GradEpilogue<Element>>(operands, epilogue, "linear_ce", stream);

@@ -182,10 +182,14 @@ struct Product {
 // H200 against CUTLASS's heuristic (along M here, swizzle 1) and along N: 1.5–4.4 % faster at the
 // three linear_ce shapes (docs/perf-notes.md, decision 43).
 // Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogues return at once (the
-// product's time without them; the results are then wrong); XENT_CUDA_FUSED_RASTER=h|m|n (h:
-// CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8 replace the order above.
+// product's time without them; the results are then wrong), =2 only the gradient epilogue's, =3
+// makes the gradient epilogue form its values but store none of them (the cost of its stores);
+// XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
+// replace the order above.
 struct Measurement {
-  bool skip = false;
+  bool skip_statistics = false;
+  bool skip_gradient = false;
+  bool skip_gradient_stores = false;
   char raster = 'm';
   int swizzle = 8;
 };
@@ -195,7 +199,10 @@ inline const Measurement& measurement() {
     const char* skip = std::getenv("XENT_CUDA_FUSED_SKIP");
     const char* raster = std::getenv("XENT_CUDA_FUSED_RASTER");
     const char* swizzle = std::getenv("XENT_CUDA_FUSED_SWIZZLE");
-    m.skip = skip != nullptr && skip[0] == '1';
+    const char mode = skip != nullptr ? skip[0] : '0';
+    m.skip_statistics = mode == '1';
+    m.skip_gradient = mode == '1' || mode == '2';
+    m.skip_gradient_stores = mode == '3';
     if (raster != nullptr && (raster[0] == 'h' || raster[0] == 'm' || raster[0] == 'n')) {
       m.raster = raster[0];
     }

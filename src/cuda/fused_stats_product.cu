@@ -251,7 +251,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
-  epilogue.skip = fused::measurement().skip;
+  epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
                                 p.rows,   p.vocab,         p.hidden_size};
   return fused::launch<Element, StatsEpilogue>(operands, epilogue, "linear_ce_forward", stream);
