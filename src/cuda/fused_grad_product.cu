@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 namespace xent::cuda {
 namespace {
@@ -35,6 +36,7 @@ struct GradEpilogueParams {
   bool entropy = false;
   int round_to = 0;    // FusedGradProduct::rounded_logits: 1 bf16, 2 f16, 0 not rounded
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
+  bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
   // Measurement only (fused::Measurement): the product without its epilogue, or without stores.
   bool skip = false;
   bool skip_stores = false;
@@ -56,6 +58,47 @@ struct Packed<cutlass::half_t> {
   static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
   static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
 };
+
+// Lane t of a quad holds, per group g of 4 words (pairs of S), the words of columns
+// 32g + 8i + 2t for i = 0..3 (the accumulator layout); after this 4×4 transpose within the quad
+// (two xor-shuffle rounds, 4 shuffles a group) it holds columns 32g + 8t .. 32g + 8t + 7, so one
+// 16-byte store per group writes 64 contiguous bytes of the row per quad. Measured on the H200
+// (docs/perf-notes.md, decision 46): the 4-byte stores of the accumulator layout, 16 bytes of a
+// row per quad and instruction, cost the gradient epilogue ≈ 5.5 ms of writing 2 bytes per logit.
+CUTLASS_DEVICE void quad_transpose(uint32_t (&w)[4], int lane) {
+  const bool hi = lane & 2;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  const uint32_t n0 = hi ? r0 : w[0], n1 = hi ? r1 : w[1];
+  const uint32_t n2 = hi ? w[2] : r0, n3 = hi ? w[3] : r1;
+  const bool lo = lane & 1;
+  r0 = __shfl_xor_sync(0xffffffffu, lo ? n0 : n1, 1);
+  r1 = __shfl_xor_sync(0xffffffffu, lo ? n2 : n3, 1);
+  w[0] = lo ? r0 : n0;
+  w[1] = lo ? n1 : r0;
+  w[2] = lo ? r1 : n2;
+  w[3] = lo ? n3 : r1;
+}
+
+// One row's kN values (fused::AccumulatorRows order) as S, by 16-byte stores: `quad_out` is the
+// row's tile start plus 8 columns per quad lane (lane t of the quad writes columns 32g + 8t).
+template <class Rows, class P, int kN, class S>
+CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out) {
+  static_assert(Rows::kTilesN == 1 && Rows::kGroups % 4 == 0 && kN == Rows::kGroups * 2,
+                "one 256-column atom per row: word j holds columns 8j + 2t, 8j + 2t + 1");
+  const int lane = static_cast<int>(threadIdx.x & 3);
+  CUTLASS_PRAGMA_UNROLL
+  for (int g = 0; g < Rows::kGroups / 4; ++g) {
+    uint32_t w[4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const typename P::Pair pair = P::pair(value[8 * g + 2 * i], value[8 * g + 2 * i + 1]);
+      memcpy(&w[i], &pair, sizeof pair);
+    }
+    quad_transpose(w, lane);
+    *reinterpret_cast<uint4*>(quad_out + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
 
 // The gradient epilogue: called once per output tile by each consumer thread with its
 // accumulators (fused::OperatorEpilogue). A thread holds two rows of the tile, 64 values each,
@@ -138,10 +181,13 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
             if (sum == 1.25e38f) static_cast<float*>(a.grad)[row] = sum;
             continue;
           }
-          // Pairs of S where aligned; in the block's last tile, only columns of the block.
+          // 16-byte vectors where rows are 16-byte aligned, pairs of S where 4-byte aligned;
+          // in the block's last tile, only columns of the block.
           auto* out = static_cast<typename P::One*>(a.grad) +
                       static_cast<int64_t>(row) * a.grad_stride + col0;
-          if (params_.pairs && whole_tile) {
+          if (a.vectors && whole_tile) {
+            store_vectors<Rows, P>(value, out + Rows::column_of(coords, 0) * 4);
+          } else if (a.pairs && whole_tile) {
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < kValues; k += 2) {
               *reinterpret_cast<typename P::Pair*>(out + Rows::column_of(coords, k)) =
@@ -177,6 +223,8 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.entropy = p.entropy;
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
+  epilogue.vectors =
+      reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.skip = fused::measurement().skip_gradient;
   epilogue.skip_stores = fused::measurement().skip_gradient_stores;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
