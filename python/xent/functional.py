@@ -216,18 +216,18 @@ _MIB = 1 << 20
 _GIB = 1 << 30
 
 
-def default_workspace_bytes(device: torch.device, fp32_weight_grad: bool = False) -> int:
+def default_workspace_bytes(device: torch.device) -> int:
     """The workspace budget linear_cross_entropy / linear_distill use when none is given.
 
     GPU: min(4 GiB, total / 8), at least 1 GiB, and at most half of what is free (free device
     memory plus what the caching allocator holds unused): the 16-bit weight gradient's fp32
     accumulator (V x H x 4 bytes: 2 GiB at 128256 x 4096) then fits beside the chunks and the
-    three-product schedule runs. An fp32 weight gradient needs no accumulator: 256 MiB. CPU: 512 MiB.
+    three-product schedule runs; an fp32 weight gradient (accumulated in place, no accumulator)
+    gets the same budget, whose larger row chunks run that schedule as fast as for a 16-bit
+    weight. Pass workspace_bytes (e.g. 256 MiB) to trade that speed for memory. CPU: 512 MiB.
     """
     if device.type != "cuda":
         return 512 * _MIB
-    if fp32_weight_grad:
-        return 256 * _MIB
     if torch.compiler.is_compiling():
         # Memory queries return host integers that torch.compile cannot trace: a compiled graph
         # takes the value of the last eager call on that device (1 GiB before any).
@@ -244,10 +244,9 @@ def default_workspace_bytes(device: torch.device, fp32_weight_grad: bool = False
 _LAST_DEFAULT_BUDGET: dict = {}
 
 
-def _workspace_budget(function: str, workspace_bytes, hidden: Tensor, weight: Tensor,
-                      fp32_weight_grad: bool) -> int:
+def _workspace_budget(function: str, workspace_bytes, hidden: Tensor) -> int:
     if workspace_bytes is None:
-        return default_workspace_bytes(hidden.device, fp32_weight_grad)
+        return default_workspace_bytes(hidden.device)
     budget = int(workspace_bytes)
     if budget <= 0:
         _fail(function, "workspace_bytes", "out of range", workspace_bytes, "a positive size")
@@ -350,12 +349,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
     chunked so that its scratch memory stays within workspace_bytes. Its default depends on the
-    device and the weight (see default_workspace_bytes): on a GPU, enough for the fast
-    three-product schedule with the fp32 accumulator of a 16-bit weight's gradient,
-    min(4 GiB, total / 8) and at least 1 GiB, but never more than half of the memory that is
-    free; 256 MiB when that gradient is fp32 (it is accumulated in place and needs no
-    accumulator); 512 MiB on the CPU. Logits chunks are rounded to the input dtype before the
-    softmax, as F.cross_entropy(h @ W.T) sees them, unless fp32_logits=True.
+    device (see default_workspace_bytes): on a GPU, enough for the fast three-product schedule
+    with the fp32 accumulator of a 16-bit weight's gradient, min(4 GiB, total / 8) and at least
+    1 GiB, but never more than half of the memory that is free (an fp32 weight gradient, which
+    is accumulated in place, gets the same budget for its row chunks); 512 MiB on the CPU.
+    Logits chunks are rounded to the input dtype before the softmax, as F.cross_entropy(h @ W.T)
+    sees them, unless fp32_logits=True.
 
     Mixed precision: under autocast the products run in the autocast dtype, as F.linear's would;
     an fp32 weight (a master weight, the Hugging Face Trainer's bf16 default) is converted inside
@@ -397,8 +396,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     class_weight = _class_weight(function, None, class_weight)
     compute_dtype = _compute_dtype(hidden2d, weight)
     wants = _needs_grad(hidden2d, weight, bias)
-    fp32_weight_grad = wants[1] and weight.dtype == torch.float32 and compute_dtype is not None
-    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, fp32_weight_grad)
+    budget = _workspace_budget(function, workspace_bytes, hidden2d)
     options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
                None if softcap is None else float(softcap), float(logit_scale), budget,
                bool(fp32_logits))
@@ -567,7 +565,7 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
             teacher_hidden2d = teacher_hidden2d.to(autocast)
         if teacher_weight is not None:
             teacher_weight = teacher_weight.to(autocast)
-    budget = _workspace_budget(function, workspace_bytes, hidden2d, student_weight, False)
+    budget = _workspace_budget(function, workspace_bytes, hidden2d)
     options = options + (budget, bool(fp32_logits))
     wants = _needs_grad(hidden2d, student_weight)
     teacher = (teacher_logits2d, teacher_hidden2d, teacher_weight)
@@ -645,8 +643,7 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
     compute_dtype = _compute_dtype(hidden2d, weight)
     wants = _needs_grad(hidden2d, weight, bias)
-    fp32_weight_grad = wants[1] and weight.dtype == torch.float32 and compute_dtype is not None
-    budget = _workspace_budget(function, workspace_bytes, hidden2d, weight, fp32_weight_grad)
+    budget = _workspace_budget(function, workspace_bytes, hidden2d)
     options = (int(ignore_index), None if softcap is None else float(softcap),
                _temperature_scale(function, temperature), budget, bool(fp32_logits))
     if any(wants):

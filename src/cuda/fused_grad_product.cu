@@ -65,15 +65,16 @@ struct Packed<cutlass::half_t> {
 // 16-byte store per group writes 64 contiguous bytes of the row per quad. Measured on the H200
 // (docs/perf-notes.md, decision 46): the 4-byte stores of the accumulator layout, 16 bytes of a
 // row per quad and instruction, cost the gradient epilogue ≈ 5.5 ms of writing 2 bytes per logit.
-CUTLASS_DEVICE void quad_transpose(uint32_t (&w)[4], int lane) {
+// `live`: the lanes taking part (whole quads).
+CUTLASS_DEVICE void quad_transpose(uint32_t (&w)[4], int lane, unsigned live) {
   const bool hi = lane & 2;
-  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
-  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  uint32_t r0 = __shfl_xor_sync(live, hi ? w[0] : w[2], 2);
+  uint32_t r1 = __shfl_xor_sync(live, hi ? w[1] : w[3], 2);
   const uint32_t n0 = hi ? r0 : w[0], n1 = hi ? r1 : w[1];
   const uint32_t n2 = hi ? w[2] : r0, n3 = hi ? w[3] : r1;
   const bool lo = lane & 1;
-  r0 = __shfl_xor_sync(0xffffffffu, lo ? n0 : n1, 1);
-  r1 = __shfl_xor_sync(0xffffffffu, lo ? n2 : n3, 1);
+  r0 = __shfl_xor_sync(live, lo ? n0 : n1, 1);
+  r1 = __shfl_xor_sync(live, lo ? n2 : n3, 1);
   w[0] = lo ? r0 : n0;
   w[1] = lo ? n1 : r0;
   w[2] = lo ? r1 : n2;
@@ -81,9 +82,10 @@ CUTLASS_DEVICE void quad_transpose(uint32_t (&w)[4], int lane) {
 }
 
 // One row's kN values (fused::AccumulatorRows order) as S, by 16-byte stores: `quad_out` is the
-// row's tile start plus 8 columns per quad lane (lane t of the quad writes columns 32g + 8t).
+// row's tile start plus 8 columns per quad lane (lane t of the quad writes columns 32g + 8t);
+// `live`: the lanes storing a row (whole quads).
 template <class Rows, class P, int kN, class S>
-CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out) {
+CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out, unsigned live) {
   static_assert(Rows::kTilesN == 1 && Rows::kGroups % 4 == 0 && kN == Rows::kGroups * 2,
                 "one 256-column atom per row: word j holds columns 8j + 2t, 8j + 2t + 1");
   const int lane = static_cast<int>(threadIdx.x & 3);
@@ -95,7 +97,7 @@ CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out) {
       const typename P::Pair pair = P::pair(value[8 * g + 2 * i], value[8 * g + 2 * i + 1]);
       memcpy(&w[i], &pair, sizeof pair);
     }
-    quad_transpose(w, lane);
+    quad_transpose(w, lane, live);
     *reinterpret_cast<uint4*>(quad_out + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
@@ -153,6 +155,9 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < Rows::kRows; ++r) {
           const int row = row0 + Rows::row_of(coords, r);
+          // The lanes whose row exists (whole quads: a quad holds one row), for the shuffles of
+          // the vector stores: the rows past the last of the batch leave the warp here.
+          const unsigned live = __ballot_sync(0xffffffffu, row < rows);
           if (row >= rows) continue;
           float value[kValues];
           Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
@@ -186,7 +191,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           auto* out = static_cast<typename P::One*>(a.grad) +
                       static_cast<int64_t>(row) * a.grad_stride + col0;
           if (a.vectors && whole_tile) {
-            store_vectors<Rows, P>(value, out + Rows::column_of(coords, 0) * 4);
+            store_vectors<Rows, P>(value, out + Rows::column_of(coords, 0) * 4, live);
           } else if (a.pairs && whole_tile) {
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < kValues; k += 2) {
