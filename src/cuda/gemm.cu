@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 
@@ -114,6 +115,16 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
          std::to_string(workspace_bytes);
 }
 
+// XENT_CUDA_GEMM_REDUCTION=any lets the heuristic reduce split-K partials in a 16-bit output
+// again (measurement only; see make_plan).
+bool fp32_reductions_only() {
+  static const bool only = [] {
+    const char* knob = std::getenv("XENT_CUDA_GEMM_REDUCTION");
+    return !(knob != nullptr && std::string(knob) == "any");
+  }();
+  return only;
+}
+
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
                                 const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
   auto plan = std::make_unique<Plan>();
@@ -162,7 +173,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
   // place in it), rounding each partial to bf16; the chunked ∂h = G·W (K = V) then measured
   // 0.0055–0.0060 relative error against float64 where one bf16 rounding gives 0.0037–0.0047
   // (GPU suite, N = 300, H = 72, V = 4099 at a 2 MiB budget).
-  if (p.c.dtype != DType::f32) {
+  if (p.c.dtype != DType::f32 && fp32_reductions_only()) {
     const uint32_t fp32_reductions =
         CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
