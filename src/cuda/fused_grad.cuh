@@ -47,8 +47,14 @@ bool fused_grad_product_built();
 // operands or is not built: the caller falls back to the cuBLASLt product and the block kernel.
 bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream);
 
-// XENT_CUDA_FUSED_GRAD=0 keeps the cuBLASLt product and the elementwise block kernel (A/B
-// measurements, tests); otherwise every eligible block takes the fused product.
-bool fused_grad_enabled();
+// Whether a call with hidden size H forms its gradients with the fused product where eligible.
+// Measured on the H200 (docs/perf-notes.md, decision 46), against the cuBLASLt product and the
+// elementwise kernel: at H = 768 −7 % (schedule (d), 512 MiB) and −10 % ((c), 64 MiB), at
+// H = 1536 −3 % (the row-chunk backward of linear_logprobs); at H = 2304 −1.6 % with wide blocks
+// but +12 % with the narrow blocks of 64 MiB, at H = 4096 ±0 and +12 %: the epilogue costs the
+// product more as its tiles get longer, the elementwise pass it removes stays 4 bytes a logit.
+// XENT_CUDA_FUSED_GRAD=1 takes it for every H (tests), =0 never.
+constexpr int64_t kFusedGradMaxHidden = 1536;
+bool fused_grad_preferred(int64_t hidden_size);
 
 }  // namespace xent::cuda

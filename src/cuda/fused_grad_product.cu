@@ -271,9 +271,10 @@ namespace xent::cuda {
 
 int64_t fused_grad_count() { return fused_grad_launches.load(std::memory_order_relaxed); }
 
-bool fused_grad_enabled() {
+bool fused_grad_preferred(int64_t hidden_size) {
   const char* knob = std::getenv("XENT_CUDA_FUSED_GRAD");  // read per call: tests switch it
-  return !(knob != nullptr && knob[0] == '0');
+  if (knob != nullptr && (knob[0] == '0' || knob[0] == '1')) return knob[0] == '1';
+  return hidden_size <= kFusedGradMaxHidden;
 }
 
 }  // namespace xent::cuda

@@ -201,11 +201,13 @@ BlockGradArgs block_grad_args(const CeBlockPass& pass, const BlockTile& tile) {
   return args;
 }
 
-// Whether the blocks of this call may form their gradients with the fused gradient product
-// (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel: Hopper operands
-// it takes (fused_operands_eligible), no class weights, logits not read from a cache.
+// Whether the blocks of this call form their gradients with the fused gradient product
+// (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel: preferred for its
+// hidden size (fused_grad_preferred), Hopper operands it takes (fused_operands_eligible), no
+// class weights, logits not read from a cache.
 bool fused_gradient_eligible(const LinearCeCall& call, bool read_cache) {
-  return fused_grad_enabled() && !read_cache && !call.options.ce.class_weight.present() &&
+  return fused_grad_preferred(call.hidden.cols) && !read_cache &&
+         !call.options.ce.class_weight.present() &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
 

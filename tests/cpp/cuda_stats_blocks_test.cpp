@@ -4,7 +4,8 @@
 // summed over the blocks in an fp32 accumulator — and (c), vocabulary_blocks, whose first pass
 // forms them from row chunks of cuBLASLt logits. Each block's gradient comes from the fused
 // gradient product (fused_grad.cuh) or from cuBLASLt logits and the elementwise block kernel
-// (XENT_CUDA_FUSED_GRAD=0); every case runs in all four combinations. XENT_CUDA_FUSED_STATS=1
+// (XENT_CUDA_FUSED_GRAD=0; =1 forces the fused product whatever the hidden size); every case
+// runs in all four combinations. XENT_CUDA_FUSED_STATS=1
 // makes every eligible call take (d) whenever it fits the budget, =0 never. Each case asserts the
 // schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
 // and checks the loss, lse and every gradient against the float64 reference with outputs
