@@ -32,9 +32,12 @@ IMPL_STYLE = {  # one colour and marker per implementation, the same in every pi
     "compile": ("#2ca02c", "^"),
     "liger": ("#9467bd", "D"),
     "cce": ("#ff7f0e", "v"),
+    "cce_exact": ("#8c564b", "<"),
+    "xent_torch": ("#e377c2", "P"),
 }
 IMPL_LABEL = {"xent": "xent", "naive": "naive (materialised)", "eager": "torch eager",
-              "compile": "torch.compile", "liger": "Liger-Kernel", "cce": "Cut Cross-Entropy"}
+              "compile": "torch.compile", "liger": "Liger-Kernel", "cce": "Cut Cross-Entropy",
+              "cce_exact": "Cut Cross-Entropy (exact)", "xent_torch": "xent (Python)"}
 
 
 def load_records(results_dir: str) -> list:
@@ -76,7 +79,8 @@ def latest(records: list) -> list:
         linear = r["op"].startswith("linear")
         key = (r["impl"], r["op"], r.get("kind"), r["n"], r.get("h") or 0, r["v"], r["dtype"],
                r["mode"], r.get("options", "plain"), r.get("reduction", "mean"),
-               r.get("budget_bytes") if linear else None)
+               r.get("budget_bytes") if linear else None, r.get("distribution") or "random",
+               r.get("weight_dtype"), bool(r.get("autocast")))
         keyed[key] = r
     return list(keyed.values())
 
@@ -157,11 +161,19 @@ def plot_distill(plt, records: list, device: str, out_dir: str) -> list:
 
 
 def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
+    # What users run: each library through its PyTorch API at its default settings (xent at its
+    # default budget), on random logits, with a 16-bit weight.
     rows = [r for r in plain_fwdbwd(records, "linear_ce")
-            if r.get("budget_bytes") in (None, 512 << 20)]
+            if r.get("budget_bytes") is None and (r.get("distribution") or "random") == "random"
+            and not r.get("weight_dtype") and r["impl"] in IMPL_LABEL]
     if not rows:
         return []
-    # A scan over N at one (H, V) draws lines; one N per shape (the PERF.md rows) draws bars.
+    # The shapes xent was measured at, every implementation beside it there. A scan over N at one
+    # (H, V) draws lines; one N per shape (the PERF.md rows) draws bars.
+    xent_impl = "xent_torch" if any(r["impl"] == "xent_torch" for r in rows) else "xent"
+    measured = {(r["n"], r["h"], r["v"]) for r in rows if r["impl"] == xent_impl}
+    if measured:
+        rows = [r for r in rows if (r["n"], r["h"], r["v"]) in measured]
     shapes = defaultdict(set)
     for r in rows:
         shapes[(r["h"], r["v"])].add(r["n"])

@@ -22,9 +22,9 @@ void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
   const int64_t first_column = block_tile.gradient.first_column;
   const int64_t columns = block_tile.gradient.columns;
   if (cache.present()) {
-    const std::size_t offset =
-        static_cast<std::size_t>(block_tile.first_row) * static_cast<std::size_t>(cache.row_stride) +
-        static_cast<std::size_t>(first_column);
+    const std::size_t offset = static_cast<std::size_t>(block_tile.first_row) *
+                                   static_cast<std::size_t>(cache.row_stride) +
+                               static_cast<std::size_t>(first_column);
     block_tile.logits = static_cast<const char*>(cache.data) + offset * element;
     block_tile.logits_stride = cache.row_stride;
     return;

@@ -347,7 +347,9 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
         region + align_up(chunks.tile_buffer_bytes) + align_up(chunks.accumulator_bytes));
   }
   run_block_pass(pass, stream);
-  if (want_hidden) write_from_fp32(pass.hidden_accumulator, call.hidden.cols, call.grads.hidden, stream);
+  if (want_hidden) {
+    write_from_fp32(pass.hidden_accumulator, call.hidden.cols, call.grads.hidden, stream);
+  }
   return true;
 }
 

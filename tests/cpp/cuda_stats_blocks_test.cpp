@@ -148,8 +148,9 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
   const Tensor grad_output = upstream_tensor(upstream, c.reduction, rows, c.dtype);
   Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, hidden_size) : Tensor();
-  Tensor grad_weight = c.weight != WeightGrad::none ? Tensor::matrix(weight_dtype, vocab, hidden_size)
-                                                    : Tensor();
+  Tensor grad_weight = c.weight != WeightGrad::none
+                           ? Tensor::matrix(weight_dtype, vocab, hidden_size)
+                           : Tensor();
   LinearGradients grads{grad_hidden.view(), grad_weight.view(), {}};
   grads.accumulate_weight = c.weight == WeightGrad::accumulate_fp32;
 
