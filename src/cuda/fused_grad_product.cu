@@ -106,7 +106,8 @@ CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out, unsigne
 
 // The gradient epilogue: called once per output tile by each consumer thread with its
 // accumulators (fused::OperatorEpilogue). A thread holds two rows of the tile, 64 values each,
-// in pairs of adjacent columns: each pair is formed, rounded to S and stored as one 4-byte word.
+// in pairs of adjacent columns; each row's gradient is formed in registers and stored as S, in
+// 16-byte vectors (store_vectors) wherever the rows are aligned.
 template <class S>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
  public:

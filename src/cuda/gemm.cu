@@ -5,10 +5,10 @@
 
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <cstdlib>
 #include <string>
 #include <tuple>
 

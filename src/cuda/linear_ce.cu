@@ -176,6 +176,7 @@ struct CeBlockPass {
   bool read_cache;
   float* hidden_accumulator = nullptr;  // schedule (d)
   CeGradRecord* records = nullptr;      // [N], for the fused gradient product
+  bool records_formed = false;          // pass 1 formed them already, from the same lse
 };
 
 // What the gradient of `tile` is formed of (linear_block_grad.cuh): its rows' targets, lse, row
@@ -267,7 +268,7 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.scratch = pass.scratch;
   inputs.hidden_accumulator = pass.hidden_accumulator;
   if (pass.records && fused_gradient_eligible(call, pass.read_cache)) {
-    form_grad_records(pass, stream);
+    if (!pass.records_formed) form_grad_records(pass, stream);
     inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
       return fused_tile_gradient(pass, tile, on);
     };
@@ -512,7 +513,15 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const bool fused_chunks = call.op == OpCode::linear_ce_backward && call.lse.present() &&
                             chunk_grad && plan.chunks.buffer_count == 1 &&
                             fused_gradient_eligible(call, read_cache);
-  if (fused_chunks) form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
+  if (fused_chunks) {
+    form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
+    // Pass 2 of the blocked schedule reads the lse that the row kernel would have saved.
+    if (saved_lse && saved_lse != fused_pass.lse) {
+      XENT_CUDA_CHECK(cudaMemcpyAsync(saved_lse, fused_pass.lse,
+                                      static_cast<std::size_t>(rows) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+    }
+  }
   auto fused_chunk_gradient = [&](int64_t chunk) {
     BlockTile tile;
     tile.gradient.grad = buffer_of(chunk);
@@ -523,14 +532,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     tile.gradient.first_column = 0;
     tile.gradient.vocab = vocab;
     tile.first_row = first_row(chunk);
-    if (!fused_tile_gradient(fused_pass, tile, stream)) return false;
-    // Pass 2 of the blocked schedule reads the lse that the row kernel would have saved.
-    if (saved_lse && saved_lse != fused_pass.lse) {
-      XENT_CUDA_CHECK(cudaMemcpyAsync(saved_lse + tile.first_row, fused_pass.lse + tile.first_row,
-                                      static_cast<std::size_t>(tile.gradient.rows) * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, stream));
-    }
-    return true;
+    return fused_tile_gradient(fused_pass, tile, stream);
   };
 
   // With saved lse and H, pass 1 of the blocked schedule has nothing to do when it forms no
@@ -574,6 +576,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     CeBlockPass pass{call,   plan,        chunk_buffer,     saved_lse, scratch,
                      totals, row_options, per_row_upstream, read_cache};
     pass.records = records;
+    pass.records_formed = fused_chunks;
     run_block_pass(pass, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
