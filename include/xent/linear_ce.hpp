@@ -23,6 +23,9 @@ struct LinearCeOptions {
 
 // Gradients of the linear layer; each absent view is not computed. grad weight/bias are
 // accumulated in fp32 across chunks and written once in their own dtype (fp32 keeps them exact).
+// On CUDA a `weight` that is written over (not accumulate_weight), contiguous and 16-byte aligned
+// may serve as scratch before its rows are written (small budgets keep fp32 sums of ∂h in its
+// last rows), so it must not alias any input; its contents are only ∂W once the call completes.
 struct LinearGradients {
   TensorView hidden;  // [N, H]
   TensorView weight;  // [V, H]

@@ -49,6 +49,15 @@
 // traffic (chunk_count × 8·V·H / B) is priced too, and (c) may win (it did at 64 MiB: 170 → 83 ms
 // for (8192, 2304, 256000)).
 //
+// Operands read again: every row chunk (and row tile of a block) re-reads W, every vocabulary
+// block re-reads h; a product of a few hundred rows sits near the ridge, where that traffic is
+// not hidden. Priced at kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s ≈ 240-row
+// chunks re-read W twice each and ran 26–55 % above the model without it).
+// (d) keeps its fp32 N×H ∂h sums in the workspace or, when the call's ∂W output is written over,
+// in the last N·H·4 bytes of ∂W (HiddenSums): the blocks that reach them form their gradient a
+// second time, for ∂W after ∂h is written, but the workspace holds the block tile alone, which is
+// what lets (d) run at 64 MiB.
+//
 // The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: ≈ 18 % of the product time
 // at H = 768, 3 % at H = 4096 when run back to back; a second stream hides it at the price of a
 // second chunk buffer. The planner grants that overlap only when asked (linear_streams.hpp: off by
@@ -137,13 +146,37 @@ struct Model {
   double product_ms;  // one full product 2·N·V·H
   double pass_ms;     // one read (or write) of N×V chunk logits
   double acc_ms;      // one read + write of a V×H fp32 accumulator
+  // One more read of an operand that a product of a chunk (block, tile) shares with the others:
+  // W (V×H) for row chunks and row tiles, h (N×H) for vocabulary blocks; priced at the share of
+  // its traffic that the products do not hide (kRereadShare).
+  double weight_reread_ms;
+  double hidden_reread_ms;
 };
+
+// The share of a re-read operand's traffic that shows in the time: fitted on an H100 at 64 MiB
+// (docs/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
+// 121–241 rows and ran 0.6–1.0 × that traffic above the model without it.
+constexpr double kRereadShare = 0.6;
 
 Model model_of(const ChunkRequest& r) {
   const double nvh = static_cast<double>(r.rows) * r.vocab * r.hidden;
   const double nv = static_cast<double>(r.rows) * r.vocab * r.logits_element_bytes;
+  const double operand = static_cast<double>(r.logits_element_bytes);
   return {2 * nvh / kProductFlops * 1e3, nv / kBandwidth * 1e3,
-          8.0 * r.vocab * r.hidden / kBandwidth * 1e3};
+          8.0 * r.vocab * r.hidden / kBandwidth * 1e3,
+          kRereadShare * r.vocab * r.hidden * operand / kBandwidth * 1e3,
+          kRereadShare * r.rows * r.hidden * operand / kBandwidth * 1e3};
+}
+
+// What a plan's products pay for operands read more than once: `products` products per chunk
+// re-read W over chunk_count row chunks; per block, h over block_count blocks, and W_block over
+// tile_count row tiles.
+double reread_ms(const Model& m, int products, int64_t chunks, int64_t blocks, int64_t tiles) {
+  const double extra_chunks = static_cast<double>(std::max<int64_t>(chunks - 1, 0));
+  const double extra_blocks = static_cast<double>(std::max<int64_t>(blocks - 1, 0));
+  const double extra_tiles = static_cast<double>(std::max<int64_t>(tiles - 1, 0));
+  return products * ((extra_chunks + extra_tiles) * m.weight_reread_ms +
+                     extra_blocks * m.hidden_reread_ms);
 }
 
 // Bytes reserved before any chunk buffer.
@@ -187,6 +220,7 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
       (request.weight_gradient || request.weight_accumulator) && plan.chunk_count > 1;
   plan.predicted_ms = products * m.product_ms + (request.logits_buffers_per_row + 1) * m.pass_ms +
                       (accumulates ? plan.chunk_count * m.acc_ms : 0.0) +
+                      reread_ms(m, products, plan.chunk_count, 0, 0) +
                       plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;
   return plan;
 }
@@ -246,6 +280,8 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   const int launches = request.products_per_logits_chunk + 2;
   plan.predicted_ms = 2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                      reread_ms(m, products, plan.chunk_count, 0, 0) +
+                      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
                       (launches * plan.chunk_count +
                        launches * plan.block_count * plan.tile_count) *
                           kLaunchSeconds * 1e3;
@@ -254,19 +290,47 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   return plan;
 }
 
+// Where (d)'s fp32 ∂h sums would start in the ∂W output (the last 16-byte aligned N·H·4 bytes of
+// it), or nothing when ∂W cannot hold them.
+struct HiddenSumsInWeightGrad {
+  bool fits = false;
+  std::size_t offset = 0;   // bytes into ∂W
+  int64_t first_row = 0;    // the first row of ∂W they reach
+};
+
+HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request) {
+  HiddenSumsInWeightGrad place;
+  const std::size_t sums = static_cast<std::size_t>(std::max<int64_t>(request.rows, 0)) *
+                           static_cast<std::size_t>(std::max<int64_t>(request.hidden, 0)) * 4;
+  if (!request.hidden_gradient || request.weight_grad_row_bytes == 0 ||
+      request.weight_grad_bytes < sums) {
+    return place;
+  }
+  place.fits = true;
+  place.offset = (request.weight_grad_bytes - sums) / 16 * 16;
+  place.first_row = static_cast<int64_t>(place.offset / request.weight_grad_row_bytes);
+  return place;
+}
+
 // Schedule (d): the (c) block shape for these columns, with pass 1 replaced by the fused
 // statistics product (its partials share the chunk region with the tiles) and ∂h summed over the
-// blocks in an fp32 N×H accumulator that the region holds after the tile and the block
-// accumulator. Priced as 4 products (the fused one measured within 0–5 % of a cuBLASLt product,
-// docs/perf-notes.md decisions 41, 43), the block gradient's read and write of N×V, and the ∂h
-// accumulator's read and write per block after the first (8·N·H bytes).
+// blocks in an fp32 N×H accumulator: in the chunk region after the tile and the block
+// accumulator, or (in_weight_grad) in the last rows of the ∂W output, which leaves the region to
+// the tiles but makes the blocks that reach those rows form their gradient twice (once for ∂h,
+// once for ∂W after ∂h is written). Priced as 4 products (the fused one measured within 0–5 % of
+// a cuBLASLt product, docs/perf-notes.md decisions 41, 43), the block gradient's read and write
+// of N×V, the ∂h accumulator's read and write per block after the first (8·N·H bytes), and the
+// deferred blocks' second logits product and gradient.
 ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
-                                int64_t max_columns) {
+                                int64_t max_columns, bool in_weight_grad) {
   ChunkRequest blocks_only = request;
+  const HiddenSumsInWeightGrad place = hidden_sums_in_weight_grad(request);
+  in_weight_grad = in_weight_grad && place.fits;
   const std::size_t hidden_accumulator =
-      request.hidden_gradient ? align_up(static_cast<std::size_t>(std::max<int64_t>(request.rows, 1)) *
-                                         static_cast<std::size_t>(request.hidden) * 4)
-                              : 0;
+      request.hidden_gradient && !in_weight_grad
+          ? align_up(static_cast<std::size_t>(std::max<int64_t>(request.rows, 1)) *
+                     static_cast<std::size_t>(request.hidden) * 4)
+          : 0;
   // The (c) plan of the room left beside the ∂h accumulator: its pass 1 is not run.
   blocks_only.budget_bytes =
       request.budget_bytes > hidden_accumulator ? request.budget_bytes - hidden_accumulator : 0;
@@ -276,16 +340,32 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   plan.logits_buffer_bytes = 0;
   plan.hidden_accumulator_bytes = hidden_accumulator;
   plan.statistics_bytes = align_up(request.statistics_bytes);
+  plan.deferred_first_block = plan.block_count;
+  if (in_weight_grad) {
+    plan.hidden_sums_in_weight_grad = true;
+    plan.hidden_sums_offset = place.offset;
+    plan.deferred_first_block =
+        std::min(plan.block_count, place.first_row / std::max<int64_t>(plan.block_columns, 1));
+  }
   const Model m = model_of(request);
   const double accumulate_hidden_ms =
       request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;
   const bool weight = request.weight_gradient || request.weight_accumulator;
   const int products = 2 + (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
   const int launches = products;  // per tile: logits, block gradient, ∂W, ∂h (no stats product)
+  const int64_t deferred_blocks = plan.block_count - plan.deferred_first_block;
+  const double deferred_share =
+      request.vocab > 0 ? static_cast<double>(std::min(
+                              request.vocab, deferred_blocks * plan.block_columns)) /
+                              static_cast<double>(request.vocab)
+                        : 0.0;
   plan.predicted_ms = products * m.product_ms + 2 * m.pass_ms +
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       (plan.block_count - 1) * accumulate_hidden_ms +
-                      launches * plan.block_count * plan.tile_count * kLaunchSeconds * 1e3;
+                      deferred_share * (m.product_ms + 2 * m.pass_ms) +
+                      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+                      launches * (plan.block_count + deferred_blocks) * plan.tile_count *
+                          kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.tile_count = 0;
   plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
   return plan;
@@ -297,9 +377,10 @@ template <class PlanFor>
 ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
   ChunkPlan best;
   bool have = false;
-  // Block counts 1, 2, 3, 4, 6, 9, 13, ...: a geometric scan is enough, the cost changes
-  // smoothly with the block width.
-  for (int64_t blocks = 1;; blocks = blocks < 4 ? blocks + 1 : blocks * 3 / 2) {
+  // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
+  // cost changes smoothly with the block width, but the widest block that fits matters at small
+  // budgets (a scan in steps of half left a quarter of 64 MiB unused).
+  for (int64_t blocks = 1;; blocks = blocks < 8 ? blocks + 1 : blocks * 9 / 8) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
     const ChunkPlan plan = plan_for(columns);
     const bool fits = plan.total_bytes <= request.budget_bytes;
@@ -319,9 +400,26 @@ ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
       request, [&](int64_t columns) { return block_plan(request, gemm, columns); });
 }
 
+// The better of (d)'s two places for its ∂h sums (or the one asked for): fitting first, then
+// predicted time.
 ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t gemm) {
-  return best_over_block_widths(
-      request, [&](int64_t columns) { return statistics_block_plan(request, gemm, columns); });
+  auto best_for = [&](bool in_weight_grad) {
+    return best_over_block_widths(request, [&](int64_t columns) {
+      return statistics_block_plan(request, gemm, columns, in_weight_grad);
+    });
+  };
+  const bool can_use_weight_grad = hidden_sums_in_weight_grad(request).fits;
+  if (request.hidden_sums == HiddenSums::workspace || !can_use_weight_grad) return best_for(false);
+  const ChunkPlan in_weight_grad = best_for(true);
+  if (request.hidden_sums == HiddenSums::weight_grad) return in_weight_grad;
+  const ChunkPlan in_workspace = best_for(false);
+  const bool a_fits = in_weight_grad.total_bytes <= request.budget_bytes;
+  const bool b_fits = in_workspace.total_bytes <= request.budget_bytes;
+  if (a_fits != b_fits) return a_fits ? in_weight_grad : in_workspace;
+  if (!a_fits) {
+    return in_weight_grad.total_bytes <= in_workspace.total_bytes ? in_weight_grad : in_workspace;
+  }
+  return in_weight_grad.predicted_ms < in_workspace.predicted_ms ? in_weight_grad : in_workspace;
 }
 
 }  // namespace

@@ -10,6 +10,11 @@
 
 namespace xent::cuda {
 
+// Where schedule (d) keeps its fp32 N×H ∂h sums: in the workspace, or in the last rows of the ∂W
+// output, whose blocks then write their ∂W only after ∂h is formed (their gradient formed a
+// second time); `planned`: whichever the cost model prefers among those that fit.
+enum class HiddenSums { planned, workspace, weight_grad };
+
 // What the planner needs to know about one call.
 struct ChunkRequest {
   int64_t rows = 0;             // N
@@ -39,6 +44,13 @@ struct ChunkRequest {
   std::size_t statistics_bytes = 0;
   bool hidden_gradient = false;     // ∂h is wanted: (d) sums it over blocks in fp32 (N×H)
   bool prefer_statistics = false;   // take (d) whenever it fits (tests, measurements)
+  // The ∂W output as (d)'s scratch: its bytes when ∂W is written over (not added into) as one
+  // contiguous, 16-byte aligned buffer, else 0; and the bytes of one of its rows. Until a row of
+  // ∂W is written it holds nothing, so (d) may keep its fp32 ∂h sums in the last rows of ∂W
+  // instead of the workspace (HiddenSums).
+  std::size_t weight_grad_bytes = 0;
+  std::size_t weight_grad_row_bytes = 0;
+  HiddenSums hidden_sums = HiddenSums::planned;
 };
 
 enum class Schedule {
@@ -75,6 +87,12 @@ struct ChunkPlan {
   std::size_t fixed_bytes = 0;
   std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c, d), or 0
   std::size_t hidden_accumulator_bytes = 0;  // (d): fp32 ∂h, N×H, after the block accumulator
+  // (d) with its ∂h sums in the ∂W output (HiddenSums::weight_grad; hidden_accumulator_bytes is
+  // then 0): they start hidden_sums_offset bytes into ∂W, and the blocks from
+  // deferred_first_block on reach those rows, so their ∂W products wait until ∂h is written.
+  bool hidden_sums_in_weight_grad = false;
+  std::size_t hidden_sums_offset = 0;
+  int64_t deferred_first_block = 0;
   std::size_t statistics_bytes = 0;          // (d): pass 1's share of the chunk region
   std::size_t bias_accumulator_bytes = 0;
   std::size_t total_bytes = 0;          // everything above, with alignment padding

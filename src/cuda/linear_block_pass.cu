@@ -62,7 +62,15 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   // fp32 block accumulator, written back once per block.
   const bool accumulate = chunks.tile_count > 1;
   const bool in_accumulator = accumulate && pass.weight_grad.dtype != DType::f32;
-  for (int64_t block = 0; block < chunks.block_count; ++block) {
+  const bool sum_hidden = pass.hidden_accumulator != nullptr;
+  // Blocks whose ∂W rows hold the ∂h sums write their ∂W in a second sweep, after ∂h.
+  const int64_t deferred_first =
+      sum_hidden && chunks.hidden_sums_in_weight_grad ? chunks.deferred_first_block
+                                                      : chunks.block_count;
+
+  // One block: every tile's gradient, then ∂W of the tile (with_weight) and its ∂h sums
+  // (with_hidden).
+  auto run_block = [&](int64_t block, bool with_weight, bool with_hidden) {
     const int64_t first_column = block * chunks.block_columns;
     const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
     const GemmMatrix weight_block = gemm_matrix(pass.weight, first_column, columns);
@@ -98,15 +106,17 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
           gradient.stride = 2 * columns;
         }
       }
-      GemmProduct product;
-      product.a = gradient;
-      product.a_transposed = true;
-      product.b = hidden_rows;
-      product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
-                                 : gemm_matrix(grad_block, 0, columns);
-      product.beta = (accumulate && t > 0) || pass.add_to_weight_grad ? 1.0f : 0.0f;
-      gemm(product, pass.scratch, stream);
-      if (pass.hidden_accumulator) {
+      if (with_weight) {
+        GemmProduct product;
+        product.a = gradient;
+        product.a_transposed = true;
+        product.b = hidden_rows;
+        product.c = in_accumulator ? GemmMatrix{accumulator, DType::f32, columns, hidden, hidden}
+                                   : gemm_matrix(grad_block, 0, columns);
+        product.beta = (accumulate && t > 0) || pass.add_to_weight_grad ? 1.0f : 0.0f;
+        gemm(product, pass.scratch, stream);
+      }
+      if (with_hidden) {
         GemmProduct hidden_product;
         hidden_product.a = gradient;
         hidden_product.b = weight_block;
@@ -116,7 +126,15 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
         gemm(hidden_product, pass.scratch, stream);
       }
     }
-    if (in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
+    if (with_weight && in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
+  };
+
+  for (int64_t block = 0; block < chunks.block_count; ++block) {
+    run_block(block, block < deferred_first, sum_hidden);
+  }
+  if (sum_hidden) write_from_fp32(pass.hidden_accumulator, hidden, pass.hidden_grad, stream);
+  for (int64_t block = deferred_first; block < chunks.block_count; ++block) {
+    run_block(block, true, false);
   }
 }
 

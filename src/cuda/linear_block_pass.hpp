@@ -6,7 +6,8 @@
 // in place, then ∂W_block (+)= Gᵀ·h_tile. One tile of all N rows writes ∂W of the block straight
 // into the output; several tiles accumulate in place (fp32 ∂W) or in the fp32 block accumulator,
 // written back once per block (16-bit ∂W). An accumulated ∂W (fp32) is added to in place. In
-// schedule (d) each tile also adds G·W_block to its rows of an fp32 ∂h accumulator.
+// schedule (d) each tile also adds G·W_block to its rows of an fp32 ∂h accumulator, which may sit
+// in ∂W rows not yet written (their blocks' ∂W then comes after ∂h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,8 +58,12 @@ struct BlockPassInputs {
   void* region = nullptr;  // the chunk region (chunk_region_bytes): tile buffers, then accumulator
   GemmScratch scratch;
   // Schedule (d) (chunk_plan.hpp): ∂h [N, H] summed over the blocks in fp32 here, each tile's
-  // G·W_block added to its rows (the first block writes). Null: ∂h is not formed in this pass.
+  // G·W_block added to its rows (the first block writes), then written to hidden_grad. Null: ∂h
+  // is not formed in this pass. When the sums live in the last rows of weight_grad
+  // (chunks.hidden_sums_in_weight_grad), the blocks from chunks.deferred_first_block on form
+  // their gradient once for ∂h and once more for ∂W, after ∂h is written.
   float* hidden_accumulator = nullptr;
+  TensorView hidden_grad;
   // Tried first for every tile whose logits are not read from a cache, when set.
   FusedGradientStep fused_gradient;
 };

@@ -19,6 +19,9 @@
 // The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
 // with the host, so the op is graph-capturable.
 #include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "api/backend.hpp"
 #include "cuda/ce_grad.cuh"
@@ -67,7 +70,20 @@ struct PlanWants {
   // The call may take schedule (d): it can form its statistics with the fused product
   // (fused_stats_eligible).
   bool statistics = false;
+  // The ∂W output as (d)'s scratch for its ∂h sums (ChunkRequest::weight_grad_bytes): its bytes
+  // and row bytes, 0 where it cannot serve.
+  std::size_t weight_grad_bytes = 0;
+  std::size_t weight_grad_row_bytes = 0;
 };
+
+// Where (d) keeps its ∂h sums: XENT_CUDA_HIDDEN_SUMS=workspace or =weight_grad forces a place
+// where it fits (tests, measurements); unset, the planner chooses. Read per call: tests switch it.
+HiddenSums hidden_sums_switch() {
+  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS");
+  if (knob && std::strcmp(knob, "workspace") == 0) return HiddenSums::workspace;
+  if (knob && std::strcmp(knob, "weight_grad") == 0) return HiddenSums::weight_grad;
+  return HiddenSums::planned;
+}
 
 // The gradient records of every row (linear_block_grad.cuh, CeGradRecord) that the fused gradient
 // product reads: part of every plan's fixed bytes, 32 per row.
@@ -94,6 +110,9 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.statistics_bytes = fused_stats_minimum_bytes(rows, vocab);
   request.hidden_gradient = wants.gradients && wants.hidden;
   request.prefer_statistics = fused_stats_forced();
+  request.weight_grad_bytes = wants.weight_grad_bytes;
+  request.weight_grad_row_bytes = wants.weight_grad_row_bytes;
+  request.hidden_sums = hidden_sums_switch();
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
@@ -113,6 +132,16 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
   wants.weight_accumulator = wants.weight && grads.weight.dtype != DType::f32;
   wants.bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
   wants.statistics = statistics;
+  // ∂W holds nothing before its rows are written, unless it is added into; (d) may then keep its
+  // ∂h sums there when it is one contiguous buffer whose fp32 values are aligned.
+  const TensorView& weight_grad = grads.weight;
+  if (wants.weight && !grads.accumulate_weight && weight_grad.row_stride == weight_grad.cols &&
+      reinterpret_cast<std::uintptr_t>(weight_grad.data) % 16 == 0) {
+    wants.weight_grad_row_bytes =
+        static_cast<std::size_t>(weight_grad.cols) * dtype_size(weight_grad.dtype);
+    wants.weight_grad_bytes =
+        static_cast<std::size_t>(weight_grad.rows) * wants.weight_grad_row_bytes;
+  }
   return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
 }
 
@@ -267,6 +296,7 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.region = pass.region;
   inputs.scratch = pass.scratch;
   inputs.hidden_accumulator = pass.hidden_accumulator;
+  inputs.hidden_grad = call.grads.hidden;
   if (pass.records && fused_gradient_eligible(call, pass.read_cache)) {
     if (!pass.records_formed) form_grad_records(pass, stream);
     inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
@@ -344,13 +374,14 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
                    false};
   pass.records = records;
   if (want_hidden) {
-    pass.hidden_accumulator = reinterpret_cast<float*>(
-        region + align_up(chunks.tile_buffer_bytes) + align_up(chunks.accumulator_bytes));
+    pass.hidden_accumulator =
+        chunks.hidden_sums_in_weight_grad
+            ? reinterpret_cast<float*>(static_cast<char*>(call.grads.weight.data) +
+                                       chunks.hidden_sums_offset)
+            : reinterpret_cast<float*>(region + align_up(chunks.tile_buffer_bytes) +
+                                       align_up(chunks.accumulator_bytes));
   }
   run_block_pass(pass, stream);
-  if (want_hidden) {
-    write_from_fp32(pass.hidden_accumulator, call.hidden.cols, call.grads.hidden, stream);
-  }
   return true;
 }
 

@@ -186,6 +186,24 @@ TEST(ChunkPlan, AccumulatorLargerThanTheBudgetGivesVocabularyBlocks) {
   EXPECT_LE(plan.total_bytes, 512 * kMiB);
 }
 
+// The model's price of operands read more than once (chunk_plan.cpp reread_ms): 0.6 of the
+// traffic of W per extra row chunk or row tile and of h per extra vocabulary block, for each of
+// `products` products, 16-bit operands, B = 3 TB/s.
+double reread_ms(int products, int64_t chunks, int64_t blocks, int64_t tiles, int64_t rows,
+                 int64_t hidden, int64_t vocab) {
+  const double weight_ms = 0.6 * double(vocab) * hidden * 2 / 3e12 * 1e3;
+  const double hidden_ms = 0.6 * double(rows) * hidden * 2 / 3e12 * 1e3;
+  auto extra = [](int64_t count) { return double(std::max<int64_t>(count - 1, 0)); };
+  return products * ((extra(chunks) + extra(tiles)) * weight_ms + extra(blocks) * hidden_ms);
+}
+
+// Both passes of a blocked plan (c) with `products` products per pass.
+double blocks_reread_ms(const ChunkPlan& plan, int products, int64_t rows, int64_t hidden,
+                        int64_t vocab) {
+  return reread_ms(products, plan.chunk_count, 0, 0, rows, hidden, vocab) +
+         reread_ms(products, 0, plan.block_count, plan.tile_count, rows, hidden, vocab);
+}
+
 TEST(ChunkPlan, DistillationBlocksFormBlockGradientsFromRowStatistics) {
   // (8192, 4096, 128256), teacher hidden + weight, 512 MiB: the blocked schedule with every row in
   // one tile of student and teacher block logits; 6 products (student and teacher logits twice,
@@ -200,16 +218,19 @@ TEST(ChunkPlan, DistillationBlocksFormBlockGradientsFromRowStatistics) {
   EXPECT_LE(plan.total_bytes, 512 * kMiB);
   const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
   const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
-  EXPECT_NEAR(plan.predicted_ms, 6 * product_ms + 6 * pass_ms, 1.0);
-  // Against the 4 products the op cannot avoid: about 1.5, where recomputing whole rows per
+  EXPECT_NEAR(plan.predicted_ms,
+              6 * product_ms + 6 * pass_ms + blocks_reread_ms(plan, 3, 8192, 4096, 128256), 1.0);
+  // Against the 4 products the op cannot avoid: about 1.7, where recomputing whole rows per
   // block took 6 (docs/perf-notes.md).
-  EXPECT_LT(plan.predicted_ms, 1.7 * 4 * product_ms);
+  EXPECT_LT(plan.predicted_ms, 1.8 * 4 * product_ms);
   // With teacher logits (one buffer, no teacher product): 4 products and 4 passes, as for ce.
   ChunkRequest logits = training_request(8192, 4096, 128256, 512 * kMiB);
   logits.saved_row_bytes = 32;
   const ChunkPlan from_logits = plan_chunks(logits);
   EXPECT_EQ(from_logits.schedule, Schedule::vocabulary_blocks);
-  EXPECT_NEAR(from_logits.predicted_ms, 4 * product_ms + 4 * pass_ms, 0.5);
+  EXPECT_NEAR(from_logits.predicted_ms,
+              4 * product_ms + 4 * pass_ms + blocks_reread_ms(from_logits, 2, 8192, 4096, 128256),
+              0.5);
 }
 
 TEST(ChunkPlan, LargeBudgetKeepsTheAccumulatedRowChunks) {
@@ -264,17 +285,21 @@ TEST(ChunkPlan, Fp32WeightGradientOrOneChunkNeedsNoAccumulator) {
 
 TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
   // Blocks: 4 products + 4 passes over N×V; accumulated rows: 3 products + 2 passes + one
-  // accumulator pass (8·V·H bytes) per chunk. P = 700 TFLOP/s, B = 3 TB/s (chunk_plan.cpp).
+  // accumulator pass (8·V·H bytes) per chunk; both with their operands' re-reads.
+  // P = 700 TFLOP/s, B = 3 TB/s (chunk_plan.cpp).
   const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
   const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
   const ChunkPlan blocks = plan_chunks(training_request(8192, 4096, 128256, 512 * kMiB));
-  EXPECT_NEAR(blocks.predicted_ms, 4 * product_ms + 4 * pass_ms, 0.5);
+  EXPECT_NEAR(blocks.predicted_ms,
+              4 * product_ms + 4 * pass_ms + blocks_reread_ms(blocks, 2, 8192, 4096, 128256), 0.5);
   const double product2_ms = 2.0 * 8192 * 256000 * 2304 / 700e12 * 1e3;  // 13.8 ms
   const double pass2_ms = 8192.0 * 256000 * 2 / 3e12 * 1e3;                // 1.40 ms
   const double accumulator_ms = 8.0 * 256000 * 2304 / 3e12 * 1e3;           // 1.57 ms
   const ChunkPlan rows = plan_chunks(training_request(8192, 2304, 256000, 3072 * kMiB));
   EXPECT_NEAR(rows.predicted_ms,
-              3 * product2_ms + 2 * pass2_ms + rows.chunk_count * accumulator_ms, 0.5);
+              3 * product2_ms + 2 * pass2_ms + rows.chunk_count * accumulator_ms +
+                  reread_ms(3, rows.chunk_count, 0, 0, 8192, 2304, 256000),
+              0.5);
 }
 
 // ---- schedule (d): the fused statistics product, then blocks with an fp32 ∂h accumulator ------
@@ -356,7 +381,8 @@ TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
     EXPECT_NE(blocks.schedule, Schedule::statistics_blocks);
     EXPECT_LT(plan.predicted_ms, blocks.predicted_ms);
     // The model: 4 products, the block gradient's read and write of N×V, the ∂h accumulator's
-    // read and write (8·N·H bytes) per block after the first, the block accumulator's (8·V·H)
+    // read and write (8·N·H bytes) per block after the first, h re-read per block and W per row
+    // tile (reread_ms), the block accumulator's (8·V·H)
     // per tile when a block has several, 6 µs per launch (4 per tile).
     const double product_ms = 2.0 * rows * vocab * hidden / 700e12 * 1e3;
     const double pass_ms = double(rows) * vocab * 2 / 3e12 * 1e3;
@@ -366,14 +392,15 @@ TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
     const double launches_ms = 4 * plan.block_count * plan.tile_count * 6e-3;
     EXPECT_NEAR(plan.predicted_ms,
                 4 * product_ms + 2 * pass_ms + (plan.block_count - 1) * hidden_ms +
-                    block_accumulator_ms + launches_ms,
+                    block_accumulator_ms + launches_ms +
+                    reread_ms(4, 0, plan.block_count, plan.tile_count, rows, hidden, vocab),
                 0.01);
   }
 }
 
 TEST(ChunkPlan, StatisticsBlocksNeedTheirHiddenAccumulator) {
-  // 64 MiB holds none of the three ∂h accumulators (128 / 72 / 96 MiB): (c) stays, even when
-  // asked for (d).
+  // 64 MiB holds none of the three ∂h accumulators (128 / 72 / 96 MiB): without the ∂W output
+  // to hold them (next test), (c) stays, even when asked for (d).
   for (const auto& [rows, hidden, vocab] :
        {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
@@ -391,6 +418,106 @@ TEST(ChunkPlan, StatisticsBlocksNeedTheirHiddenAccumulator) {
   EXPECT_EQ(plan.schedule, Schedule::statistics_blocks);
   EXPECT_EQ(plan.hidden_accumulator_bytes, 0u);
   EXPECT_LE(plan.total_bytes, 64 * kMiB);
+}
+
+// The request of a call whose 16-bit ∂W output (V×H, written over) may hold (d)'s ∂h sums.
+ChunkRequest with_weight_grad_output(ChunkRequest request) {
+  request.weight_grad_row_bytes = static_cast<std::size_t>(request.hidden) * 2;
+  request.weight_grad_bytes = static_cast<std::size_t>(request.vocab) * request.weight_grad_row_bytes;
+  return request;
+}
+
+// Where the sums are, against the blocks: no block before deferred_first_block reaches their
+// rows, the first deferred block does, and they end inside ∂W.
+void expect_sums_after_written_blocks(const ChunkPlan& plan, const ChunkRequest& request) {
+  ASSERT_TRUE(plan.hidden_sums_in_weight_grad);
+  EXPECT_EQ(plan.hidden_accumulator_bytes, 0u) << "no ∂h sums in the workspace";
+  EXPECT_EQ(plan.hidden_sums_offset % 16, 0u);
+  const std::size_t sums = static_cast<std::size_t>(request.rows) * request.hidden * 4;
+  EXPECT_LE(plan.hidden_sums_offset + sums, request.weight_grad_bytes);
+  EXPECT_GT(plan.hidden_sums_offset + sums + 16, request.weight_grad_bytes) << "the last bytes";
+  const int64_t first_row =
+      static_cast<int64_t>(plan.hidden_sums_offset / request.weight_grad_row_bytes);
+  EXPECT_LE(plan.deferred_first_block * plan.block_columns, first_row)
+      << "a block written in the first sweep reaches the sums";
+  EXPECT_LT(plan.deferred_first_block, plan.block_count) << "no block is deferred";
+  EXPECT_GT((plan.deferred_first_block + 1) * plan.block_columns, first_row)
+      << "a block deferred that never reaches the sums";
+}
+
+TEST(ChunkPlan, StatisticsBlocksKeepHiddenSumsInTheWeightGradient) {
+  // At 64 and 128 MiB the three PERF.md shapes take (d) with the sums in the last 2N rows of
+  // ∂W: the workspace holds the block tile alone, and the model prefers it to (c), whose small
+  // row chunks re-read W twice each (measured 1.69 / 1.74 / 2.46 F against (c)'s 1.88 / 2.44 /
+  // 2.56 at 64 MiB, docs/perf-notes.md decision 49).
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    for (const std::size_t budget : {64 * kMiB, 128 * kMiB}) {
+      SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab << " at "
+                                        << budget / kMiB << " MiB");
+      const ChunkRequest request =
+          with_weight_grad_output(statistics_request(rows, hidden, vocab, budget));
+      const ChunkPlan plan = plan_chunks(request);
+      ASSERT_EQ(plan.schedule, Schedule::statistics_blocks);
+      EXPECT_TRUE(plan.fits_budget);
+      EXPECT_LE(plan.total_bytes, budget);
+      expect_sums_after_written_blocks(plan, request);
+      // Without ∂W to hold them: (c), or (d) with the sums in a workspace that then leaves
+      // narrower blocks; the plan taken is predicted faster (against (c) with the model's 5 %
+      // bias of decision 45).
+      ChunkRequest without = request;
+      without.weight_grad_bytes = 0;
+      const ChunkPlan other = plan_chunks(without);
+      EXPECT_FALSE(other.hidden_sums_in_weight_grad);
+      EXPECT_LT(plan.predicted_ms, 1.05 * other.predicted_ms);
+    }
+  }
+}
+
+// A request that asks for (d), with the ∂W output, its ∂h sums placed as `place` asks.
+ChunkRequest sums_request(int64_t rows, int64_t hidden, int64_t vocab, std::size_t budget,
+                          HiddenSums place) {
+  ChunkRequest request = with_weight_grad_output(statistics_request(rows, hidden, vocab, budget));
+  request.prefer_statistics = true;
+  request.hidden_sums = place;
+  return request;
+}
+
+TEST(ChunkPlan, HiddenSumsGoWhereAskedWhenTheyFit) {
+  // 512 MiB holds the sums in the workspace too; each place when forced, and the model's
+  // choice between them is the cheaper one.
+  ChunkRequest request = sums_request(8192, 4096, 128256, 512 * kMiB, HiddenSums::workspace);
+  const ChunkPlan in_workspace = plan_chunks(request);
+  EXPECT_FALSE(in_workspace.hidden_sums_in_weight_grad);
+  EXPECT_EQ(in_workspace.hidden_accumulator_bytes, hidden_accumulator_of(8192, 4096));
+  EXPECT_EQ(in_workspace.deferred_first_block, in_workspace.block_count);
+  request.hidden_sums = HiddenSums::weight_grad;
+  const ChunkPlan in_weight_grad = plan_chunks(request);
+  expect_sums_after_written_blocks(in_weight_grad, request);
+  request.hidden_sums = HiddenSums::planned;
+  const ChunkPlan planned = plan_chunks(request);
+  EXPECT_EQ(planned.hidden_sums_in_weight_grad,
+            in_weight_grad.predicted_ms < in_workspace.predicted_ms);
+  // A ∂W smaller than the sums (V < 2N rows of a 16-bit ∂W), or no ∂h: the workspace, even when
+  // ∂W is asked for.
+  EXPECT_FALSE(plan_chunks(sums_request(4096, 64, 8000, 64 * kMiB, HiddenSums::weight_grad))
+                   .hidden_sums_in_weight_grad);
+  ChunkRequest no_hidden = request;
+  no_hidden.hidden_gradient = false;
+  no_hidden.hidden_sums = HiddenSums::weight_grad;
+  EXPECT_FALSE(plan_chunks(no_hidden).hidden_sums_in_weight_grad);
+}
+
+// One deferred block at least, whatever the block width: the sums reach at least one row.
+TEST(ChunkPlan, HiddenSumsInOneBlockDeferItWhole) {
+  const ChunkRequest request = sums_request(37, 67, 1031, 512 * kMiB, HiddenSums::weight_grad);
+  const ChunkPlan plan = plan_chunks(request);
+  ASSERT_EQ(plan.schedule, Schedule::statistics_blocks);
+  EXPECT_EQ(plan.block_count, 1);
+  expect_sums_after_written_blocks(plan, request);
+  EXPECT_EQ(plan.deferred_first_block, 0);
 }
 
 TEST(ChunkPlan, PreferredStatisticsBlocksOverrideTheModel) {

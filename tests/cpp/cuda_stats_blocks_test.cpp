@@ -5,7 +5,8 @@
 // forms them from row chunks of cuBLASLt logits. Each block's gradient comes from the fused
 // gradient product (fused_grad.cuh) or from cuBLASLt logits and the elementwise block kernel
 // (XENT_CUDA_FUSED_GRAD=0; =1 forces the fused product whatever the hidden size); every case
-// runs in all four combinations. XENT_CUDA_FUSED_STATS=1
+// runs in all four combinations, and (d) also with its ∂h sums in the ∂W output
+// (XENT_CUDA_HIDDEN_SUMS=weight_grad; plain (d) forces =workspace). XENT_CUDA_FUSED_STATS=1
 // makes every eligible call take (d) whenever it fits the budget, =0 never. Each case asserts the
 // schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
 // and checks the loss, lse and every gradient against the float64 reference with outputs
@@ -41,12 +42,16 @@ enum class Blocks { one, several, row_tiles };
 // Which blocked schedule, and how its blocks form their gradients.
 // chunks_fused: the row-chunk schedules ((a), (b)), whose backward with the forward's lse forms
 // each chunk's gradient with the fused gradient product.
+// *_sums_in_dW: (d) with its fp32 ∂h sums in the last rows of the ∂W output (chunk_plan.hpp
+// HiddenSums), whose blocks write ∂W after ∂h; the plain (d) variants keep them in the workspace.
 enum class Variant {
   statistics_fused,
   statistics_cublaslt,
   blocks_fused,
   blocks_cublaslt,
-  chunks_fused
+  chunks_fused,
+  statistics_fused_sums_in_dW,
+  statistics_cublaslt_sums_in_dW
 };
 
 struct StatsBlocksCase {
@@ -60,28 +65,34 @@ struct StatsBlocksCase {
   Blocks blocks = Blocks::several;
 };
 
+bool sums_in_weight_grad(Variant v) {
+  return v == Variant::statistics_fused_sums_in_dW || v == Variant::statistics_cublaslt_sums_in_dW;
+}
 bool statistics_schedule(Variant v) {
-  return v == Variant::statistics_fused || v == Variant::statistics_cublaslt;
+  return v == Variant::statistics_fused || v == Variant::statistics_cublaslt ||
+         sums_in_weight_grad(v);
 }
 bool fused_gradient(Variant v) {
   return v == Variant::statistics_fused || v == Variant::blocks_fused ||
-         v == Variant::chunks_fused;
+         v == Variant::chunks_fused || v == Variant::statistics_fused_sums_in_dW;
 }
 bool row_chunks(const cuda::ChunkPlan& plan) {
   return plan.schedule == cuda::Schedule::row_chunks ||
          plan.schedule == cuda::Schedule::row_chunks_accumulated;
 }
 
-// Sets XENT_CUDA_FUSED_STATS (1 for (d), 0 for (c)) and XENT_CUDA_FUSED_GRAD for the lifetime of
-// a case.
+// Sets XENT_CUDA_FUSED_STATS (1 for (d), 0 for (c)), XENT_CUDA_FUSED_GRAD and
+// XENT_CUDA_HIDDEN_SUMS for the lifetime of a case.
 struct ForcedVariant {
   explicit ForcedVariant(Variant v) {
     setenv("XENT_CUDA_FUSED_STATS", statistics_schedule(v) ? "1" : "0", 1);
     setenv("XENT_CUDA_FUSED_GRAD", fused_gradient(v) ? "1" : "0", 1);
+    setenv("XENT_CUDA_HIDDEN_SUMS", sums_in_weight_grad(v) ? "weight_grad" : "workspace", 1);
   }
   ~ForcedVariant() {
     unsetenv("XENT_CUDA_FUSED_STATS");
     unsetenv("XENT_CUDA_FUSED_GRAD");
+    unsetenv("XENT_CUDA_HIDDEN_SUMS");
   }
 };
 
@@ -96,6 +107,12 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant) {
                                       ? cuda::Schedule::statistics_blocks
                                       : cuda::Schedule::vocabulary_blocks;
   if (plan.schedule != schedule) return false;
+  if (plan.hidden_sums_in_weight_grad != sums_in_weight_grad(variant)) return false;
+  // In ∂W the sums defer some blocks' ∂W; with several blocks, some but not all.
+  if (sums_in_weight_grad(variant) && blocks != Blocks::one &&
+      (plan.deferred_first_block == 0 || plan.deferred_first_block >= plan.block_count)) {
+    return false;
+  }
   switch (blocks) {
     case Blocks::one: return plan.block_count == 1;
     case Blocks::several: return plan.block_count >= 3 && plan.tile_count == 1;
@@ -311,8 +328,9 @@ std::string stats_blocks_name(
     const ::testing::TestParamInfo<std::tuple<Variant, StatsBlocksParam>>& info) {
   const auto [dtype, rows, hidden, vocab, options, reduction, weight, want_hidden, blocks] =
       std::get<1>(info.param);
-  static const char* variants[] = {"d_fused", "d_cublaslt", "c_fused", "c_cublaslt",
-                                   "chunks_fused"};
+  static const char* variants[] = {"d_fused",          "d_cublaslt",        "c_fused",
+                                   "c_cublaslt",       "chunks_fused",      "d_fused_sums_in_dW",
+                                   "d_cublaslt_sums_in_dW"};
   static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
   static const char* block_names[] = {"one", "several", "row_tiles"};
   return std::string(variants[static_cast<int>(std::get<0>(info.param))]) + "_" +
@@ -369,13 +387,20 @@ const StatsBlocksParam kGrid[] = {
 // makes (c) cheaper).
 std::vector<std::tuple<Variant, StatsBlocksParam>> variant_grid() {
   std::vector<std::tuple<Variant, StatsBlocksParam>> cases;
-  for (const Variant variant : {Variant::statistics_fused, Variant::statistics_cublaslt,
-                                Variant::blocks_fused, Variant::blocks_cublaslt,
-                                Variant::chunks_fused}) {
+  for (const Variant variant :
+       {Variant::statistics_fused, Variant::statistics_cublaslt, Variant::blocks_fused,
+        Variant::blocks_cublaslt, Variant::chunks_fused, Variant::statistics_fused_sums_in_dW,
+        Variant::statistics_cublaslt_sums_in_dW}) {
     for (const StatsBlocksParam& param : kGrid) {
       const int64_t hidden = std::get<2>(param);
       const WeightGrad weight = std::get<6>(param);
+      const bool want_hidden = std::get<7>(param);
       const Blocks blocks = std::get<8>(param);
+      // ∂h sums in ∂W need ∂h, and a ∂W written over.
+      if (sums_in_weight_grad(variant) &&
+          (!want_hidden || weight == WeightGrad::none || weight == WeightGrad::accumulate_fp32)) {
+        continue;
+      }
       if (variant == Variant::blocks_fused || variant == Variant::blocks_cublaslt) {
         if (blocks == Blocks::one || weight == WeightGrad::fp32 ||
             weight == WeightGrad::accumulate_fp32) {

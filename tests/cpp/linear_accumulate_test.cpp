@@ -36,11 +36,15 @@ struct Shape {
 };
 
 // The planner takes vocabulary blocks for an fp32 ∂W only when re-reading V×H per row chunk costs
-// more than the blocks' extra product: a wide layer (the small one stays in row chunks).
+// more than the blocks' extra product: a wide layer (the small one stays in row chunks). Row
+// tiles of a block re-read its columns of W per tile (chunk_plan.cpp), so the planner takes them
+// only where the blocks are wider still.
 Shape shape_for(WeightSchedule schedule) {
-  const bool blocked =
-      schedule == WeightSchedule::blocks || schedule == WeightSchedule::block_tiles;
-  return blocked ? Shape{23, 256, 16411} : Shape{37, 67, 1031};
+  switch (schedule) {
+    case WeightSchedule::blocks: return Shape{23, 256, 16411};
+    case WeightSchedule::block_tiles: return Shape{37, 256, 24593};
+    default: return Shape{37, 67, 1031};
+  }
 }
 
 #if XENT_TEST_ON_GPU
