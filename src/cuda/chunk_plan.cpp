@@ -374,7 +374,22 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
 // The cheapest plan of `plan_for(columns)` over block widths from all of V down to
 // kMinimumBlockColumns: among fitting plans the fastest; while none fits, the smallest.
 template <class PlanFor>
-ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
+                                 bool whole_rows_only = false);
+
+// With request.whole_row_blocks: the best plan whose blocks hold all N rows, where one fits.
+template <class PlanFor>
+ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
+  if (request.whole_row_blocks) {
+    const ChunkPlan whole = best_over_block_widths(request, plan_for, true);
+    if (whole.total_bytes <= request.budget_bytes && whole.tile_count <= 1) return whole;
+  }
+  return best_over_block_widths(request, plan_for);
+}
+
+template <class PlanFor>
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
+                                 bool whole_rows_only) {
   ChunkPlan best;
   bool have = false;
   // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
@@ -383,8 +398,11 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
   for (int64_t blocks = 1;; blocks = blocks < 8 ? blocks + 1 : blocks * 9 / 8) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
     const ChunkPlan plan = plan_for(columns);
-    const bool fits = plan.total_bytes <= request.budget_bytes;
-    const bool best_fits = have && best.total_bytes <= request.budget_bytes;
+    auto fits_of = [&](const ChunkPlan& p) {
+      return p.total_bytes <= request.budget_bytes && (!whole_rows_only || p.tile_count <= 1);
+    };
+    const bool fits = fits_of(plan);
+    const bool best_fits = have && fits_of(best);
     if (!have || (fits && (!best_fits || plan.predicted_ms < best.predicted_ms)) ||
         (!fits && !best_fits && plan.total_bytes < best.total_bytes)) {
       best = plan;
@@ -396,7 +414,7 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
 }
 
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
-  return best_over_block_widths(
+  return best_block_widths(
       request, [&](int64_t columns) { return block_plan(request, gemm, columns); });
 }
 
@@ -404,7 +422,7 @@ ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
 // predicted time.
 ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t gemm) {
   auto best_for = [&](bool in_weight_grad) {
-    return best_over_block_widths(request, [&](int64_t columns) {
+    return best_block_widths(request, [&](int64_t columns) {
       return statistics_block_plan(request, gemm, columns, in_weight_grad);
     });
   };

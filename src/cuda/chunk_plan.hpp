@@ -51,6 +51,8 @@ struct ChunkRequest {
   std::size_t weight_grad_bytes = 0;
   std::size_t weight_grad_row_bytes = 0;
   HiddenSums hidden_sums = HiddenSums::planned;
+  // Blocks of all N rows (one row tile) wherever such a plan fits (measurements).
+  bool whole_row_blocks = false;
 };
 
 enum class Schedule {

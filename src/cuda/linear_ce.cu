@@ -113,6 +113,8 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.weight_grad_bytes = wants.weight_grad_bytes;
   request.weight_grad_row_bytes = wants.weight_grad_row_bytes;
   request.hidden_sums = hidden_sums_switch();
+  const char* tiles = std::getenv("XENT_CUDA_BLOCK_TILES");  // =0: blocks of all rows only
+  request.whole_row_blocks = tiles && std::strcmp(tiles, "0") == 0;
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
