@@ -157,6 +157,15 @@ struct Model {
 // (docs/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
 // 121–241 rows and ran 0.6–1.0 × that traffic above the model without it.
 constexpr double kRereadShare = 0.6;
+// A block's ∂W product split over row tiles adds each tile into the fp32 block accumulator with
+// narrow outputs (block × H) that cuBLASLt does not split over K as it does the whole-row
+// product: priced as that product's time once more for every tile after the first. Fitted on an
+// H200 at (32768, 768, 128256) (decision 49), where blocks of 3 row tiles ran 9 % slower than
+// whole-row blocks that the model without it priced alike.
+double row_tiles_ms(const Model& m, int64_t tiles) {
+  return tiles > 1 ? m.product_ms * static_cast<double>(tiles - 1) / static_cast<double>(tiles)
+                   : 0.0;
+}
 
 Model model_of(const ChunkRequest& r) {
   const double nvh = static_cast<double>(r.rows) * r.vocab * r.hidden;
@@ -282,6 +291,7 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       reread_ms(m, products, plan.chunk_count, 0, 0) +
                       reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+                      row_tiles_ms(m, plan.tile_count) +
                       (launches * plan.chunk_count +
                        launches * plan.block_count * plan.tile_count) *
                           kLaunchSeconds * 1e3;
@@ -364,6 +374,7 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
                       (plan.block_count - 1) * accumulate_hidden_ms +
                       deferred_share * (m.product_ms + 2 * m.pass_ms) +
                       reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+                      row_tiles_ms(m, plan.tile_count) +
                       launches * (plan.block_count + deferred_blocks) * plan.tile_count *
                           kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.tile_count = 0;
