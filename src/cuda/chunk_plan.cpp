@@ -51,8 +51,8 @@
 //
 // Operands read again: every row chunk (and row tile of a block) re-reads W, every vocabulary
 // block re-reads h; a product of a few hundred rows sits near the ridge, where that traffic is
-// not hidden. Priced at kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s ≈ 240-row
-// chunks re-read W twice each and ran 26–55 % above the model without it).
+// not hidden. Priced at a flat kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s
+// 121–241-row chunks re-read W twice each and ran 26–55 % above the model without it).
 // (d) keeps its fp32 N×H ∂h sums in the workspace or, when the call's ∂W output is written over,
 // in the last N·H·4 bytes of ∂W (HiddenSums): the blocks that reach them form their gradient a
 // second time, for ∂W after ∂h is written, but the workspace holds the block tile alone, which is
@@ -157,9 +157,10 @@ struct Model {
 // (docs/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
 // 121–241 rows and ran 0.6–1.0 × that traffic above the model without it.
 constexpr double kRereadShare = 0.6;
-// A block's ∂W product split over row tiles adds each tile into the fp32 block accumulator with
-// narrow outputs (block × H) that cuBLASLt does not split over K as it does the whole-row
-// product: priced as that product's time once more for every tile after the first. Fitted on an
+// A block's ∂W product split over row tiles adds each tile into the fp32 block accumulator, a
+// narrow output (block × H; our guess, not profiled: cuBLASLt does not split it over K as it
+// may the whole-row product): priced as that product's time once more for every tile after the
+// first. Fitted on an
 // H200 at (32768, 768, 128256) (decision 49), where blocks of 3 row tiles ran 9 % slower than
 // whole-row blocks that the model without it priced alike.
 double row_tiles_ms(const Model& m, int64_t tiles) {
@@ -170,6 +171,8 @@ double row_tiles_ms(const Model& m, int64_t tiles) {
 Model model_of(const ChunkRequest& r) {
   const double nvh = static_cast<double>(r.rows) * r.vocab * r.hidden;
   const double nv = static_cast<double>(r.rows) * r.vocab * r.logits_element_bytes;
+  // The operands' element size is not in the request: the logits' stands in (the same, except
+  // with fp32_logits over 16-bit operands, where re-reads are priced double).
   const double operand = static_cast<double>(r.logits_element_bytes);
   return {2 * nvh / kProductFlops * 1e3, nv / kBandwidth * 1e3,
           8.0 * r.vocab * r.hidden / kBandwidth * 1e3,
@@ -382,25 +385,22 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   return plan;
 }
 
-// The cheapest plan of `plan_for(columns)` over block widths from all of V down to
-// kMinimumBlockColumns: among fitting plans the fastest; while none fits, the smallest.
-template <class PlanFor>
-ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
-                                 bool whole_rows_only = false);
-
-// With request.whole_row_blocks: the best plan whose blocks hold all N rows, where one fits.
-template <class PlanFor>
-ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
-  if (request.whole_row_blocks) {
-    const ChunkPlan whole = best_over_block_widths(request, plan_for, true);
-    if (whole.total_bytes <= request.budget_bytes && whole.tile_count <= 1) return whole;
-  }
-  return best_over_block_widths(request, plan_for);
+// Whether `plan` (fitting the budget or not: `fits`) is preferred to `best` (`best_fits`): a
+// fitting plan to one that does not fit, then the faster; between plans that do not fit, the
+// smaller.
+bool preferred(const ChunkPlan& plan, bool fits, const ChunkPlan& best, bool best_fits) {
+  if (fits != best_fits) return fits;
+  return fits ? plan.predicted_ms < best.predicted_ms : plan.total_bytes < best.total_bytes;
 }
 
+// The cheapest plan of `plan_for(columns)` over block widths from all of V down to
+// kMinimumBlockColumns (with whole_rows_only, a plan fits only when its blocks hold all N rows).
 template <class PlanFor>
 ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
                                  bool whole_rows_only) {
+  auto fits = [&](const ChunkPlan& plan) {
+    return plan.total_bytes <= request.budget_bytes && (!whole_rows_only || plan.tile_count <= 1);
+  };
   ChunkPlan best;
   bool have = false;
   // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
@@ -409,19 +409,24 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
   for (int64_t blocks = 1;; blocks = blocks < 8 ? blocks + 1 : blocks * 9 / 8) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
     const ChunkPlan plan = plan_for(columns);
-    auto fits_of = [&](const ChunkPlan& p) {
-      return p.total_bytes <= request.budget_bytes && (!whole_rows_only || p.tile_count <= 1);
-    };
-    const bool fits = fits_of(plan);
-    const bool best_fits = have && fits_of(best);
-    if (!have || (fits && (!best_fits || plan.predicted_ms < best.predicted_ms)) ||
-        (!fits && !best_fits && plan.total_bytes < best.total_bytes)) {
+    if (!have || preferred(plan, fits(plan), best, fits(best))) {
       best = plan;
       have = true;
     }
     if (columns <= kMinimumBlockColumns || columns <= 1) break;
   }
   return best;
+}
+
+// The best block widths; with request.whole_row_blocks, among blocks of all N rows where such a
+// plan fits.
+template <class PlanFor>
+ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
+  if (request.whole_row_blocks) {
+    const ChunkPlan whole = best_over_block_widths(request, plan_for, true);
+    if (whole.total_bytes <= request.budget_bytes && whole.tile_count <= 1) return whole;
+  }
+  return best_over_block_widths(request, plan_for, false);
 }
 
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
@@ -442,13 +447,11 @@ ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t ge
   const ChunkPlan in_weight_grad = best_for(true);
   if (request.hidden_sums == HiddenSums::weight_grad) return in_weight_grad;
   const ChunkPlan in_workspace = best_for(false);
-  const bool a_fits = in_weight_grad.total_bytes <= request.budget_bytes;
-  const bool b_fits = in_workspace.total_bytes <= request.budget_bytes;
-  if (a_fits != b_fits) return a_fits ? in_weight_grad : in_workspace;
-  if (!a_fits) {
-    return in_weight_grad.total_bytes <= in_workspace.total_bytes ? in_weight_grad : in_workspace;
-  }
-  return in_weight_grad.predicted_ms < in_workspace.predicted_ms ? in_weight_grad : in_workspace;
+  const bool workspace_fits = in_workspace.total_bytes <= request.budget_bytes;
+  return preferred(in_weight_grad, in_weight_grad.total_bytes <= request.budget_bytes,
+                   in_workspace, workspace_fits)
+             ? in_weight_grad
+             : in_workspace;
 }
 
 }  // namespace

@@ -85,6 +85,12 @@ HiddenSums hidden_sums_switch() {
   return HiddenSums::planned;
 }
 
+// XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
+bool whole_row_blocks_switch() {
+  const char* knob = std::getenv("XENT_CUDA_BLOCK_TILES");
+  return knob && std::strcmp(knob, "0") == 0;
+}
+
 // The gradient records of every row (linear_block_grad.cuh, CeGradRecord) that the fused gradient
 // product reads: part of every plan's fixed bytes, 32 per row.
 std::size_t grad_record_bytes(int64_t rows) {
@@ -113,8 +119,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.weight_grad_bytes = wants.weight_grad_bytes;
   request.weight_grad_row_bytes = wants.weight_grad_row_bytes;
   request.hidden_sums = hidden_sums_switch();
-  const char* tiles = std::getenv("XENT_CUDA_BLOCK_TILES");  // =0: blocks of all rows only
-  request.whole_row_blocks = tiles && std::strcmp(tiles, "0") == 0;
+  request.whole_row_blocks = whole_row_blocks_switch();
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
