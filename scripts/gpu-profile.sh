@@ -18,6 +18,8 @@
 #   XENT_COMMIT  commit named in the records where the tree has no .git
 #   PROFILE_PACK=0         leave the per-row files loose instead of packing them (see the end)
 #   PROFILE_KEEP_REPORTS=1 keep the .ncu-rep reports (in the archive, or loose)
+#   PROFILE_METRICS=time   only each launch's duration and shape (one replay per kernel, no
+#                          sections): where a call's time goes, for calls of hundreds of launches
 # Per row the run writes ROW.ncu-rep (open in the Nsight Compute UI), ROW.csv (`ncu --import
 # ROW.ncu-rep --csv --page raw`), ROW.log (ncu and xent-bench output, with xent-bench's own
 # timing of the row under ncu) and ROW.bench.json; rows.tsv lists what ran, with exit status and
@@ -54,6 +56,12 @@ ROWS_TABLE+=("linear-8192x4096x128256|perf-linear|--op linear_ce --n 8192 --h 40
 ROWS_TABLE+=("linear-8192x2304x256000|perf-linear|--op linear_ce --n 8192 --h 2304 --v 256000")
 ROWS_TABLE+=("linear-32768x768x128256|perf-linear|--op linear_ce --n 32768 --h 768 --v 128256")
 ROWS_TABLE+=("linear-budget128|perf-linear budget 128 MiB|--op linear_ce --n 8192 --h 4096 --v 128256 --budget-mib 128")
+for shape in "8192 4096 128256" "8192 2304 256000" "32768 768 128256"; do
+  read -r n h v <<<"$shape"
+  ROWS_TABLE+=("linear-64mib-${n}x${h}x${v}|perf-linear 64 MiB|--op linear_ce --n $n --h $h --v $v --budget-mib 64")
+  # The budget the Python package gives by default on a GPU of 80 GiB or more (min(4 GiB, total / 8)).
+  ROWS_TABLE+=("linear-4gib-${n}x${h}x${v}|perf-linear 4 GiB|--op linear_ce --n $n --h $h --v $v --budget-mib 4096")
+done
 ROWS_TABLE+=("linear-options|perf-linear z-loss smoothing softcap|--op linear_ce --n 8192 --h 4096 --v 128256 --options smoothing,z_loss,softcap")
 
 if [[ "${1:-}" == "--list" ]]; then
@@ -109,6 +117,10 @@ EXTRA_METRICS=(dram__bytes_read.sum dram__bytes_write.sum dram__bytes_read.sum.p
                sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
                sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active)
 "$NCU" --query-metrics >"$OUT/ncu-query-metrics.log" 2>&1
+if [[ "${PROFILE_METRICS:-all}" == time ]]; then
+  SECTIONS=()
+  EXTRA_METRICS=(gpu__time_duration.sum launch__grid_size launch__block_size)
+fi
 METRICS=()
 for metric in "${EXTRA_METRICS[@]}"; do
   if grep -Eq "(^|[^a-z0-9_])${metric%%.*}([^a-z0-9_]|$)" "$OUT/ncu-query-metrics.log"; then

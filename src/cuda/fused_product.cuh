@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "cuda/device.cuh"
+#include "cuda/tile_grid.hpp"
 
 namespace xent::cuda::fused {
 
@@ -180,18 +181,19 @@ struct Product {
 // The persistent scheduler's tile order: along M (consecutive clusters take the next row tiles
 // of one W column block) with a swizzle of 8 (eight column blocks interleaved), measured on the
 // H200 against CUTLASS's heuristic (along M here, swizzle 1) and along N: 1.5–4.4 % faster at the
-// three linear_ce shapes (docs/perf-notes.md, decision 43).
+// three linear_ce shapes (docs/perf-notes.md, decision 43); a narrower one where 8 would pad the
+// tile grid (tile_grid.hpp: the padded tiles run the mainloop, decision 50).
 // Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogues return at once (the
 // product's time without them; the results are then wrong), =2 only the gradient epilogue's, =3
 // makes the gradient epilogue form its values but store none of them (the cost of its stores);
 // XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
-// replace the order above.
+// replace the order above (0: the swizzle of least padding, the default).
 struct Measurement {
   bool skip_statistics = false;
   bool skip_gradient = false;
   bool skip_gradient_stores = false;
   char raster = 'm';
-  int swizzle = 8;
+  int swizzle = 0;
 };
 inline const Measurement& measurement() {
   static const Measurement m = [] {
@@ -206,7 +208,7 @@ inline const Measurement& measurement() {
     if (raster != nullptr && (raster[0] == 'h' || raster[0] == 'm' || raster[0] == 'n')) {
       m.raster = raster[0];
     }
-    if (swizzle != nullptr) m.swizzle = std::max(1, std::atoi(swizzle));
+    if (swizzle != nullptr) m.swizzle = std::max(0, std::atoi(swizzle));
     return m;
   }();
   return m;
@@ -248,7 +250,15 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
       cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
   if (measurement().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
   if (measurement().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
-  args.scheduler.max_swizzle_size = measurement().swizzle;
+  TileGrid grid;
+  grid.rows = p.m;
+  grid.columns = p.n;
+  grid.tile_rows = kTileRows;
+  grid.tile_columns = kTileColumns;
+  grid.cluster_rows = cute::size<0>(ClusterShape{});
+  grid.cluster_columns = cute::size<1>(ClusterShape{});
+  args.scheduler.max_swizzle_size =
+      measurement().swizzle > 0 ? measurement().swizzle : least_padding_swizzle(grid);
   Gemm gemm;
   // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
   // rather than allocate behind the caller's back.

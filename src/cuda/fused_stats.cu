@@ -21,6 +21,7 @@
 #include "cuda/device.cuh"
 #include "cuda/fused_stats.hpp"
 #include "cuda/row_slice.cuh"
+#include "cuda/tile_grid.hpp"
 
 namespace xent::cuda {
 namespace {
@@ -101,8 +102,10 @@ std::size_t fixed_bytes(int64_t rows) {
 }
 
 // Rows per fused product: all of them when their tile partials fit the budget beside the fixed
-// part, else the most whole 128-row tiles that do (each chunk re-reads W once: at 64 MiB and
-// V = 128256 a chunk holds ≈ 5,400 rows). 0 when not even one row tile fits.
+// part, else chunks of whole 128-row tiles that do (each chunk re-reads W once: at 64 MiB and
+// V = 128256 a chunk holds ≈ 5,400 rows), evened out and on whole swizzle groups where they fit
+// (tile_grid.hpp: a chunk of 35 row tiles ran 48, decision 50). 0 when not even one row tile
+// fits.
 int64_t chunk_rows(int64_t rows, int64_t vocab, std::size_t budget) {
   constexpr int64_t kRowTile = 128;
   const std::size_t fixed = fixed_bytes(rows);
@@ -113,7 +116,9 @@ int64_t chunk_rows(int64_t rows, int64_t vocab, std::size_t budget) {
   // align_up rounds partial_bytes up by < 256 bytes: keep that much aside.
   const std::size_t room = budget - fixed;
   const int64_t fit = room > 256 ? static_cast<int64_t>((room - 256) / per_row) : 0;
-  return std::min(rows, fit / kRowTile * kRowTile);
+  // Row tiles of one swizzle group of clusters (fused_product.cuh: swizzle 8, clusters of 2).
+  constexpr int64_t kGroupTiles = 16;
+  return balanced_row_chunks(rows, fit / kRowTile * kRowTile, kRowTile, kGroupTiles);
 }
 
 FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab, int64_t chunk) {
