@@ -116,10 +116,12 @@ def suite_cases(name: str) -> List[dict]:
             for n, h, v in LINEAR_SHAPES:
                 cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
                                   distribution=distribution, label="perf-linear"))
+        for distribution in ("random", "peaked"):
+            for n, h, v in LINEAR_SHAPES:
+                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
+                                  budget_bytes=64 << 20, impls=("xent_torch",),
+                                  distribution=distribution, label="perf-linear 64 MiB"))
         for n, h, v in LINEAR_SHAPES:
-            cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
-                              budget_bytes=64 << 20, impls=("xent_torch",),
-                              label="perf-linear 64 MiB"))
             for weight in ("fp32", "fp32-autocast"):
                 cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", weight=weight,
                                   impls=("compile", "xent_torch"),
@@ -176,6 +178,19 @@ class Timer:
                 fn(i)
                 times.append((time.perf_counter() - begin) * 1e3)
         return times
+
+
+def selected_suite_cases(args) -> List[dict]:
+    """The cases of args.suite that --labels (label prefixes) and --distribution (of the linear_ce
+    cases; the others stay) keep."""
+    cases = suite_cases(args.suite)
+    if args.labels:
+        wanted = tuple(args.labels.split(","))
+        cases = [case for case in cases if case["label"].startswith(wanted)]
+    if args.distribution:
+        cases = [case for case in cases if case["op"] != "linear_ce" or
+                 case.get("distribution", "random") == args.distribution]
+    return cases
 
 
 def summarize(times: List[float]) -> dict:
@@ -561,9 +576,10 @@ def parse_args(argv=None):
     parser.add_argument("--budget-mib", type=int,
                         help="workspace budget of xent's fused linear ops in MiB (default: the "
                              "package's device-aware default)")
-    parser.add_argument("--distribution", choices=("random", "peaked"), default="random",
-                        help="logits of a linear case: random, or peaked (mean target "
-                             "probability about 0.3)")
+    parser.add_argument("--distribution", choices=("random", "peaked"),
+                        help="logits of a linear case: random (the default), or peaked (mean "
+                             "target probability about 0.3); with --suite, only the suite's "
+                             "linear_ce cases of that distribution run")
     parser.add_argument("--weight", choices=("fp32", "fp32-autocast"),
                         help="linear_ce: an fp32 (master) weight beside the 16-bit hidden states, "
                              "plain or under autocast to --dtype (default: the weight in --dtype)")
@@ -597,6 +613,8 @@ def parse_args(argv=None):
             parser.error("--n and --v must be positive")
     if args.budget_mib is not None and (args.budget_mib <= 0 or args.suite is not None):
         parser.error("--budget-mib: a positive number of MiB, for a single shape (--n, --v)")
+    if args.weight is not None and args.suite is not None:
+        parser.error("--weight: for a single shape (--n, --v); the suites set their own weights")
     return args
 
 
@@ -624,14 +642,11 @@ def main(argv=None) -> int:
         else:
             args.op, args.n, args.h, args.v, args.dtype = "linear_ce", 1024, 256, 32000, "fp32"
     if args.suite:
-        cases = suite_cases(args.suite)
-        if args.labels:
-            wanted = tuple(args.labels.split(","))
-            cases = [case for case in cases if case["label"].startswith(wanted)]
+        cases = selected_suite_cases(args)
     else:
         cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
                       dtype=args.dtype, mode=args.mode, kind=args.kind, label="",
-                      distribution=args.distribution)]
+                      distribution=args.distribution or "random")]
         if args.weight is not None:
             cases[0]["weight"] = args.weight
         if args.budget_mib is not None:

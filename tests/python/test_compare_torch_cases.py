@@ -1,0 +1,55 @@
+"""tools/compare_torch.py's case lists: the linear_ce rows of the suites run on random and on
+peaked logits alike (the 64 MiB rows included), --distribution picks one of them, and flags that
+only a single shape can take are refused with a suite."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("compare_torch", ROOT / "tools" / "compare_torch.py")
+compare_torch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare_torch)
+
+
+def _linear_ce(cases, label):
+    return [c for c in cases if c["op"] == "linear_ce" and c["label"] == label]
+
+
+@pytest.mark.parametrize("label", ["perf-linear", "perf-linear 64 MiB"])
+def test_linear_rows_on_both_distributions(label):
+    rows = _linear_ce(compare_torch.suite_cases("perf-linear"), label)
+    shapes = {(c["n"], c["h"], c["v"]) for c in rows}
+    assert shapes == set(compare_torch.LINEAR_SHAPES)
+    for distribution in ("random", "peaked"):
+        assert {(c["n"], c["h"], c["v"]) for c in rows
+                if c.get("distribution") == distribution} == shapes
+    if label.endswith("64 MiB"):
+        assert all(c["budget_bytes"] == 64 << 20 for c in rows)
+
+
+@pytest.mark.parametrize("distribution", ["random", "peaked"])
+def test_distribution_selects_from_a_suite(distribution):
+    args = compare_torch.parse_args(["--suite", "perf-linear", "--distribution", distribution])
+    cases = compare_torch.selected_suite_cases(args)
+    linear = [c for c in cases if c["op"] == "linear_ce"]
+    # The default-budget and 64 MiB rows of that distribution; the fp32-weight rows run on
+    # random logits only.
+    fp32_rows = 2 * len(compare_torch.LINEAR_SHAPES) if distribution == "random" else 0
+    assert len(linear) == 2 * len(compare_torch.LINEAR_SHAPES) + fp32_rows
+    assert all(c.get("distribution", "random") == distribution for c in linear)
+    assert any(c["op"] == "linear_distill" for c in cases)  # other ops are not filtered
+    # Labels and distribution together; without --distribution both run.
+    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels", "perf-linear 64 MiB",
+                                     "--distribution", distribution])
+    assert len(compare_torch.selected_suite_cases(args)) == len(compare_torch.LINEAR_SHAPES)
+    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels", "perf-linear 64 MiB"])
+    assert len(compare_torch.selected_suite_cases(args)) == 2 * len(compare_torch.LINEAR_SHAPES)
+
+
+@pytest.mark.parametrize("flag", [["--budget-mib", "64"], ["--weight", "fp32"]])
+def test_single_shape_flags_refused_with_a_suite(flag, capsys):
+    with pytest.raises(SystemExit):
+        compare_torch.parse_args(["--suite", "perf-linear", *flag])
+    assert flag[0] in capsys.readouterr().err
