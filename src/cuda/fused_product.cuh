@@ -36,6 +36,12 @@ using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 constexpr int kTileRows = cute::size<0>(TileShape{});
 constexpr int kTileColumns = cute::size<1>(TileShape{});
+// The tile grid's rules (tile_grid.hpp) are stated for this shape; host code without CUTLASS
+// (fused_stats.cu's chunks) reads it there.
+static_assert(TileGrid{}.tile_rows == kTileRows && TileGrid{}.tile_columns == kTileColumns &&
+                  TileGrid{}.cluster_rows == cute::size<0>(ClusterShape{}) &&
+                  TileGrid{}.cluster_columns == cute::size<1>(ClusterShape{}),
+              "tile_grid.hpp's default shape must be the kernel's");
 
 // x rounded to nearest-even in place to bf16 (round_to 1) or f16 (2), as a cuBLASLt product
 // storing 16-bit logits rounds them; 0 leaves it. A uniform branch per tile; each loop costs
@@ -250,13 +256,9 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
       cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
   if (measurement().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
   if (measurement().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
-  TileGrid grid;
+  TileGrid grid;  // the kernel's tile and cluster (asserted above)
   grid.rows = p.m;
   grid.columns = p.n;
-  grid.tile_rows = kTileRows;
-  grid.tile_columns = kTileColumns;
-  grid.cluster_rows = cute::size<0>(ClusterShape{});
-  grid.cluster_columns = cute::size<1>(ClusterShape{});
   args.scheduler.max_swizzle_size =
       measurement().swizzle > 0 ? measurement().swizzle : least_padding_swizzle(grid);
   Gemm gemm;

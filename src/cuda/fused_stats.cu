@@ -107,7 +107,8 @@ std::size_t fixed_bytes(int64_t rows) {
 // (tile_grid.hpp: a chunk of 35 row tiles ran 48, decision 50). 0 when not even one row tile
 // fits.
 int64_t chunk_rows(int64_t rows, int64_t vocab, std::size_t budget) {
-  constexpr int64_t kRowTile = 128;
+  constexpr TileGrid kShape;  // the fused product's tile and cluster
+  constexpr int64_t kRowTile = kShape.tile_rows;
   const std::size_t fixed = fixed_bytes(rows);
   if (fixed + partial_bytes(rows, vocab) <= budget) return rows;
   if (fixed >= budget) return 0;
@@ -116,9 +117,8 @@ int64_t chunk_rows(int64_t rows, int64_t vocab, std::size_t budget) {
   // align_up rounds partial_bytes up by < 256 bytes: keep that much aside.
   const std::size_t room = budget - fixed;
   const int64_t fit = room > 256 ? static_cast<int64_t>((room - 256) / per_row) : 0;
-  // Row tiles of one swizzle group of clusters (fused_product.cuh: swizzle 8, clusters of 2).
-  constexpr int64_t kGroupTiles = 16;
-  return balanced_row_chunks(rows, fit / kRowTile * kRowTile, kRowTile, kGroupTiles);
+  return balanced_row_chunks(rows, fit / kRowTile * kRowTile, kRowTile,
+                             swizzle_group_row_tiles(kShape));
 }
 
 FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab, int64_t chunk) {

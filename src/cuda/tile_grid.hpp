@@ -10,15 +10,20 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 
 namespace xent::cuda {
 
+// The defaults are the fused products' tile and cluster (fused_product.cuh asserts them).
 struct TileGrid {
   int64_t rows = 0, columns = 0;            // the product's output, m × n
   int64_t tile_rows = 128, tile_columns = 256;
   int64_t cluster_rows = 2, cluster_columns = 1;
 };
+
+// The widest swizzle the products take (decision 43); its groups of clusters span this many row
+// tiles, which a chunk of whole groups never pads.
+constexpr int kWidestSwizzle = 8;
+constexpr int64_t swizzle_group_row_tiles(const TileGrid& g) { return kWidestSwizzle * g.cluster_rows; }
 
 namespace tile_grid_detail {
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -49,13 +54,15 @@ constexpr int64_t scheduled_tiles(const TileGrid& g, int max_swizzle) {
 // 1.5–4.4 % faster on full products, where it pads under 1 %), but not at the price of a padded
 // third of a chunk.
 constexpr int least_padding_swizzle(const TileGrid& g) {
-  int64_t fewest = scheduled_tiles(g, 1);
-  for (int s : {2, 4, 8}) {
-    const int64_t tiles = scheduled_tiles(g, s);
-    if (tiles < fewest) fewest = tiles;
+  constexpr int kSwizzles[] = {kWidestSwizzle, 4, 2, 1};  // widest first
+  int64_t tiles[4] = {};
+  int64_t fewest = 0;
+  for (int i = 0; i < 4; ++i) {
+    tiles[i] = scheduled_tiles(g, kSwizzles[i]);
+    if (i == 0 || tiles[i] < fewest) fewest = tiles[i];
   }
-  for (int s : {8, 4, 2}) {
-    if (32 * scheduled_tiles(g, s) <= 33 * fewest) return s;
+  for (int i = 0; i < 4; ++i) {
+    if (32 * tiles[i] <= 33 * fewest) return kSwizzles[i];
   }
   return 1;
 }
