@@ -87,6 +87,10 @@ constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
 constexpr double kProductFlops = 700e12;
 constexpr double kBandwidth = 3.0e12;
 constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small tiles pay it)
+// A product split in two along its rows, beyond the launch: the second one's partial last wave.
+// Fitted on an H100 at 64 MiB (docs/perf-notes.md decision 52), where splitting every block's ∂h
+// product in two cost ≈ 10–50 µs per block.
+constexpr double kSplitProductSeconds = 30e-6;
 // How much more the model underprices (c) than (d), measured on an H200 at the three PERF.md
 // shapes at 512 MiB (docs/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
 // 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
@@ -303,17 +307,20 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   return plan;
 }
 
-// Where (d)'s fp32 ∂h sums would start in the ∂W output (the last 16-byte aligned N·H·4 bytes of
-// it), or nothing when ∂W cannot hold them.
+// Where (d)'s fp32 ∂h sums would start in the ∂W output (the last 16-byte aligned bytes of it),
+// or nothing when ∂W cannot hold them. The first `head_rows` rows' sums are elsewhere (in the ∂h
+// output), so ∂W holds the other rows' only.
 struct HiddenSumsInWeightGrad {
   bool fits = false;
   std::size_t offset = 0;   // bytes into ∂W
   int64_t first_row = 0;    // the first row of ∂W they reach
 };
 
-HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request) {
+HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request,
+                                                  int64_t head_rows = 0) {
   HiddenSumsInWeightGrad place;
-  const std::size_t sums = static_cast<std::size_t>(std::max<int64_t>(request.rows, 0)) *
+  const int64_t rows = std::max<int64_t>(request.rows - head_rows, 0);
+  const std::size_t sums = static_cast<std::size_t>(rows) *
                            static_cast<std::size_t>(std::max<int64_t>(request.hidden, 0)) * 4;
   if (!request.hidden_gradient || request.weight_grad_row_bytes == 0 ||
       request.weight_grad_bytes < sums) {
@@ -323,6 +330,33 @@ HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request) {
   place.offset = (request.weight_grad_bytes - sums) / 16 * 16;
   place.first_row = static_cast<int64_t>(place.offset / request.weight_grad_row_bytes);
   return place;
+}
+
+// Rows whose fp32 sums the ∂h output can hold (its bytes / 4H, at most N; whole row tiles when
+// the blocks have several, so that no tile's ∂h product straddles the two places), when the
+// chunk region can stage one such row for the in-place narrowing (in_place_narrowing_ranges);
+// else 0.
+int64_t hidden_sums_head_rows(const ChunkRequest& request, const ChunkPlan& plan) {
+  if (request.hidden <= 0 || request.rows <= 0 ||
+      request.hidden_sums_head == HiddenSumsHead::never) {
+    return 0;
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(request.hidden) * 4;
+  if (chunk_region_bytes(plan) < row_bytes) return 0;
+  int64_t rows = std::min<int64_t>(request.rows,
+                                   static_cast<int64_t>(request.hidden_grad_bytes / row_bytes));
+  if (plan.tile_count > 1 && plan.tile_rows > 0) rows = rows / plan.tile_rows * plan.tile_rows;
+  return rows;
+}
+
+// The share of V in blocks from `deferred_first_block` on.
+double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
+                      int64_t deferred_first_block) {
+  const int64_t blocks = plan.block_count - deferred_first_block;
+  return request.vocab > 0 ? static_cast<double>(std::min(request.vocab,
+                                                          blocks * plan.block_columns)) /
+                                 static_cast<double>(request.vocab)
+                           : 0.0;
 }
 
 // Schedule (d): the (c) block shape for these columns, with pass 1 replaced by the fused
@@ -354,28 +388,49 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   plan.hidden_accumulator_bytes = hidden_accumulator;
   plan.statistics_bytes = align_up(request.statistics_bytes);
   plan.deferred_first_block = plan.block_count;
-  if (in_weight_grad) {
-    plan.hidden_sums_in_weight_grad = true;
-    plan.hidden_sums_offset = place.offset;
-    plan.deferred_first_block =
-        std::min(plan.block_count, place.first_row / std::max<int64_t>(plan.block_columns, 1));
-  }
   const Model m = model_of(request);
+  double split_ms = 0;  // the ∂h products split at the head's last row
+  if (in_weight_grad) {
+    auto deferred_first = [&](int64_t head_rows) {
+      const HiddenSumsInWeightGrad tail = hidden_sums_in_weight_grad(request, head_rows);
+      return std::min(plan.block_count, tail.first_row / std::max<int64_t>(plan.block_columns, 1));
+    };
+    // The first rows' sums in the ∂h output where it can hold them: the rest reach fewer rows of
+    // ∂W, so fewer blocks are deferred. A tile across the head's last row then forms its ∂h in
+    // two products: taken where the blocks no longer deferred are worth more.
+    int64_t head_rows = hidden_sums_head_rows(request, plan);
+    const bool straddles = head_rows > 0 && head_rows < request.rows &&
+                           (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
+    const double head_split_ms =
+        straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
+    const double spared_ms =
+        (deferred_share(request, plan, deferred_first(0)) -
+         deferred_share(request, plan, deferred_first(head_rows))) *
+        (m.product_ms + 2 * m.pass_ms);
+    if (request.hidden_sums_head == HiddenSumsHead::planned && spared_ms <= head_split_ms) {
+      head_rows = 0;
+    }
+    // Forced (tests), the head does not steer the block shape: its split is not priced.
+    if (head_rows > 0 && request.hidden_sums_head == HiddenSumsHead::planned) {
+      split_ms = head_split_ms;
+    }
+    plan.hidden_sums_in_weight_grad = true;
+    plan.hidden_sums_head_rows = head_rows;
+    plan.hidden_sums_offset = hidden_sums_in_weight_grad(request, head_rows).offset;
+    plan.deferred_first_block = deferred_first(head_rows);
+  }
   const double accumulate_hidden_ms =
       request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;
   const bool weight = request.weight_gradient || request.weight_accumulator;
   const int products = 2 + (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
   const int launches = products;  // per tile: logits, block gradient, ∂W, ∂h (no stats product)
   const int64_t deferred_blocks = plan.block_count - plan.deferred_first_block;
-  const double deferred_share =
-      request.vocab > 0 ? static_cast<double>(std::min(
-                              request.vocab, deferred_blocks * plan.block_columns)) /
-                              static_cast<double>(request.vocab)
-                        : 0.0;
   plan.predicted_ms = products * m.product_ms + 2 * m.pass_ms +
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       (plan.block_count - 1) * accumulate_hidden_ms +
-                      deferred_share * (m.product_ms + 2 * m.pass_ms) +
+                      deferred_share(request, plan, plan.deferred_first_block) *
+                          (m.product_ms + 2 * m.pass_ms) +
+                      split_ms +
                       reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
                       row_tiles_ms(m, plan.tile_count) +
                       launches * (plan.block_count + deferred_blocks) * plan.tile_count *
@@ -455,6 +510,17 @@ ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t ge
 }
 
 }  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> in_place_narrowing_ranges(int64_t staged, int64_t rows) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (staged <= 0) return ranges;  // nothing staged: row 0 would overlap itself
+  for (int64_t first = staged; first < rows;) {
+    const int64_t last = std::min(rows, 2 * first);
+    ranges.emplace_back(first, last);
+    first = last;
+  }
+  return ranges;
+}
 
 std::size_t chunk_region_bytes(const ChunkPlan& plan) {
   const std::size_t chunks = align_up(plan.logits_buffer_bytes) * plan.buffer_count;

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace xent::cuda {
 
@@ -14,6 +16,9 @@ namespace xent::cuda {
 // output, whose blocks then write their ∂W only after ∂h is formed (their gradient formed a
 // second time); `planned`: whichever the cost model prefers among those that fit.
 enum class HiddenSums { planned, workspace, weight_grad };
+// Whether (d), with its ∂h sums in ∂W, keeps the first rows' sums in the ∂h output: where the
+// planner finds it cheaper, never, or wherever the ∂h output can hold them (tests).
+enum class HiddenSumsHead { planned, never, always };
 
 // What the planner needs to know about one call.
 struct ChunkRequest {
@@ -50,7 +55,12 @@ struct ChunkRequest {
   // instead of the workspace (HiddenSums).
   std::size_t weight_grad_bytes = 0;
   std::size_t weight_grad_row_bytes = 0;
+  // The ∂h output as scratch for the first rows' sums: its bytes when it is one contiguous,
+  // 16-byte aligned 16-bit buffer (N·H·2 bytes hold the fp32 sums of N/2 rows), else 0. With the
+  // sums in ∂W, those rows' sums then stay out of ∂W, which halves the deferred blocks.
+  std::size_t hidden_grad_bytes = 0;
   HiddenSums hidden_sums = HiddenSums::planned;
+  HiddenSumsHead hidden_sums_head = HiddenSumsHead::planned;
   // Blocks of all N rows (one row tile) wherever such a plan fits (measurements).
   bool whole_row_blocks = false;
 };
@@ -92,8 +102,12 @@ struct ChunkPlan {
   // (d) with its ∂h sums in the ∂W output (HiddenSums::weight_grad; hidden_accumulator_bytes is
   // then 0): they start hidden_sums_offset bytes into ∂W, and the blocks from
   // deferred_first_block on reach those rows, so their ∂W products wait until ∂h is written.
+  // The sums of rows [0, hidden_sums_head_rows) are then in the ∂h output itself, as fp32 rows
+  // from its start, narrowed in place at the end (in_place_narrowing_ranges); those of the other
+  // rows start at hidden_sums_offset.
   bool hidden_sums_in_weight_grad = false;
   std::size_t hidden_sums_offset = 0;
+  int64_t hidden_sums_head_rows = 0;
   int64_t deferred_first_block = 0;
   std::size_t statistics_bytes = 0;          // (d): pass 1's share of the chunk region
   std::size_t bias_accumulator_bytes = 0;
@@ -116,6 +130,13 @@ constexpr std::size_t kWorkspaceAlignment = 256;
 constexpr std::size_t align_up(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
+
+// The row ranges [first, last) in which fp32 rows [0, rows) of H values each, kept from the start
+// of a 16-bit buffer of the same rows, are narrowed in place once rows [0, staged) have been
+// narrowed from a copy elsewhere (0 < staged ≤ rows): a range reads fp32 rows [a, b) (bytes
+// 4aH to 4bH) and writes 16-bit rows [a, b) (bytes 2aH to 2bH), which with b ≤ 2a lie below
+// what it reads and above nothing not yet narrowed; so the ranges double from `staged`.
+std::vector<std::pair<int64_t, int64_t>> in_place_narrowing_ranges(int64_t staged, int64_t rows);
 
 // Bytes of the one region that holds the chunk buffers, and in the vocabulary-blocked schedules
 // (which never need both at once) the tile buffer followed by the block accumulator (and in (d)

@@ -5,6 +5,7 @@
 #include "cuda/linear_block_pass.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/linear_support.hpp"
 
@@ -44,6 +45,66 @@ void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
   block_tile.logits_stride = columns;
 }
 
+// Where the fp32 ∂h sums of each row are: rows [0, head_rows) from the start of the ∂h output,
+// the others in `tail` (rows from head_rows on).
+struct HiddenSumsPlace {
+  float* head = nullptr;
+  float* tail = nullptr;
+  int64_t head_rows = 0;
+  int64_t hidden = 0;
+  float* row(int64_t r) const {
+    return r < head_rows ? head + r * hidden : tail + (r - head_rows) * hidden;
+  }
+};
+
+HiddenSumsPlace hidden_sums_place(const BlockPassInputs& pass) {
+  HiddenSumsPlace place;
+  place.hidden = pass.hidden.cols;
+  place.tail = pass.hidden_accumulator;
+  if (pass.chunks.hidden_sums_in_weight_grad && pass.chunks.hidden_sums_head_rows > 0) {
+    place.head = static_cast<float*>(pass.hidden_grad.data);
+    place.head_rows = pass.chunks.hidden_sums_head_rows;
+  }
+  return place;
+}
+
+// ∂h from its fp32 sums. Rows held in the ∂h output itself are narrowed in place: the first ones
+// through a copy in the chunk region (free once the blocks are done), the rest in ranges whose
+// reads and writes do not overlap (in_place_narrowing_ranges); then the other rows from `tail`,
+// whose 16-bit rows overlie the head's fp32 rows and so come last.
+void write_hidden_grad(const BlockPassInputs& pass, const HiddenSumsPlace& sums,
+                       cudaStream_t stream) {
+  const int64_t hidden = sums.hidden, rows = pass.hidden.rows;
+  auto rows_of = [&](int64_t first, int64_t last) {
+    TensorView view = pass.hidden_grad;
+    view.data = static_cast<char*>(view.data) + static_cast<std::size_t>(first) *
+                                                    static_cast<std::size_t>(hidden) *
+                                                    dtype_size(view.dtype);
+    view.rows = last - first;
+    return view;
+  };
+  if (sums.head_rows > 0) {
+    const std::size_t row_bytes = static_cast<std::size_t>(hidden) * sizeof(float);
+    int64_t staged = std::min<int64_t>(
+        sums.head_rows, static_cast<int64_t>(chunk_region_bytes(pass.chunks) / row_bytes));
+    // XENT_CUDA_HIDDEN_SUMS_STAGED=k stages at most k (≥ 1) rows, so that the tests' small
+    // shapes run the in-place ranges too. Read per call: tests switch it.
+    if (const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS_STAGED")) {
+      staged = std::clamp<int64_t>(std::atoll(knob), 1, staged);
+    }
+    XENT_CUDA_CHECK(cudaMemcpyAsync(pass.region, sums.head,
+                                    static_cast<std::size_t>(staged) * row_bytes,
+                                    cudaMemcpyDeviceToDevice, stream));
+    write_from_fp32(static_cast<const float*>(pass.region), hidden, rows_of(0, staged), stream);
+    for (const auto& [first, last] : in_place_narrowing_ranges(staged, sums.head_rows)) {
+      write_from_fp32(sums.head + first * hidden, hidden, rows_of(first, last), stream);
+    }
+  }
+  if (rows > sums.head_rows) {
+    write_from_fp32(sums.tail, hidden, rows_of(sums.head_rows, rows), stream);
+  }
+}
+
 }  // namespace
 
 void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,
@@ -63,6 +124,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   const bool accumulate = chunks.tile_count > 1;
   const bool in_accumulator = accumulate && pass.weight_grad.dtype != DType::f32;
   const bool sum_hidden = pass.hidden_accumulator != nullptr;
+  const HiddenSumsPlace sums = hidden_sums_place(pass);
   // Blocks whose ∂W rows hold the ∂h sums write their ∂W in a second sweep, after ∂h.
   const int64_t deferred_first =
       sum_hidden && chunks.hidden_sums_in_weight_grad ? chunks.deferred_first_block
@@ -117,13 +179,24 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
         gemm(product, pass.scratch, stream);
       }
       if (with_hidden) {
-        GemmProduct hidden_product;
-        hidden_product.a = gradient;
-        hidden_product.b = weight_block;
-        hidden_product.c = GemmMatrix{pass.hidden_accumulator + first * hidden, DType::f32, count,
-                                      hidden, hidden};
-        hidden_product.beta = block > 0 ? 1.0f : 0.0f;
-        gemm(hidden_product, pass.scratch, stream);
+        // One product per run of rows whose sums are contiguous (a tile across the head's end
+        // takes two).
+        for (int64_t part = first; part < first + count;) {
+          const int64_t end = part < sums.head_rows ? std::min(first + count, sums.head_rows)
+                                                    : first + count;
+          GemmProduct hidden_product;
+          hidden_product.a = gradient;
+          hidden_product.a.data = static_cast<const char*>(gradient.data) +
+                                  static_cast<std::size_t>(part - first) *
+                                      static_cast<std::size_t>(gradient.stride) *
+                                      dtype_size(gradient.dtype);
+          hidden_product.a.rows = end - part;
+          hidden_product.b = weight_block;
+          hidden_product.c = GemmMatrix{sums.row(part), DType::f32, end - part, hidden, hidden};
+          hidden_product.beta = block > 0 ? 1.0f : 0.0f;
+          gemm(hidden_product, pass.scratch, stream);
+          part = end;
+        }
       }
     }
     if (with_weight && in_accumulator) write_from_fp32(accumulator, hidden, grad_block, stream);
@@ -132,7 +205,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   for (int64_t block = 0; block < chunks.block_count; ++block) {
     run_block(block, block < deferred_first, sum_hidden);
   }
-  if (sum_hidden) write_from_fp32(pass.hidden_accumulator, hidden, pass.hidden_grad, stream);
+  if (sum_hidden) write_hidden_grad(pass, sums, stream);
   for (int64_t block = deferred_first; block < chunks.block_count; ++block) {
     run_block(block, true, false);
   }

@@ -61,7 +61,9 @@ struct BlockPassInputs {
   // G·W_block added to its rows (the first block writes), then written to hidden_grad. Null: ∂h
   // is not formed in this pass. When the sums live in the last rows of weight_grad
   // (chunks.hidden_sums_in_weight_grad), the blocks from chunks.deferred_first_block on form
-  // their gradient once for ∂h and once more for ∂W, after ∂h is written.
+  // their gradient once for ∂h and once more for ∂W, after ∂h is written; the sums of rows
+  // [0, chunks.hidden_sums_head_rows) are then in hidden_grad itself (fp32 rows from its start,
+  // narrowed in place), and hidden_accumulator holds those of the rows after them.
   float* hidden_accumulator = nullptr;
   TensorView hidden_grad;
   // Tried first for every tile whose logits are not read from a cache, when set.

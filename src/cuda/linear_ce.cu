@@ -74,6 +74,8 @@ struct PlanWants {
   // and row bytes, 0 where it cannot serve.
   std::size_t weight_grad_bytes = 0;
   std::size_t weight_grad_row_bytes = 0;
+  // The ∂h output as scratch for the first rows' sums (ChunkRequest::hidden_grad_bytes).
+  std::size_t hidden_grad_bytes = 0;
 };
 
 // Where (d) keeps its ∂h sums: XENT_CUDA_HIDDEN_SUMS=workspace or =weight_grad forces a place
@@ -83,6 +85,16 @@ HiddenSums hidden_sums_switch() {
   if (knob && std::strcmp(knob, "workspace") == 0) return HiddenSums::workspace;
   if (knob && std::strcmp(knob, "weight_grad") == 0) return HiddenSums::weight_grad;
   return HiddenSums::planned;
+}
+
+// XENT_CUDA_HIDDEN_SUMS_HEAD=0 keeps every ∂h sum out of the ∂h output, =1 puts the first rows'
+// there wherever it can hold them (tests, measurements); unset, the planner chooses. Read per
+// call: tests switch it.
+HiddenSumsHead hidden_sums_head_switch() {
+  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
+  if (knob && std::strcmp(knob, "0") == 0) return HiddenSumsHead::never;
+  if (knob && std::strcmp(knob, "1") == 0) return HiddenSumsHead::always;
+  return HiddenSumsHead::planned;
 }
 
 // XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
@@ -118,7 +130,9 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.prefer_statistics = fused_stats_forced();
   request.weight_grad_bytes = wants.weight_grad_bytes;
   request.weight_grad_row_bytes = wants.weight_grad_row_bytes;
+  request.hidden_grad_bytes = wants.hidden_grad_bytes;
   request.hidden_sums = hidden_sums_switch();
+  request.hidden_sums_head = hidden_sums_head_switch();
   request.whole_row_blocks = whole_row_blocks_switch();
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
@@ -149,6 +163,15 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
     wants.weight_grad_bytes =
         static_cast<std::size_t>(weight_grad.rows) * wants.weight_grad_row_bytes;
   }
+  // ∂h is written once, at the end of (d): until then a contiguous 16-bit ∂h can hold the fp32
+  // sums of its first N/2 rows.
+  const TensorView& hidden_grad = grads.hidden;
+  if (wants.hidden && dtype_size(hidden_grad.dtype) == 2 &&
+      hidden_grad.row_stride == hidden_grad.cols &&
+      reinterpret_cast<std::uintptr_t>(hidden_grad.data) % 16 == 0) {
+    wants.hidden_grad_bytes = static_cast<std::size_t>(hidden_grad.rows) *
+                              static_cast<std::size_t>(hidden_grad.cols) * 2;
+  }
   return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
 }
 
@@ -175,15 +198,28 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
       for (const bool bias : {false, half}) {
         for (const bool statistics : {false, candidate && with_gradients}) {
           for (const bool hidden_gradient : {true, false}) {
-            PlanWants wants;
-            wants.gradients = with_gradients;
-            wants.weight = weight;
-            wants.weight_accumulator = weight_16_bit;
-            wants.bias_accumulator = bias;
-            wants.hidden = hidden_gradient;
-            wants.statistics = statistics;
-            const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
-            bytes = std::max(bytes, plan.chunks.total_bytes);
+            // (d) may keep its ∂h sums in a contiguous ∂W (16-bit, or fp32) and ∂h output.
+            for (const bool sums_in_outputs : {false, statistics && weight && hidden_gradient}) {
+              PlanWants wants;
+              wants.gradients = with_gradients;
+              wants.weight = weight;
+              wants.weight_accumulator = weight_16_bit;
+              wants.bias_accumulator = bias;
+              wants.hidden = hidden_gradient;
+              wants.statistics = statistics;
+              if (sums_in_outputs) {
+                wants.weight_grad_row_bytes = static_cast<std::size_t>(hidden) *
+                                              (weight_16_bit ? 2 : sizeof(float));
+                wants.weight_grad_bytes =
+                    static_cast<std::size_t>(vocab) * wants.weight_grad_row_bytes;
+                wants.hidden_grad_bytes =
+                    half ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden) * 2
+                         : 0;
+              }
+              const LinearCePlan plan =
+                  plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+              bytes = std::max(bytes, plan.chunks.total_bytes);
+            }
           }
         }
       }

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace xent::cuda {
 namespace {
@@ -433,7 +435,12 @@ void expect_sums_after_written_blocks(const ChunkPlan& plan, const ChunkRequest&
   ASSERT_TRUE(plan.hidden_sums_in_weight_grad);
   EXPECT_EQ(plan.hidden_accumulator_bytes, 0u) << "no ∂h sums in the workspace";
   EXPECT_EQ(plan.hidden_sums_offset % 16, 0u);
-  const std::size_t sums = static_cast<std::size_t>(request.rows) * request.hidden * 4;
+  // The first rows' sums, if any, within the ∂h output (N·H·2 bytes hold N/2 fp32 rows).
+  EXPECT_GE(plan.hidden_sums_head_rows, 0);
+  EXPECT_LE(plan.hidden_sums_head_rows,
+            static_cast<int64_t>(request.hidden_grad_bytes / (request.hidden * 4)));
+  const std::size_t sums =
+      static_cast<std::size_t>(request.rows - plan.hidden_sums_head_rows) * request.hidden * 4;
   EXPECT_LE(plan.hidden_sums_offset + sums, request.weight_grad_bytes);
   EXPECT_GT(plan.hidden_sums_offset + sums + 16, request.weight_grad_bytes) << "the last bytes";
   const int64_t first_row =
@@ -510,6 +517,63 @@ TEST(ChunkPlan, HiddenSumsGoWhereAskedWhenTheyFit) {
   no_hidden.hidden_gradient = false;
   no_hidden.hidden_sums = HiddenSums::weight_grad;
   EXPECT_FALSE(plan_chunks(no_hidden).hidden_sums_in_weight_grad);
+}
+
+TEST(ChunkPlan, HiddenSumsOfTheFirstRowsInTheHiddenGradientHalveTheDeferredBlocks) {
+  // A contiguous 16-bit ∂h output holds the fp32 sums of N/2 rows (whole row tiles of them):
+  // ∂W then holds the others', which reach half as many of its rows, and about half as many
+  // blocks wait for ∂h. The planner takes it where the blocks spared outweigh splitting each
+  // block's ∂h product at the head's last row: at (32768, 768, 128256), whose blocks have row
+  // tiles that end there (measured −6.4 % at 64 MiB, docs/perf-notes.md decision 52); not at the
+  // other two, whose whole-row blocks would split every ∂h product to spare 3 blocks.
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab);
+    ChunkRequest request = sums_request(rows, hidden, vocab, 64 * kMiB, HiddenSums::weight_grad);
+    const ChunkPlan alone = plan_chunks(request);
+    request.hidden_grad_bytes = static_cast<std::size_t>(rows) * hidden * 2;
+    request.hidden_sums_head = HiddenSumsHead::always;
+    const ChunkPlan split = plan_chunks(request);
+    ASSERT_EQ(split.schedule, Schedule::statistics_blocks);
+    EXPECT_EQ(alone.hidden_sums_head_rows, 0);
+    const int64_t half = rows / 2;
+    EXPECT_EQ(split.hidden_sums_head_rows,
+              split.tile_count > 1 ? half / split.tile_rows * split.tile_rows : half);
+    expect_sums_after_written_blocks(split, request);
+    ASSERT_EQ(split.block_columns, alone.block_columns) << "the blocks do not change";
+    const int64_t deferred_alone = alone.block_count - alone.deferred_first_block;
+    const int64_t deferred_split = split.block_count - split.deferred_first_block;
+    EXPECT_LE(deferred_split, deferred_alone / 2 + 1);
+    request.hidden_sums_head = HiddenSumsHead::planned;
+    const ChunkPlan planned = plan_chunks(request);
+    EXPECT_EQ(planned.hidden_sums_head_rows > 0, rows == 32768);
+    EXPECT_LE(planned.predicted_ms, alone.predicted_ms + 1e-9) << "taken only where cheaper";
+    request.hidden_sums_head = HiddenSumsHead::never;
+    EXPECT_EQ(plan_chunks(request).hidden_sums_head_rows, 0);
+  }
+}
+
+TEST(ChunkPlan, InPlaceNarrowingRangesNeverReadWhatTheyOrAnEarlierRangeWrote) {
+  EXPECT_TRUE(in_place_narrowing_ranges(0, 10).empty()) << "row 0 would overlap itself";
+  EXPECT_TRUE(in_place_narrowing_ranges(10, 10).empty());
+  const std::vector<std::pair<int64_t, int64_t>> expected{{3, 6}, {6, 12}, {12, 13}};
+  EXPECT_EQ(in_place_narrowing_ranges(3, 13), expected);
+  // Byte intervals in units of H·2: fp32 row r occupies [2r, 2r + 2), 16-bit row r [r, r + 1).
+  for (int64_t staged : {1, 2, 5, 64}) {
+    for (int64_t rows : {1, 2, 3, 7, 64, 100, 4096, 16385}) {
+      if (staged > rows) continue;
+      int64_t next = staged;
+      for (const auto& [first, last] : in_place_narrowing_ranges(staged, rows)) {
+        EXPECT_EQ(first, next) << "ranges follow each other";
+        EXPECT_GT(last, first);
+        EXPECT_LE(last, 2 * first) << "writes [first, last) end where its reads [2·first, …) start";
+        next = last;
+      }
+      EXPECT_EQ(next, rows) << "every row narrowed";
+    }
+  }
 }
 
 // One deferred block at least, whatever the block width: the sums reach at least one row.

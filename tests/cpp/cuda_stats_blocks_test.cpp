@@ -5,7 +5,7 @@
 // forms them from row chunks of cuBLASLt logits. Each block's gradient comes from the fused
 // gradient product (fused_grad.cuh) or from cuBLASLt logits and the elementwise block kernel
 // (XENT_CUDA_FUSED_GRAD=0; =1 forces the fused product whatever the hidden size); every case
-// runs in all four combinations, and (d) also with its ∂h sums in the ∂W output
+// runs in all four combinations, and (d) also with its ∂h sums in the ∂W output and the ∂h output
 // (XENT_CUDA_HIDDEN_SUMS=weight_grad; plain (d) forces =workspace). XENT_CUDA_FUSED_STATS=1
 // makes every eligible call take (d) whenever it fits the budget, =0 never. Each case asserts the
 // schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
@@ -82,21 +82,31 @@ bool row_chunks(const cuda::ChunkPlan& plan) {
 }
 
 // Sets XENT_CUDA_FUSED_STATS (1 for (d), 0 for (c)), XENT_CUDA_FUSED_GRAD and
-// XENT_CUDA_HIDDEN_SUMS for the lifetime of a case.
+// XENT_CUDA_HIDDEN_SUMS for the lifetime of a case. With the sums in ∂W, the first N/2 rows'
+// sums are in the ∂h output (XENT_CUDA_HIDDEN_SUMS_HEAD=1) and are narrowed in place at the end:
+// the f16 cases stage 3 rows of them only (XENT_CUDA_HIDDEN_SUMS_STAGED), so the in-place ranges
+// run; the bf16 cases stage all; the case with H = 1032 keeps all the sums in ∂W (HEAD=0).
+bool sums_in_hidden_grad(Variant v, int64_t hidden) {
+  return sums_in_weight_grad(v) && hidden != 1032;
+}
 struct ForcedVariant {
-  explicit ForcedVariant(Variant v) {
+  ForcedVariant(Variant v, DType dtype, int64_t hidden) {
     setenv("XENT_CUDA_FUSED_STATS", statistics_schedule(v) ? "1" : "0", 1);
     setenv("XENT_CUDA_FUSED_GRAD", fused_gradient(v) ? "1" : "0", 1);
     setenv("XENT_CUDA_HIDDEN_SUMS", sums_in_weight_grad(v) ? "weight_grad" : "workspace", 1);
+    setenv("XENT_CUDA_HIDDEN_SUMS_HEAD", sums_in_hidden_grad(v, hidden) ? "1" : "0", 1);
+    if (dtype == DType::f16) setenv("XENT_CUDA_HIDDEN_SUMS_STAGED", "3", 1);
   }
   ~ForcedVariant() {
     unsetenv("XENT_CUDA_FUSED_STATS");
     unsetenv("XENT_CUDA_FUSED_GRAD");
     unsetenv("XENT_CUDA_HIDDEN_SUMS");
+    unsetenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
+    unsetenv("XENT_CUDA_HIDDEN_SUMS_STAGED");
   }
 };
 
-bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant) {
+bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant, int64_t hidden) {
   if (!plan.fits_budget) return false;
   if (variant == Variant::chunks_fused) {
     // one: a chunk of all rows; several: several row chunks.
@@ -108,6 +118,8 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant) {
                                       : cuda::Schedule::vocabulary_blocks;
   if (plan.schedule != schedule) return false;
   if (plan.hidden_sums_in_weight_grad != sums_in_weight_grad(variant)) return false;
+  // ... and the first rows' sums in the ∂h output (contiguous and 16-bit here) where asked.
+  if ((plan.hidden_sums_head_rows > 0) != sums_in_hidden_grad(variant, hidden)) return false;
   // In ∂W the sums defer some blocks' ∂W; with several blocks, some but not all.
   if (sums_in_weight_grad(variant) && blocks != Blocks::one &&
       (plan.deferred_first_block == 0 || plan.deferred_first_block >= plan.block_count)) {
@@ -132,18 +144,18 @@ std::size_t budget_for(const StatsBlocksCase& c, const LinearCeOptions& base,
     options.workspace_budget = budget;
     const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype,
                                                             options, grads, statistics);
-    if (takes(plan, c.blocks, c.variant)) break;
+    if (takes(plan, c.blocks, c.variant, c.hidden)) break;
   }
   options.workspace_budget = budget;
   EXPECT_TRUE(takes(cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options,
                                                grads, statistics),
-                    c.blocks, c.variant))
+                    c.blocks, c.variant, c.hidden))
       << "no workspace_budget gives the blocked plan this case asks for";
   return budget;
 }
 
 void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
-  const ForcedVariant forced(c.variant);
+  const ForcedVariant forced(c.variant, c.dtype, c.hidden);
   const int64_t rows = c.rows, vocab = c.vocab, hidden_size = c.hidden;
   const bool fp32_weight = c.weight == WeightGrad::fp32 || c.weight == WeightGrad::accumulate_fp32;
   const DType weight_dtype = fp32_weight ? DType::f32 : c.dtype;
