@@ -391,33 +391,34 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   const Model m = model_of(request);
   double split_ms = 0;  // the ∂h products split at the head's last row
   if (in_weight_grad) {
-    auto deferred_first = [&](int64_t head_rows) {
-      const HiddenSumsInWeightGrad tail = hidden_sums_in_weight_grad(request, head_rows);
-      return std::min(plan.block_count, tail.first_row / std::max<int64_t>(plan.block_columns, 1));
+    auto deferred_first = [&](const HiddenSumsInWeightGrad& sums) {
+      return std::min(plan.block_count, sums.first_row / std::max<int64_t>(plan.block_columns, 1));
     };
     // The first rows' sums in the ∂h output where it can hold them: the rest reach fewer rows of
     // ∂W, so fewer blocks are deferred. A tile across the head's last row then forms its ∂h in
-    // two products: taken where the blocks no longer deferred are worth more.
+    // two products: planned, taken where the blocks no longer deferred are worth more; forced
+    // (tests), taken unpriced, so that it does not steer the block shape.
     int64_t head_rows = hidden_sums_head_rows(request, plan);
-    const bool straddles = head_rows > 0 && head_rows < request.rows &&
-                           (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
-    const double head_split_ms =
-        straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
-    const double spared_ms =
-        (deferred_share(request, plan, deferred_first(0)) -
-         deferred_share(request, plan, deferred_first(head_rows))) *
-        (m.product_ms + 2 * m.pass_ms);
-    if (request.hidden_sums_head == HiddenSumsHead::planned && spared_ms <= head_split_ms) {
-      head_rows = 0;
-    }
-    // Forced (tests), the head does not steer the block shape: its split is not priced.
+    HiddenSumsInWeightGrad sums = hidden_sums_in_weight_grad(request, head_rows);
     if (head_rows > 0 && request.hidden_sums_head == HiddenSumsHead::planned) {
-      split_ms = head_split_ms;
+      const bool straddles = head_rows < request.rows &&
+                             (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
+      const double head_split_ms =
+          straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
+      const double spared_ms = (deferred_share(request, plan, deferred_first(place)) -
+                                deferred_share(request, plan, deferred_first(sums))) *
+                               (m.product_ms + 2 * m.pass_ms);
+      if (spared_ms > head_split_ms) {
+        split_ms = head_split_ms;
+      } else {
+        head_rows = 0;
+        sums = place;
+      }
     }
     plan.hidden_sums_in_weight_grad = true;
     plan.hidden_sums_head_rows = head_rows;
-    plan.hidden_sums_offset = hidden_sums_in_weight_grad(request, head_rows).offset;
-    plan.deferred_first_block = deferred_first(head_rows);
+    plan.hidden_sums_offset = sums.offset;
+    plan.deferred_first_block = deferred_first(sums);
   }
   const double accumulate_hidden_ms =
       request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;

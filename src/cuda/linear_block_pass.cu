@@ -61,7 +61,7 @@ HiddenSumsPlace hidden_sums_place(const BlockPassInputs& pass) {
   HiddenSumsPlace place;
   place.hidden = pass.hidden.cols;
   place.tail = pass.hidden_accumulator;
-  if (pass.chunks.hidden_sums_in_weight_grad && pass.chunks.hidden_sums_head_rows > 0) {
+  if (pass.chunks.hidden_sums_head_rows > 0) {  // only with the other rows' sums in ∂W
     place.head = static_cast<float*>(pass.hidden_grad.data);
     place.head_rows = pass.chunks.hidden_sums_head_rows;
   }

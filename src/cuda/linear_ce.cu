@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "api/backend.hpp"
 #include "cuda/ce_grad.cuh"
@@ -193,13 +194,18 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   std::size_t bytes = 0;
   const bool half = dtype != DType::f32;
   const bool candidate = fused_stats_candidate(dtype, options);
+  // Each choice once: {false} where its other side cannot occur (the query runs per call, and
+  // every plan costs the planner's scan of block widths).
+  auto choices = [](bool possible) {
+    return possible ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  };
   for (const bool weight : {false, true}) {
-    for (const bool weight_16_bit : {false, half && weight}) {
-      for (const bool bias : {false, half}) {
-        for (const bool statistics : {false, candidate && with_gradients}) {
+    for (const bool weight_16_bit : choices(half && weight)) {
+      for (const bool bias : choices(half)) {
+        for (const bool statistics : choices(candidate && with_gradients)) {
           for (const bool hidden_gradient : {true, false}) {
             // (d) may keep its ∂h sums in a contiguous ∂W (16-bit, or fp32) and ∂h output.
-            for (const bool sums_in_outputs : {false, statistics && weight && hidden_gradient}) {
+            for (const bool sums_in_outputs : choices(statistics && weight && hidden_gradient)) {
               PlanWants wants;
               wants.gradients = with_gradients;
               wants.weight = weight;
