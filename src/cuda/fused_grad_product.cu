@@ -166,20 +166,41 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
           fused::round_logits(value, a.round_to);
           const CeBlockRow block_row = block_row_of(records[r], a.first_column + col0);
+          // The target's column within this tile, or -1: a row's target lies in one column tile,
+          // so a warp's 8 rows hold one in at most 8 of V / 256 tiles. The values are formed
+          // without the target term, and only where a lane of the warp holds its row's target (a
+          // warp-uniform branch) is that one value formed again with it, from its logit picked out
+          // before: the common path has no compare per value.
+          const int64_t target = block_row.target_column;
+          const int target_in_tile =
+              block_row.valid && block_row.in_range && target >= 0 && target < size<1>(block_shape)
+                  ? static_cast<int>(target) : -1;
+          const bool warp_holds_target = __any_sync(live, target_in_tile >= 0);
           if (!block_row.valid || !block_row.in_range) {
             const float fill = block_row.valid ? quiet_nan() : 0.0f;  // SPEC §1: NaN row
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < kValues; ++k) value[k] = fill;
           } else {
-            // The target's column within this tile, or -1: a 32-bit compare per value.
-            const int64_t target = block_row.target_column;
-            const int target_in_tile = target >= 0 && target < size<1>(block_shape)
-                                           ? static_cast<int>(target) : -1;
+            // The k of the target's value in this lane, or -1: compares against immediates.
+            const int target_k = Rows::value_at(coords, target_in_tile);
+            float target_logit = 0;
+            if (warp_holds_target) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int k = 0; k < kValues; ++k) {
+                if (k == target_k) target_logit = value[k];
+              }
+            }
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < kValues; ++k) {
-              const int column = Rows::column_of(coords, k);
-              value[k] = ce_block_grad<kEntropy>(block_row, transform, value[k],
-                                                 column == target_in_tile, 1.0f);
+              value[k] = ce_block_grad<kEntropy>(block_row, transform, value[k], false, 1.0f);
+            }
+            if (warp_holds_target) {
+              const float target_grad =
+                  ce_block_grad<kEntropy>(block_row, transform, target_logit, true, 1.0f);
+              CUTLASS_PRAGMA_UNROLL
+              for (int k = 0; k < kValues; ++k) {
+                if (k == target_k) value[k] = target_grad;
+              }
             }
           }
           if (a.skip_stores) {  // keeps the values live: one store per row, never taken

@@ -122,6 +122,16 @@ struct AccumulatorRows {
     const int p = k % kPairs, j = (k / kPairs) % kGroups, nn = k / (kPairs * kGroups);
     return static_cast<int>(get<1>(coords(make_coord(make_coord(p, 0, j), 0, nn))));
   }
+  // The inverse of column_of: the k of the value this thread holds at `column` of the tile (in
+  // each of its rows), or -1 where another lane of the quad holds it or the column lies outside.
+  // column = 2·t0 + p + 8·j + kAtomN·nn, and column_of(coords, 0) = 2·t0.
+  template <class Coords>
+  CUTLASS_DEVICE static int value_at(const Coords& coords, int column) {
+    if (column < 0 || column >= kTilesN * kAtomN) return -1;
+    const int within = column % kAtomN;
+    if ((within & 6) != column_of(coords, 0)) return -1;
+    return ((column / kAtomN) * kGroups + (within >> 3)) * kPairs + (within & 1);
+  }
 };
 
 // The members CUTLASS's Sm90TmaWarpSpecializedAdapter needs of an operator-style epilogue (its

@@ -107,7 +107,9 @@ template <bool kEntropy, class Transform>
 __device__ __forceinline__ float ce_block_grad(const CeBlockRow& r, const Transform& transform,
                                                float value, bool is_target, float w) {
   const float transformed = transform.value(value);
-  const float prob = fast_exp(transformed - r.grad.lse);
+  // p = 2^(x̃·log2 e − lse·log2 e): one FFMA and the ex2 per value, the lse term formed once per
+  // row where the caller's loop unrolls (as the ce row kernel forms it).
+  const float prob = fast_exp2(fmaf(transformed, kLog2e, -r.grad.lse * kLog2e));
   if constexpr (kEntropy) {
     return common::ce_entropy_grad_from_prob(r.grad, r.entropy, prob, transformed,
                                              transform.slope(value), is_target, w);
