@@ -165,6 +165,9 @@ TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
         EXPECT_LT(plan.accumulator_bytes, full_accumulator);
         EXPECT_GE(chunk_region_bytes(plan), plan.tile_buffer_bytes + plan.accumulator_bytes);
         break;
+      case Schedule::statistics_blocks:
+        ADD_FAILURE() << "(d) taken for a request that offers no statistics product";
+        break;
     }
   }
 }
