@@ -9,10 +9,13 @@
 #   AB_ARGS: the other xent-bench flags (default "--op ce --no-naive --repeat 20").
 # Every record lands in OUTDIR/ab.json (one JSON array, each record with its "ab_config" and the
 # variables it ran with, "ab_env"), the logs in OUTDIR/logs/; one line per run prints as it ends.
+# OUTDIR/logs/ is emptied first: ab.json holds this run's records only (a run into a used OUTDIR
+# once merged an earlier run's configurations into its record).
 set -uo pipefail
 OUT="${1:?usage: scripts/bench-ab.sh OUTDIR [XENT_BENCH]}"
 BENCH="${2:-build-gpu/tools/xent-bench}"
 mkdir -p "$OUT/logs"
+rm -f "$OUT"/logs/*.json "$OUT"/logs/*.env "$OUT"/logs/*.log
 ROW_KERNEL_CONFIGS="single:XENT_CUDA_ROW_BUFFERS=1 double64k:XENT_CUDA_SLICE_BYTES=65536
   double48k:XENT_CUDA_SLICE_BYTES=49152 double32k:XENT_CUDA_SLICE_BYTES=32768"
 CONFIGS="${AB_CONFIGS:-${ROW_AB_CONFIGS:-$ROW_KERNEL_CONFIGS}}"
