@@ -54,6 +54,8 @@ void print_help() {
       "                         logit_scale (0.5), class_weight (random in [0.5, 1.5]),\n"
       "                         row_weight (random in [0, 2]), or all\n"
       "  --budget-mib M         workspace budget of the fused linear ops (default 512)\n"
+      "  --fp32-logits          linear ops: keep chunk logits in fp32 instead of rounding them\n"
+      "                         to the input dtype (options.fp32_logits)\n"
       "  --mode fwd|fwdbwd      forward only, or forward and backward (default fwdbwd)\n"
       "  --repeat K             timed repetitions (default 3 CPU, 50 CUDA)\n"
       "  --warmup K             untimed repetitions first (default 1 CPU, 5 CUDA)\n"
@@ -181,6 +183,8 @@ Config parse_command_line(int argc, char** argv) {
       c.options = parse_options(value());
     } else if (flag == "--budget-mib") {
       c.budget_bytes = static_cast<std::size_t>(parse_positive(flag, value(), 1 << 20)) << 20;
+    } else if (flag == "--fp32-logits") {
+      c.fp32_logits = true;
     } else if (flag == "--mode") {
       c.mode = parse_choice<Mode>(flag, value(), {{"fwd", Mode::fwd}, {"fwdbwd", Mode::fwdbwd}});
     } else if (flag == "--repeat") {
@@ -214,6 +218,8 @@ Config parse_command_line(int argc, char** argv) {
   }
   if (c.op != Op::distill && c.op != Op::linear_distill && c.kind != DistillKind::forward_kl)
     throw UsageError{"--kind applies to --op distill and linear_distill only"};
+  if (c.fp32_logits && c.op != Op::linear_ce && c.op != Op::linear_distill)
+    throw UsageError{"--fp32-logits applies to --op linear_ce and linear_distill only"};
   if ((c.op == Op::distill || c.op == Op::linear_distill) &&
       (c.options.smoothing || c.options.z_loss || c.options.logit_scale ||
        c.options.class_weight || c.options.row_weight))

@@ -42,6 +42,7 @@ struct Case {
   Reduction reduction = Reduction::mean;
   OptionSet options;
   std::size_t budget_bytes = std::size_t{512} << 20;
+  bool fp32_logits = false;  // linear ops: chunk logits in fp32, not rounded to the input dtype
   std::string label;  // the suite row it belongs to, or empty
 };
 

@@ -103,7 +103,7 @@ void measure_case(BenchDevice& device, const Case& c, const MeasureSettings& set
   const std::string title = std::string(op_name(c.op)) +
                             (is_distill(c.op) ? std::string(":") + distill_kind_name(c.kind) : "") +
                             " " + shape + " " + dtype_name(c.dtype) + " " + mode_name(c.mode) +
-                            " " + c.options.describe();
+                            " " + c.options.describe() + (c.fp32_logits ? " fp32-logits" : "");
   Record base;
   base.spec = c;
   base.device_name = device.name();

@@ -74,6 +74,7 @@ std::string options_text(const Case& c) {
     text.push_back(' ');
     text.append(reduction_name(c.reduction));
   }
+  if (c.fp32_logits) text.append(" fp32-logits");
   return text;
 }
 
@@ -168,6 +169,7 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
          << quoted(c.op == Op::distill || c.op == Op::linear_distill ? distill_kind_name(c.kind) : nullptr)
          << ", \"dtype\": \"" << dtype_name(c.dtype) << "\", \"n\": " << c.n << ", \"h\": " << c.h
          << ", \"v\": " << c.v << ", \"budget_bytes\": " << c.budget_bytes
+         << ", \"fp32_logits\": " << (c.fp32_logits ? "true" : "false")
          << ", \"label\": \"" << escaped(c.label) << "\", \"device\": \""
          << escaped(r.device_name) << "\", \"time_ms\": {\"median\": "
          << json_number(r.time.median_ms) << ", \"p20\": " << json_number(r.time.p20_ms)

@@ -9,6 +9,7 @@ LinearCeOptions linear_ce_options(const Problem& p, const Inputs& in) {
   LinearCeOptions o;
   o.ce = p.ce_options(in);
   o.workspace_budget = p.spec().budget_bytes;
+  o.fp32_logits = p.spec().fp32_logits;
   return o;
 }
 
@@ -16,6 +17,7 @@ LinearDistillOptions linear_distill_options(const Problem& p, const Inputs& in) 
   LinearDistillOptions o;
   o.distill = p.distill_options(in);
   o.workspace_budget = p.spec().budget_bytes;
+  o.fp32_logits = p.spec().fp32_logits;
   return o;
 }
 
