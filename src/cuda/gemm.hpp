@@ -21,12 +21,27 @@ struct GemmMatrix {
   int64_t stride = 0;
 };
 
+// Rows [first_row, first_row + row_count) of a row-major view or matrix.
+inline TensorView view_rows(const TensorView& view, int64_t first_row, int64_t row_count) {
+  TensorView rows = view;
+  rows.data = static_cast<char*>(view.data) + static_cast<std::size_t>(first_row) *
+                                                  static_cast<std::size_t>(view.row_stride) *
+                                                  dtype_size(view.dtype);
+  rows.rows = row_count;
+  return rows;
+}
+inline GemmMatrix gemm_rows(const GemmMatrix& m, int64_t first_row, int64_t row_count) {
+  GemmMatrix rows = m;
+  rows.data = static_cast<const char*>(m.data) + static_cast<std::size_t>(first_row) *
+                                                     static_cast<std::size_t>(m.stride) *
+                                                     dtype_size(m.dtype);
+  rows.rows = row_count;
+  return rows;
+}
+
 inline GemmMatrix gemm_matrix(const TensorView& view, int64_t first_row, int64_t row_count) {
-  const std::size_t offset =
-      static_cast<std::size_t>(first_row) * static_cast<std::size_t>(view.row_stride) *
-      dtype_size(view.dtype);
-  return GemmMatrix{static_cast<const char*>(view.data) + offset, view.dtype, row_count, view.cols,
-                    view.row_stride};
+  const TensorView rows = view_rows(view, first_row, row_count);
+  return GemmMatrix{rows.data, rows.dtype, row_count, rows.cols, rows.row_stride};
 }
 
 struct GemmProduct {

@@ -76,12 +76,7 @@ void write_hidden_grad(const BlockPassInputs& pass, const HiddenSumsPlace& sums,
                        cudaStream_t stream) {
   const int64_t hidden = sums.hidden, rows = pass.hidden.rows;
   auto rows_of = [&](int64_t first, int64_t last) {
-    TensorView view = pass.hidden_grad;
-    view.data = static_cast<char*>(view.data) + static_cast<std::size_t>(first) *
-                                                    static_cast<std::size_t>(hidden) *
-                                                    dtype_size(view.dtype);
-    view.rows = last - first;
-    return view;
+    return view_rows(pass.hidden_grad, first, last - first);
   };
   if (sums.head_rows > 0) {
     const std::size_t row_bytes = static_cast<std::size_t>(hidden) * sizeof(float);
@@ -136,12 +131,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
     const int64_t first_column = block * chunks.block_columns;
     const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
     const GemmMatrix weight_block = gemm_matrix(pass.weight, first_column, columns);
-    TensorView grad_block = pass.weight_grad;
-    grad_block.data = static_cast<char*>(grad_block.data) +
-                      static_cast<std::size_t>(first_column) *
-                          static_cast<std::size_t>(grad_block.row_stride) *
-                          dtype_size(grad_block.dtype);
-    grad_block.rows = columns;
+    const TensorView grad_block = view_rows(pass.weight_grad, first_column, columns);
     for (int64_t t = 0; t < chunks.tile_count; ++t) {
       const int64_t first = t * chunks.tile_rows;
       const int64_t count = std::min(chunks.tile_rows, rows - first);
@@ -185,12 +175,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
           const int64_t end = part < sums.head_rows ? std::min(first + count, sums.head_rows)
                                                     : first + count;
           GemmProduct hidden_product;
-          hidden_product.a = gradient;
-          hidden_product.a.data = static_cast<const char*>(gradient.data) +
-                                  static_cast<std::size_t>(part - first) *
-                                      static_cast<std::size_t>(gradient.stride) *
-                                      dtype_size(gradient.dtype);
-          hidden_product.a.rows = end - part;
+          hidden_product.a = gemm_rows(gradient, part - first, end - part);
           hidden_product.b = weight_block;
           hidden_product.c = GemmMatrix{sums.row(part), DType::f32, end - part, hidden, hidden};
           hidden_product.beta = block > 0 ? 1.0f : 0.0f;
