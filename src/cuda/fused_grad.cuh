@@ -7,8 +7,10 @@
 // the elementwise pass that read them and wrote the gradient over them: of the three transfers of
 // the block (logits written, read, gradient written) one remains.
 //
-//   fused_grad_product.cu  the CUTLASS sm_90a kernel of fused_product.cuh with the gradient
-//                          epilogue; a stub elsewhere (fused_grad_product_built() false).
+//   fused_grad_product.cu  the CUTLASS sm_90a mainloop of fused_product.cuh in the kernel of
+//                          fused_epilogue_kernel.cuh (the gradient formed on warps of their own
+//                          beside the next tile's mainloop, decision 56); a stub elsewhere
+//                          (fused_grad_product_built() false).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +38,8 @@ struct FusedGradProduct {
   void* grad = nullptr;       // [rows, columns], row stride grad_stride, in `dtype`
   int64_t grad_stride = 0;
   // x rounded to the operands' dtype before the gradient, as the cuBLASLt path's 16-bit logits
-  // are (the lse in the records was formed from such logits); false for fp32 chunk logits.
+  // are (the lse in the records was formed from such logits); false for fp32 chunk logits, which
+  // the product declines (its staged tile is 16-bit).
   bool rounded_logits = true;
 };
 

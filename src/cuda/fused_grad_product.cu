@@ -1,7 +1,7 @@
 // The fused gradient product (fused_grad.cuh): x = h·W_blockᵀ by the persistent, warp-specialised
-// CUTLASS sm_90a kernel of fused_product.cuh, whose epilogue forms ∂loss/∂x of each accumulator
-// value from its row's lse and stores the gradient in the operands' dtype: the block's logits
-// never leave the SM.
+// CUTLASS sm_90a mainloop of fused_product.cuh in the kernel of fused_epilogue_kernel.cuh, whose
+// epilogue warps form ∂loss/∂x of each value of the staged tile from its row's lse and store the
+// gradient in the operands' dtype: the block's logits never leave the SM.
 //
 // Compiled for sm_90a with the CUTLASS headers only (CMakeLists.txt); elsewhere a stub whose
 // fused_grad_product_built() is false. Two instantiations (bf16, f16); the options, the transform
@@ -21,6 +21,7 @@ std::atomic<int64_t> fused_grad_launches{0};
 
 #if defined(XENT_FUSED_SM90A)
 
+#include "cuda/fused_epilogue_kernel.cuh"
 #include "cuda/fused_product.cuh"
 #include "cuda/row_stats.cuh"
 
@@ -34,210 +35,186 @@ struct GradEpilogueParams {
   int64_t first_column = 0;
   float logit_scale = 1, softcap = 0;
   bool entropy = false;
-  int round_to = 0;    // FusedGradProduct::rounded_logits: 1 bf16, 2 f16, 0 not rounded
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
-  // Measurement only (fused::Measurement): the product without its epilogue, or without stores.
+  // Measurement only (fused::Measurement): the product without its epilogue.
   bool skip = false;
-  bool skip_stores = false;
 };
 
+// The 8 16-bit values of a staged chunk as floats.
 template <class S>
-struct Packed;
-template <>
-struct Packed<cutlass::bfloat16_t> {
-  using Pair = __nv_bfloat162;
-  using One = __nv_bfloat16;
-  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  static CUTLASS_DEVICE One one(float a) { return __float2bfloat16_rn(a); }
-};
-template <>
-struct Packed<cutlass::half_t> {
-  using Pair = __half2;
-  using One = __half;
-  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
-  static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
-};
-
-// Lane t of a quad holds, per group g of 4 words (pairs of S), the words of columns
-// 32g + 8i + 2t for i = 0..3 (the accumulator layout); after this 4×4 transpose within the quad
-// (two xor-shuffle rounds, 4 shuffles a group) it holds columns 32g + 8t .. 32g + 8t + 7, so one
-// 16-byte store per group writes 64 contiguous bytes of the row per quad. Measured on the H200
-// (docs/perf-notes.md, decision 46): with the 4-byte stores of the accumulator layout (16 bytes
-// of a row per quad and instruction) the fused gradient took +1.0 / −0.4 / −1.7 % of the time
-// of the cuBLASLt product and elementwise kernel at the three linear_ce shapes, with these
-// 0 / −1.6 / −7.0 %.
-// `live`: the lanes taking part (whole quads).
-CUTLASS_DEVICE void quad_transpose(uint32_t (&w)[4], int lane, unsigned live) {
-  const bool hi = lane & 2;
-  uint32_t r0 = __shfl_xor_sync(live, hi ? w[0] : w[2], 2);
-  uint32_t r1 = __shfl_xor_sync(live, hi ? w[1] : w[3], 2);
-  const uint32_t n0 = hi ? r0 : w[0], n1 = hi ? r1 : w[1];
-  const uint32_t n2 = hi ? w[2] : r0, n3 = hi ? w[3] : r1;
-  const bool lo = lane & 1;
-  r0 = __shfl_xor_sync(live, lo ? n0 : n1, 1);
-  r1 = __shfl_xor_sync(live, lo ? n2 : n3, 1);
-  w[0] = lo ? r0 : n0;
-  w[1] = lo ? n1 : r0;
-  w[2] = lo ? r1 : n2;
-  w[3] = lo ? n3 : r1;
-}
-
-// One row's kN values (fused::AccumulatorRows order) as S, by 16-byte stores: `quad_out` is the
-// row's tile start plus 8 columns per quad lane (lane t of the quad writes columns 32g + 8t);
-// `live`: the lanes storing a row (whole quads).
-template <class Rows, class P, int kN, class S>
-CUTLASS_DEVICE void store_vectors(const float (&value)[kN], S* quad_out, unsigned live) {
-  static_assert(Rows::kTilesN == 1 && Rows::kGroups % 4 == 0 && kN == Rows::kGroups * 2,
-                "one 256-column atom per row: word j holds columns 8j + 2t, 8j + 2t + 1");
-  const int lane = static_cast<int>(threadIdx.x & 3);
+CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
   CUTLASS_PRAGMA_UNROLL
-  for (int g = 0; g < Rows::kGroups / 4; ++g) {
-    uint32_t w[4];
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const typename P::Pair pair = P::pair(value[8 * g + 2 * i], value[8 * g + 2 * i + 1]);
-      memcpy(&w[i], &pair, sizeof pair);
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<S, cutlass::bfloat16_t>) {
+      value[2 * i] = __uint_as_float(words[i] << 16);
+      value[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      __half2 pair;
+      memcpy(&pair, &words[i], sizeof pair);
+      const float2 both = __half22float2(pair);
+      value[2 * i] = both.x;
+      value[2 * i + 1] = both.y;
     }
-    quad_transpose(w, lane, live);
-    *reinterpret_cast<uint4*>(quad_out + 32 * g) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
-// The gradient epilogue: called once per output tile by each consumer thread with its
-// accumulators (fused::OperatorEpilogue). A thread holds two rows of the tile, 64 values each,
-// in pairs of adjacent columns; each row's gradient is formed in registers and stored as S, in
-// 16-byte vectors (store_vectors) wherever the rows are aligned.
+// The gradient epilogue on the epilogue warps (fused_epilogue_kernel.cuh): the consumers stage
+// each tile's x, rounded to S, in shared memory; here each of the 3 warps takes a third of its
+// rows (43, 43, 42), a row at a time, each lane 8 adjacent columns (one 16-byte chunk), forms
+// their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte vector
+// wherever the rows are aligned. Lane i of a warp prefetches the records of the warp's rows i and
+// 32 + i before the tile is waited for; each row's record then reaches the warp by shuffles.
 template <class S>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
  public:
   using OperatorEpilogue::OperatorEpilogue;
+  using Element = S;
+  using Tile = fused::StagedTile<S>;
+  static constexpr int kRowsPerWarp = (Tile::kRows + 2) / 3;
+  static_assert(kRowsPerWarp <= 64, "two records per lane");
+  struct SharedStorage {
+    Tile tile;
+    CeGradRecord records[3][kRowsPerWarp];  // each epilogue warp's rows of the tile
+  };
+  using TensorStorage = SharedStorage;
 
-  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
-            class FrgLayout, class TiledMma, class ResidueMNK>
-  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK block_shape,
-                                 BlockCoordMNKL block_coord_mnkl,
-                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
-                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
-    using namespace cute;
-    using Rows = fused::AccumulatorRows<FrgLayout, TiledMma>;
-    using P = Packed<S>;
-    constexpr int kValues = Rows::kValues;
-    const GradEpilogueParams& a = params_;
-    const int rows = static_cast<int>(get<0>(problem_shape_mnkl));
-    const int cols = static_cast<int>(get<1>(problem_shape_mnkl));
-    const int row0 = static_cast<int>(get<0>(block_coord_mnkl)) * size<0>(block_shape);
-    const int col0 = static_cast<int>(get<1>(block_coord_mnkl)) * size<1>(block_shape);
-    // The scheduler pads the tile grid to whole swizzle groups and clusters: such tiles hold no
-    // part of x and must write nothing.
-    if (a.skip || col0 >= cols || row0 >= rows) return;
-    // The last column tile of a block that is not a multiple of the tile holds columns ≥ the
-    // block's (TMA fills them with zeros): only that tile checks columns per pair.
-    const bool whole_tile = col0 + static_cast<int>(size<1>(block_shape)) <= cols;
-    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
-    Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(block_shape)));
-    CUTE_STATIC_ASSERT_V(size(coords) == size(accumulators));
-    // Both rows' records first, so their loads are in flight together.
-    CeGradRecord records[Rows::kRows] = {};
+  CUTLASS_DEVICE bool skipped() const { return params_.skip; }
+
+  CUTLASS_DEVICE void prepare(const fused::TileAt& at) {
+    // Lanes past the warp's rows load its last row again (unconditional loads keep record_ in
+    // registers; those lanes' records are never stored).
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < Rows::kRows; ++r) {
-      const int row = row0 + Rows::row_of(coords, r);
-      if (row < rows) {
-        const float4* record = reinterpret_cast<const float4*>(a.records + row);
-        records[r].coefs = __ldg(record);
-        records[r].more = __ldg(record + 1);
-      }
+    for (int half = 0; half < 2; ++half) {
+      const int within = min(32 * half + at.lane, kRowsPerWarp - 1);
+      const int row = min(at.row0 + kRowsPerWarp * at.warp + within, at.rows - 1);
+      const float4* record = reinterpret_cast<const float4*>(params_.records + row);
+      record_[half].coefs = __ldg(record);
+      record_[half].more = __ldg(record + 1);
     }
+  }
+
+  CUTLASS_DEVICE void rows(const fused::TileAt& at, SharedStorage& shared) const {
+    const GradEpilogueParams& a = params_;
+    const Tile& tile = shared.tile;
+    const int first = kRowsPerWarp * at.warp;  // the warp's first row within the tile
+    const int count = min(min(kRowsPerWarp, Tile::kRows - first), at.rows - at.row0 - first);
+    // The prefetched records into this warp's slots, read back per row with broadcast loads.
+    CeGradRecord* records = shared.records[at.warp];
+    CUTLASS_PRAGMA_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int within = 32 * half + at.lane;
+      if (within < count) records[within] = record_[half];
+    }
+    __syncwarp();
+    // 16-byte stores where every lane's chunk lies in the block (all but a block's last tile).
+    const bool vectors = a.vectors && __all_sync(~0u, at.col0 + 8 * at.lane + 8 <= at.cols);
     common::Transform<float> row_transform;
     row_transform.scale = a.logit_scale;
     row_transform.softcap = a.softcap;
-
     with_transform(row_transform, [&](const auto& transform) {
-      auto tile = [&](auto entropy) {
-        constexpr bool kEntropy = decltype(entropy)::value;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < Rows::kRows; ++r) {
-          const int row = row0 + Rows::row_of(coords, r);
-          // The lanes whose row exists (whole quads: a quad holds one row), for the shuffles of
-          // the vector stores: the rows past the last of the batch leave the warp here.
-          const unsigned live = __ballot_sync(0xffffffffu, row < rows);
-          if (row >= rows) continue;
-          float value[kValues];
-          Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
-          fused::round_logits(value, a.round_to);
-          const CeBlockRow block_row = block_row_of(records[r], a.first_column + col0);
-          // The target's column within this tile, or -1: a row's target lies in one column tile,
-          // so a warp's 8 rows hold one in at most 8 of V / 256 tiles. The values are formed
-          // without the target term, and only where a lane of the warp holds its row's target (a
-          // warp-uniform branch) is that one value formed again with it, from its logit picked out
-          // before: the common path has no compare per value.
-          const int64_t target = block_row.target_column;
-          const int target_in_tile =
-              block_row.valid && block_row.in_range && target >= 0 && target < size<1>(block_shape)
-                  ? static_cast<int>(target) : -1;
-          const bool warp_holds_target = __any_sync(live, target_in_tile >= 0);
-          if (!block_row.valid || !block_row.in_range) {
-            const float fill = block_row.valid ? quiet_nan() : 0.0f;  // SPEC §1: NaN row
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kValues; ++k) value[k] = fill;
-          } else {
-            // The k of the target's value in this lane, or -1: compares against immediates.
-            const int target_k = Rows::value_at(coords, target_in_tile);
-            float target_logit = 0;
-            if (warp_holds_target) {
-              CUTLASS_PRAGMA_UNROLL
-              for (int k = 0; k < kValues; ++k) {
-                if (k == target_k) target_logit = value[k];
-              }
-            }
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kValues; ++k) {
-              value[k] = ce_block_grad<kEntropy>(block_row, transform, value[k], false, 1.0f);
-            }
-            if (warp_holds_target) {
-              const float target_grad =
-                  ce_block_grad<kEntropy>(block_row, transform, target_logit, true, 1.0f);
-              CUTLASS_PRAGMA_UNROLL
-              for (int k = 0; k < kValues; ++k) {
-                if (k == target_k) value[k] = target_grad;
-              }
-            }
-          }
-          if (a.skip_stores) {  // keeps the values live: one store per row, never taken
-            float sum = 0;
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kValues; ++k) sum += value[k];
-            if (sum == 1.25e38f) static_cast<float*>(a.grad)[row] = sum;
-            continue;
-          }
-          // 16-byte vectors where rows are 16-byte aligned, pairs of S where 4-byte aligned;
-          // in the block's last tile, only columns of the block.
-          auto* out = static_cast<typename P::One*>(a.grad) +
-                      static_cast<int64_t>(row) * a.grad_stride + col0;
-          if (a.vectors && whole_tile) {
-            store_vectors<Rows, P>(value, out + Rows::column_of(coords, 0) * 4, live);
-          } else if (a.pairs && whole_tile) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kValues; k += 2) {
-              *reinterpret_cast<typename P::Pair*>(out + Rows::column_of(coords, k)) =
-                  P::pair(value[k], value[k + 1]);
-            }
-          } else {
-            CUTLASS_PRAGMA_UNROLL
-            for (int k = 0; k < kValues; ++k) {
-              const int column = Rows::column_of(coords, k);
-              if (col0 + column < cols) out[column] = P::one(value[k]);
-            }
-          }
+      auto run = [&](auto entropy, auto vector_stores) {
+        for (int i = 0; i < count; i += kRowsAtOnce) {
+          rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value>(
+              at, tile, records, transform, first, i, count);
         }
       };
       if (a.entropy) {
-        tile(std::true_type{});
+        if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
       } else {
-        tile(std::false_type{});
+        if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
       }
     });
+    __syncwarp();  // the slots are rewritten for the next tile
   }
+
+ private:
+  // Rows formed together: their loads, exponentials and stores interleave, where one row at a
+  // time left each row's chain of latencies (shuffle, shared load, ex2, store) exposed on a
+  // warp that is alone on its scheduler.
+  static constexpr int kRowsAtOnce = 4;
+
+  // Row `first + i + r` of the tile for r < kRowsAtOnce (those < count).
+  template <bool kEntropy, bool kVectors, class Transform>
+  CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
+                                   const CeGradRecord* records, const Transform& transform,
+                                   int first, int i, int count) const {
+    using P = fused::Packed<S>;
+    const GradEpilogueParams& a = params_;
+    float value[kRowsAtOnce][8];
+    CeBlockRow block_row[kRowsAtOnce];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
+      block_row[r] = block_row_of(records[within], a.first_column + at.col0);
+      unpack_chunk<S>(tile.chunk(first + within, at.lane), value[r]);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      // Everything but the target's lane is uniform across the warp (one row per r). A row's
+      // target lies in one of V / 256 tiles: its value is formed again with the target term
+      // only there, by the lane holding it; the common path has no compare.
+      const CeBlockRow& row = block_row[r];
+      const int64_t target = row.target_column;
+      const bool tile_holds_target = target >= 0 && target < Tile::kColumns;
+      const int target_k =
+          tile_holds_target && (target >> 3) == at.lane ? static_cast<int>(target & 7) : -1;
+      float target_logit = 0;
+      if (tile_holds_target) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          if (k == target_k) target_logit = value[r][k];
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 8; ++k) {
+        value[r][k] = ce_block_grad<kEntropy>(row, transform, value[r][k], false, 1.0f);
+      }
+      if (tile_holds_target) {
+        const float target_grad =
+            ce_block_grad<kEntropy>(row, transform, target_logit, true, 1.0f);
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          if (k == target_k) value[r][k] = target_grad;
+        }
+      }
+      // An ignored row's gradient is 0, a row with its target outside [0, V) NaN (SPEC §1).
+      if (!row.valid || !row.in_range) {
+        const float fill = row.valid ? quiet_nan() : 0.0f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) value[r][k] = fill;
+      }
+    }
+    const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      if (i + r >= count) break;
+      auto* out = static_cast<typename P::One*>(a.grad) +
+                  static_cast<int64_t>(at.row0 + first + i + r) * a.grad_stride + column;
+      if constexpr (kVectors) {
+        uint32_t w[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          const typename P::Pair pair = P::pair(value[r][2 * k], value[r][2 * k + 1]);
+          memcpy(&w[k], &pair, sizeof pair);
+        }
+        *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else if (a.pairs && column + 8 <= at.cols) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; k += 2) {
+          *reinterpret_cast<typename P::Pair*>(out + k) = P::pair(value[r][k], value[r][k + 1]);
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          if (column + k < at.cols) out[k] = P::one(value[r][k]);
+        }
+      }
+    }
+  }
+
+  CeGradRecord record_[2] = {};  // lane i: the records of the warp's rows i and 32 + i
 };
 
 template <class Element>
@@ -250,15 +227,16 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.entropy = p.entropy;
-  epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.skip = fused::measurement().skip_gradient;
-  epilogue.skip_stores = fused::measurement().skip_gradient_stores;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
-  return fused::launch<Element, GradEpilogue<Element>>(operands, epilogue, "linear_ce", stream);
+  // A 16-bit staged tile would round fp32 chunk logits: the caller's cuBLASLt path takes those.
+  if (!p.rounded_logits) return false;
+  return fused::launch<Element, GradEpilogue<Element>, fused::EpilogueWarpsKernel>(
+      operands, epilogue, "linear_ce", stream);
 }
 
 }  // namespace

@@ -177,8 +177,14 @@ class OperatorEpilogue {
   Params params_;
 };
 
-// The kernel of an operator epilogue E (E::Params is what it is launched with).
-template <class Element, class E>
+// CUTLASS's cooperative kernel as it is (the epilogue on the consumer warpgroups).
+template <class Kernel>
+using ConsumerEpilogueKernel = Kernel;
+
+// The kernel of an operator epilogue E (E::Params is what it is launched with): CUTLASS's
+// cooperative kernel, or KernelOf of it (fused_epilogue_kernel.cuh: the same kernel with the
+// epilogue on a warpgroup of its own).
+template <class Element, class E, template <class> class KernelOf = ConsumerEpilogueKernel>
 struct Product {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<E>;
   // h [rows, H] row-major is A (K-major); W [V, H] row-major is B as CUTLASS's column-major
@@ -189,8 +195,8 @@ struct Product {
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = KernelOf<
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -200,14 +206,12 @@ struct Product {
 // three linear_ce shapes (docs/perf-notes.md, decision 43); a narrower one where 8 would pad the
 // tile grid (tile_grid.hpp: the padded tiles run the mainloop, decision 50).
 // Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogues return at once (the
-// product's time without them; the results are then wrong), =2 only the gradient epilogue's, =3
-// makes the gradient epilogue form its values but store none of them (the cost of its stores);
+// product's time without them; the results are then wrong), =2 only the gradient epilogue's;
 // XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
 // replace the order above (0: the swizzle of least padding, the default).
 struct Measurement {
   bool skip_statistics = false;
   bool skip_gradient = false;
-  bool skip_gradient_stores = false;
   char raster = 'm';
   int swizzle = 0;
 };
@@ -220,7 +224,6 @@ inline const Measurement& measurement() {
     const char mode = skip != nullptr ? skip[0] : '0';
     m.skip_statistics = mode == '1';
     m.skip_gradient = mode == '1' || mode == '2';
-    m.skip_gradient_stores = mode == '3';
     if (raster != nullptr && (raster[0] == 'h' || raster[0] == 'm' || raster[0] == 'n')) {
       m.raster = raster[0];
     }
@@ -242,11 +245,11 @@ struct Operands {
 
 // Launches the product with epilogue E on `stream`. False (nothing launched) when CUTLASS cannot
 // take these operands; a launch that then fails throws, naming `op`.
-template <class Element, class E>
+template <class Element, class E, template <class> class KernelOf = ConsumerEpilogueKernel>
 bool launch(const Operands& p, const typename E::Params& epilogue, const char* op,
             cudaStream_t stream) {
-  using Gemm = typename Product<Element, E>::Gemm;
-  using Kernel = typename Product<Element, E>::Kernel;
+  using Gemm = typename Product<Element, E, KernelOf>::Gemm;
+  using Kernel = typename Product<Element, E, KernelOf>::Kernel;
   typename Kernel::StrideA stride_a{};
   typename Kernel::StrideB stride_b{};
   cute::get<0>(stride_a) = p.a_stride;

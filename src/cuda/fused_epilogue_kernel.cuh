@@ -1,0 +1,261 @@
+// A fused product whose epilogue runs on warps of its own (docs/perf-notes.md, decisions 55
+// and 56). CUTLASS's cooperative kernel runs each tile's epilogue on the two consumer warpgroups
+// after their mainloop, while the tensor cores wait; with the gradient epilogue that was ≈ 28 % of
+// the kernel at H = 768. Here the consumers only round the tile's accumulators to 16 bits and
+// store them to shared memory, and go on to the next tile's mainloop; the three warps of the
+// producer warpgroup that CUTLASS's kernel leaves idle read the tile back row by row and run the
+// epilogue beside that mainloop.
+//
+// The kernel keeps everything of CUTLASS's cooperative kernel but its operator(): the arguments,
+// parameters, shared storage, mainloop collective (TMA loads, wgmma) and persistent tile
+// scheduler, so GemmUniversalAdapter launches it as it launches that kernel.
+//
+// The epilogue operator E (fused_grad_product.cu) provides:
+//   Element                the 16-bit type of the staged tile (the operands' type);
+//   SharedStorage          holding `StagedTile<Element> tile` (the builder leaves room for it);
+//   bool skipped() const   no epilogue at all (a measurement switch): nothing is staged;
+//   void prepare(TileAt)   per tile of this CTA, before the tile is waited for (prefetches);
+//   void rows(TileAt, SharedStorage&)  the epilogue of the staged tile, by the 3 epilogue
+//                          warps (TileAt::warp 0–2).
+//
+// Included only by translation units compiled for sm_90a with the CUTLASS headers.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "cuda/fused_product.cuh"
+
+namespace xent::cuda::fused {
+
+// One output tile in 16 bits: kTileRows rows of kTileColumns values. Row r's 16-byte chunk c
+// (columns 8c .. 8c + 7) sits at chunk c ^ (r % 8) of the row: a consumer warp's stores (8 rows,
+// 4 lanes a row, one 4-byte pair each, all in chunk c) then fall in 32 different banks, and a
+// warp reading one row (a chunk per lane) reads 512 contiguous bytes.
+template <class Element>
+struct StagedTile {
+  static_assert(sizeof(Element) == 2, "16-bit tiles");
+  static constexpr int kRows = kTileRows, kColumns = kTileColumns;
+  static CUTLASS_DEVICE int offset(int row, int column) {
+    return row * kColumns + (((column >> 3) ^ (row & 7)) << 3) + (column & 7);
+  }
+  // The 8 values of row `row`, columns 8·chunk .. 8·chunk + 7, as one 16-byte word.
+  CUTLASS_DEVICE uint4 chunk(int row, int chunk) const {
+    return *reinterpret_cast<const uint4*>(values + row * kColumns + ((chunk ^ (row & 7)) << 3));
+  }
+  alignas(128) Element values[kRows * kColumns];
+};
+
+// Conversions of fp32 to a 16-bit S (bf16 or f16), rounding to nearest-even: the rounding of
+// fused_product.cuh's round_logits and of a cuBLASLt product storing 16-bit logits.
+template <class S>
+struct Packed;
+template <>
+struct Packed<cutlass::bfloat16_t> {
+  using Pair = __nv_bfloat162;
+  using One = __nv_bfloat16;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2bfloat16_rn(a); }
+};
+template <>
+struct Packed<cutlass::half_t> {
+  using Pair = __half2;
+  using One = __half;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
+};
+
+// (a, b) as one 4-byte word of a pair of S.
+template <class S>
+CUTLASS_DEVICE uint32_t round_pair(float a, float b) {
+  const typename Packed<S>::Pair pair = Packed<S>::pair(a, b);
+  uint32_t word;
+  memcpy(&word, &pair, sizeof word);
+  return word;
+}
+
+// Where a tile lies: its first row and column in the product, and the product's extent.
+struct TileAt {
+  int row0 = 0, col0 = 0;
+  int rows = 0, cols = 0;  // of the whole product x
+  int warp = 0, lane = 0;  // of the calling thread among the epilogue warps
+};
+
+template <class Base>
+struct EpilogueWarpsKernel : Base {
+  using typename Base::ClusterShape;
+  using typename Base::CollectiveMainloop;
+  using typename Base::CollectiveEpilogue;  // CUTLASS's adapter, derived from E
+  using typename Base::Params;
+  using typename Base::SharedStorage;
+  using typename Base::TileScheduler;
+  using typename Base::TiledMma;
+  using typename Base::TileShape;
+  using Element = typename CollectiveEpilogue::Element;
+  using Tile = StagedTile<Element>;
+
+  static constexpr uint32_t kWarpgroup = cutlass::NumThreadsPerWarpGroup;
+  // The epilogue runs on warps 1–3 of the producer warpgroup, idle in CUTLASS's kernel (warp 0
+  // issues the TMA loads). A fourth warpgroup would need 512 threads, and ptxas then compiles
+  // every instruction within 128 registers per thread, below the consumers' wgmma (it needs
+  // ≥ 154 with the 128 × 256 accumulators), whatever setmaxnreg grants later.
+  static constexpr int kEpilogueWarps = 3;
+  static constexpr uint32_t kEpilogueThreads = kEpilogueWarps * cutlass::NumThreadsPerWarp;
+  // setmaxnreg per thread: the consumers hold a 128 × 256 fp32 tile (128 per thread) and the
+  // mainloop's state; the producer warpgroup the TMA loop and the epilogue's rows. The increase
+  // draws only on what the CTA was launched with (168 per thread of 384: 65536 rounded down to 8
+  // per thread), so the three together must not exceed it, or the consumers wait for ever.
+  static constexpr uint32_t kLaunchRegisters = 65536 / (3 * kWarpgroup) / 8 * 8;
+  static constexpr uint32_t kProducerRegisters = 88, kConsumerRegisters = 208;
+  static_assert(kProducerRegisters + 2 * kConsumerRegisters <= 3 * kLaunchRegisters,
+                "setmaxnreg within the CTA's registers");
+  static_assert(Base::MaxThreadsPerBlock == 3 * kWarpgroup && Base::NumMMAThreads == 2 * kWarpgroup,
+                "producer warpgroup 0, consumer warpgroups 1 and 2");
+  static_assert(!Base::IsSchedDynamicPersistent, "the static persistent scheduler");
+  static_assert(cute::size<0>(TileShape{}) == Tile::kRows &&
+                    cute::size<1>(TileShape{}) == Tile::kColumns,
+                "the staged tile is the output tile");
+
+  // The hand-over of the staged tile between the consumers (256 threads) and the epilogue warps
+  // (96): `full` once the consumers stored it, `empty` once the epilogue read it. Named barriers
+  // 0 and 1 of those CUTLASS leaves to users (NamedBarrier adds its reserved count); the
+  // mainloop's own synchronisation is mbarriers.
+  static constexpr uint32_t kHandOverThreads = Base::NumMMAThreads + kEpilogueThreads;
+  static constexpr uint32_t kFullBarrier = 0, kEmptyBarrier = 1;
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace cute;
+    enum Role { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+    SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
+    const int thread_idx = static_cast<int>(threadIdx.x);
+    const int warp_idx = cutlass::canonical_warp_idx_sync();
+    const int warp_in_group = warp_idx % 4;
+    const int role = cutlass::canonical_warp_group_idx();
+    const int lane_predicate = elect_one_sync();
+    const uint32_t block_rank = block_rank_in_cluster();
+
+    if (warp_idx == 0 && lane_predicate) {
+      CollectiveMainloop::prefetch_tma_descriptors(params.mainloop);
+    }
+
+    using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+    typename MainloopPipeline::Params pipeline_params;
+    if (role == kProducer && warp_in_group == 0) {
+      pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
+    }
+    if (role == kConsumer0 || role == kConsumer1) {
+      pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    }
+    pipeline_params.is_leader = thread_idx % kWarpgroup == 0;
+    pipeline_params.num_consumers = Base::NumMMAThreads;
+    pipeline_params.num_producers = Base::NumProducerThreads;
+    pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+    MainloopPipeline pipeline(shared.pipelines.mainloop, pipeline_params, ClusterShape{});
+
+    // Every CTA of the cluster sees the pipeline's barriers initialised before any use.
+    cluster_arrive_relaxed();
+    cluster_wait();
+
+    const auto problem = append<4>(params.problem_shape, Int<1>{});
+    const TileShape tile_shape{};
+    CollectiveMainloop mainloop;
+    const auto load_inputs = mainloop.load_init(problem, params.mainloop);
+    const auto gA = get<0>(load_inputs);
+    const auto gB = get<1>(load_inputs);
+    TileScheduler scheduler{params.scheduler};
+    auto work = scheduler.initial_work_tile_info(ClusterShape{});
+    const int rows = static_cast<int>(get<0>(problem)), cols = static_cast<int>(get<1>(problem));
+    const int k_tiles = static_cast<int>(size<3>(gA));
+    // Tiles of the padded grid (tile_grid.hpp) hold no part of x: both sides skip their
+    // hand-over, so neither waits for the other.
+    auto holds_x = [&](const auto& w) {
+      return w.M_idx * Tile::kRows < rows && w.N_idx * Tile::kColumns < cols;
+    };
+    CollectiveEpilogue epilogue(params.epilogue, shared.tensors.epilogue);
+    const bool skipped = epilogue.skipped();
+    const cutlass::arch::NamedBarrier full(kHandOverThreads, kFullBarrier);
+    const cutlass::arch::NamedBarrier empty(kHandOverThreads, kEmptyBarrier);
+
+    if (role == kProducer) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+      cutlass::arch::wait_on_dependent_grids();
+      if (warp_in_group == 0) {
+        auto state = cutlass::make_producer_start_state<MainloopPipeline>();
+        while (work.is_valid()) {
+          const auto blk = make_coord(idx2crd(work.M_idx, shape<2>(gA)),
+                                      idx2crd(work.N_idx, shape<2>(gB)), _,
+                                      idx2crd(work.L_idx, shape<4>(gB)));
+          auto k_iter = make_coord_iterator(shape<3>(gA));
+          mainloop.load(params.mainloop, pipeline, state, load_inputs, blk, k_iter, k_tiles,
+                        cutlass::canonical_lane_idx(), block_rank, shared.tensors.mainloop);
+          state.advance(k_tiles);
+          work = get<0>(scheduler.fetch_next_work(work));
+        }
+        mainloop.load_tail(pipeline, state);
+      } else if (!skipped) {
+        TileAt at;
+        at.rows = rows;
+        at.cols = cols;
+        at.warp = warp_in_group - 1;
+        at.lane = cutlass::canonical_lane_idx();
+        while (work.is_valid()) {
+          if (holds_x(work)) {
+            at.row0 = work.M_idx * Tile::kRows;
+            at.col0 = work.N_idx * Tile::kColumns;
+            epilogue.prepare(at);
+            empty.arrive();  // the previous tile is read: the consumers may store this one
+            full.sync();
+            epilogue.rows(at, shared.tensors.epilogue);
+          }
+          work = get<0>(scheduler.fetch_next_work(work));
+        }
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+      const int mma_thread = thread_idx - static_cast<int>(kWarpgroup);
+      TiledMma tiled_mma;
+      typename CollectiveMainloop::PipelineState state;
+      Tile& tile = shared.tensors.epilogue.tile;
+      while (work.is_valid()) {
+        auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(tile_shape));
+        mainloop.mma(pipeline, state, accumulators, k_tiles, mma_thread, shared.tensors.mainloop,
+                     params.mainloop);
+        mainloop.mma_tail(pipeline, state, k_tiles);
+        state.advance(k_tiles);
+        if (!skipped && holds_x(work)) {
+          empty.sync();  // the epilogue has read the previous tile
+          stage(accumulators, tiled_mma, mma_thread, tile);
+          full.arrive();
+        }
+        work = get<0>(scheduler.fetch_next_work(work));
+      }
+    }
+#endif
+  }
+
+  // The consumer thread's accumulators, rounded to Element, into the staged tile: pairs of
+  // adjacent columns as one 4-byte store each.
+  template <class Accumulators>
+  static CUTLASS_DEVICE void stage(const Accumulators& accumulators, const TiledMma& tiled_mma,
+                                   int mma_thread, Tile& tile) {
+    using namespace cute;
+    using Rows = AccumulatorRows<decltype(accumulators.layout()), TiledMma>;
+    auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
+    const Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < Rows::kRows; ++r) {
+      const int row = Rows::row_of(coords, r);
+      float value[Rows::kValues];
+      Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < Rows::kValues; k += 2) {
+        const int column = Rows::column_of(coords, k);
+        *reinterpret_cast<uint32_t*>(tile.values + Tile::offset(row, column)) =
+            round_pair<Element>(value[k], value[k + 1]);
+      }
+    }
+  }
+};
+
+}  // namespace xent::cuda::fused
