@@ -53,13 +53,12 @@ bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream);
 // Whether a call with hidden size H forms its gradients with the fused product where eligible.
 // Measured against the cuBLASLt product and the elementwise kernel (docs/perf-notes.md): on the
 // H200 (decision 46) at H = 768 −7 % (schedule (d), 512 MiB) and −10 % ((c), 64 MiB), at
-// H = 1536 −3 % (the row-chunk backward of linear_logprobs), at H = 2304 −1.6 % (512 MiB); the
-// +12 % it then measured with the narrow blocks of 64 MiB at H = 2304 and 4096 was the tile
-// grid's padding (decision 50). Without it, on an H100: at H = 2304 −1.9 % (512 MiB) and −0.9 /
-// −2.4 % (64 MiB, two runs), at H = 4096 −1.6 % (512 MiB) but +5 % (64 MiB): the epilogue costs
-// the product more as its tiles get longer, the elementwise pass it removes stays 4 bytes a
-// logit. XENT_CUDA_FUSED_GRAD=1 takes it for every H (tests), =0 never.
-constexpr int64_t kFusedGradMaxHidden = 2304;
+// H = 1536 −3 % (the row-chunk backward of linear_logprobs), at H = 2304 −1.6 % (512 MiB). At
+// H = 4096 it cost +5 % at 64 MiB (H100) while its epilogue held up the tensor cores; with the
+// epilogue on warps of its own (decision 56), on the H200: ±0 % at 64 MiB, −2.9 % at 512 MiB.
+// Above 4096 not measured (a longer mainloop hides the same epilogue better).
+// XENT_CUDA_FUSED_GRAD=1 takes it for every H (tests), =0 never.
+constexpr int64_t kFusedGradMaxHidden = 4096;
 bool fused_grad_preferred(int64_t hidden_size);
 
 }  // namespace xent::cuda
