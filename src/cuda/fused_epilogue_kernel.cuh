@@ -46,25 +46,6 @@ struct StagedTile {
   alignas(128) Element values[kRows * kColumns];
 };
 
-// Conversions of fp32 to a 16-bit S (bf16 or f16), rounding to nearest-even: the rounding of
-// fused_product.cuh's round_logits and of a cuBLASLt product storing 16-bit logits.
-template <class S>
-struct Packed;
-template <>
-struct Packed<cutlass::bfloat16_t> {
-  using Pair = __nv_bfloat162;
-  using One = __nv_bfloat16;
-  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  static CUTLASS_DEVICE One one(float a) { return __float2bfloat16_rn(a); }
-};
-template <>
-struct Packed<cutlass::half_t> {
-  using Pair = __half2;
-  using One = __half;
-  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
-  static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
-};
-
 // (a, b) as one 4-byte word of a pair of S.
 template <class S>
 CUTLASS_DEVICE uint32_t round_pair(float a, float b) {
@@ -73,6 +54,9 @@ CUTLASS_DEVICE uint32_t round_pair(float a, float b) {
   memcpy(&word, &pair, sizeof word);
   return word;
 }
+
+// The warps that run the epilogue: warps 1–3 of the producer warpgroup (EpilogueWarpsKernel).
+constexpr int kEpilogueWarps = 3;
 
 // Where a tile lies: its first row and column in the product, and the product's extent.
 struct TileAt {
@@ -99,7 +83,7 @@ struct EpilogueWarpsKernel : Base {
   // issues the TMA loads). A fourth warpgroup would need 512 threads, and ptxas then compiles
   // every instruction within 128 registers per thread, below the consumers' wgmma (it needs
   // ≥ 154 with the 128 × 256 accumulators), whatever setmaxnreg grants later.
-  static constexpr int kEpilogueWarps = 3;
+  static_assert(kEpilogueWarps == cutlass::NumWarpsPerWarpGroup - 1, "warps 1-3 of warpgroup 0");
   static constexpr uint32_t kEpilogueThreads = kEpilogueWarps * cutlass::NumThreadsPerWarp;
   // setmaxnreg per thread: the consumers hold a 128 × 256 fp32 tile (128 per thread) and the
   // mainloop's state; the producer warpgroup the TMA loop and the epilogue's rows. The increase

@@ -62,21 +62,23 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 
 // The gradient epilogue on the epilogue warps (fused_epilogue_kernel.cuh): the consumers stage
 // each tile's x, rounded to S, in shared memory; here each of the 3 warps takes a third of its
-// rows (43, 43, 42), a row at a time, each lane 8 adjacent columns (one 16-byte chunk), forms
-// their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte vector
-// wherever the rows are aligned. Lane i of a warp prefetches the records of the warp's rows i and
-// 32 + i before the tile is waited for; each row's record then reaches the warp by shuffles.
+// rows (43, 43, 42), kRowsAtOnce rows together, each lane 8 adjacent columns (one 16-byte chunk),
+// forms their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte
+// vector wherever the rows are aligned. Lane i of a warp prefetches the records of the warp's rows
+// i and 32 + i before the tile is waited for, and stores them to the warp's slots in shared
+// memory once it has arrived; each row's record is then one broadcast load.
 template <class S>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
  public:
   using OperatorEpilogue::OperatorEpilogue;
   using Element = S;
   using Tile = fused::StagedTile<S>;
-  static constexpr int kRowsPerWarp = (Tile::kRows + 2) / 3;
+  static constexpr int kRowsPerWarp =
+      (Tile::kRows + fused::kEpilogueWarps - 1) / fused::kEpilogueWarps;
   static_assert(kRowsPerWarp <= 64, "two records per lane");
   struct SharedStorage {
     Tile tile;
-    CeGradRecord records[3][kRowsPerWarp];  // each epilogue warp's rows of the tile
+    CeGradRecord records[fused::kEpilogueWarps][kRowsPerWarp];  // each epilogue warp's rows
   };
   using TensorStorage = SharedStorage;
 

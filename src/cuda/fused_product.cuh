@@ -43,26 +43,45 @@ static_assert(TileGrid{}.tile_rows == kTileRows && TileGrid{}.tile_columns == kT
                   TileGrid{}.cluster_columns == cute::size<1>(ClusterShape{}),
               "tile_grid.hpp's default shape must be the kernel's");
 
+// Conversions of fp32 to a 16-bit S (bf16 or f16), rounding to nearest-even: the rounding of
+// fused_product.cuh's round_logits and of a cuBLASLt product storing 16-bit logits.
+template <class S>
+struct Packed;
+template <>
+struct Packed<cutlass::bfloat16_t> {
+  using Pair = __nv_bfloat162;
+  using One = __nv_bfloat16;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2bfloat16_rn(a); }
+};
+template <>
+struct Packed<cutlass::half_t> {
+  using Pair = __half2;
+  using One = __half;
+  static CUTLASS_DEVICE Pair pair(float a, float b) { return __floats2half2_rn(a, b); }
+  static CUTLASS_DEVICE One one(float a) { return __float2half_rn(a); }
+};
+
+template <class S, int kN>
+CUTLASS_DEVICE void round_in_place(float (&x)[kN]) {
+  static_assert(kN % 2 == 0, "pairs");
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < kN; k += 2) {
+    const typename Packed<S>::Pair pair = Packed<S>::pair(x[k], x[k + 1]);
+    x[k] = __low2float(pair);
+    x[k + 1] = __high2float(pair);
+  }
+}
+
 // x rounded to nearest-even in place to bf16 (round_to 1) or f16 (2), as a cuBLASLt product
 // storing 16-bit logits rounds them; 0 leaves it. A uniform branch per tile; each loop costs
 // ~1.5 instructions per value (a packed convert and the unpacking), only when taken.
 template <int kN>
 CUTLASS_DEVICE void round_logits(float (&x)[kN], int round_to) {
-  static_assert(kN % 2 == 0, "pairs");
   if (round_to == 1) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kN; k += 2) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(x[k], x[k + 1]);
-      x[k] = __low2float(pair);
-      x[k + 1] = __high2float(pair);
-    }
+    round_in_place<cutlass::bfloat16_t>(x);
   } else if (round_to == 2) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < kN; k += 2) {
-      const __half2 pair = __floats2half2_rn(x[k], x[k + 1]);
-      x[k] = __low2float(pair);
-      x[k + 1] = __high2float(pair);
-    }
+    round_in_place<cutlass::half_t>(x);
   }
 }
 
