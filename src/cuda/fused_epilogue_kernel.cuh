@@ -1,5 +1,5 @@
 // A fused product whose epilogue runs on warps of its own (docs/perf-notes.md, decisions 55
-// and 56). CUTLASS's cooperative kernel runs each tile's epilogue on the two consumer warpgroups
+// to 57). CUTLASS's cooperative kernel runs each tile's epilogue on the two consumer warpgroups
 // after their mainloop, while the tensor cores wait; with the gradient epilogue that was ≈ 28 % of
 // the kernel at H = 768. Here the consumers only round the tile's accumulators to 16 bits and
 // store them to shared memory, and go on to the next tile's mainloop; the three warps of the
@@ -16,7 +16,13 @@
 //   bool skipped() const   no epilogue at all (a measurement switch): nothing is staged;
 //   void prepare(TileAt)   per tile of this CTA, before the tile is waited for (prefetches);
 //   void rows(TileAt, SharedStorage&)  the epilogue of the staged tile, by the 3 epilogue
-//                          warps (TileAt::warp 0–2).
+//                          warps (TileAt::warp 0–2);
+//   bool shares(TileAt) const  whether the consumers form a share of this tile's rows themselves
+//                          (where the epilogue warps alone would pace the kernel, and on the
+//                          CTA's last tile, which no mainloop of the consumers follows);
+//   void prepare_own(TileAt), void own_rows(TileAt, SharedStorage&)  the same for a consumer
+//                          warp's share (TileAt::warp 0–7): of the 16 rows it staged, which it
+//                          reads back itself once the tile is handed over.
 //
 // Included only by translation units compiled for sm_90a with the CUTLASS headers.
 #pragma once
@@ -55,6 +61,12 @@ CUTLASS_DEVICE uint32_t round_pair(float a, float b) {
   return word;
 }
 
+// x, which the compiler cannot see through: what is formed from it is formed where it is used.
+CUTLASS_DEVICE int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
 // The warps that run the epilogue: warps 1–3 of the producer warpgroup (EpilogueWarpsKernel).
 constexpr int kEpilogueWarps = 3;
 
@@ -62,7 +74,10 @@ constexpr int kEpilogueWarps = 3;
 struct TileAt {
   int row0 = 0, col0 = 0;
   int rows = 0, cols = 0;  // of the whole product x
-  int warp = 0, lane = 0;  // of the calling thread among the epilogue warps
+  // Of the calling thread among the epilogue warps (0–2), or among the consumer warps (0–7; warp
+  // q staged rows 16q .. 16q + 15 of the tile).
+  int warp = 0, lane = 0;
+  bool last = false;  // the CTA's last tile (both sides know it from the static scheduler)
 };
 
 template <class Base>
@@ -184,15 +199,17 @@ struct EpilogueWarpsKernel : Base {
         at.warp = warp_in_group - 1;
         at.lane = cutlass::canonical_lane_idx();
         while (work.is_valid()) {
+          const auto next = get<0>(scheduler.fetch_next_work(work));
           if (holds_x(work)) {
             at.row0 = work.M_idx * Tile::kRows;
             at.col0 = work.N_idx * Tile::kColumns;
+            at.last = !next.is_valid();
             epilogue.prepare(at);
             empty.arrive();  // the previous tile is read: the consumers may store this one
             full.sync();
             epilogue.rows(at, shared.tensors.epilogue);
           }
-          work = get<0>(scheduler.fetch_next_work(work));
+          work = next;
         }
       }
     } else {
@@ -207,12 +224,28 @@ struct EpilogueWarpsKernel : Base {
                      params.mainloop);
         mainloop.mma_tail(pipeline, state, k_tiles);
         state.advance(k_tiles);
+        const auto next = get<0>(scheduler.fetch_next_work(work));
         if (!skipped && holds_x(work)) {
+          // The staging addresses and the share's setup follow from the thread's index; taken
+          // through an opaque copy per tile, they are formed here rather than hoisted out of the
+          // loop and kept (or spilled) across the mainloop, whose registers are all taken.
+          const int thread = opaque(mma_thread);
+          TileAt own;
+          own.row0 = work.M_idx * Tile::kRows;
+          own.col0 = work.N_idx * Tile::kColumns;
+          own.rows = rows;
+          own.cols = cols;
+          own.warp = thread / cutlass::NumThreadsPerWarp;
+          own.lane = thread % cutlass::NumThreadsPerWarp;
+          own.last = !next.is_valid();
+          const bool shares = epilogue.shares(own);
+          if (shares) epilogue.prepare_own(own);
           empty.sync();  // the epilogue has read the previous tile
-          stage(accumulators, tiled_mma, mma_thread, tile);
+          stage(accumulators, tiled_mma, thread, tile);
           full.arrive();
+          if (shares) epilogue.own_rows(own, shared.tensors.epilogue);
         }
-        work = get<0>(scheduler.fetch_next_work(work));
+        work = next;
       }
     }
 #endif
@@ -225,6 +258,9 @@ struct EpilogueWarpsKernel : Base {
                                    int mma_thread, Tile& tile) {
     using namespace cute;
     using Rows = AccumulatorRows<decltype(accumulators.layout()), TiledMma>;
+    // Two consumer warpgroups of 64 rows, so consumer warp q holds rows 16q .. 16q + 15 (the
+    // wgmma layout): the rows TileAt and the epilogue's share assume.
+    static_assert(Rows::kRows == 2, "a consumer thread holds two rows of the tile");
     auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
     const Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
     CUTLASS_PRAGMA_UNROLL

@@ -37,6 +37,10 @@ struct GradEpilogueParams {
   bool entropy = false;
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
+  // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
+  // epilogue warps take the others): fused_grad_own_rows.
+  int own_rows = 0;
+  int last_own_rows = 0;  // the same on the CTA's last tile
   // Measurement only (fused::Measurement): the product without its epilogue.
   bool skip = false;
 };
@@ -61,48 +65,65 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 }
 
 // The gradient epilogue on the epilogue warps (fused_epilogue_kernel.cuh): the consumers stage
-// each tile's x, rounded to S, in shared memory; here each of the 3 warps takes a third of its
-// rows (43, 43, 42), kRowsAtOnce rows together, each lane 8 adjacent columns (one 16-byte chunk),
-// forms their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte
-// vector wherever the rows are aligned. Lane i of a warp prefetches the records of the warp's rows
-// i and 32 + i before the tile is waited for, and stores them to the warp's slots in shared
-// memory once it has arrived; each row's record is then one broadcast load.
+// each tile's x, rounded to S, in shared memory. The tile's rows are split: each consumer warp
+// forms the first own_of(tile) of the 16 rows it staged (own_rows where the three epilogue warps
+// alone would pace the kernel; most of them on the CTA's last tile, which no mainloop follows),
+// and the epilogue warps the others, as one list in row order of which each
+// warp takes a run of rows_per_warp() (a multiple of kRowsAtOnce, so that rows formed together
+// lie in one consumer warp's 16). Each lane holds 8 adjacent columns (one 16-byte chunk), forms
+// their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte vector
+// wherever the rows are aligned. The records of a warp's rows are prefetched by its lanes before
+// the tile is waited for and stored to the warp's slots in shared memory once it has arrived;
+// each row's record is then one broadcast load.
 template <class S>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
  public:
   using OperatorEpilogue::OperatorEpilogue;
   using Element = S;
   using Tile = fused::StagedTile<S>;
-  static constexpr int kRowsPerWarp =
-      (Tile::kRows + fused::kEpilogueWarps - 1) / fused::kEpilogueWarps;
-  static_assert(kRowsPerWarp <= 64, "two records per lane");
+  static constexpr int kConsumerWarps = 8, kWarpRows = Tile::kRows / kConsumerWarps;
+  // On a CTA's last tile no mainloop follows, so the consumers take 12 of their 16 rows (the
+  // epilogue warps 32 rows, as many groups of kRowsAtOnce each as a consumer warp's 12).
+  static constexpr int kLastTileOwnRows = 12;
+  static constexpr int kMaxOwnRows = kLastTileOwnRows;
+  // Rows formed together: their loads, exponentials and stores interleave, where one row at a
+  // time left each row's chain of latencies (shuffle, shared load, ex2, store) exposed on a
+  // warp that is alone on its scheduler.
+  static constexpr int kRowsAtOnce = 4;
+  static constexpr int kMaxRowsPerWarp =
+      ((Tile::kRows + fused::kEpilogueWarps - 1) / fused::kEpilogueWarps + kRowsAtOnce - 1) /
+      kRowsAtOnce * kRowsAtOnce;
+  static_assert(kMaxRowsPerWarp <= 64, "two records per lane");
   struct SharedStorage {
     Tile tile;
-    CeGradRecord records[fused::kEpilogueWarps][kRowsPerWarp];  // each epilogue warp's rows
+    CeGradRecord records[fused::kEpilogueWarps][kMaxRowsPerWarp];  // each epilogue warp's rows
+    CeGradRecord own_records[kConsumerWarps][kMaxOwnRows];         // each consumer warp's share
   };
   using TensorStorage = SharedStorage;
 
   CUTLASS_DEVICE bool skipped() const { return params_.skip; }
+  // Rows of each consumer warp's 16 that it forms itself on this tile (both sides ask).
+  CUTLASS_DEVICE int own_of(const fused::TileAt& at) const {
+    return at.last ? params_.last_own_rows : params_.own_rows;
+  }
+  CUTLASS_DEVICE bool shares(const fused::TileAt& at) const { return own_of(at) > 0; }
 
   CUTLASS_DEVICE void prepare(const fused::TileAt& at) {
     // Lanes past the warp's rows load its last row again (unconditional loads keep record_ in
     // registers; those lanes' records are never stored).
+    const int own = own_of(at), per_warp = rows_per_warp(own);
     CUTLASS_PRAGMA_UNROLL
     for (int half = 0; half < 2; ++half) {
-      const int within = min(32 * half + at.lane, kRowsPerWarp - 1);
-      const int row = min(at.row0 + kRowsPerWarp * at.warp + within, at.rows - 1);
-      const float4* record = reinterpret_cast<const float4*>(params_.records + row);
-      record_[half].coefs = __ldg(record);
-      record_[half].more = __ldg(record + 1);
+      const int within = min(32 * half + at.lane, per_warp - 1);
+      const int row = min(at.row0 + others_row(own, per_warp * at.warp + within), at.rows - 1);
+      load_record(row, record_[half]);
     }
   }
 
   CUTLASS_DEVICE void rows(const fused::TileAt& at, SharedStorage& shared) const {
-    const GradEpilogueParams& a = params_;
-    const Tile& tile = shared.tile;
-    const int first = kRowsPerWarp * at.warp;  // the warp's first row within the tile
-    const int count = min(min(kRowsPerWarp, Tile::kRows - first), at.rows - at.row0 - first);
-    // The prefetched records into this warp's slots, read back per row with broadcast loads.
+    const int own = own_of(at), per_warp = rows_per_warp(own);
+    const int first = per_warp * at.warp;  // the warp's first row in the epilogue warps' list
+    const int count = max(0, min(per_warp, others_in(own, at.rows - at.row0) - first));
     CeGradRecord* records = shared.records[at.warp];
     CUTLASS_PRAGMA_UNROLL
     for (int half = 0; half < 2; ++half) {
@@ -110,6 +131,63 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       if (within < count) records[within] = record_[half];
     }
     __syncwarp();
+    form_rows(at, shared.tile, records, count,
+              [&](int i) { return others_row(own, first + i); });
+    __syncwarp();  // the slots are rewritten for the next tile
+  }
+
+  CUTLASS_DEVICE void prepare_own(const fused::TileAt& at) {
+    if (at.lane < own_of(at)) {
+      load_record(min(at.row0 + kWarpRows * at.warp + at.lane, at.rows - 1), record_[0]);
+    }
+  }
+
+  // The consumer warp's own rows, 16·warp .. 16·warp + own_of(at) − 1: staged by this warp, so a
+  // __syncwarp orders them; the epilogue warps never read them.
+  CUTLASS_DEVICE void own_rows(const fused::TileAt& at, SharedStorage& shared) const {
+    const int first = kWarpRows * at.warp;
+    const int count = max(0, min(own_of(at), at.rows - at.row0 - first));
+    CeGradRecord* records = shared.own_records[at.warp];
+    if (at.lane < count) records[at.lane] = record_[0];
+    __syncwarp();
+    form_rows(at, shared.tile, records, count, [&](int i) { return first + i; });
+    __syncwarp();  // the rows and slots are rewritten for the next tile
+  }
+
+ private:
+  // The epilogue warps' rows per warp: their share of the tile, rounded up to kRowsAtOnce.
+  CUTLASS_DEVICE static int rows_per_warp(int own) {
+    const int others = kConsumerWarps * (kWarpRows - own);
+    const int per_warp = (others + fused::kEpilogueWarps - 1) / fused::kEpilogueWarps;
+    return (per_warp + kRowsAtOnce - 1) / kRowsAtOnce * kRowsAtOnce;
+  }
+  // Row of the tile of entry j of the epilogue warps' list (each consumer warp's 16 rows but its
+  // first `own`).
+  CUTLASS_DEVICE static int others_row(int own, int j) {
+    const int others = kWarpRows - own;
+    return kWarpRows * (j / others) + own + j % others;
+  }
+  // How many entries of that list lie in the first `valid` rows of the tile.
+  CUTLASS_DEVICE static int others_in(int own, int valid) {
+    valid = min(valid, Tile::kRows);
+    const int others = kWarpRows - own;
+    return valid / kWarpRows * others + max(0, valid % kWarpRows - own);
+  }
+
+  CUTLASS_DEVICE void load_record(int row, CeGradRecord& record) const {
+    const float4* from = reinterpret_cast<const float4*>(params_.records + row);
+    record.coefs = __ldg(from);
+    record.more = __ldg(from + 1);
+  }
+
+  // The gradient of `count` rows, entry i of which is row tile_row(i) of the tile with its
+  // record at records[i]; entries i .. i + kRowsAtOnce − 1 (i a multiple of kRowsAtOnce) are
+  // consecutive rows.
+  template <class TileRow>
+  CUTLASS_DEVICE void form_rows(const fused::TileAt& at, const Tile& tile,
+                                const CeGradRecord* records, int count,
+                                const TileRow& tile_row) const {
+    const GradEpilogueParams& a = params_;
     // 16-byte stores where every lane's chunk lies in the block (all but a block's last tile).
     const bool vectors = a.vectors && __all_sync(~0u, at.col0 + 8 * at.lane + 8 <= at.cols);
     common::Transform<float> row_transform;
@@ -119,7 +197,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       auto run = [&](auto entropy, auto vector_stores) {
         for (int i = 0; i < count; i += kRowsAtOnce) {
           rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value>(
-              at, tile, records, transform, first, i, count);
+              at, tile, records, transform, tile_row(i), i, count);
         }
       };
       if (a.entropy) {
@@ -128,20 +206,13 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
       }
     });
-    __syncwarp();  // the slots are rewritten for the next tile
   }
 
- private:
-  // Rows formed together: their loads, exponentials and stores interleave, where one row at a
-  // time left each row's chain of latencies (shuffle, shared load, ex2, store) exposed on a
-  // warp that is alone on its scheduler.
-  static constexpr int kRowsAtOnce = 4;
-
-  // Row `first + i + r` of the tile for r < kRowsAtOnce (those < count).
+  // Entries i + r (r < kRowsAtOnce, those < count): rows row_i + r of the tile.
   template <bool kEntropy, bool kVectors, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
-                                   int first, int i, int count) const {
+                                   int row_i, int i, int count) const {
     using P = fused::Packed<S>;
     const GradEpilogueParams& a = params_;
     float value[kRowsAtOnce][8];
@@ -150,7 +221,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRowsAtOnce; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
-      unpack_chunk<S>(tile.chunk(first + within, at.lane), value[r]);
+      unpack_chunk<S>(tile.chunk(row_i + within - i, at.lane), value[r]);
     }
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRowsAtOnce; ++r) {
@@ -193,7 +264,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRowsAtOnce; ++r) {
       if (i + r >= count) break;
       auto* out = static_cast<typename P::One*>(a.grad) +
-                  static_cast<int64_t>(at.row0 + first + i + r) * a.grad_stride + column;
+                  static_cast<int64_t>(at.row0 + row_i + r) * a.grad_stride + column;
       if constexpr (kVectors) {
         uint32_t w[4];
         CUTLASS_PRAGMA_UNROLL
@@ -216,7 +287,9 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     }
   }
 
-  CeGradRecord record_[2] = {};  // lane i: the records of the warp's rows i and 32 + i
+  // Epilogue warps: lane i holds the records of the warp's rows i and 32 + i; consumer warps:
+  // lane i that of its own row i.
+  CeGradRecord record_[2] = {};
 };
 
 template <class Element>
@@ -232,6 +305,8 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
+  epilogue.own_rows = fused_grad_own_rows(p.hidden_size);
+  epilogue.last_own_rows = GradEpilogue<Element>::kLastTileOwnRows;
   epilogue.skip = fused::measurement().skip_gradient;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
@@ -279,6 +354,15 @@ bool fused_grad_preferred(int64_t hidden_size) {
   const char* knob = std::getenv("XENT_CUDA_FUSED_GRAD");  // read per call: tests switch it
   if (knob != nullptr && (knob[0] == '0' || knob[0] == '1')) return knob[0] == '1';
   return hidden_size <= kFusedGradMaxHidden;
+}
+
+int fused_grad_own_rows(int64_t hidden_size) {
+  const char* knob = std::getenv("XENT_CUDA_FUSED_OWN_ROWS");  // read per call: tests switch it
+  if (knob != nullptr && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "4") == 0 ||
+                          std::strcmp(knob, "8") == 0)) {
+    return std::atoi(knob);
+  }
+  return hidden_size <= kFusedGradOwnRowsMaxHidden ? 4 : 0;
 }
 
 }  // namespace xent::cuda

@@ -431,5 +431,30 @@ std::vector<std::tuple<Variant, StatsBlocksParam>> variant_grid() {
 INSTANTIATE_TEST_SUITE_P(Grid, CudaStatisticsBlocks, ::testing::ValuesIn(variant_grid()),
                          stats_blocks_name);
 
+// The fused gradient's row split between the consumers and the epilogue warps
+// (fused_grad_product.cu) differs between a CTA's last tile and the others, which the grid's
+// shapes (one or two tiles per CTA) barely reach: here ≈ 5 tiles per CTA, with each steady share
+// (XENT_CUDA_FUSED_OWN_ROWS) forced in turn.
+TEST(CudaFusedGradientShare, ManyTilesPerCta) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  struct Unset {
+    ~Unset() { unsetenv("XENT_CUDA_FUSED_OWN_ROWS"); }
+  } unset;
+  for (const char* own : {"0", "4", "8"}) {
+    SCOPED_TRACE(::testing::Message() << "XENT_CUDA_FUSED_OWN_ROWS=" << own);
+    setenv("XENT_CUDA_FUSED_OWN_ROWS", own, 1);
+    StatsBlocksCase c;
+    c.variant = Variant::statistics_fused;
+    std::tie(c.dtype, c.rows, c.hidden, c.vocab, c.options, c.reduction, c.weight, c.want_hidden,
+             c.blocks) = StatsBlocksParam{DType::bf16, 1100, 40, 20011, 0, Reduction::none,
+                                          WeightGrad::same_dtype, true, Blocks::one};
+    check_statistics_blocks(c, rng);
+    std::tie(c.dtype, c.options, c.reduction) =
+        std::make_tuple(DType::f16, kFusedOptions, Reduction::mean);
+    check_statistics_blocks(c, rng);
+  }
+}
+
 }  // namespace
 }  // namespace xent::test
