@@ -40,7 +40,6 @@ struct GradEpilogueParams {
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
   // epilogue warps take the others): fused_grad_own_rows.
   int own_rows = 0;
-  int last_own_rows = 0;  // the same on the CTA's last tile
   // Measurement only (fused::Measurement): the product without its epilogue.
   bool skip = false;
 };
@@ -68,9 +67,9 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 // each tile's x, rounded to S, in shared memory. The tile's rows are split: each consumer warp
 // forms the first own_of(tile) of the 16 rows it staged (own_rows where the three epilogue warps
 // alone would pace the kernel; most of them on the CTA's last tile, which no mainloop follows),
-// and the epilogue warps the others, as one list in row order of which each
-// warp takes a run of rows_per_warp() (a multiple of kRowsAtOnce, so that rows formed together
-// lie in one consumer warp's 16). Each lane holds 8 adjacent columns (one 16-byte chunk), forms
+// and the epilogue warps the others, as one list in row order of which each warp takes a run of
+// rows_per_warp(own) (a multiple of kRowsAtOnce, so that rows formed together lie in one consumer
+// warp's 16). Each lane holds 8 adjacent columns (one 16-byte chunk), forms
 // their gradient (ce_block_grad, as the block kernel does) and stores it in one 16-byte vector
 // wherever the rows are aligned. The records of a warp's rows are prefetched by its lanes before
 // the tile is waited for and stored to the warp's slots in shared memory once it has arrived;
@@ -104,7 +103,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CUTLASS_DEVICE bool skipped() const { return params_.skip; }
   // Rows of each consumer warp's 16 that it forms itself on this tile (both sides ask).
   CUTLASS_DEVICE int own_of(const fused::TileAt& at) const {
-    return at.last ? params_.last_own_rows : params_.own_rows;
+    return at.last ? kLastTileOwnRows : params_.own_rows;
   }
   CUTLASS_DEVICE bool shares(const fused::TileAt& at) const { return own_of(at) > 0; }
 
@@ -124,16 +123,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const int own = own_of(at), per_warp = rows_per_warp(own);
     const int first = per_warp * at.warp;  // the warp's first row in the epilogue warps' list
     const int count = max(0, min(per_warp, others_in(own, at.rows - at.row0) - first));
-    CeGradRecord* records = shared.records[at.warp];
-    CUTLASS_PRAGMA_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const int within = 32 * half + at.lane;
-      if (within < count) records[within] = record_[half];
-    }
-    __syncwarp();
-    form_rows(at, shared.tile, records, count,
-              [&](int i) { return others_row(own, first + i); });
-    __syncwarp();  // the slots are rewritten for the next tile
+    form_prefetched(at, shared.tile, shared.records[at.warp], count,
+                    [&](int i) { return others_row(own, first + i); });
   }
 
   CUTLASS_DEVICE void prepare_own(const fused::TileAt& at) {
@@ -147,11 +138,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CUTLASS_DEVICE void own_rows(const fused::TileAt& at, SharedStorage& shared) const {
     const int first = kWarpRows * at.warp;
     const int count = max(0, min(own_of(at), at.rows - at.row0 - first));
-    CeGradRecord* records = shared.own_records[at.warp];
-    if (at.lane < count) records[at.lane] = record_[0];
-    __syncwarp();
-    form_rows(at, shared.tile, records, count, [&](int i) { return first + i; });
-    __syncwarp();  // the rows and slots are rewritten for the next tile
+    form_prefetched(at, shared.tile, shared.own_records[at.warp], count,
+                    [&](int i) { return first + i; });
   }
 
  private:
@@ -178,6 +166,22 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const float4* from = reinterpret_cast<const float4*>(params_.records + row);
     record.coefs = __ldg(from);
     record.more = __ldg(from + 1);
+  }
+
+  // The prefetched records of the warp's `count` rows (lane i holds those of entries i and
+  // 32 + i) into its slots in shared memory, then the rows' gradient (form_rows).
+  template <class TileRow>
+  CUTLASS_DEVICE void form_prefetched(const fused::TileAt& at, const Tile& tile,
+                                      CeGradRecord* slots, int count,
+                                      const TileRow& tile_row) const {
+    CUTLASS_PRAGMA_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int within = 32 * half + at.lane;
+      if (within < count) slots[within] = record_[half];
+    }
+    __syncwarp();
+    form_rows(at, tile, slots, count, tile_row);
+    __syncwarp();  // the rows and slots are rewritten for the next tile
   }
 
   // The gradient of `count` rows, entry i of which is row tile_row(i) of the tile with its
@@ -306,7 +310,6 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.own_rows = fused_grad_own_rows(p.hidden_size);
-  epilogue.last_own_rows = GradEpilogue<Element>::kLastTileOwnRows;
   epilogue.skip = fused::measurement().skip_gradient;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};

@@ -202,7 +202,7 @@ using ConsumerEpilogueKernel = Kernel;
 
 // The kernel of an operator epilogue E (E::Params is what it is launched with): CUTLASS's
 // cooperative kernel, or KernelOf of it (fused_epilogue_kernel.cuh: the same kernel with the
-// epilogue on a warpgroup of its own).
+// epilogue on warps of its own).
 template <class Element, class E, template <class> class KernelOf = ConsumerEpilogueKernel>
 struct Product {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<E>;
