@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -45,13 +46,23 @@ uint32_t alignment_of(const void* pointer) {
   return alignment;
 }
 
-// One cached product configuration: descriptors and the algorithm chosen for them.
+// How many of the heuristic's answers a configuration keeps, and so may time (decision 58).
+constexpr int kCandidates = 8;
+// Below this many flops a product is not timed: its candidates differ by less than the noise.
+constexpr double kTuneMinFlops = 1073741824.0;
+// A candidate replaces the heuristic's first answer only when this much faster, so candidates
+// within the run-to-run noise do not flip the choice between processes.
+constexpr float kTuneMargin = 0.98f;
+
+// One cached product configuration: descriptors, the heuristic's candidates and the one in use.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
+  int candidate_count = 0;
+  int chosen = 0;
+  bool tuned = false;  // timed, or never to be timed (tuning off, a single candidate)
   bool has_bias = false;
-  std::size_t workspace_bytes = 0;
   ~Plan() {
     if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
     if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
@@ -113,6 +124,13 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
          std::to_string(alignment_of(p.b.data)) + ',' + std::to_string(alignment_of(p.c.data)) +
          ':' + (p.bias ? std::to_string(alignment_of(p.bias)) : std::string("-")) + ':' +
          std::to_string(workspace_bytes);
+}
+
+// XENT_CUDA_GEMM_TUNING=0 keeps the heuristic's first answer for every product (the same
+// algorithm in every process); read as each configuration is first met, so tests can switch it.
+bool tuning_enabled() {
+  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING");
+  return !(knob != nullptr && std::string(knob) == "0");
 }
 
 // XENT_CUDA_GEMM_REDUCTION=any lets the heuristic reduce split-K partials in a 16-bit output
@@ -179,16 +197,73 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                          &fp32_reductions, sizeof fp32_reductions);
   }
-  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c, plan->layout_c,
-      preference, 1, &result, &found);
+      preference, kCandidates, plan->candidates, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
-  plan->algo = result.algo;
-  plan->workspace_bytes = result.workspaceSize;
+  plan->candidate_count = found;
+  const double flops = 2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) *
+                       static_cast<double>(cm.k);
+  plan->tuned = found == 1 || flops < kTuneMinFlops || !tuning_enabled();
   return plan;
+}
+
+cublasStatus_t run_product(cublasLtHandle_t handle, const Plan& plan, int candidate,
+                           const GemmProduct& product, const ColumnMajorProduct& cm,
+                           GemmScratch scratch, cudaStream_t stream) {
+  const cublasLtMatmulHeuristicResult_t& algo = plan.candidates[candidate];
+  return cublasLtMatmul(handle, plan.desc, &product.alpha, cm.first->data, plan.layout_a,
+                        cm.second->data, plan.layout_b, &product.beta, product.c.data,
+                        plan.layout_c, const_cast<void*>(product.c.data), plan.layout_c,
+                        &algo.algo, scratch.data, algo.workspaceSize, stream);
+}
+
+// Times every candidate on the product's own operands and keeps the fastest (decision 58). Only
+// for a product that writes its output over (beta = 0): the candidates' outputs are then
+// overwritten by the call that follows. Not while the stream is captured into a CUDA graph,
+// where the events cannot be waited on; the next uncaptured call tunes instead.
+void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
+          const ColumnMajorProduct& cm, GemmScratch scratch, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  XENT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone || product.beta != 0.0f) return;
+  const int count = plan.candidate_count;
+  constexpr int kRounds = 3;
+  // Events per (round, candidate), recorded back to back: one host wait for all of them.
+  const int event_count = kRounds * count + 1;
+  cudaEvent_t events[kRounds * kCandidates + 1] = {};
+  for (int e = 0; e < event_count; ++e) XENT_CUDA_CHECK(cudaEventCreate(&events[e]));
+  bool runs[kCandidates] = {};
+  for (int i = 0; i < count; ++i) {  // untimed round: clocks, caches, and who can run at all
+    runs[i] = run_product(handle, plan, i, product, cm, scratch, stream) == CUBLAS_STATUS_SUCCESS;
+  }
+  XENT_CUDA_CHECK(cudaEventRecord(events[0], stream));
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < count; ++i) {
+      if (runs[i]) run_product(handle, plan, i, product, cm, scratch, stream);
+      XENT_CUDA_CHECK(cudaEventRecord(events[1 + round * count + i], stream));
+    }
+  }
+  XENT_CUDA_CHECK(cudaEventSynchronize(events[event_count - 1]));
+  float best[kCandidates] = {};
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < count; ++i) {
+      float ms = 0.0f;
+      XENT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[round * count + i],
+                                           events[1 + round * count + i]));
+      best[i] = round == 0 ? ms : std::min(best[i], ms);
+    }
+  }
+  for (int e = 0; e < event_count; ++e) cudaEventDestroy(events[e]);
+  int fastest = -1;
+  for (int i = 0; i < count; ++i) {
+    if (runs[i] && (fastest < 0 || best[i] < best[fastest])) fastest = i;
+  }
+  plan.tuned = true;
+  if (fastest < 0) return;  // none runs: the call below reports the heuristic's first
+  plan.chosen = runs[0] && best[fastest] > kTuneMargin * best[0] ? 0 : fastest;
 }
 
 // Bias fallback when no cuBLASLt kernel takes the bias epilogue for this combination: one pass
@@ -266,13 +341,22 @@ void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) 
     XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &product.bias, sizeof product.bias));
   }
+  if (!plan.tuned) tune(handle, plan, product, cm, scratch, stream);
   // k = 0 is a valid empty sum: cuBLASLt then scales c by beta (and adds the bias).
-  XENT_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &product.alpha, cm.first->data,
-                                   plan.layout_a, cm.second->data, plan.layout_b, &product.beta,
-                                   product.c.data, plan.layout_c, const_cast<void*>(product.c.data),
-                                   plan.layout_c, &plan.algo, scratch.data, plan.workspace_bytes,
-                                   stream));
+  XENT_CUBLAS_CHECK(run_product(handle, plan, plan.chosen, product, cm, scratch, stream));
   if (product.bias && !plan.has_bias) add_bias(product.c, product.bias, product.a.dtype, stream);
+}
+
+GemmPlanState gemm_plan_state(const GemmProduct& product, GemmScratch scratch) {
+  const ColumnMajorProduct cm = to_column_major(product);
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto found = c.plans.find(key_of(device, product, cm, scratch.bytes));
+  if (found == c.plans.end()) return {};
+  const Plan& plan = *found->second;
+  return {true, plan.candidate_count, plan.chosen, plan.tuned};
 }
 
 }  // namespace xent::cuda

@@ -62,9 +62,21 @@ struct GemmScratch {
 };
 
 // c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. Descriptors, layouts and the
-// heuristic's algorithm are cached per shape, dtypes, strides, alignment and device, so the
-// second call of a shape costs one cublasLtMatmul launch. Throws a runtime xent::Error when
-// cuBLASLt fails or offers no algorithm.
+// algorithm are cached per shape, dtypes, strides, alignment, scratch size and device. The
+// algorithm is the fastest of the heuristic's candidates, timed on the first call of the
+// configuration that writes c over (beta = 0, outside CUDA graph capture, ≥ 2^30 flops); before
+// that, and with XENT_CUDA_GEMM_TUNING=0, the heuristic's first (perf-notes, decision 58). Later
+// calls cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or
+// offers no algorithm.
 void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream);
+
+// What the cache holds for the configuration of `product` (for tests).
+struct GemmPlanState {
+  bool cached = false;
+  int candidates = 0;  // the heuristic's answers kept
+  int chosen = 0;      // the one in use (0: the heuristic's first)
+  bool tuned = false;  // chosen by timing, or never to be timed
+};
+GemmPlanState gemm_plan_state(const GemmProduct& product, GemmScratch scratch);
 
 }  // namespace xent::cuda

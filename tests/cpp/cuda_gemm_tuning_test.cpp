@@ -1,0 +1,185 @@
+// GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/gemm.cu, perf-notes decision
+// 58): the first call of a configuration that writes its output over times the heuristic's
+// candidates in place and keeps the fastest. What must hold whatever is chosen: the result of
+// that first call is the product (the candidates' outputs are overwritten), an accumulating first
+// call adds into its output once (it is not timed, so nothing runs on it twice), a call captured
+// into a CUDA graph is not timed, small products and XENT_CUDA_GEMM_TUNING=0 keep the heuristic's
+// first answer. Each case uses a shape of its own, so the process-wide cache meets it fresh.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "cuda/gemm.hpp"
+#include "support.hpp"
+
+namespace xent::test {
+namespace {
+
+void cuda_ok(cudaError_t status) { ASSERT_EQ(status, cudaSuccess) << cudaGetErrorString(status); }
+
+// A row-major bf16 matrix on the device and its rounded values on the host.
+struct Operand {
+  std::vector<double> host;
+  __nv_bfloat16* device = nullptr;
+  int64_t rows = 0, cols = 0;
+  Operand(Rng& rng, int64_t r, int64_t c) : rows(r), cols(c) {
+    std::vector<__nv_bfloat16> staged(static_cast<std::size_t>(r * c));
+    host.resize(staged.size());
+    for (std::size_t i = 0; i < staged.size(); ++i) {
+      staged[i] = __float2bfloat16(static_cast<float>(rng.normal()));
+      host[i] = static_cast<double>(__bfloat162float(staged[i]));
+    }
+    cuda_ok(cudaMalloc(&device, staged.size() * sizeof(__nv_bfloat16)));
+    cuda_ok(cudaMemcpy(device, staged.data(), staged.size() * sizeof(__nv_bfloat16),
+                       cudaMemcpyHostToDevice));
+  }
+  ~Operand() { cudaFree(device); }
+  cuda::GemmMatrix matrix() const { return {device, DType::bf16, rows, cols, cols}; }
+};
+
+// C[M,N] = A[M,K]·B[K,N] in fp32 with scratch, plus the float64 reference.
+struct ProductCase {
+  Operand a, b;
+  float* c = nullptr;
+  void* scratch = nullptr;
+  int64_t m, n, k;
+  static constexpr std::size_t kScratchBytes = std::size_t{4} << 20;
+  ProductCase(Rng& rng, int64_t m_, int64_t n_, int64_t k_)
+      : a(rng, m_, k_), b(rng, k_, n_), m(m_), n(n_), k(k_) {
+    cuda_ok(cudaMalloc(&c, static_cast<std::size_t>(m * n) * sizeof(float)));
+    cuda_ok(cudaMalloc(&scratch, kScratchBytes));
+  }
+  ~ProductCase() {
+    cudaFree(c);
+    cudaFree(scratch);
+  }
+  cuda::GemmProduct product(float beta) const {
+    cuda::GemmProduct p;
+    p.a = a.matrix();
+    p.b = b.matrix();
+    p.c = {c, DType::f32, m, n, n};
+    p.beta = beta;
+    return p;
+  }
+  cuda::GemmScratch gemm_scratch() const { return {scratch, kScratchBytes}; }
+  void fill_output(float value) {
+    std::vector<float> host(static_cast<std::size_t>(m * n), value);
+    cuda_ok(cudaMemcpy(c, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  // Every element of C against `offset` + the float64 product (fp32 accumulation of K terms).
+  void expect_product(double offset) const {
+    std::vector<float> got(static_cast<std::size_t>(m * n));
+    cuda_ok(cudaMemcpy(got.data(), c, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const double tolerance = 1e-5 * static_cast<double>(k);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = offset;
+        for (int64_t q = 0; q < k; ++q) {
+          want += a.host[static_cast<std::size_t>(i * k + q)] *
+                  b.host[static_cast<std::size_t>(q * n + j)];
+        }
+        const double value = got[static_cast<std::size_t>(i * n + j)];
+        if (!(std::fabs(value - want) <= tolerance)) ++wrong;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "of " << m * n << " elements (tolerance " << tolerance << ")";
+  }
+};
+
+// 2·M·N·K ≥ 2^30 flops: large enough to be timed.
+constexpr int64_t kM = 1031, kK = 1032;
+
+TEST(CudaGemmTuning, WrittenOverProductIsTimedAndExact) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  ProductCase t(rng, kM, 520, kK);
+  t.fill_output(std::nanf(""));
+  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  ASSERT_TRUE(state.cached);
+  EXPECT_GE(state.candidates, 1);
+  EXPECT_TRUE(state.tuned);
+  EXPECT_GE(state.chosen, 0);
+  EXPECT_LT(state.chosen, state.candidates);
+  t.expect_product(0.0);
+}
+
+TEST(CudaGemmTuning, AccumulatingFirstCallAddsOnceAndWaits) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  ProductCase t(rng, kM, 528, kK);
+  t.fill_output(3.0f);
+  cuda::gemm(t.product(1.0f), t.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(1.0f), t.gemm_scratch());
+  ASSERT_TRUE(state.cached);
+  EXPECT_EQ(state.tuned, state.candidates == 1);
+  EXPECT_EQ(state.chosen, 0);
+  t.expect_product(3.0);
+  // The next call that writes over is the one timed.
+  t.fill_output(std::nanf(""));
+  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  EXPECT_TRUE(state.tuned);
+  t.expect_product(0.0);
+}
+
+TEST(CudaGemmTuning, CapturedCallIsNotTimed) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  ProductCase t(rng, kM, 536, kK);
+  t.fill_output(std::nanf(""));
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda::gemm(t.product(0.0f), t.gemm_scratch(), stream);
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  cuda_ok(cudaGraphLaunch(exec, stream));
+  cuda_ok(cudaStreamSynchronize(stream));
+  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  ASSERT_TRUE(state.cached);
+  EXPECT_EQ(state.tuned, state.candidates == 1);
+  EXPECT_EQ(state.chosen, 0);
+  t.expect_product(0.0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaGemmTuning, SmallProductsAndTheSwitchKeepTheFirstAnswer) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  {
+    ProductCase small(rng, 64, 544, 96);  // 6.7 Mflop
+    small.fill_output(std::nanf(""));
+    cuda::gemm(small.product(0.0f), small.gemm_scratch(), nullptr);
+    cuda_ok(cudaDeviceSynchronize());
+    const cuda::GemmPlanState state =
+        cuda::gemm_plan_state(small.product(0.0f), small.gemm_scratch());
+    EXPECT_TRUE(state.tuned);
+    EXPECT_EQ(state.chosen, 0);
+    small.expect_product(0.0);
+  }
+  ASSERT_EQ(setenv("XENT_CUDA_GEMM_TUNING", "0", 1), 0);
+  ProductCase t(rng, kM, 552, kK);
+  t.fill_output(std::nanf(""));
+  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  unsetenv("XENT_CUDA_GEMM_TUNING");
+  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  EXPECT_TRUE(state.tuned);
+  EXPECT_EQ(state.chosen, 0);
+  t.expect_product(0.0);
+}
+
+}  // namespace
+}  // namespace xent::test
