@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -50,6 +51,13 @@ uint32_t alignment_of(const void* pointer) {
 constexpr int kCandidates = 8;
 // Below this many flops a product is not timed: its candidates differ by less than the noise.
 constexpr double kTuneMinFlops = 1073741824.0;
+// By default only products with an inner dimension up to this are timed. Their time goes largely
+// to writing the output, where the candidates differ by 10–15 % and the fastest alone is the
+// fastest in the call (the logits product at H = 768: the call −2.4 to −4.2 %). With a long
+// inner dimension they differ by less than what timing one alone misjudges on a GPU at its power
+// limit: the candidates chosen so at H = 2304 and 4096 measured −2 to +4 % in the call
+// (perf-notes, decision 58).
+constexpr int64_t kTuneMaxInner = 1024;
 // A candidate replaces the heuristic's first answer only when this much faster, so candidates
 // within the run-to-run noise do not flip the choice between processes.
 constexpr float kTuneMargin = 0.98f;
@@ -126,11 +134,19 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
          std::to_string(workspace_bytes);
 }
 
-// XENT_CUDA_GEMM_TUNING=0 keeps the heuristic's first answer for every product (the same
-// algorithm in every process); read as each configuration is first met, so tests can switch it.
-bool tuning_enabled() {
+// XENT_CUDA_GEMM_TUNING: "0" keeps the heuristic's first answer for every product (the same
+// algorithm in every process), "all" times every product large enough, anything else (the
+// default) only products whose inner dimension is short (kTuneMaxInner). XENT_CUDA_GEMM_TUNING_LOG=1
+// prints each timing to stderr. Read as each configuration is first met, so tests can switch them.
+enum class Tuning { off, short_inner, all };
+Tuning tuning_mode() {
   const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING");
-  return !(knob != nullptr && std::string(knob) == "0");
+  const std::string value = knob != nullptr ? knob : "";
+  return value == "0" ? Tuning::off : value == "all" ? Tuning::all : Tuning::short_inner;
+}
+bool tuning_logged() {
+  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING_LOG");
+  return knob != nullptr && std::string(knob) == "1";
 }
 
 // XENT_CUDA_GEMM_REDUCTION=any lets the heuristic reduce split-K partials in a 16-bit output
@@ -206,7 +222,9 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
   plan->candidate_count = found;
   const double flops = 2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) *
                        static_cast<double>(cm.k);
-  plan->tuned = found == 1 || flops < kTuneMinFlops || !tuning_enabled();
+  const Tuning mode = tuning_mode();
+  plan->tuned = found == 1 || flops < kTuneMinFlops || mode == Tuning::off ||
+                (mode == Tuning::short_inner && cm.k > kTuneMaxInner);
   return plan;
 }
 
@@ -264,6 +282,14 @@ void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
   plan.tuned = true;
   if (fastest < 0) return;  // none runs: the call below reports the heuristic's first
   plan.chosen = runs[0] && best[fastest] > kTuneMargin * best[0] ? 0 : fastest;
+  if (tuning_logged()) {
+    std::string line = "xent gemm " + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
+                       std::to_string(cm.k) + " (column-major m, n, k), ms:";
+    for (int i = 0; i < count; ++i) {
+      line += ' ' + (runs[i] ? std::to_string(best[i]) : std::string("-"));
+    }
+    std::fprintf(stderr, "%s; chosen %d\n", line.c_str(), plan.chosen);
+  }
 }
 
 // Bias fallback when no cuBLASLt kernel takes the bias epilogue for this combination: one pass

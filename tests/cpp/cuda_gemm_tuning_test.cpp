@@ -1,10 +1,12 @@
 // GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/gemm.cu, perf-notes decision
 // 58): the first call of a configuration that writes its output over times the heuristic's
-// candidates in place and keeps the fastest. What must hold whatever is chosen: the result of
-// that first call is the product (the candidates' outputs are overwritten), an accumulating first
-// call adds into its output once (it is not timed, so nothing runs on it twice), a call captured
-// into a CUDA graph is not timed, small products and XENT_CUDA_GEMM_TUNING=0 keep the heuristic's
-// first answer. Each case uses a shape of its own, so the process-wide cache meets it fresh.
+// candidates in place and keeps the fastest, by default where the inner dimension is short
+// (K ≤ 1024). What must hold whatever is chosen: the result of that first call is the product
+// (the candidates' outputs are overwritten), an accumulating first call adds into its output once
+// (it is not timed, so nothing runs on it twice), a call captured into a CUDA graph is not timed;
+// small products, long inner dimensions (unless XENT_CUDA_GEMM_TUNING=all) and
+// XENT_CUDA_GEMM_TUNING=0 keep the heuristic's first answer. Each case uses a shape of its own,
+// so the process-wide cache meets it fresh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -90,8 +92,15 @@ struct ProductCase {
   }
 };
 
-// 2·M·N·K ≥ 2^30 flops: large enough to be timed.
-constexpr int64_t kM = 1031, kK = 1032;
+// 2·M·N·K ≥ 2^30 flops with N ≥ 520 and K at the default's limit: timed by default.
+constexpr int64_t kM = 1100, kK = 1024;
+
+// Sets an environment variable for a scope (the choice is read as a configuration is first met).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+};
 
 TEST(CudaGemmTuning, WrittenOverProductIsTimedAndExact) {
   require_device();
@@ -169,15 +178,41 @@ TEST(CudaGemmTuning, SmallProductsAndTheSwitchKeepTheFirstAnswer) {
     EXPECT_EQ(state.chosen, 0);
     small.expect_product(0.0);
   }
-  ASSERT_EQ(setenv("XENT_CUDA_GEMM_TUNING", "0", 1), 0);
+  {
+    ProductCase long_inner(rng, 1000, 560, kK + 8);  // K > 1024: not timed by default
+    long_inner.fill_output(std::nanf(""));
+    cuda::gemm(long_inner.product(0.0f), long_inner.gemm_scratch(), nullptr);
+    cuda_ok(cudaDeviceSynchronize());
+    const cuda::GemmPlanState state =
+        cuda::gemm_plan_state(long_inner.product(0.0f), long_inner.gemm_scratch());
+    EXPECT_TRUE(state.tuned);
+    EXPECT_EQ(state.chosen, 0);
+    long_inner.expect_product(0.0);
+  }
+  ScopedEnv off("XENT_CUDA_GEMM_TUNING", "0");
   ProductCase t(rng, kM, 552, kK);
   t.fill_output(std::nanf(""));
   cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
   cuda_ok(cudaDeviceSynchronize());
-  unsetenv("XENT_CUDA_GEMM_TUNING");
   const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
   EXPECT_TRUE(state.tuned);
   EXPECT_EQ(state.chosen, 0);
+  t.expect_product(0.0);
+}
+
+TEST(CudaGemmTuning, AllTimesLongInnerDimensions) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  ScopedEnv all("XENT_CUDA_GEMM_TUNING", "all");
+  ScopedEnv log("XENT_CUDA_GEMM_TUNING_LOG", "1");
+  ProductCase t(rng, 1000, 568, kK + 8);
+  t.fill_output(std::nanf(""));
+  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  ASSERT_TRUE(state.cached);
+  EXPECT_TRUE(state.tuned);
+  EXPECT_LT(state.chosen, state.candidates);
   t.expect_product(0.0);
 }
 
