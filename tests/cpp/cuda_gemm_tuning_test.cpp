@@ -67,6 +67,14 @@ struct ProductCase {
     return p;
   }
   cuda::GemmScratch gemm_scratch() const { return {scratch, kScratchBytes}; }
+  cuda::GemmPlanState state() const { return cuda::gemm_plan_state(product(0.0f), gemm_scratch()); }
+  // One call that writes C over (poisoned first), on the default stream; the cache's state after.
+  cuda::GemmPlanState run_written_over() {
+    fill_output(std::nanf(""));
+    cuda::gemm(product(0.0f), gemm_scratch(), nullptr);
+    cuda_ok(cudaDeviceSynchronize());
+    return state();
+  }
   void fill_output(float value) {
     std::vector<float> host(static_cast<std::size_t>(m * n), value);
     cuda_ok(cudaMemcpy(c, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -106,10 +114,7 @@ TEST(CudaGemmTuning, WrittenOverProductIsTimedAndExact) {
   require_device();
   XENT_TEST_RNG(rng);
   ProductCase t(rng, kM, 520, kK);
-  t.fill_output(std::nanf(""));
-  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
-  cuda_ok(cudaDeviceSynchronize());
-  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  const cuda::GemmPlanState state = t.run_written_over();
   ASSERT_TRUE(state.cached);
   EXPECT_GE(state.candidates, 1);
   EXPECT_TRUE(state.tuned);
@@ -125,16 +130,13 @@ TEST(CudaGemmTuning, AccumulatingFirstCallAddsOnceAndWaits) {
   t.fill_output(3.0f);
   cuda::gemm(t.product(1.0f), t.gemm_scratch(), nullptr);
   cuda_ok(cudaDeviceSynchronize());
-  cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(1.0f), t.gemm_scratch());
+  cuda::GemmPlanState state = t.state();  // one configuration whatever beta
   ASSERT_TRUE(state.cached);
   EXPECT_EQ(state.tuned, state.candidates == 1);
   EXPECT_EQ(state.chosen, 0);
   t.expect_product(3.0);
   // The next call that writes over is the one timed.
-  t.fill_output(std::nanf(""));
-  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
-  cuda_ok(cudaDeviceSynchronize());
-  state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  state = t.run_written_over();
   EXPECT_TRUE(state.tuned);
   t.expect_product(0.0);
 }
@@ -154,7 +156,7 @@ TEST(CudaGemmTuning, CapturedCallIsNotTimed) {
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
   cuda_ok(cudaGraphLaunch(exec, stream));
   cuda_ok(cudaStreamSynchronize(stream));
-  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  const cuda::GemmPlanState state = t.state();
   ASSERT_TRUE(state.cached);
   EXPECT_EQ(state.tuned, state.candidates == 1);
   EXPECT_EQ(state.chosen, 0);
@@ -164,40 +166,24 @@ TEST(CudaGemmTuning, CapturedCallIsNotTimed) {
   cudaStreamDestroy(stream);
 }
 
-TEST(CudaGemmTuning, SmallProductsAndTheSwitchKeepTheFirstAnswer) {
-  require_device();
-  XENT_TEST_RNG(rng);
-  {
-    ProductCase small(rng, 64, 544, 96);  // 6.7 Mflop
-    small.fill_output(std::nanf(""));
-    cuda::gemm(small.product(0.0f), small.gemm_scratch(), nullptr);
-    cuda_ok(cudaDeviceSynchronize());
-    const cuda::GemmPlanState state =
-        cuda::gemm_plan_state(small.product(0.0f), small.gemm_scratch());
-    EXPECT_TRUE(state.tuned);
-    EXPECT_EQ(state.chosen, 0);
-    small.expect_product(0.0);
-  }
-  {
-    ProductCase long_inner(rng, 1000, 560, kK + 8);  // K > 1024: not timed by default
-    long_inner.fill_output(std::nanf(""));
-    cuda::gemm(long_inner.product(0.0f), long_inner.gemm_scratch(), nullptr);
-    cuda_ok(cudaDeviceSynchronize());
-    const cuda::GemmPlanState state =
-        cuda::gemm_plan_state(long_inner.product(0.0f), long_inner.gemm_scratch());
-    EXPECT_TRUE(state.tuned);
-    EXPECT_EQ(state.chosen, 0);
-    long_inner.expect_product(0.0);
-  }
-  ScopedEnv off("XENT_CUDA_GEMM_TUNING", "0");
-  ProductCase t(rng, kM, 552, kK);
-  t.fill_output(std::nanf(""));
-  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
-  cuda_ok(cudaDeviceSynchronize());
-  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+// Each of these keeps the heuristic's first answer, untimed.
+void expect_first_answer(ProductCase& t) {
+  const cuda::GemmPlanState state = t.run_written_over();
   EXPECT_TRUE(state.tuned);
   EXPECT_EQ(state.chosen, 0);
   t.expect_product(0.0);
+}
+
+TEST(CudaGemmTuning, SmallProductsLongInnerDimensionsAndTheSwitchKeepTheFirstAnswer) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  ProductCase small(rng, 64, 544, 96);  // 6.7 Mflop
+  expect_first_answer(small);
+  ProductCase long_inner(rng, 1000, 560, kK + 8);  // K > 1024: not timed by default
+  expect_first_answer(long_inner);
+  ScopedEnv off("XENT_CUDA_GEMM_TUNING", "0");
+  ProductCase switched_off(rng, kM, 552, kK);
+  expect_first_answer(switched_off);
 }
 
 TEST(CudaGemmTuning, AllTimesLongInnerDimensions) {
@@ -206,10 +192,7 @@ TEST(CudaGemmTuning, AllTimesLongInnerDimensions) {
   ScopedEnv all("XENT_CUDA_GEMM_TUNING", "all");
   ScopedEnv log("XENT_CUDA_GEMM_TUNING_LOG", "1");
   ProductCase t(rng, 1000, 568, kK + 8);
-  t.fill_output(std::nanf(""));
-  cuda::gemm(t.product(0.0f), t.gemm_scratch(), nullptr);
-  cuda_ok(cudaDeviceSynchronize());
-  const cuda::GemmPlanState state = cuda::gemm_plan_state(t.product(0.0f), t.gemm_scratch());
+  const cuda::GemmPlanState state = t.run_written_over();
   ASSERT_TRUE(state.cached);
   EXPECT_TRUE(state.tuned);
   EXPECT_LT(state.chosen, state.candidates);
