@@ -69,7 +69,8 @@ struct Plan {
   cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
   int candidate_count = 0;
   int chosen = 0;
-  bool tuned = false;  // timed, or never to be timed (tuning off, a single candidate)
+  bool tuned = false;  // timed, or never to be timed (switched off, one candidate, too small,
+                       // or an inner dimension beyond the default's limit)
   bool has_bias = false;
   ~Plan() {
     if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
@@ -244,9 +245,11 @@ cublasStatus_t run_product(cublasLtHandle_t handle, const Plan& plan, int candid
 // where the events cannot be waited on; the next uncaptured call tunes instead.
 void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
           const ColumnMajorProduct& cm, GemmScratch scratch, cudaStream_t stream) {
+  // beta first: an accumulating call of an untimed configuration returns without an API call.
+  if (product.beta != 0.0f) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   XENT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone || product.beta != 0.0f) return;
+  if (capture != cudaStreamCaptureStatusNone) return;
   const int count = plan.candidate_count;
   constexpr int kRounds = 3;
   // Events per (round, candidate), recorded back to back: one host wait for all of them.
