@@ -2,7 +2,8 @@
 # The whole check on a machine with a GPU, from a fresh checkout (googletest sources in
 # third_party/googletest when the system has none):
 #   configure for the GPU (Hopper: sm_90a), build, ctest (labels cpu and gpu), compute-sanitizer
-#   memcheck and racecheck on a subset of the GPU tests, the kernels' bandwidth probe, xent-bench's
+#   memcheck and racecheck on a subset of the GPU tests and racecheck on the fused products'
+#   hand-overs, the kernels' bandwidth probe, xent-bench's
 #   PERF.md suite and the PyTorch comparison when they are there.
 # Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
 # Records name the commit from XENT_COMMIT when set, else from git. Set it whenever the tree was
@@ -100,9 +101,20 @@ if command -v compute-sanitizer >/dev/null; then
     --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
   step racecheck 900 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
     "$GPU_TESTS" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
+  # The fused Hopper products' shared-memory hand-overs (mbarriers), on cases small enough for
+  # racecheck to finish: one block, a block of several tiles, fp32 ∂W, ≈ 5 tiles per CTA. The
+  # grid's larger cases take minutes each under racecheck, and some run a cuBLASLt kernel for
+  # which racecheck reports same-value byte writes (docs/perf-notes.md, decision 60).
+  FUSED_RACECHECK_FILTER="${FUSED_RACECHECK_FILTER:-$(printf 'Grid/CudaStatisticsBlocks.MatchesReference/%s:' \
+    d_fused_bf16_N300_H72_V4099_plain_mean_dW_one chunks_fused_bf16_N300_H72_V4099_plain_mean_dW_one \
+    d_fused_f16_N1000_H136_V4099_smoothing_zloss_softcap_scale_rowweight_sum_dWfp32_row_tiles \
+    chunks_fused_f16_N300_H72_V4099_smoothing_zloss_softcap_scale_rowweight_mean_dWfp32_several)CudaFusedGradientShare.*}"
+  step racecheck-fused 900 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
+    "$GPU_TESTS" --gtest_filter="$FUSED_RACECHECK_FILTER" --gtest_brief=1
 else
   note_skip memcheck "compute-sanitizer not found"
   note_skip racecheck "compute-sanitizer not found"
+  note_skip racecheck-fused "compute-sanitizer not found"
 fi
 
 if [[ -x "$BUILD/tools/xent-bench" ]]; then

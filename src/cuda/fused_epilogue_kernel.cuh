@@ -50,6 +50,12 @@ struct StagedTile {
     return *reinterpret_cast<const uint4*>(values + row * kColumns + ((chunk ^ (row & 7)) << 3));
   }
   alignas(128) Element values[kRows * kColumns];
+  // The hand-over of `values` between the consumers and the epilogue warps (the kernel below):
+  // `full` completes a phase once every consumer thread has stored its part of a tile, `empty`
+  // once every epilogue thread has read it. mbarriers rather than named barriers' bar.arrive →
+  // bar.sync: both order the same and cost the same, but compute-sanitizer's racecheck models
+  // only the mbarrier form (perf-notes, decisions 57, 59 and 60).
+  uint64_t full, empty;
 };
 
 // (a, b) as one 4-byte word of a pair of S.
@@ -115,12 +121,12 @@ struct EpilogueWarpsKernel : Base {
                     cute::size<1>(TileShape{}) == Tile::kColumns,
                 "the staged tile is the output tile");
 
-  // The hand-over of the staged tile between the consumers (256 threads) and the epilogue warps
-  // (96): `full` once the consumers stored it, `empty` once the epilogue read it. Named barriers
-  // 0 and 1 of those CUTLASS leaves to users (NamedBarrier adds its reserved count); the
-  // mainloop's own synchronisation is mbarriers.
-  static constexpr uint32_t kHandOverThreads = Base::NumMMAThreads + kEpilogueThreads;
-  static constexpr uint32_t kFullBarrier = 0, kEmptyBarrier = 1;
+  // The hand-over's arrivals: every consumer thread on `full`, every epilogue thread on `empty`.
+  // One per thread, not one per warp after a __syncwarp: racecheck does not carry a __syncwarp
+  // into the barrier's ordering (decision 60), and the cost did not show.
+  using HandOver = cutlass::arch::ClusterBarrier;
+  static constexpr uint32_t kFullArrivals = Base::NumMMAThreads;
+  static constexpr uint32_t kEmptyArrivals = kEpilogueThreads;
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -151,6 +157,12 @@ struct EpilogueWarpsKernel : Base {
     pipeline_params.num_producers = Base::NumProducerThreads;
     pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
     MainloopPipeline pipeline(shared.pipelines.mainloop, pipeline_params, ClusterShape{});
+    Tile& tile = shared.tensors.epilogue.tile;
+    if (warp_idx == 0 && lane_predicate) {
+      HandOver::init(&tile.full, kFullArrivals);
+      HandOver::init(&tile.empty, kEmptyArrivals);
+      cutlass::arch::fence_barrier_init();
+    }
 
     // Every CTA of the cluster sees the pipeline's barriers initialised before any use.
     cluster_arrive_relaxed();
@@ -173,8 +185,9 @@ struct EpilogueWarpsKernel : Base {
     };
     CollectiveEpilogue epilogue(params.epilogue, shared.tensors.epilogue);
     const bool skipped = epilogue.skipped();
-    const cutlass::arch::NamedBarrier full(kHandOverThreads, kFullBarrier);
-    const cutlass::arch::NamedBarrier empty(kHandOverThreads, kEmptyBarrier);
+    // Both sides count the tiles handed over: the t-th (from 0) is phase t of `full`, and phase t
+    // of `empty` says it was read (a wait names a phase by its parity).
+    uint32_t handed = 0;
 
     if (role == kProducer) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
@@ -205,9 +218,10 @@ struct EpilogueWarpsKernel : Base {
             at.col0 = work.N_idx * Tile::kColumns;
             at.last = !next.is_valid();
             epilogue.prepare(at);
-            empty.arrive();  // the previous tile is read: the consumers may store this one
-            full.sync();
+            HandOver::wait(&tile.full, handed % 2);
             epilogue.rows(at, shared.tensors.epilogue);
+            HandOver::arrive(&tile.empty);  // read: the consumers may store the next tile
+            ++handed;
           }
           work = next;
         }
@@ -217,7 +231,6 @@ struct EpilogueWarpsKernel : Base {
       const int mma_thread = thread_idx - static_cast<int>(kWarpgroup);
       TiledMma tiled_mma;
       typename CollectiveMainloop::PipelineState state;
-      Tile& tile = shared.tensors.epilogue.tile;
       while (work.is_valid()) {
         auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(tile_shape));
         mainloop.mma(pipeline, state, accumulators, k_tiles, mma_thread, shared.tensors.mainloop,
@@ -240,9 +253,10 @@ struct EpilogueWarpsKernel : Base {
           own.last = !next.is_valid();
           const bool shares = epilogue.shares(own);
           if (shares) epilogue.prepare_own(own);
-          empty.sync();  // the epilogue has read the previous tile
+          if (handed > 0) HandOver::wait(&tile.empty, (handed - 1) % 2);  // the last one is read
           stage(accumulators, tiled_mma, thread, tile);
-          full.arrive();
+          HandOver::arrive(&tile.full);
+          ++handed;
           if (shares) epilogue.own_rows(own, shared.tensors.epilogue);
         }
         work = next;
