@@ -111,4 +111,44 @@ XENT_HD ShardPartial<T> merge_distill_hard(const T* gathered, int64_t rows, int6
                              kDistillShardStatsWidth);
 }
 
+// The records `a` and `b` of two disjoint slices of one row folded into the record of their
+// union, written to `out` (which may be `a`): so a pass over the vocabulary block by block keeps
+// one record per row, not one per block (linear_distill's schedule (d), chunk_plan.hpp). The
+// chain rule of distill_slice_term is associative (the union's divergence is Σ_r of the slices'
+// terms relative to the union, and the union's own term relative to the whole row multiplies
+// into them), so folding the slices one at a time and merging the result gives the divergence
+// merge_distill_records forms from all of them at once, to rounding. `b` holds the later
+// columns: an argmax tie keeps `a`'s (the lower column), as the row kernel does.
+template <class T>
+XENT_HD void fold_distill_record(DistillKindCode kind, const T* a, const T* b, T* out) {
+  RowStats<T> student, teacher;
+  student.merge(lse_stats(a[kDistillShardLseStudent], 0));
+  student.merge(lse_stats(b[kDistillShardLseStudent], 1));
+  teacher.merge(lse_stats(a[kDistillShardLseTeacher], 0));
+  teacher.merge(lse_stats(b[kDistillShardLseTeacher], 1));
+  const T lse_s = student.lse(), lse_t = teacher.lse();
+  T divergence = 0;
+  const T* parts[2] = {a, b};
+  for (const T* part : parts) {
+    if (part[kDistillShardLseTeacher] == -infinity<T>() &&
+        part[kDistillShardLseStudent] == -infinity<T>()) {
+      continue;  // an empty slice adds nothing (and −inf − −inf would be NaN)
+    }
+    divergence += distill_slice_term(kind, part[kDistillShardLseTeacher] - lse_t,
+                                     part[kDistillShardLseStudent] - lse_s,
+                                     part[kDistillShardDivergence]);
+  }
+  ShardPartial<T> hard = read_shard_record(a + kDistillShardHard);
+  const ShardPartial<T> later = read_shard_record(b + kDistillShardHard);
+  hard.stats.merge(later.stats);
+  hard.target_logit += later.target_logit;
+  hard.target_weight += later.target_weight;
+  hard.class_weight_sum += later.class_weight_sum;
+  out[kDistillShardLseStudent] = lse_s;
+  out[kDistillShardLseTeacher] = lse_t;
+  out[kDistillShardDivergence] = divergence;
+  out[kDistillShardReserved] = 0;
+  write_shard_record(out + kDistillShardHard, hard);
+}
+
 }  // namespace xent::common

@@ -187,7 +187,7 @@ Model model_of(const ChunkRequest& r) {
 // What a plan's products pay for operands read more than once: `products` products per chunk
 // re-read W over chunk_count row chunks; per block, h over block_count blocks, and W_block over
 // tile_count row tiles.
-double reread_ms(const Model& m, int products, int64_t chunks, int64_t blocks, int64_t tiles) {
+double reread_ms(const Model& m, double products, int64_t chunks, int64_t blocks, int64_t tiles) {
   const double extra_chunks = static_cast<double>(std::max<int64_t>(chunks - 1, 0));
   const double extra_blocks = static_cast<double>(std::max<int64_t>(blocks - 1, 0));
   const double extra_tiles = static_cast<double>(std::max<int64_t>(tiles - 1, 0));
@@ -378,17 +378,25 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
           ? align_up(static_cast<std::size_t>(std::max<int64_t>(request.rows, 1)) *
                      static_cast<std::size_t>(request.hidden) * 4)
           : 0;
-  // The (c) plan of the room left beside the ∂h accumulator: its pass 1 is not run.
-  blocks_only.budget_bytes =
-      request.budget_bytes > hidden_accumulator ? request.budget_bytes - hidden_accumulator : 0;
+  // The (c) plan of the room left beside the ∂h accumulator and pass 1's records: its pass 1 is
+  // not run.
+  const std::size_t records = align_up(request.statistics_records_bytes);
+  const std::size_t beside = hidden_accumulator + records;
+  blocks_only.budget_bytes = request.budget_bytes > beside ? request.budget_bytes - beside : 0;
   ChunkPlan plan = block_plan(blocks_only, gemm, max_columns);
   plan.schedule = Schedule::statistics_blocks;
   plan.chunk_rows = plan.chunk_count = 0;
   plan.logits_buffer_bytes = 0;
   plan.hidden_accumulator_bytes = hidden_accumulator;
   plan.statistics_bytes = align_up(request.statistics_bytes);
+  plan.statistics_records_bytes = records;
   plan.deferred_first_block = plan.block_count;
   const Model m = model_of(request);
+  // A block's logits and gradient: its logits products (the teacher's too, for distillation), the
+  // gradient kernel's read of every logits buffer and its write of the gradient.
+  const int buffers = std::max(1, request.logits_buffers_per_row);
+  const double block_logits_ms =
+      request.products_per_logits_chunk * m.product_ms + (buffers + 1) * m.pass_ms;
   double split_ms = 0;  // the ∂h products split at the head's last row
   if (in_weight_grad) {
     auto deferred_first = [&](const HiddenSumsInWeightGrad& sums) {
@@ -407,7 +415,7 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
           straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
       const double spared_ms = (deferred_share(request, plan, deferred_first(place)) -
                                 deferred_share(request, plan, deferred_first(sums))) *
-                               (m.product_ms + 2 * m.pass_ms);
+                               block_logits_ms;
       if (spared_ms > head_split_ms) {
         split_ms = head_split_ms;
       } else {
@@ -423,21 +431,25 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   const double accumulate_hidden_ms =
       request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;
   const bool weight = request.weight_gradient || request.weight_accumulator;
-  const int products = 2 + (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
-  const int launches = products;  // per tile: logits, block gradient, ∂W, ∂h (no stats product)
+  const int pass_two_products = (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
+  const double products = request.statistics_products + pass_two_products;
+  // Per tile: logits, block gradient, ∂W, ∂h (pass 1's launches are few beside them).
+  const int launches = request.products_per_logits_chunk + 1 + pass_two_products;
   const int64_t deferred_blocks = plan.block_count - plan.deferred_first_block;
-  plan.predicted_ms = products * m.product_ms + 2 * m.pass_ms +
+  plan.predicted_ms = products * m.product_ms + block_logits_ms +
+                      request.statistics_passes * m.pass_ms +
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       (plan.block_count - 1) * accumulate_hidden_ms +
-                      deferred_share(request, plan, plan.deferred_first_block) *
-                          (m.product_ms + 2 * m.pass_ms) +
+                      deferred_share(request, plan, plan.deferred_first_block) * block_logits_ms +
                       split_ms +
-                      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+                      reread_ms(m, products + request.products_per_logits_chunk, 0,
+                                plan.block_count, plan.tile_count) +
                       row_tiles_ms(m, plan.tile_count) +
                       launches * (plan.block_count + deferred_blocks) * plan.tile_count *
                           kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.tile_count = 0;
-  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
+  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes +
+                     plan.statistics_records_bytes;
   return plan;
 }
 

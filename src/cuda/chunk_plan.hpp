@@ -47,6 +47,13 @@ struct ChunkRequest {
   // product needs (one 128-row tile of partials, every row's record, the finish's scratch).
   bool statistics_product = false;
   std::size_t statistics_bytes = 0;
+  // (d)'s first pass where it is not that one fused product: distillation forms its records block
+  // by block from cuBLASLt logits (linear_distill_records.cuh). Its cost, in full products and in
+  // reads of N×V chunk logits (the fused product: 1 and 0), and the bytes it keeps beside the
+  // chunk region for the whole pass (its running records; part of the plan's total).
+  double statistics_products = 1;
+  double statistics_passes = 0;
+  std::size_t statistics_records_bytes = 0;
   bool hidden_gradient = false;     // ∂h is wanted: (d) sums it over blocks in fp32 (N×H)
   bool prefer_statistics = false;   // take (d) whenever it fits (tests, measurements)
   // The ∂W output as (d)'s scratch: its bytes when ∂W is written over (not added into) as one
@@ -110,6 +117,7 @@ struct ChunkPlan {
   int64_t hidden_sums_head_rows = 0;
   int64_t deferred_first_block = 0;
   std::size_t statistics_bytes = 0;          // (d): pass 1's share of the chunk region
+  std::size_t statistics_records_bytes = 0;  // (d): pass 1's records beside the region
   std::size_t bias_accumulator_bytes = 0;
   std::size_t total_bytes = 0;          // everything above, with alignment padding
   double predicted_ms = 0;              // cost model (chunk_plan.cpp), H200-class figures

@@ -22,6 +22,7 @@
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_shard.cuh"
 #include "cuda/distill_rows.cuh"
+#include "cuda/distill_shard.cuh"
 #include "cuda/linear_distill_block_grad.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/shard_merge.cuh"
@@ -244,23 +245,43 @@ __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(cons
   finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
-void launch_merge(TensorView gathered, TensorView gathered_sums, TensorView target, int64_t rows,
-                  VocabShard shard, const DistillOptions& options, const ShardWorkspace& ws,
-                  MergeParams p, cudaStream_t stream) {
-  p.gathered = static_cast<const float*>(gathered.data);
-  p.gathered_sums = f32(gathered_sums);
-  p.rows = rows;
-  p.ranks = rows > 0 ? gathered.rows / rows : 0;
-  p.vocab = shard.vocab;
-  p.target = target.present() ? target.data : nullptr;
-  p.target_dtype = target.dtype;
-  p.options = distill_row_options(options);
-  p.row_weight = f32(options.ce.row_weight);
-  p.with_hard = with_hard_term(options, target);
+}  // namespace
+
+void distill_merge_records(const DistillMergeRequest& request, const DistillMergeOutputs& out,
+                           cudaStream_t stream) {
+  MergeParams p{};
+  p.gathered = request.records;
+  p.gathered_sums = request.sums;
+  p.rows = request.rows;
+  p.ranks = request.ranks;
+  p.vocab = request.vocab;
+  p.target = request.target.present() ? request.target.data : nullptr;
+  p.target_dtype = request.target.dtype;
+  p.options = distill_row_options(request.options);
+  p.row_weight = f32(request.options.ce.row_weight);
+  p.grad_output = request.grad_output;
+  p.with_hard = with_hard_term(request.options, request.target);
+  p.op = request.op;
   p.error = device_error_state();
-  p.totals = ws.totals;
+  p.totals = out.totals;
+  p.statistics = out.statistics;
+  p.row_soft = out.row_soft;
+  p.row_hard_loss = out.row_hard_loss;
+  p.row_hard_z = out.row_hard_z;
+  p.row_total = out.row_total;
+  p.target_weight = out.target_weight;
   distill_shard_merge_kernel<<<1, kMergeThreads, 0, stream>>>(p);
   XENT_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+DistillMergeRequest merge_request(TensorView gathered, TensorView gathered_sums,
+                                  TensorView target, int64_t rows, VocabShard shard,
+                                  const DistillOptions& options, OpCode op) {
+  return DistillMergeRequest{static_cast<const float*>(gathered.data), f32(gathered_sums), rows,
+                             rows > 0 ? gathered.rows / rows : 0, shard.vocab, target, options,
+                             nullptr, op};
 }
 
 }  // namespace
@@ -353,13 +374,15 @@ void distill_shard_loss(TensorView gathered, TensorView gathered_sums, TensorVie
   const ShardWorkspace ws = carve(workspace, rows);
   const bool none = options.ce.reduction == Reduction::none;
   const bool with_hard = with_hard_term(options, target);
-  MergeParams p{};
-  p.op = OpCode::distill_forward;
-  p.row_soft = ws.row_soft;
-  p.row_hard_loss = with_hard ? ws.row_hard_loss : nullptr;
-  p.row_hard_z = with_hard ? ws.row_hard_z : nullptr;
-  p.row_total = none ? f32(loss) : nullptr;
-  launch_merge(gathered, gathered_sums, target, rows, shard, options, ws, p, s);
+  DistillMergeOutputs out;
+  out.totals = ws.totals;
+  out.row_soft = ws.row_soft;
+  out.row_hard_loss = with_hard ? ws.row_hard_loss : nullptr;
+  out.row_hard_z = with_hard ? ws.row_hard_z : nullptr;
+  out.row_total = none ? f32(loss) : nullptr;
+  distill_merge_records(merge_request(gathered, gathered_sums, target, rows, shard, options,
+                                      OpCode::distill_forward),
+                        out, s);
   if (none) return;
   DistillReduceArgs r;
   r.rows = rows;
@@ -367,8 +390,8 @@ void distill_shard_loss(TensorView gathered, TensorView gathered_sums, TensorVie
   r.soft_weight = options.soft_weight;
   r.hard_weight = options.hard_weight;
   r.row_soft = ws.row_soft;
-  r.row_hard_loss = p.row_hard_loss;
-  r.row_hard_z = p.row_hard_z;
+  r.row_hard_loss = out.row_hard_loss;
+  r.row_hard_z = out.row_hard_z;
   r.totals = ws.totals;
   r.loss = f32(loss);
   distill_reduce(r, s);
@@ -383,12 +406,14 @@ void distill_shard_backward(TensorView student, TensorView teacher, TensorView t
   const int64_t rows = student.rows;
   const ShardWorkspace ws = carve(workspace, rows);
   const bool none = options.ce.reduction == Reduction::none;
-  MergeParams p{};
-  p.op = OpCode::distill_backward;
-  p.grad_output = none ? nullptr : f32(grad_output);
-  p.statistics = ws.statistics;
-  p.target_weight = ws.target_weight;
-  launch_merge(gathered, gathered_sums, target, rows, shard, options, ws, p, s);
+  DistillMergeRequest request = merge_request(gathered, gathered_sums, target, rows, shard,
+                                              options, OpCode::distill_backward);
+  request.grad_output = none ? nullptr : f32(grad_output);
+  DistillMergeOutputs out;
+  out.totals = ws.totals;
+  out.statistics = ws.statistics;
+  out.target_weight = ws.target_weight;
+  distill_merge_records(request, out, s);
 
   DistillBlockGradArgs a;
   a.student = student.data;

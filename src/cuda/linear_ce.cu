@@ -30,6 +30,7 @@
 #include "cuda/fused_grad.cuh"
 #include "cuda/fused_stats.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/hidden_sums.hpp"
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/linear_block_pass.hpp"
 #include "cuda/linear_ce_plan.hpp"
@@ -71,32 +72,9 @@ struct PlanWants {
   // The call may take schedule (d): it can form its statistics with the fused product
   // (fused_stats_eligible).
   bool statistics = false;
-  // The ∂W output as (d)'s scratch for its ∂h sums (ChunkRequest::weight_grad_bytes): its bytes
-  // and row bytes, 0 where it cannot serve.
-  std::size_t weight_grad_bytes = 0;
-  std::size_t weight_grad_row_bytes = 0;
-  // The ∂h output as scratch for the first rows' sums (ChunkRequest::hidden_grad_bytes).
-  std::size_t hidden_grad_bytes = 0;
+  // The outputs as (d)'s scratch for its ∂h sums.
+  HiddenSumsScratch sums_scratch;
 };
-
-// Where (d) keeps its ∂h sums: XENT_CUDA_HIDDEN_SUMS=workspace or =weight_grad forces a place
-// where it fits (tests, measurements); unset, the planner chooses. Read per call: tests switch it.
-HiddenSums hidden_sums_switch() {
-  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS");
-  if (knob && std::strcmp(knob, "workspace") == 0) return HiddenSums::workspace;
-  if (knob && std::strcmp(knob, "weight_grad") == 0) return HiddenSums::weight_grad;
-  return HiddenSums::planned;
-}
-
-// XENT_CUDA_HIDDEN_SUMS_HEAD=0 keeps every ∂h sum out of the ∂h output, =1 puts the first rows'
-// there wherever it can hold them (tests, measurements); unset, the planner chooses. Read per
-// call: tests switch it.
-HiddenSumsHead hidden_sums_head_switch() {
-  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
-  if (knob && std::strcmp(knob, "0") == 0) return HiddenSumsHead::never;
-  if (knob && std::strcmp(knob, "1") == 0) return HiddenSumsHead::always;
-  return HiddenSumsHead::planned;
-}
 
 // XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
 bool whole_row_blocks_switch() {
@@ -129,11 +107,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.statistics_bytes = fused_stats_minimum_bytes(rows, vocab);
   request.hidden_gradient = wants.gradients && wants.hidden;
   request.prefer_statistics = fused_stats_forced();
-  request.weight_grad_bytes = wants.weight_grad_bytes;
-  request.weight_grad_row_bytes = wants.weight_grad_row_bytes;
-  request.hidden_grad_bytes = wants.hidden_grad_bytes;
-  request.hidden_sums = hidden_sums_switch();
-  request.hidden_sums_head = hidden_sums_head_switch();
+  set_hidden_sums_places(request, wants.sums_scratch);
   request.whole_row_blocks = whole_row_blocks_switch();
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
@@ -154,25 +128,7 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
   wants.weight_accumulator = wants.weight && grads.weight.dtype != DType::f32;
   wants.bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
   wants.statistics = statistics;
-  // ∂W holds nothing before its rows are written, unless it is added into; (d) may then keep its
-  // ∂h sums there when it is one contiguous buffer whose fp32 values are aligned.
-  const TensorView& weight_grad = grads.weight;
-  if (wants.weight && !grads.accumulate_weight && weight_grad.row_stride == weight_grad.cols &&
-      reinterpret_cast<std::uintptr_t>(weight_grad.data) % 16 == 0) {
-    wants.weight_grad_row_bytes =
-        static_cast<std::size_t>(weight_grad.cols) * dtype_size(weight_grad.dtype);
-    wants.weight_grad_bytes =
-        static_cast<std::size_t>(weight_grad.rows) * wants.weight_grad_row_bytes;
-  }
-  // ∂h is written once, at the end of (d): until then a contiguous 16-bit ∂h can hold the fp32
-  // sums of its first N/2 rows.
-  const TensorView& hidden_grad = grads.hidden;
-  if (wants.hidden && dtype_size(hidden_grad.dtype) == 2 &&
-      hidden_grad.row_stride == hidden_grad.cols &&
-      reinterpret_cast<std::uintptr_t>(hidden_grad.data) % 16 == 0) {
-    wants.hidden_grad_bytes = static_cast<std::size_t>(hidden_grad.rows) *
-                              static_cast<std::size_t>(hidden_grad.cols) * 2;
-  }
+  wants.sums_scratch = hidden_sums_scratch(grads);
   return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
 }
 
@@ -214,13 +170,8 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
               wants.hidden = hidden_gradient;
               wants.statistics = statistics;
               if (sums_in_outputs) {
-                wants.weight_grad_row_bytes = static_cast<std::size_t>(hidden) *
-                                              (weight_16_bit ? 2 : sizeof(float));
-                wants.weight_grad_bytes =
-                    static_cast<std::size_t>(vocab) * wants.weight_grad_row_bytes;
-                wants.hidden_grad_bytes =
-                    half ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden) * 2
-                         : 0;
+                wants.sums_scratch =
+                    contiguous_hidden_sums_scratch(rows, hidden, vocab, weight_16_bit, half);
               }
               const LinearCePlan plan =
                   plan_linear_ce(rows, hidden, vocab, dtype, options, wants);

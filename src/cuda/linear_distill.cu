@@ -7,31 +7,42 @@
 // form loss and ∂h_s and save each row's statistics (DistillRowStatistics), and ∂W_s follows per
 // block of vocabulary columns: the block's logits again, its gradient elementwise from the saved
 // statistics (linear_distill_block_grad.cuh), then ∂W of the block (the pass that linear_ce.cu
-// shares, linear_block_pass.hpp).
+// shares, linear_block_pass.hpp). Where even row chunks would be too few rows for efficient
+// products (small budgets), schedule (d) forms the statistics block by block as well and sums ∂h
+// over the blocks (linear_distill_blocks.cu). The blocked passes live there.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "api/backend.hpp"
+#include "api/shard_backend.hpp"
 #include "cuda/distill_rows.cuh"
 #include "cuda/gemm.hpp"
-#include "cuda/linear_block_pass.hpp"
-#include "cuda/linear_distill_block_grad.cuh"
+#include "cuda/hidden_sums.hpp"
+#include "cuda/linear_distill_passes.hpp"
 #include "cuda/linear_distill_plan.hpp"
+#include "cuda/linear_distill_records.cuh"
 #include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
 
 namespace {
 
-struct LinearDistillPlan {
-  ChunkPlan chunks;
-  DType logits_dtype = DType::bf16;
-  bool teacher_buffer = false;  // teacher rows are formed (or converted) into the workspace
-};
+// XENT_CUDA_DISTILL_STATISTICS=1 takes schedule (d) wherever it fits the budget, =0 never
+// (tests, measurements); unset, the planner chooses. Read per call: tests switch it.
+char statistics_blocks_switch() {
+  const char* knob = std::getenv("XENT_CUDA_DISTILL_STATISTICS");
+  return knob && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "1") == 0) ? knob[0] : 0;
+}
 
 // teacher_from_hidden: the teacher comes as hidden + weight. teacher_dtype: the dtype of given
 // teacher logits (ignored otherwise); rows of another dtype than the student chunk are converted.
+// sums_scratch: the outputs that (d) may keep its ∂h sums in (hidden_sums.hpp).
 LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                       const LinearDistillOptions& options,
                                       bool teacher_from_hidden, DType teacher_dtype,
-                                      const LinearGradients& grads) {
+                                      const LinearGradients& grads,
+                                      const HiddenSumsScratch& sums_scratch) {
   LinearDistillPlan plan;
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
   plan.teacher_buffer = teacher_from_hidden || teacher_dtype != plan.logits_dtype;
@@ -47,8 +58,20 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.weight_gradient = grads.weight.present();
   request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
   request.products_per_logits_chunk = teacher_from_hidden ? 2 : 1;
-  // The blocked schedule keeps the row statistics of its first pass for the block gradients.
+  // The blocked schedules keep the row statistics of their first pass for the block gradients.
   request.saved_row_bytes = sizeof(DistillRowStatistics);
+  // Schedule (d): the records of every row formed block by block (linear_distill_records.cuh),
+  // one sweep of logits products over the blocks (two for jsd and tvd), then the blocks'
+  // gradients with ∂h summed over them.
+  const char forced = statistics_blocks_switch();
+  const double sweeps = distill_shard_needs_sums(options.distill.kind) ? 2 : 1;
+  request.statistics_product = grads.weight.present() && forced != '0';
+  request.prefer_statistics = forced == '1';
+  request.statistics_products = sweeps * request.products_per_logits_chunk;
+  request.statistics_passes = sweeps * 2;  // the record kernels read student and teacher tiles
+  request.statistics_records_bytes = distill_records_bytes(rows, options.distill.kind);
+  request.hidden_gradient = grads.hidden.present();
+  set_hidden_sums_places(request, sums_scratch);
   plan.chunks = plan_chunks(request);
   return plan;
 }
@@ -62,108 +85,25 @@ LinearDistillPlan fit_to_workspace(int64_t rows, int64_t hidden, int64_t vocab, 
                                    DType teacher_dtype, const LinearGradients& grads,
                                    std::size_t workspace_bytes) {
   LinearDistillOptions fitted = options;
+  const HiddenSumsScratch sums_scratch = hidden_sums_scratch(grads);
   LinearDistillPlan plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted,
-                                               teacher_from_hidden, teacher_dtype, grads);
-  while (plan.chunks.total_bytes > workspace_bytes && plan.chunks.chunk_rows > 1 &&
+                                               teacher_from_hidden, teacher_dtype, grads,
+                                               sums_scratch);
+  auto shrinkable = [&](const ChunkPlan& chunks) {
+    return chunks.schedule == Schedule::statistics_blocks ? chunks.tile_rows > 1 ||
+                                                                chunks.block_columns > 1
+                                                          : chunks.chunk_rows > 1;
+  };
+  while (plan.chunks.total_bytes > workspace_bytes && shrinkable(plan.chunks) &&
          fitted.workspace_budget > 0) {
     fitted.workspace_budget = fitted.workspace_budget / 4 * 3;
     plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted, teacher_from_hidden,
-                               teacher_dtype, grads);
+                               teacher_dtype, grads, sums_scratch);
   }
   return plan;
 }
 
-struct LinearDistillCall {
-  TensorView student_hidden, student_weight;
-  const Teacher& teacher;
-  TensorView target;
-  const LinearDistillOptions& options;
-  TensorView grad_output{};
-  const TensorView* loss = nullptr;
-  LinearGradients grads{};
-  OpCode op = OpCode::linear_distill_forward;
-};
-
-// What the row-chunk pass and the block pass of one call share.
-struct DistillPasses {
-  const LinearDistillCall& call;
-  const LinearDistillPlan& plan;
-  GemmScratch scratch;
-  const CeBatchTotals* totals;
-  DistillRowOptions row_options;
-  bool per_row_upstream;
-};
-
-// The teacher rows [first, first + count) and columns [first_column, first_column + columns):
-// formed as h_t·W_tᵀ into `buffer`, converted into `buffer`, or read where the caller's teacher
-// logits sit. Returns the rows and sets their row stride.
-const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count,
-                         int64_t first_column, int64_t columns, void* buffer, int64_t& stride,
-                         cudaStream_t stream) {
-  const Teacher& teacher = pass.call.teacher;
-  const DType logits_dtype = pass.plan.logits_dtype;
-  if (!teacher.logits.present()) {
-    GemmProduct product;
-    product.a = gemm_matrix(teacher.hidden, first, count);
-    product.b = gemm_matrix(teacher.weight, first_column, columns);
-    product.b_transposed = true;
-    product.c = GemmMatrix{buffer, logits_dtype, count, columns, columns};
-    gemm(product, pass.scratch, stream);
-    stride = columns;
-    return buffer;
-  }
-  const char* source = static_cast<const char*>(gemm_matrix(teacher.logits, first, count).data) +
-                       static_cast<std::size_t>(first_column) * dtype_size(teacher.logits.dtype);
-  if (pass.plan.teacher_buffer) {
-    convert_rows(source, teacher.logits.dtype, teacher.logits.row_stride, buffer, logits_dtype,
-                 columns, count, columns, stream);
-    stride = columns;
-    return buffer;
-  }
-  stride = teacher.logits.row_stride;
-  return source;
-}
-
-// Pass 2 of the vocabulary-blocked schedule (linear_block_pass.hpp): per block of vocabulary
-// columns, the student (and teacher) logits of the block again and the block's gradient
-// elementwise from the row statistics of pass 1, then ∂W of the block.
-void run_block_pass(const DistillPasses& pass, void* region,
-                    const DistillRowStatistics* statistics, cudaStream_t stream) {
-  const LinearDistillCall& call = pass.call;
-  BlockPassInputs inputs;
-  inputs.hidden = call.student_hidden;
-  inputs.weight = call.student_weight;
-  inputs.weight_grad = call.grads.weight;
-  inputs.add_to_weight_grad = call.grads.accumulate_weight;
-  inputs.chunks = pass.plan.chunks;
-  inputs.logits_dtype = pass.plan.logits_dtype;
-  inputs.region = region;
-  inputs.scratch = pass.scratch;
-  // The teacher tile is formed (or converted) into the tile region's second buffer after the
-  // student product, as in the row chunks.
-  auto block_gradient = [&](const BlockTile& tile, cudaStream_t on) {
-    const int64_t first = tile.first_row;
-    DistillBlockGradArgs args;
-    static_cast<BlockGradTile&>(args) = tile.gradient;
-    args.teacher = teacher_rows(pass, first, args.rows, args.first_column, args.columns,
-                                tile.second_buffer, args.teacher_stride, on);
-    args.student = tile.logits;
-    args.student_stride = tile.logits_stride;
-    if (call.target.present()) {
-      args.target = static_cast<const char*>(call.target.data) +
-                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-      args.target_dtype = call.target.dtype;
-    }
-    args.statistics = statistics + first;
-    args.row_weight = offset_rows<const float>(call.options.distill.ce.row_weight, first);
-    args.grad_output_rows =
-        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
-    args.options = pass.row_options;
-    args.totals = pass.totals;
-    distill_block_grad(args, on);
-  };
-  weight_gradient_by_blocks(inputs, block_gradient, stream);
-}
+std::atomic<int64_t> schedule_runs[4];
 
 void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.student_hidden.rows, hidden = call.student_hidden.cols,
@@ -176,13 +116,18 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const bool want_grad = want_hidden || want_weight;
   const LinearDistillPlan requested =
       plan_linear_distill(rows, hidden, vocab, call.student_hidden.dtype, call.options,
-                          teacher_from_hidden, teacher_dtype, grads);
+                          teacher_from_hidden, teacher_dtype, grads, hidden_sums_scratch(grads));
   if (!requested.chunks.fits_budget) {
     throw_budget_too_small(call.op, call.options.workspace_budget, requested.chunks.total_bytes);
   }
   const LinearDistillPlan plan =
       fit_to_workspace(rows, hidden, vocab, call.student_hidden.dtype, call.options,
                        teacher_from_hidden, teacher_dtype, grads, workspace.bytes);
+  schedule_runs[static_cast<int>(plan.chunks.schedule)].fetch_add(1);
+  if (plan.chunks.schedule == Schedule::statistics_blocks) {
+    run_statistics_blocks(call, plan, workspace, stream);
+    return;
+  }
   const DistillOptions& distill = call.options.distill;
   const Reduction reduction = distill.ce.reduction;
   const bool sum_or_mean = reduction != Reduction::none;
@@ -288,7 +233,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                                scratch, stream);
   }
   if (blocked && plan.chunks.chunk_count > 0) {
-    run_block_pass(pass, chunk_buffer, statistics, stream);
+    run_block_pass(pass, chunk_buffer, statistics, nullptr, stream);
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
@@ -309,12 +254,16 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
 
 }  // namespace
 
+int64_t linear_distill_runs(Schedule schedule) {
+  return schedule_runs[static_cast<int>(schedule)].load();
+}
+
 ChunkPlan linear_distill_chunk_plan(int64_t rows, int64_t student_hidden, int64_t teacher_hidden,
                                     int64_t vocab, DType dtype,
                                     const LinearDistillOptions& options,
                                     DType teacher_logits_dtype, const LinearGradients& grads) {
   return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
-                             teacher_logits_dtype, grads)
+                             teacher_logits_dtype, grads, hidden_sums_scratch(grads))
       .chunks;
 }
 
@@ -324,29 +273,41 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
                                           bool with_gradients) {
   // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits. As for linear_ce,
   // the query reports the largest plan a call may choose: without ∂W, with an fp32 ∂W, and with a
-  // 16-bit ∂W (fp32 accumulation); for teacher logits also of a dtype other than the chunk
-  // logits (converted into a buffer of their own), where that plan fits the budget. Without it a
-  // small budget gave a workspace that the converting call's smallest plan did not fit.
-  LinearGradients fp32_weight, input_dtype_weight;
-  if (with_gradients) {
-    fp32_weight.weight =
-        TensorView{nullptr, DType::f32, 2, vocab, student_hidden, student_hidden};
-    input_dtype_weight.weight = fp32_weight.weight;
-    input_dtype_weight.weight.dtype = dtype;
-  }
+  // 16-bit ∂W (fp32 accumulation), each with and without ∂h, and (d) with its ∂h sums in the
+  // workspace or in outputs that can hold them; for teacher logits also of a dtype other than
+  // the chunk logits (converted into a buffer of their own), where that plan fits the budget.
+  // Without it a small budget gave a workspace that the converting call's smallest plan did not
+  // fit.
   std::size_t bytes = 0;
   const bool teacher_from_hidden = teacher_hidden > 0;
+  const bool half = dtype != DType::f32;
   const DType logits_dtype = options.fp32_logits ? DType::f32 : dtype;
   const DType converted_teacher = logits_dtype == DType::f32 ? DType::bf16 : DType::f32;
-  for (const LinearGradients& grads : {LinearGradients{}, fp32_weight, input_dtype_weight}) {
+  auto consider = [&](const LinearGradients& grads, const HiddenSumsScratch& sums_scratch) {
     bytes = std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
-                                                teacher_from_hidden, logits_dtype, grads)
+                                                teacher_from_hidden, logits_dtype, grads,
+                                                sums_scratch)
                                 .chunks.total_bytes);
-    if (teacher_from_hidden) continue;
+    if (teacher_from_hidden) return;
     const ChunkPlan converting = plan_linear_distill(rows, student_hidden, vocab, dtype, options,
-                                                     false, converted_teacher, grads)
+                                                     false, converted_teacher, grads, sums_scratch)
                                      .chunks;
     if (converting.fits_budget) bytes = std::max(bytes, converting.total_bytes);
+  };
+  consider(LinearGradients{}, HiddenSumsScratch{});
+  if (!with_gradients) return bytes;
+  const TensorView hidden_grad{nullptr, dtype, 2, rows, student_hidden, student_hidden};
+  for (const DType weight_dtype : {DType::f32, dtype}) {
+    for (const bool with_hidden : {false, true}) {
+      LinearGradients grads;
+      grads.weight = TensorView{nullptr, weight_dtype, 2, vocab, student_hidden, student_hidden};
+      if (with_hidden) grads.hidden = hidden_grad;
+      consider(grads, HiddenSumsScratch{});
+      if (with_hidden) {
+        consider(grads, contiguous_hidden_sums_scratch(rows, student_hidden, vocab,
+                                                       weight_dtype != DType::f32, half));
+      }
+    }
   }
   return bytes;
 }

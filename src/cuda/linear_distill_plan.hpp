@@ -16,4 +16,7 @@ ChunkPlan linear_distill_chunk_plan(int64_t rows, int64_t student_hidden, int64_
                                     const LinearDistillOptions& options,
                                     DType teacher_logits_dtype, const LinearGradients& grads);
 
+// How many linear_distill calls of this process ran each schedule: tests assert which one ran.
+int64_t linear_distill_runs(Schedule schedule);
+
 }  // namespace xent::cuda

@@ -497,6 +497,78 @@ ChunkRequest sums_request(int64_t rows, int64_t hidden, int64_t vocab, std::size
   return request;
 }
 
+// linear_distill's (d): no fused product; its first pass forms every row's records block by block
+// from the blocks' student and teacher logits (two products and a read of both tiles per sweep;
+// `sweeps` 2 for jsd and tvd), keeping `records` bytes beside the chunk region.
+ChunkRequest distill_statistics_request(int64_t rows, int64_t hidden, int64_t vocab,
+                                        std::size_t budget, int sweeps, std::size_t records) {
+  ChunkRequest request = with_weight_grad_output(
+      distill_request(training_request(rows, hidden, vocab, budget)));
+  request.bias_accumulator_bytes = 0;
+  request.statistics_product = true;
+  request.hidden_gradient = true;
+  request.statistics_products = 2.0 * sweeps;
+  request.statistics_passes = 2.0 * sweeps;
+  request.statistics_records_bytes = records;
+  request.hidden_grad_bytes = static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden) * 2;
+  return request;
+}
+
+TEST(ChunkPlan, DistillationStatisticsBlocksAtSmallBudgets) {
+  // At 64 MiB (c)'s row chunks of student and teacher logits hold 64–128 rows, whose products
+  // re-read both weights per chunk; (d) keeps all rows (or large row tiles) per product and is
+  // taken, its records beside the region and within the budget.
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab);
+    const std::size_t records = static_cast<std::size_t>(rows) * 160;
+    const ChunkRequest request =
+        distill_statistics_request(rows, hidden, vocab, 64 * kMiB, 1, records);
+    const ChunkPlan plan = plan_chunks(request);
+    ASSERT_EQ(plan.schedule, Schedule::statistics_blocks);
+    EXPECT_TRUE(plan.fits_budget);
+    EXPECT_LE(plan.total_bytes, 64 * kMiB);
+    EXPECT_EQ(plan.statistics_records_bytes, align_up(records));
+    EXPECT_EQ(plan.chunk_count, 0);
+    EXPECT_GE(plan.block_columns * plan.block_count, vocab);
+    EXPECT_GE(plan.tile_rows * plan.tile_count, rows);
+    // The region holds a tile of both buffers (pass 1 forms the teacher's logits beside the
+    // student's), without the records.
+    EXPECT_GE(chunk_region_bytes(plan), plan.tile_buffer_bytes);
+    EXPECT_GE(plan.total_bytes, chunk_region_bytes(plan) + plan.lse_bytes + align_up(records));
+    ChunkRequest without = request;
+    without.statistics_product = false;
+    const ChunkPlan blocks = plan_chunks(without);
+    EXPECT_EQ(blocks.schedule, Schedule::vocabulary_blocks);
+    EXPECT_LT(plan.predicted_ms, blocks.predicted_ms);
+    // A second sweep (jsd, tvd) costs its two products and two reads of N×V more, for the same
+    // block shape (asked for: at the third shape the model then prefers (c)).
+    ChunkRequest two_sweeps = request;
+    two_sweeps.statistics_products = 4;
+    two_sweeps.statistics_passes = 4;
+    two_sweeps.prefer_statistics = true;
+    const ChunkPlan twice = plan_chunks(two_sweeps);
+    ASSERT_EQ(twice.schedule, Schedule::statistics_blocks);
+    ASSERT_EQ(twice.block_columns, plan.block_columns);
+    ASSERT_EQ(twice.tile_rows, plan.tile_rows);
+    const double product_ms = 2.0 * rows * vocab * hidden / 700e12 * 1e3;
+    const double pass_ms = double(rows) * vocab * 2 / 3e12 * 1e3;
+    const double reread_per_product_ms =
+        reread_ms(1, 0, plan.block_count, plan.tile_count, rows, hidden, vocab);
+    EXPECT_NEAR(twice.predicted_ms - plan.predicted_ms,
+                2 * product_ms + 2 * pass_ms + 2 * reread_per_product_ms, 0.01);
+  }
+  // The records never come out of the region: a budget that holds the region alone does not fit.
+  const ChunkRequest request =
+      distill_statistics_request(8192, 4096, 128256, 64 * kMiB, 1, 48 * kMiB);
+  const ChunkPlan plan = plan_chunks(request);
+  if (plan.schedule == Schedule::statistics_blocks) {
+    EXPECT_LE(chunk_region_bytes(plan) + align_up(48 * kMiB), 64 * kMiB);
+  }
+}
+
 TEST(ChunkPlan, HiddenSumsGoWhereAskedWhenTheyFit) {
   // 512 MiB holds the sums in the workspace too; each place when forced, and the model's
   // choice between them is the cheaper one.

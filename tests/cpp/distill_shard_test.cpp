@@ -1,11 +1,13 @@
 // Vocabulary-parallel distillation (xent/distill_shard.hpp): the vocabulary is split into uneven
 // slices, each slice's records are computed on its own, the test gathers them by hand (what
 // all_gather does between ranks), runs pass 2 for jsd and tvd, and the loss and the gradient of
-// each slice must match the float64 reference of the whole vocabulary.
+// each slice must match the float64 reference of the whole vocabulary; again from the records
+// folded into one per row (common::fold_distill_record, as linear_distill's blocked pass does).
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "common/distill_shard.hpp"
 #include "distill_check.hpp"
 #include "xent/distill_shard.hpp"
 
@@ -38,6 +40,32 @@ Tensor gathered_of(const std::vector<std::vector<double>>& parts, int64_t rows, 
   all.values.clear();
   for (const auto& part : parts) all.values.insert(all.values.end(), part.begin(), part.end());
   return Tensor::of(all, record_dtype(dtype));
+}
+
+// Every slice's records [N, width] folded into one record per row in slice order, in the
+// records' own precision (the argmax travels bit-cast in it).
+template <class T>
+std::vector<double> folded_in(const std::vector<std::vector<double>>& records, int64_t rows,
+                              DistillKind kind) {
+  const std::size_t width = kDistillShardStatsWidth;
+  std::vector<T> folded(records[0].begin(), records[0].end());
+  for (std::size_t s = 1; s < records.size(); ++s) {
+    const std::vector<T> part(records[s].begin(), records[s].end());
+    for (int64_t n = 0; n < rows; ++n) {
+      T* row = folded.data() + static_cast<std::size_t>(n) * width;
+      common::fold_distill_record(static_cast<common::DistillKindCode>(kind), row,
+                                  part.data() + static_cast<std::size_t>(n) * width, row);
+    }
+  }
+  return std::vector<double>(folded.begin(), folded.end());
+}
+
+Matrix folded_records(const std::vector<std::vector<double>>& records, int64_t rows,
+                      DistillKind kind, DType dtype) {
+  Matrix m(rows, kDistillShardStatsWidth);
+  m.values = record_dtype(dtype) == DType::f64 ? folded_in<double>(records, rows, kind)
+                                               : folded_in<float>(records, rows, kind);
+  return m;
 }
 
 void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
@@ -111,67 +139,90 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
     gathered_sums = gathered_of(sums, rows, kDistillShardSumsWidth, p.dtype);
   }
 
-  const bool loss_all_nan = nan_row >= 0 && p.reduction != Reduction::none;
-  {
-    SCOPED_TRACE("distill_shard_loss");
-    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
-    loss.poison();
-    distill_shard_loss(gathered.view(), gathered_sums.view(), target_tensor.view(), rows,
-                       {0, vocab}, setup.options, loss.view(), scratch.workspace());
-    finish();
-    std::vector<double> out = loss.download();
-    std::vector<double> expected = ref.loss;
-    if (loss_all_nan) {
-      EXPECT_TRUE(std::isnan(out[0])) << "a NaN student logit must make the loss NaN";
-    } else {
-      if (nan_row >= 0) {
-        EXPECT_TRUE(std::isnan(out[nan_row])) << "NaN row loss " << out[nan_row];
-        out[nan_row] = expected[nan_row] = 0;
+  // The loss and every slice's gradient from `merged` (the records of every rank, or one record
+  // per row folded from all of them) and its sums.
+  auto check_merged = [&](const Tensor& merged, const Tensor& merged_sums) {
+    const bool loss_all_nan = nan_row >= 0 && p.reduction != Reduction::none;
+    {
+      SCOPED_TRACE("distill_shard_loss");
+      Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
+      loss.poison();
+      distill_shard_loss(merged.view(), merged_sums.view(), target_tensor.view(), rows,
+                         {0, vocab}, setup.options, loss.view(), scratch.workspace());
+      finish();
+      std::vector<double> out = loss.download();
+      std::vector<double> expected = ref.loss;
+      if (loss_all_nan) {
+        EXPECT_TRUE(std::isnan(out[0])) << "a NaN student logit must make the loss NaN";
+      } else {
+        if (nan_row >= 0) {
+          EXPECT_TRUE(std::isnan(out[nan_row])) << "NaN row loss " << out[nan_row];
+          out[nan_row] = expected[nan_row] = 0;
+        }
+        EXPECT_TRUE(close("loss", out, expected,
+                          stat_tolerance(p.dtype, Family::logits, {}, expected)));
       }
-      EXPECT_TRUE(close("loss", out, expected,
-                        stat_tolerance(p.dtype, Family::logits, {}, expected)));
     }
-  }
 
-  SCOPED_TRACE("distill_shard_backward");
-  Matrix grad(rows, vocab);
-  for (int64_t s = 0; s < ranks; ++s) {
-    Tensor g = Tensor::matrix(p.dtype, rows, p.widths[s]);
-    g.poison();
-    distill_shard_backward(students[s].view(), teachers[s].view(), target_tensor.view(),
-                           {offsets[s], vocab}, gathered.view(), gathered_sums.view(),
-                           grad_output.view(), options[s], g.view(), scratch.workspace());
-    finish();
-    const std::vector<double> values = g.download();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < p.widths[s]; ++c)
-        grad.at(r, offsets[s] + c) = values[static_cast<std::size_t>(r * p.widths[s] + c)];
-  }
-  std::vector<double> expected = ref.grad.values;
-  if (nan_row >= 0) {
-    bool any_nan = false;
-    for (int64_t i = 0; i < vocab; ++i) {
-      any_nan |= std::isnan(grad.at(nan_row, i));
-      grad.at(nan_row, i) = expected[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
+    SCOPED_TRACE("distill_shard_backward");
+    Matrix grad(rows, vocab);
+    for (int64_t s = 0; s < ranks; ++s) {
+      Tensor g = Tensor::matrix(p.dtype, rows, p.widths[s]);
+      g.poison();
+      distill_shard_backward(students[s].view(), teachers[s].view(), target_tensor.view(),
+                             {offsets[s], vocab}, merged.view(), merged_sums.view(),
+                             grad_output.view(), options[s], g.view(), scratch.workspace());
+      finish();
+      const std::vector<double> values = g.download();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < p.widths[s]; ++c)
+          grad.at(r, offsets[s] + c) = values[static_cast<std::size_t>(r * p.widths[s] + c)];
     }
-    EXPECT_TRUE(any_nan) << "the NaN row's gradient must show the NaN";
+    std::vector<double> expected = ref.grad.values;
+    if (nan_row >= 0) {
+      bool any_nan = false;
+      for (int64_t i = 0; i < vocab; ++i) {
+        any_nan |= std::isnan(grad.at(nan_row, i));
+        grad.at(nan_row, i) = expected[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
+      }
+      EXPECT_TRUE(any_nan) << "the NaN row's gradient must show the NaN";
+    }
+    // tvd's near-ties may land on either side (see check_distill).
+    double largest = 0.0;
+    for (const Matrix* m : {&student, &teacher})
+      for (double v : m->values)
+        if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
+    const double ulp = p.dtype == DType::f64 ? 0x1p-52 : 0x1p-23;
+    std::vector<double> midpoint =
+        tvd_ties_at_midpoint(student, teacher, target_ptr, setup.spec, upstream,
+                             8 * ulp * (largest + 8.0)).grad.values;
+    if (nan_row >= 0) {
+      for (int64_t i = 0; i < vocab; ++i) midpoint[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
+    }
+    const double grad_tol =
+        grad_tolerance(p.dtype, Family::logits, rounded(expected, p.dtype), expected) +
+        2 * relative_error(midpoint, expected);
+    EXPECT_TRUE(close("grad_student", grad.values, expected, grad_tol));
+  };
+  {
+    SCOPED_TRACE("records of every rank");
+    check_merged(gathered, gathered_sums);
   }
-  // tvd's near-ties may land on either side (see check_distill).
-  double largest = 0.0;
-  for (const Matrix* m : {&student, &teacher})
-    for (double v : m->values)
-      if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
-  const double ulp = p.dtype == DType::f64 ? 0x1p-52 : 0x1p-23;
-  std::vector<double> midpoint =
-      tvd_ties_at_midpoint(student, teacher, target_ptr, setup.spec, upstream,
-                           8 * ulp * (largest + 8.0)).grad.values;
-  if (nan_row >= 0) {
-    for (int64_t i = 0; i < vocab; ++i) midpoint[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
+  // One record per row, folded slice after slice (linear_distill's vocabulary-blocked pass does
+  // this on the GPU), and the sums added up: the same loss and gradients.
+  SCOPED_TRACE("records folded into one");
+  const Tensor folded =
+      Tensor::of(folded_records(records, rows, p.kind, p.dtype), record_dtype(p.dtype));
+  Tensor folded_sums;
+  if (gathered_sums.present()) {
+    const std::vector<double> sums = gathered_sums.download();
+    std::vector<double> total(static_cast<std::size_t>(rows * kDistillShardSumsWidth), 0.0);
+    for (std::size_t i = 0; i < sums.size(); ++i) total[i % total.size()] += sums[i];
+    Matrix m(rows, kDistillShardSumsWidth);
+    m.values = total;
+    folded_sums = Tensor::of(m, record_dtype(p.dtype));
   }
-  const double grad_tol =
-      grad_tolerance(p.dtype, Family::logits, rounded(expected, p.dtype), expected) +
-      2 * relative_error(midpoint, expected);
-  EXPECT_TRUE(close("grad_student", grad.values, expected, grad_tol));
+  check_merged(folded, folded_sums);
 }
 
 using DistillShardParam = std::tuple<DType, DistillKind, unsigned, Reduction>;

@@ -49,7 +49,10 @@ Shape shape_for(WeightSchedule schedule) {
 
 #if XENT_TEST_ON_GPU
 bool takes(const cuda::ChunkPlan& plan, WeightSchedule schedule) {
-  const bool blocked = plan.schedule == cuda::Schedule::vocabulary_blocks;
+  // Both vocabulary-blocked schedules form ∂W block by block (linear_distill takes (d) where its
+  // row chunks would be small; linear_ce's plan here does not offer it the fused product).
+  const bool blocked = plan.schedule == cuda::Schedule::vocabulary_blocks ||
+                       plan.schedule == cuda::Schedule::statistics_blocks;
   switch (schedule) {
     case WeightSchedule::one_chunk: return !blocked && plan.chunk_count == 1;
     case WeightSchedule::row_chunks: return !blocked && plan.chunk_count > 1;

@@ -1,6 +1,7 @@
 // linear_distill (SPEC §4): student logits h_s·W_sᵀ against a teacher given as logits or as
 // h_t·W_tᵀ, every kind and option, checked through linear_distill_forward (with and without
-// gradients) and linear_distill_backward.
+// gradients) and linear_distill_backward; on the GPU also through each vocabulary-blocked
+// schedule, with the outputs poisoned before every gradient call.
 #include <cmath>
 
 #include "linear_check.hpp"
@@ -30,7 +31,35 @@ struct LinearDistillProblem {
   // column blocks from the row statistics of a first pass), with all rows in one tile or
   // (row_tiles) in several tiles accumulated per block. The case asserts the schedule it takes.
   bool blocked = false, row_tiles = false;
+  // With blocked: schedule (d), whose first pass forms the row statistics block by block too
+  // and whose blocks sum ∂h in fp32 (statistics), else (c). (d)'s ∂h sums in the workspace, or
+  // in the ∂W output (sums_in_weight_grad) and there the first rows' in the ∂h output
+  // (sums_head), narrowed in place with only 3 rows staged (staged_rows).
+  bool statistics = false, sums_in_weight_grad = false, sums_head = false, staged_rows = false;
+  bool hard_weights = false;  // class and row weights on the hard term
 };
+
+#if XENT_TEST_ON_GPU
+// The switches that make the planner take (c) or (d), and put (d)'s ∂h sums where the problem
+// asks, for the lifetime of a case.
+struct BlockedScheduleSwitches {
+  explicit BlockedScheduleSwitches(const LinearDistillProblem& p) {
+    if (!p.blocked) return;
+    setenv("XENT_CUDA_DISTILL_STATISTICS", p.statistics ? "1" : "0", 1);
+    setenv("XENT_CUDA_HIDDEN_SUMS", p.sums_in_weight_grad ? "weight_grad" : "workspace", 1);
+    setenv("XENT_CUDA_HIDDEN_SUMS_HEAD", p.sums_head ? "1" : "0", 1);
+    if (p.staged_rows) setenv("XENT_CUDA_HIDDEN_SUMS_STAGED", "3", 1);
+  }
+  ~BlockedScheduleSwitches() {
+    for (const char* name : {"XENT_CUDA_DISTILL_STATISTICS", "XENT_CUDA_HIDDEN_SUMS",
+                             "XENT_CUDA_HIDDEN_SUMS_HEAD", "XENT_CUDA_HIDDEN_SUMS_STAGED"}) {
+      unsetenv(name);
+    }
+  }
+  BlockedScheduleSwitches(const BlockedScheduleSwitches&) = delete;
+  BlockedScheduleSwitches& operator=(const BlockedScheduleSwitches&) = delete;
+};
+#endif
 
 #if XENT_TEST_ON_GPU
 // The plan of the call with every requested gradient, as linear_distill.cu makes it.
@@ -49,12 +78,17 @@ cuda::ChunkPlan gpu_plan(const LinearDistillProblem& p, std::size_t budget) {
                                          p.teacher_logits_dtype, grads);
 }
 
+cuda::Schedule blocked_schedule(const LinearDistillProblem& p) {
+  return p.statistics ? cuda::Schedule::statistics_blocks : cuda::Schedule::vocabulary_blocks;
+}
+
 // The smallest budget (in steps of 1/8) at which the blocked schedule runs as the problem asks.
 std::size_t blocked_budget(const LinearDistillProblem& p) {
   for (std::size_t budget = 4096; budget <= (std::size_t{64} << 20); budget += budget / 8) {
     const cuda::ChunkPlan plan = gpu_plan(p, budget);
-    if (plan.fits_budget && plan.schedule == cuda::Schedule::vocabulary_blocks &&
-        plan.block_count >= 2 && (plan.tile_count > 1) == p.row_tiles) {
+    if (plan.fits_budget && plan.schedule == blocked_schedule(p) && plan.block_count >= 2 &&
+        (plan.tile_count > 1) == p.row_tiles &&
+        (plan.hidden_sums_head_rows > 0) == (p.sums_head && p.want_hidden)) {
       return budget;
     }
   }
@@ -67,7 +101,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
   const DType param_dtype = p.fp32_param_grads ? DType::f32 : p.dtype;
   const bool with_target = !(p.options & kNoTarget);
-  const DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
+  const DistillSetup unweighted = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
   const LinearLayer student = make_linear_layer(rng, rows, p.hidden, vocab, false, 2.0, p.dtype);
   const LinearLayer teacher =
       make_linear_layer(rng, rows, p.teacher_hidden, vocab, false, 2.0, p.dtype);
@@ -75,6 +109,17 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
       make_targets(rng, rows, vocab, -100, p.ignored_rows, p.all_ignored, false);
   const std::vector<int64_t>* target_or_null = with_target ? &target : nullptr;
   const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, p.unit_grad_output);
+  DistillSetup weighted = unweighted;
+  Tensor class_weight, row_weight;
+  if (p.hard_weights) {
+    weighted.spec.ce.class_weight = rng.uniform_vector(vocab, 0.5, 1.5);
+    weighted.spec.ce.row_weight = rng.uniform_vector(rows, 0.5, 1.5);
+    class_weight = Tensor::of(weighted.spec.ce.class_weight, DType::f32);
+    row_weight = Tensor::of(weighted.spec.ce.row_weight, DType::f32);
+    weighted.options.ce.class_weight = class_weight.view();
+    weighted.options.ce.row_weight = row_weight.view();
+  }
+  const DistillSetup& setup = weighted;
 
   const Matrix student_logits = reference::linear_logits(student.hidden, student.weight, {});
   Matrix teacher_logits = reference::linear_logits(teacher.hidden, teacher.weight, {});
@@ -124,12 +169,15 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
                             : 0);
   };
 #if XENT_TEST_ON_GPU
+  const BlockedScheduleSwitches switches(p);
+  const int64_t runs_before = cuda::linear_distill_runs(blocked_schedule(p));
   if (p.blocked) {
     options.workspace_budget = blocked_budget(p);
     const cuda::ChunkPlan plan = gpu_plan(p, options.workspace_budget);
-    ASSERT_EQ(plan.schedule, cuda::Schedule::vocabulary_blocks);
+    ASSERT_EQ(plan.schedule, blocked_schedule(p));
     EXPECT_GE(plan.block_count, 2);
     EXPECT_EQ(plan.tile_count > 1, p.row_tiles);
+    EXPECT_EQ(plan.hidden_sums_in_weight_grad, p.sums_in_weight_grad && p.want_hidden);
     // The workspace the query reports holds this plan (fp32 teacher logits of a 16-bit student
     // included, which need a conversion tile), so the op runs it as planned.
     EXPECT_LE(plan.total_bytes,
@@ -151,6 +199,14 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
       const Scratch scratch = scratch_for(trial, true);
       linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
                              trial, out, {}, scratch.workspace());
+      finish();
+      // The forward without gradients too: below the smallest row chunk, blocks can still
+      // train where the loss alone, in row chunks, cannot run.
+      LinearDistillOutputs loss_only;
+      loss_only.loss = loss.view();
+      const Scratch loss_scratch = scratch_for(trial, false);
+      linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                             trial, loss_only, {}, loss_scratch.workspace());
       finish();
     } catch (const Error& e) {
       if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
@@ -221,6 +277,12 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
     finish();
     check_grads(grad_hidden, grad_weight);
   }
+#if XENT_TEST_ON_GPU
+  // The forward with gradients and the backward ran the blocked schedule asked for.
+  if (p.blocked && rows > 0) {
+    EXPECT_EQ(cuda::linear_distill_runs(blocked_schedule(p)) - runs_before, 2);
+  }
+#endif
 }
 
 const std::vector<DistillKind> kKinds = {DistillKind::forward_kl, DistillKind::reverse_kl,
@@ -419,6 +481,82 @@ INSTANTIATE_TEST_SUITE_P(
                                          BlockedVariant::f32_teacher_logits,
                                          BlockedVariant::weight_only_f16)),
     blocked_name);
+
+// ---- schedule (d): the row statistics block by block too, ∂h summed over the blocks ----------
+
+enum class StatisticsVariant {
+  hidden_teacher,      // bf16, teacher hidden + weight, mean, ignored rows; ∂h sums in the workspace
+  sums_in_outputs,     // fp32 chunk logits, reduction none; ∂h sums in ∂W, the first rows' in ∂h
+  logits_row_tiles,    // teacher logits, 600 rows in several tiles, sum; ∂h sums in the workspace
+  f32_teacher_f16,     // fp16 student, fp32 teacher logits converted per tile; sums in ∂W and ∂h,
+                       // three rows staged for the in-place narrowing
+  weight_only,         // ∂W alone: no ∂h sums
+  hard_weights,        // class and row weights on the hard term (each block's class weights)
+};
+
+const char* statistics_variant_name(StatisticsVariant v) {
+  static const char* names[] = {"hidden_teacher",   "sums_in_outputs", "logits_row_tiles",
+                                "f32_teacher_f16", "weight_only",     "hard_weights"};
+  return names[static_cast<int>(v)];
+}
+
+using StatisticsParam = std::tuple<DistillKind, unsigned, StatisticsVariant>;
+class LinearDistillStatisticsBlocks : public ::testing::TestWithParam<StatisticsParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(LinearDistillStatisticsBlocks, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  LinearDistillProblem p;
+  StatisticsVariant variant;
+  std::tie(p.kind, p.options, variant) = GetParam();
+  p.dtype = DType::bf16;
+  p.teacher_logits_dtype = DType::bf16;
+  p.blocked = p.statistics = true;
+  switch (variant) {
+    case StatisticsVariant::hidden_teacher: break;
+    case StatisticsVariant::sums_in_outputs:
+      p.fp32_logits = true;
+      p.reduction = Reduction::none;
+      p.sums_in_weight_grad = p.sums_head = true;
+      break;
+    case StatisticsVariant::logits_row_tiles:  // the sums of 600 rows outgrow this ∂W
+      p.teacher_as_logits = true;
+      p.rows = 600;
+      p.row_tiles = true;
+      p.reduction = Reduction::sum;
+      break;
+    case StatisticsVariant::f32_teacher_f16:
+      p.dtype = DType::f16;
+      p.teacher_as_logits = true;
+      p.teacher_logits_dtype = DType::f32;
+      p.sums_in_weight_grad = p.sums_head = p.staged_rows = true;
+      break;
+    case StatisticsVariant::weight_only: p.want_hidden = false; break;
+    case StatisticsVariant::hard_weights: p.hard_weights = true; break;
+  }
+  check_linear_distill(p, rng);
+}
+
+std::string statistics_name(const ::testing::TestParamInfo<StatisticsParam>& info) {
+  return std::string(distill_kind_name(std::get<0>(info.param))) + "_" +
+         distill_options_label(std::get<1>(info.param)) + "_" +
+         statistics_variant_name(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryKindAndOption, LinearDistillStatisticsBlocks,
+    ::testing::Combine(::testing::ValuesIn(kKinds),
+                       ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft,
+                                         kNoTarget, kTemperature | kDistillSoftcap | kHardAndSoft),
+                       ::testing::Values(StatisticsVariant::hidden_teacher,
+                                         StatisticsVariant::sums_in_outputs,
+                                         StatisticsVariant::logits_row_tiles,
+                                         StatisticsVariant::f32_teacher_f16,
+                                         StatisticsVariant::weight_only,
+                                         StatisticsVariant::hard_weights)),
+    statistics_name);
 #endif
 
 }  // namespace
