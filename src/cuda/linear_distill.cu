@@ -237,19 +237,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
-  if (call.loss && sum_or_mean) {
-    DistillReduceArgs reduce;
-    reduce.rows = rows;
-    reduce.reduction = reduction;
-    reduce.soft_weight = row_options.soft_weight;
-    reduce.hard_weight = hard_term ? row_options.hard_weight : 0.0;
-    reduce.row_soft = row_soft;
-    reduce.row_hard_loss = hard_term ? row_hard_loss : nullptr;
-    reduce.row_hard_z = hard_term ? row_hard_z : nullptr;
-    reduce.totals = totals;
-    reduce.loss = static_cast<float*>(call.loss->data);
-    distill_reduce(reduce, stream);
-  }
+  reduce_distill_loss(pass, DistillRowLosses{row_soft, row_hard_loss, row_hard_z}, stream);
 }
 
 }  // namespace

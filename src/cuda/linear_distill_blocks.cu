@@ -14,18 +14,31 @@
 
 namespace xent::cuda {
 
+namespace {
+
+// hidden rows [first, first + count) · weight rows [first_column, first_column + columns)ᵀ into
+// `buffer` ([count, columns], the chunk logits dtype).
+void form_logits(const DistillPasses& pass, const TensorView& hidden, const TensorView& weight,
+                 int64_t first, int64_t count, int64_t first_column, int64_t columns,
+                 void* buffer, cudaStream_t stream) {
+  GemmProduct product;
+  product.a = gemm_matrix(hidden, first, count);
+  product.b = gemm_matrix(weight, first_column, columns);
+  product.b_transposed = true;
+  product.c = GemmMatrix{buffer, pass.plan.logits_dtype, count, columns, columns};
+  gemm(product, pass.scratch, stream);
+}
+
+}  // namespace
+
 const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count,
                          int64_t first_column, int64_t columns, void* buffer, int64_t& stride,
                          cudaStream_t stream) {
   const Teacher& teacher = pass.call.teacher;
   const DType logits_dtype = pass.plan.logits_dtype;
   if (!teacher.logits.present()) {
-    GemmProduct product;
-    product.a = gemm_matrix(teacher.hidden, first, count);
-    product.b = gemm_matrix(teacher.weight, first_column, columns);
-    product.b_transposed = true;
-    product.c = GemmMatrix{buffer, logits_dtype, count, columns, columns};
-    gemm(product, pass.scratch, stream);
+    form_logits(pass, teacher.hidden, teacher.weight, first, count, first_column, columns, buffer,
+                stream);
     stride = columns;
     return buffer;
   }
@@ -93,12 +106,8 @@ DistillTile form_tile(const DistillPasses& pass, int64_t first, int64_t count,
   const LinearDistillCall& call = pass.call;
   const DType logits_dtype = pass.plan.logits_dtype;
   const Device device = call.student_hidden.device;
-  GemmProduct student;
-  student.a = gemm_matrix(call.student_hidden, first, count);
-  student.b = gemm_matrix(call.student_weight, first_column, columns);
-  student.b_transposed = true;
-  student.c = GemmMatrix{student_buffer, logits_dtype, count, columns, columns};
-  gemm(student, pass.scratch, stream);
+  form_logits(pass, call.student_hidden, call.student_weight, first, count, first_column, columns,
+              student_buffer, stream);
   int64_t teacher_stride = 0;
   const void* teacher = teacher_rows(pass, first, count, first_column, columns, teacher_buffer,
                                      teacher_stride, stream);
@@ -201,19 +210,26 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   }
   run_block_pass(pass, region, statistics, hidden_sums, stream);
 
-  if (call.loss && sum_or_mean) {
-    DistillReduceArgs reduce;
-    reduce.rows = rows;
-    reduce.reduction = reduction;
-    reduce.soft_weight = row_options.soft_weight;
-    reduce.hard_weight = hard_term ? row_options.hard_weight : 0.0;
-    reduce.row_soft = row_soft;
-    reduce.row_hard_loss = hard_term ? row_hard_loss : nullptr;
-    reduce.row_hard_z = hard_term ? row_hard_z : nullptr;
-    reduce.totals = totals;
-    reduce.loss = static_cast<float*>(call.loss->data);
-    distill_reduce(reduce, stream);
-  }
+  reduce_distill_loss(pass, DistillRowLosses{row_soft, row_hard_loss, row_hard_z}, stream);
+}
+
+void reduce_distill_loss(const DistillPasses& pass, const DistillRowLosses& losses,
+                         cudaStream_t stream) {
+  const LinearDistillCall& call = pass.call;
+  const Reduction reduction = call.options.distill.ce.reduction;
+  if (!call.loss || reduction == Reduction::none) return;
+  const bool hard_term = pass.row_options.hard_weight > 0 && call.target.present();
+  DistillReduceArgs reduce;
+  reduce.rows = call.student_hidden.rows;
+  reduce.reduction = reduction;
+  reduce.soft_weight = pass.row_options.soft_weight;
+  reduce.hard_weight = hard_term ? pass.row_options.hard_weight : 0.0;
+  reduce.row_soft = losses.soft;
+  reduce.row_hard_loss = hard_term ? losses.hard_loss : nullptr;
+  reduce.row_hard_z = hard_term ? losses.hard_z : nullptr;
+  reduce.totals = pass.totals;
+  reduce.loss = static_cast<float*>(call.loss->data);
+  distill_reduce(reduce, stream);
 }
 
 }  // namespace xent::cuda

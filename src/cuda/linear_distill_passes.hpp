@@ -56,6 +56,17 @@ void run_block_pass(const DistillPasses& pass, void* region,
                     const DistillRowStatistics* statistics, float* hidden_sums,
                     cudaStream_t stream);
 
+// The per-row loss parts of sum/mean (fp32 [N]); the hard term's are read only with a target.
+struct DistillRowLosses {
+  float* soft = nullptr;
+  float* hard_loss = nullptr;
+  float* hard_z = nullptr;
+};
+
+// The scalar loss of sum/mean from the row parts, when the call wants a loss (distill_reduce).
+void reduce_distill_loss(const DistillPasses& pass, const DistillRowLosses& losses,
+                         cudaStream_t stream);
+
 // Schedule (d) (chunk_plan.hpp), the whole call: no row chunk at all.
 void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPlan& plan,
                            Workspace workspace, cudaStream_t stream);
