@@ -25,7 +25,9 @@ struct LinearCeOptions {
 // accumulated in fp32 across chunks and written once in their own dtype (fp32 keeps them exact).
 // On CUDA a `weight` that is written over (not accumulate_weight), contiguous and 16-byte aligned
 // may serve as scratch before its rows are written (small budgets keep fp32 sums of ∂h in its
-// last rows), so it must not alias any input; its contents are only ∂W once the call completes.
+// last rows), and so may a contiguous, aligned 16-bit `hidden` before the end of the call (the
+// sums of its first rows), so neither may alias any input; their contents are only the
+// gradients once the call completes. The same holds for linear_distill.
 struct LinearGradients {
   TensorView hidden;  // [N, H]
   TensorView weight;  // [V, H]

@@ -53,6 +53,12 @@
 // block re-reads h; a product of a few hundred rows sits near the ridge, where that traffic is
 // not hidden. Priced at a flat kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s
 // 121–241-row chunks re-read W twice each and ran 26–55 % above the model without it).
+// Distillation's (d) has no fused product: its first pass forms the student's and teacher's logits
+// block by block (all N rows, or large row tiles, per product) and folds each block's records
+// into one per row (linear_distill_records.cuh): priced as those products and the record
+// kernel's read of both tiles, twice for jsd and tvd, whose sums need the global lse first. Where
+// (c)'s row chunks are a few hundred rows or fewer (small budgets), their products re-read both
+// weights per chunk, and (d) wins (docs/perf-notes.md decision 64).
 // (d) keeps its fp32 N×H ∂h sums in the workspace or, when the call's ∂W output is written over,
 // in the last N·H·4 bytes of ∂W (HiddenSums): the blocks that reach them form their gradient a
 // second time, for ∂W after ∂h is written, but the workspace holds the block tile alone, which is

@@ -81,7 +81,8 @@ enum class Schedule {
   vocabulary_blocks,
   // (d) the fused statistics product for the loss and lse of all rows (no logits), then per
   // vocabulary block the block's logits, its gradient from the lse, ∂W of the block and ∂h summed
-  // over blocks in an fp32 N×H accumulator: four products, one elementwise pass.
+  // over blocks in an fp32 N×H accumulator: four products, one elementwise pass. Distillation
+  // forms its row statistics block by block instead (ChunkRequest::statistics_products).
   statistics_blocks,
 };
 
