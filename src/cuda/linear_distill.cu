@@ -133,11 +133,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const bool sum_or_mean = reduction != Reduction::none;
 
   WorkspaceCarver carver(workspace);
-  auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
-  const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
-  auto* row_soft = static_cast<float*>(carver.take(row_array));
-  auto* row_hard_loss = static_cast<float*>(carver.take(row_array));
-  auto* row_hard_z = static_cast<float*>(carver.take(row_array));
+  CeBatchTotals* totals = nullptr;
+  const DistillRowLosses losses = carve_row_losses(carver, rows, totals);
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
   char* chunk_buffer = static_cast<char*>(carver.take(chunk_region_bytes(plan.chunks)));
@@ -206,10 +203,10 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
         pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
     if (call.loss) {
       if (sum_or_mean) {
-        args.row_soft = row_soft + first;
+        args.row_soft = losses.soft + first;
         if (hard_term) {
-          args.row_hard_loss = row_hard_loss + first;
-          args.row_hard_z = row_hard_z + first;
+          args.row_hard_loss = losses.hard_loss + first;
+          args.row_hard_z = losses.hard_z + first;
         }
       } else {
         args.row_total = offset_rows<float>(*call.loss, first);
@@ -237,7 +234,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   }
   finish_gradient_sums(grads, sums, hidden, plan.chunks.chunk_count > 0, stream);
 
-  reduce_distill_loss(pass, DistillRowLosses{row_soft, row_hard_loss, row_hard_z}, stream);
+  reduce_distill_loss(pass, losses, stream);
 }
 
 }  // namespace

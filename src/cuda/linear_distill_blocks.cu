@@ -133,11 +133,8 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   const int64_t rows = call.student_hidden.rows, vocab = call.student_weight.rows;
   const DistillOptions& distill = call.options.distill;
   WorkspaceCarver carver(workspace);
-  auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
-  const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
-  auto* row_soft = static_cast<float*>(carver.take(row_array));
-  auto* row_hard_loss = static_cast<float*>(carver.take(row_array));
-  auto* row_hard_z = static_cast<float*>(carver.take(row_array));
+  CeBatchTotals* totals = nullptr;
+  const DistillRowLosses losses = carve_row_losses(carver, rows, totals);
   const GemmScratch scratch{carver.take(chunks.gemm_workspace_bytes), chunks.gemm_workspace_bytes};
   char* region = static_cast<char*>(carver.take(chunk_region_bytes(chunks)));
   auto* statistics = static_cast<DistillRowStatistics*>(carver.take(chunks.lse_bytes));
@@ -189,10 +186,10 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   merged.statistics = statistics;
   if (call.loss) {
     if (sum_or_mean) {
-      merged.row_soft = row_soft;
+      merged.row_soft = losses.soft;
       if (hard_term) {
-        merged.row_hard_loss = row_hard_loss;
-        merged.row_hard_z = row_hard_z;
+        merged.row_hard_loss = losses.hard_loss;
+        merged.row_hard_z = losses.hard_z;
       }
     } else {
       merged.row_total = static_cast<float*>(call.loss->data);
@@ -210,7 +207,17 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   }
   run_block_pass(pass, region, statistics, hidden_sums, stream);
 
-  reduce_distill_loss(pass, DistillRowLosses{row_soft, row_hard_loss, row_hard_z}, stream);
+  reduce_distill_loss(pass, losses, stream);
+}
+
+DistillRowLosses carve_row_losses(WorkspaceCarver& carver, int64_t rows, CeBatchTotals*& totals) {
+  totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
+  const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
+  DistillRowLosses losses;
+  losses.soft = static_cast<float*>(carver.take(row_array));
+  losses.hard_loss = static_cast<float*>(carver.take(row_array));
+  losses.hard_z = static_cast<float*>(carver.take(row_array));
+  return losses;
 }
 
 void reduce_distill_loss(const DistillPasses& pass, const DistillRowLosses& losses,

@@ -9,6 +9,7 @@
 #include "cuda/chunk_plan.hpp"
 #include "cuda/distill_rows.cuh"
 #include "cuda/gemm.hpp"
+#include "cuda/linear_support.hpp"
 #include "xent/linear_distill.hpp"
 
 namespace xent::cuda {
@@ -62,6 +63,10 @@ struct DistillRowLosses {
   float* hard_loss = nullptr;
   float* hard_z = nullptr;
 };
+
+// The batch totals and the row loss parts, first in every schedule's workspace (their bytes are
+// the plan's fixed bytes, row_scratch_bytes).
+DistillRowLosses carve_row_losses(WorkspaceCarver& carver, int64_t rows, CeBatchTotals*& totals);
 
 // The scalar loss of sum/mean from the row parts, when the call wants a loss (distill_reduce).
 void reduce_distill_loss(const DistillPasses& pass, const DistillRowLosses& losses,
