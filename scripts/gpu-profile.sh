@@ -62,6 +62,13 @@ for shape in "8192 4096 128256" "8192 2304 256000" "32768 768 128256"; do
   # The budget the Python package gives by default on a GPU of 80 GiB or more (min(4 GiB, total / 8)).
   ROWS_TABLE+=("linear-4gib-${n}x${h}x${v}|perf-linear 4 GiB|--op linear_ce --n $n --h $h --v $v --budget-mib 4096")
 done
+for shape in "8192 4096 128256" "8192 2304 256000" "32768 768 128256"; do
+  read -r n h v <<<"$shape"
+  # linear_distill (forward KL, the teacher as hidden states): statistics block by block at 64 MiB,
+  # the accumulator schedule at 4 GiB.
+  ROWS_TABLE+=("linear-distill-64mib-${n}x${h}x${v}|perf-linear distill 64 MiB|--op linear_distill --kind forward_kl --n $n --h $h --v $v --budget-mib 64")
+  ROWS_TABLE+=("linear-distill-4gib-${n}x${h}x${v}|perf-linear distill 4 GiB|--op linear_distill --kind forward_kl --n $n --h $h --v $v --budget-mib 4096")
+done
 ROWS_TABLE+=("linear-options|perf-linear z-loss smoothing softcap|--op linear_ce --n 8192 --h 4096 --v 128256 --options smoothing,z_loss,softcap")
 
 if [[ "${1:-}" == "--list" ]]; then
