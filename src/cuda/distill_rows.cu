@@ -5,6 +5,8 @@
 // gradient, so their loss and gradient share one sweep. On request the kernel exports the row's
 // statistics (DistillRowStatistics), from which linear_distill forms the gradient of a
 // vocabulary block later with the same per-element code (distill_element_grad).
+#include <atomic>
+
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
 #include "cuda/row_slice.cuh"
@@ -316,10 +318,38 @@ DistillRowOptions distill_row_options(const DistillOptions& options) {
   return o;
 }
 
+namespace {
+std::atomic<int64_t> wide_cluster_launches{0};
+}  // namespace
+
+int64_t distill_rows_wide_cluster_launches() { return wide_cluster_launches.load(); }
+
+// The kernel instantiation for a dtype (the cluster query needs the function itself).
+static const void* distill_kernel_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return reinterpret_cast<const void*>(distill_rows_kernel<float>);
+    case DType::bf16: return reinterpret_cast<const void*>(distill_rows_kernel<bf16_t>);
+    default: return reinterpret_cast<const void*>(distill_rows_kernel<f16_t>);
+  }
+}
+
 void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  const SlicePlan plan = plan_row_slices(args.vocab, element, 2);
+  SlicePlan plan = plan_row_slices(args.vocab, element, 2);
+  if (plan.cluster == kMaxCluster && plan.staged) {
+    // Staged rows whose slices exceed the 64 KiB target in a cluster of 8 (two bf16 inputs of
+    // more than 131072 columns): a cluster of 16 halves them, so two or three CTAs share a
+    // multiprocessor instead of one (decision 65), where the device runs such clusters. Rows too
+    // long to stage in a cluster of 8 keep streaming.
+    const SlicePlan wider = plan_row_slices(args.vocab, element, 2, kMaxNonPortableCluster);
+    if (wider.cluster > kMaxCluster && wider.staged &&
+        row_kernel_max_cluster(distill_kernel_of(args.dtype), wider.cluster, wider.threads,
+                               wider.shared_bytes) >= wider.cluster) {
+      plan = wider;
+      wide_cluster_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   DistillKernelParams p{};
   p.args = args;
   p.cluster = plan.cluster;

@@ -11,6 +11,7 @@
 #include "common/distill_row.hpp"
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
+#include "cuda/row_kernel_counts.hpp"
 #include "cuda/row_stats.cuh"
 #include "xent/distill.hpp"
 

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <utility>
 
@@ -42,7 +43,8 @@ std::size_t max_shared_per_block() {
 
 // The smallest cluster whose slices are at most `target` bytes (kMaxCluster when none is), with
 // the thread count of such slices; not yet decided whether they are staged.
-SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::size_t target) {
+SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::size_t target,
+                         int max_cluster) {
   const int64_t vec = 16 / static_cast<int64_t>(element);
   SlicePlan plan;
   auto slice_for = [&](int cluster) { return round_up((vocab + cluster - 1) / cluster, vec); };
@@ -50,13 +52,13 @@ SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::si
     return static_cast<std::size_t>(slice) * element * static_cast<std::size_t>(inputs);
   };
   plan.cluster = 0;
-  for (int cluster = 1; cluster <= kMaxCluster; cluster *= 2) {
+  for (int cluster = 1; cluster <= max_cluster; cluster *= 2) {
     if (bytes_for(slice_for(cluster)) <= target) {
       plan.cluster = cluster;
       break;
     }
   }
-  if (plan.cluster == 0) plan.cluster = kMaxCluster;
+  if (plan.cluster == 0) plan.cluster = max_cluster;
   plan.slice_elements = slice_for(plan.cluster);
   const int64_t vectors = plan.slice_elements / vec;
   // At least four 16-byte vectors per thread: short rows (V <= 4096) then run in CTAs of 64-128
@@ -83,8 +85,8 @@ void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
   current = bytes;
 }
 
-SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
-  SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes());
+SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs, int max_cluster) {
+  SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes(), max_cluster);
   const std::size_t bytes =
       static_cast<std::size_t>(plan.slice_elements) * element * static_cast<std::size_t>(inputs);
   const int64_t vectors = plan.slice_elements / (16 / static_cast<int64_t>(element));
@@ -97,7 +99,60 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs) {
 }
 
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
-  return plan_slices_of(vocab, element, 1, streamed_slice_bytes());
+  return plan_slices_of(vocab, element, 1, streamed_slice_bytes(), kMaxCluster);
+}
+
+int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes) {
+  static const int limit = [] {
+    const char* text = std::getenv("XENT_CUDA_MAX_CLUSTER");
+    const int value = text ? std::atoi(text) : kMaxNonPortableCluster;
+    return value >= kMaxNonPortableCluster ? kMaxNonPortableCluster : kMaxCluster;
+  }();
+  if (wanted <= kMaxCluster || limit <= kMaxCluster) return kMaxCluster;
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int, std::size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(kernel, device, threads, shared_bytes);
+  if (const auto found = known.find(key); found != known.end()) return found->second;
+  int cluster = kMaxCluster;
+  // Non-portable sizes exist from compute capability 9.0; a kernel must opt in before the query.
+  // A refusal (of the attribute or the query) leaves the portable limit; its error, which is not
+  // sticky, is taken off the runtime's last-error slot so that no later check reports it.
+  int major = 0;
+  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  bool allowed = false;
+  if (major >= 9) {
+    allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+              cudaSuccess;
+    if (!allowed) (void)cudaGetLastError();
+  }
+  if (allowed) {
+    allow_dynamic_shared(kernel, shared_bytes);
+    for (int size = std::min(wanted, kMaxNonPortableCluster); size > kMaxCluster; size /= 2) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(size));
+      config.blockDim = dim3(static_cast<unsigned>(threads));
+      config.dynamicSmemBytes = shared_bytes;
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = static_cast<unsigned>(size);
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+      if (status != cudaSuccess) (void)cudaGetLastError();
+      if (status == cudaSuccess && clusters > 0) {
+        cluster = size;
+        break;
+      }
+    }
+  }
+  known[key] = cluster;
+  return cluster;
 }
 
 }  // namespace xent::cuda

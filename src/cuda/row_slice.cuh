@@ -31,12 +31,26 @@ struct SlicePlan {
 inline constexpr int kMaxThreads = 256;
 inline constexpr int kMaxPieces = 64;  // mbarriers per CTA: pieces of threads × 16 bytes
 inline constexpr int kMaxCluster = 8;  // portable cluster size
+// The largest cluster Hopper runs once a kernel allows non-portable sizes. Only the distill
+// kernel takes it (its exchange pulls, so it keeps no slot per rank): two staged inputs of a row
+// of 256000 bf16 columns are 128 KiB slices in a cluster of 8, one CTA per multiprocessor,
+// where 16 gives 64 KiB slices and three (docs/perf-notes.md, decision 65).
+inline constexpr int kMaxNonPortableCluster = 16;
 
 // `inputs` rows are staged per CTA (1 for ce, 2 for distill), each of `element` bytes a column.
 // A slice of <= 64 KiB lets three CTAs share a multiprocessor, so one CTA's loads overlap
 // another's arithmetic; up to 192 KiB is still staged (one CTA per multiprocessor) before
-// falling back to streaming.
-SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs);
+// falling back to streaming. `max_cluster`: kMaxCluster, or up to kMaxNonPortableCluster for a
+// kernel launched with non-portable clusters allowed (row_kernel_max_cluster).
+SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs,
+                          int max_cluster = kMaxCluster);
+
+// The largest cluster (a power of two, kMaxCluster at least) that `kernel` can run on the current
+// device with `threads` threads and `shared_bytes` of dynamic shared memory per CTA, at most
+// `wanted`: larger than kMaxCluster only where the device reports a whole such cluster fits
+// (cudaOccupancyMaxActiveClusters), after allowing non-portable sizes for the kernel. Cached per
+// kernel, device and size. XENT_CUDA_MAX_CLUSTER=8 keeps the portable limit (measurements).
+int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes);
 // The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
 // plan_row_slices' (row_slice.cu says why).
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "ce_check.hpp"
+#include "cuda/row_kernel_counts.hpp"
 #include "distill_check.hpp"
 
 namespace xent::test {
@@ -97,8 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
                       CeManyRowsCase{DType::f16, 65531, 300, kSmoothing | kZLoss, true, false}),
     many_rows_case_name);
 
-// (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; fp32 300007
-// → the streaming path; 4099 → one CTA with an odd tail.
+// (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; bf16 200003
+// → a cluster of 16 (non-portable) where the device runs one, else 8 with 100 KB slices; fp32
+// 300007 → the streaming path; 4099 → one CTA with an odd tail.
 using DistillKernelCase = std::tuple<DType, int64_t, DistillKind, unsigned>;
 
 class CudaDistillRowKernel : public ::testing::TestWithParam<DistillKernelCase> {};
@@ -114,7 +116,16 @@ TEST_P(CudaDistillRowKernel, MatchesReference) {
   problem.kind = kind;
   problem.options = options;
   problem.reduction = Reduction::mean;
+  const int64_t wide_before = cuda::distill_rows_wide_cluster_launches();
   check_distill(problem, rng);
+  // Two bf16 inputs of 200003 columns: 100 KB slices in a cluster of 8, so Hopper takes 16.
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, test_device().index), cudaSuccess);
+  if (dtype == DType::bf16 && vocab > 131072 && major >= 9) {
+    EXPECT_GT(cuda::distill_rows_wide_cluster_launches(), wide_before);
+  } else {
+    EXPECT_EQ(cuda::distill_rows_wide_cluster_launches(), wide_before);
+  }
 }
 
 std::string distill_case_name(const ::testing::TestParamInfo<DistillKernelCase>& info) {
@@ -130,6 +141,8 @@ INSTANTIATE_TEST_SUITE_P(
         DistillKernelCase{DType::bf16, 70000, DistillKind::reverse_kl, kHardAndSoft},
         DistillKernelCase{DType::bf16, 70000, DistillKind::jsd, kDistillSoftcap},
         DistillKernelCase{DType::f16, 70001, DistillKind::tvd, kNoTarget},
+        DistillKernelCase{DType::bf16, 200003, DistillKind::forward_kl, kHardAndSoft},
+        DistillKernelCase{DType::bf16, 200003, DistillKind::jsd, kTemperature | kDistillSoftcap},
         DistillKernelCase{DType::bf16, 4099, DistillKind::soft_ce, kHardAndSoft | kTemperature},
         DistillKernelCase{DType::f32, 300007, DistillKind::reverse_kl, kHardAndSoft},
         DistillKernelCase{DType::f32, 300007, DistillKind::forward_kl, 0}),
