@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 
 #include "cuda/ce_device.cuh"
 
@@ -41,18 +40,12 @@ struct BlockGradParams {
   Args args;
   int64_t segments_per_row;
   bool vector_ok;
-  bool preload;  // load_segment before the row's constants (block_grad_preload)
 };
-
-// Whether the block-gradient kernels load their inputs before reading the row's constants
-// (decision 66); XENT_CUDA_BLOCK_GRAD_PRELOAD=0 loads them after, as before (measurements).
-bool block_grad_preload();
 
 template <class Args>
 BlockGradParams<Args> block_grad_params(const Args& args, bool vector_ok) {
   const int64_t segment = segment_columns(dtype_size(args.dtype));
-  return BlockGradParams<Args>{args, (args.columns + segment - 1) / segment, vector_ok,
-                               block_grad_preload()};
+  return BlockGradParams<Args>{args, (args.columns + segment - 1) / segment, vector_ok};
 }
 
 // One CTA per row segment.
@@ -98,65 +91,17 @@ __device__ __forceinline__ void write_vector(S* grad, int64_t j, const Element& 
   reinterpret_cast<uint4*>(grad)[j] = pack<S>(first);
 }
 
-// The 16-byte vectors of a thread's part of a row segment, for up to two inputs (ce: the logits;
-// distillation: the student's, then the teacher's), loaded by load_segment before the kernel
-// reads the row's target and constants: the loads' latency then overlaps those reads, where the
-// kernels once issued them only after (decision 66). Blocks of a narrow vocabulary (1500–3500
-// columns at 64 MiB) give each CTA one row and each thread one vector, so that chain of
-// dependent loads was most of a CTA's time.
-inline constexpr int kSegmentMaxInputs = 2;
-struct SegmentVectors {
-  uint4 raw[kSegmentMaxInputs][kBlockGradVectorsPerThread];
-};
-
-template <class S, class... Inputs>
-__device__ __forceinline__ SegmentVectors load_segment(int64_t length, bool vector_ok,
-                                                       const Inputs*... inputs) {
-  static_assert(sizeof...(Inputs) <= kSegmentMaxInputs, "at most two inputs");
-  constexpr int kVec = kVectorElements<S>;
-  SegmentVectors loaded{};
-  if (!vector_ok) return loaded;
-#pragma unroll
-  for (int v = 0; v < kBlockGradVectorsPerThread; ++v) {
-    const int64_t j = threadIdx.x + int64_t{v} * kBlockGradThreads;
-    if ((j + 1) * kVec <= length) {
-      int input = 0;
-      ((loaded.raw[input++][v] = __ldg(reinterpret_cast<const uint4*>(inputs) + j)), ...);
-    }
-  }
-  return loaded;
-}
-
-template <class S, class Element, std::size_t... I>
-__device__ __forceinline__ void write_loaded_vector(S* grad, int64_t j, const Element& element,
-                                                    const SegmentVectors& loaded, int v,
-                                                    std::index_sequence<I...>) {
-  write_vector(grad, j, element, unpack<S>(loaded.raw[I][v])...);
-}
-
-// grad[i] = element(i, inputs[i] in fp32...) over the segment's `length` columns (at most
-// kBlockGradVectorsPerThread vectors per thread): the inputs are the logits of the segment (ce),
-// or the student's then the teacher's (distillation); `loaded` holds this thread's full vectors
-// of them (load_segment with the same length, alignment and inputs) when `preloaded`, else
-// they are loaded here.
+// grad[i] = element(i, inputs[i] in fp32...) over the segment's `length` columns: the inputs are
+// the logits of the segment (ce), or the student's then the teacher's (distillation).
 template <class S, class Element, class... Inputs>
 __device__ __forceinline__ void write_segment(S* grad, int64_t length, bool vector_ok,
-                                              const Element& element, bool preloaded,
-                                              const SegmentVectors& loaded,
-                                              const Inputs*... inputs) {
+                                              const Element& element, const Inputs*... inputs) {
   constexpr int kVec = kVectorElements<S>;
   if (vector_ok) {
-#pragma unroll
-    for (int v = 0; v < kBlockGradVectorsPerThread; ++v) {
-      const int64_t j = threadIdx.x + int64_t{v} * kBlockGradThreads;
+    for (int64_t j = threadIdx.x; j * kVec < length; j += kBlockGradThreads) {
       if ((j + 1) * kVec <= length) {
-        if (preloaded) {
-          write_loaded_vector(grad, j, element, loaded, v,
-                              std::make_index_sequence<sizeof...(Inputs)>{});
-        } else {
-          write_vector(grad, j, element,
-                       unpack<S>(__ldg(reinterpret_cast<const uint4*>(inputs) + j))...);
-        }
+        write_vector(grad, j, element,
+                     unpack<S>(__ldg(reinterpret_cast<const uint4*>(inputs) + j))...);
       } else {
         for (int64_t i = j * kVec; i < length; ++i) {
           grad[i] = store_float<S>(element(i, load_float(inputs[i])...));

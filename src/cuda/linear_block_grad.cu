@@ -1,8 +1,6 @@
 // Elementwise ce gradient of a vocabulary block (linear_block_grad.cuh). Memory-bound: the tile is
 // read once and written once, 16-byte vectors where rows are aligned; a block of threads covers one
 // row segment, so per-row coefficients are formed once per segment (block_grad_tile.cuh).
-#include <cstdlib>
-
 #include "cuda/ce_device.cuh"
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/row_stats.cuh"
@@ -20,8 +18,6 @@ __global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeB
   const int64_t row = segment.row, begin = segment.begin, length = segment.length;
   const S* x = static_cast<const S*>(a.logits) + row * a.logits_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
-  const SegmentVectors loaded =
-      p.preload ? load_segment<S>(length, p.vector_ok, x) : SegmentVectors{};
   const common::CeConstants<float> c = make_ce_constants(o, a.vocab, a.totals);
   const CeBlockRow r = ce_block_row<kEntropy>(a, row, c);
   if (!r.valid || !r.in_range) {
@@ -37,7 +33,7 @@ __global__ void __launch_bounds__(kBlockGradThreads) block_grad_kernel(const CeB
       const float w = class_weight ? class_weight[i] : 1.0f;
       return ce_block_grad<kEntropy>(r, transform, value, i == target_column, w);
     };
-    write_segment(grad, length, p.vector_ok, element, p.preload, loaded, x);
+    write_segment(grad, length, p.vector_ok, element, x);
   });
 }
 
@@ -60,14 +56,6 @@ __global__ void __launch_bounds__(256) grad_records_kernel(const BlockGradArgs a
 }
 
 }  // namespace
-
-bool block_grad_preload() {
-  static const bool preload = [] {
-    const char* knob = std::getenv("XENT_CUDA_BLOCK_GRAD_PRELOAD");
-    return !(knob && knob[0] == '0');
-  }();
-  return preload;
-}
 
 void ce_grad_records(const BlockGradArgs& args, CeGradRecord* records, cudaStream_t stream) {
   if (args.rows <= 0) return;

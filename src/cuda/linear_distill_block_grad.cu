@@ -22,8 +22,6 @@ __global__ void __launch_bounds__(kBlockGradThreads)
   const S* student = static_cast<const S*>(a.student) + row * a.student_stride + begin;
   const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_stride + begin;
   S* grad = static_cast<S*>(a.grad) + row * a.grad_stride + begin;
-  const SegmentVectors loaded =
-      p.preload ? load_segment<S>(length, p.vector_ok, student, teacher) : SegmentVectors{};
   const bool has_target = a.target != nullptr;
   const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
   const bool valid = !has_target || target != o.ce.ignore_index;
@@ -77,8 +75,7 @@ __global__ void __launch_bounds__(kBlockGradThreads)
         return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
                                            hard_row, hard_columns, i);
       };
-      write_segment(grad, length, p.vector_ok, element, p.preload, loaded, student,
-                    teacher);
+      write_segment(grad, length, p.vector_ok, element, student, teacher);
     });
   });
 }
