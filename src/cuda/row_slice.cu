@@ -63,14 +63,8 @@ SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::si
   const int64_t vectors = plan.slice_elements / vec;
   // At least four 16-byte vectors per thread: short rows (V <= 4096) then run in CTAs of 64-128
   // threads, so more rows (CTAs) share a multiprocessor instead of idle threads filling it.
-  // XENT_CUDA_ROW_VECTORS_PER_THREAD (1-8) sets that minimum for measurements.
-  static const int64_t per_thread = [] {
-    const char* text = std::getenv("XENT_CUDA_ROW_VECTORS_PER_THREAD");
-    const long long value = text ? std::atoll(text) : 4;
-    return static_cast<int64_t>(value >= 1 && value <= 8 ? value : 4);
-  }();
-  plan.threads = static_cast<int>(std::min<int64_t>(
-      kMaxThreads, std::max<int64_t>(32, round_up((vectors + per_thread - 1) / per_thread, 32))));
+  plan.threads = static_cast<int>(
+      std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, round_up((vectors + 3) / 4, 32))));
   plan.staged = false;
   plan.shared_bytes = 0;
   return plan;
