@@ -6,7 +6,6 @@
 // statistics (DistillRowStatistics), from which linear_distill forms the gradient of a
 // vocabulary block later with the same per-element code (distill_element_grad).
 #include <atomic>
-#include <cstdlib>
 
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
@@ -30,7 +29,6 @@ struct DistillKernelParams {
   bool student_vector_ok;
   bool teacher_vector_ok;
   bool grad_vector_ok;
-  bool one_sweep;  // distill_one_sweep(): forward and reverse KL without gradient, decision 69
 };
 
 struct DistillPartial {
@@ -99,25 +97,6 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
   }
 }
 
-// Whether both lse of the row are finite (no NaN or +Inf reached the merged statistics).
-__device__ __forceinline__ bool row_lse_finite(const DistillPartial& stats) {
-  const float lse_s = stats.student.lse(), lse_t = stats.teacher.lse();
-  return lse_s - lse_s == 0.0f && lse_t - lse_t == 0.0f;  // false for ±Inf and NaN
-}
-
-// The slice's divergence from the merged cross sum C = Σ e^(w−M_w)·(w−z) (PairCross, relative
-// to the row's max of the weighing side): Σ p_w·(w−z) = C / Z_w, so forward KL (w = teacher) is
-// C / Z_t − lse_t + lse_s and reverse KL (w = student) C / Z_s − lse_s + lse_t. This takes
-// Σ p_w = 1 where the loss sweep sums p_w·(log p_w − log p_z) element by element; the two differ
-// by the rounding of Σ p_w, ≈ 1e-7 × |lse_w − lse_z|.
-__device__ __forceinline__ float divergence_from_cross(DistillKindCode kind, float cross_sum,
-                                                       const DistillPartial& stats) {
-  const bool forward = kind == DistillKindCode::forward_kl;
-  const RowStats<float>& w = forward ? stats.teacher : stats.student;
-  const RowStats<float>& z = forward ? stats.student : stats.teacher;
-  return cross_sum / w.sum_exp - (w.lse() - z.lse());
-}
-
 template <class S>
 __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const DistillKernelParams p) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
@@ -177,32 +156,10 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   const CeConstants<float> hc = make_ce_constants(o.ce, a.vocab, a.totals);
   const float* class_weight = o.ce.class_weight;
 
-  // What the sweeps after the statistics must form: the loss terms and row sums (a loss sweep),
-  // the gradient, or both in one sweep where the gradient needs no row sum (forward_kl, soft_ce).
-  // Exported statistics need the row sums too.
-  const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
-  const bool needs_row_sums = common::distill_needs_sum_pu(dc.kind);
-  const bool loss_sweep = want_loss || ((a.grad || a.statistics) && needs_row_sums);
-  const bool fused = a.grad && !needs_row_sums;
-  // Forward and reverse KL without a gradient: the statistics sweep also forms Σ e^(w−m)·(w−z),
-  // from which the divergence follows (divergence_from_cross), instead of a loss sweep.
-  const bool cross_sweep = p.one_sweep && loss_sweep && !a.grad &&
-                           (dc.kind == DistillKindCode::forward_kl ||
-                            dc.kind == DistillKindCode::reverse_kl);
-
   // Sweep 1: row statistics of the student and teacher (and of the student for the ce term).
   RowStats<float> s_stats, t_stats, h_stats;
-  PairCross cross;
   with_distill_transform(dc.transform, [&](const auto& transform) {
-    if (!cross_sweep) {
-      slice_pair_row_stats(student, teacher, transform, s_stats, t_stats);
-    } else if (dc.kind == DistillKindCode::forward_kl) {
-      slice_pair_row_stats<CrossWeight::second>(student, teacher, transform, s_stats, t_stats,
-                                                &cross);
-    } else {
-      slice_pair_row_stats<CrossWeight::first>(student, teacher, transform, s_stats, t_stats,
-                                               &cross);
-    }
+    slice_pair_row_stats(student, teacher, transform, s_stats, t_stats);
   });
   if (with_hard) {
     with_transform(hc.transform, [&](const auto& transform) {
@@ -243,12 +200,12 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   }
   __syncthreads();
 
-  // The cross sum stands for the loss sweep only on rows whose two lse are finite (no NaN or +Inf
-  // anywhere in the row, in any CTA of the cluster: the test reads merged statistics, so every
-  // CTA decides alike); the others take the loss sweep, which defines their NaN.
-  const bool by_cross = cross_sweep && row_lse_finite(row_shared.stats);
   // Sweeps 2 and 3: loss terms and row sums, then the gradient; one sweep when the gradient
-  // needs no row sum (forward_kl, soft_ce).
+  // needs no row sum (forward_kl, soft_ce). Exported statistics need the row sums too.
+  const bool want_loss = a.row_soft != nullptr || a.row_total != nullptr;
+  const bool needs_row_sums = common::distill_needs_sum_pu(dc.kind);
+  const bool loss_sweep = want_loss || ((a.grad || a.statistics) && needs_row_sums);
+  const bool fused = a.grad && !needs_row_sums;
   DistillHardColumns hard_columns;  // columns of this slice
   hard_columns.target_column =
       with_hard && target >= begin && target < begin + length ? target - begin : -1;
@@ -278,19 +235,13 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
           return;
         }
       }
-      if (loss_sweep && !by_cross) {
+      if (loss_sweep) {
         distill_sweep<kKind, true, false>(student, teacher, transform, dc, grad_row, partial,
                                           with_hard, hc, hard_row, hard_columns, grad,
                                           p.grad_vector_ok);
       }
     });
   });
-  if (by_cross) {
-    const RowStats<float>& weighing = dc.kind == DistillKindCode::forward_kl
-                                          ? row_shared.stats.teacher
-                                          : row_shared.stats.student;
-    partial.value[0] = cross.relative_to(weighing.max);
-  }
   if (loss_sweep) {
     block_sum(partial.value, sum_scratch);
     cluster_exchange_pull(partial, &sums_slot_storage.get(), &row_shared.sums, p.cluster,
@@ -298,14 +249,6 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
 #pragma unroll
                             for (int k = 0; k < kSums; ++k) into.value[k] += other.value[k];
                           });
-    if (by_cross && threadIdx.x == 0) {
-      // The cross sum becomes the divergence (and reverse KL's Σ p_s·u, the same sum) in place.
-      const float divergence = divergence_from_cross(dc.kind, row_shared.sums.value[0],
-                                                     row_shared.stats);
-      row_shared.sums.value[0] = divergence;
-      row_shared.sums.value[1] = dc.kind == DistillKindCode::reverse_kl ? divergence : 0.0f;
-    }
-    if (by_cross) __syncthreads();
     grad_row.sum_prob_u = row_shared.sums.value[1];
     common::TvdSums<float> tvd_sums;
     tvd_sums.above = row_shared.sums.value[2];
@@ -381,16 +324,6 @@ std::atomic<int64_t> wide_cluster_launches{0};
 
 int64_t distill_rows_wide_cluster_launches() { return wide_cluster_launches.load(); }
 
-// Forward and reverse KL without a gradient form their divergence in the statistics sweep
-// (decision 69); XENT_CUDA_DISTILL_ONE_SWEEP=0 keeps the loss sweep (measurements).
-static bool distill_one_sweep() {
-  static const bool enabled = [] {
-    const char* knob = std::getenv("XENT_CUDA_DISTILL_ONE_SWEEP");
-    return !(knob && knob[0] == '0');
-  }();
-  return enabled;
-}
-
 // The kernel instantiation for a dtype (the cluster query needs the function itself).
 static const void* distill_kernel_of(DType dtype) {
   switch (dtype) {
@@ -426,7 +359,6 @@ void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
   p.teacher_vector_ok = rows_are_vector_aligned(args.teacher, args.teacher_row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
-  p.one_sweep = distill_one_sweep();
   switch (args.dtype) {
     case DType::f32: launch_row_kernel(distill_rows_kernel<float>, p, args.rows, plan, stream); break;
     case DType::bf16:

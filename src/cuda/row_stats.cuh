@@ -326,63 +326,21 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
   return exact_slice_row_stats(slice, transform, class_weight);
 }
 
-// Which side of a pair sweep weighs a cross sum Σ e^(w−m_w)·(w−z) (PairCross): none, the first
-// slice (w = student, z = teacher: reverse KL) or the second (w = teacher, z = student: forward
-// KL).
-enum class CrossWeight { none, first, second };
-
-// A thread's Σ e^(w−m)·(w−z) over its columns, relative to `max`, the running max of its own w
-// values (the VectorRowStats max of the weighting side). With the row's max M and Z = Σ e^(w−M),
-// Σ_threads sum·e^(max−M) / Z = Σ p_w·(w−z), from which forward and reverse KL follow without a
-// second sweep (distill_rows.cu, decision 69). −inf weights add 0; a −inf z under a positive
-// weight adds +inf (the divergence is infinite there).
-struct PairCross {
-  float sum = 0.0f;
-  float max = -common::infinity<float>();
-
-  // Adds N columns after the weighting side's statistics took them (`moved_from`: its max
-  // before, max: after).
-  template <int N>
-  __device__ __forceinline__ void add(const float (&w)[N], const float (&z)[N], float moved_from,
-                                      float new_max) {
-    max = new_max;
-    if (new_max == -common::infinity<float>()) return;  // nothing but -inf so far
-    sum *= fast_exp2((moved_from - new_max) * kLog2e);   // 0 while moved_from is -inf
-    const float scaled_max = new_max * kLog2e;
-    float term[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float e = fast_exp2(fmaf(w[k], kLog2e, -scaled_max));
-      term[k] = e > 0.0f ? e * (w[k] - z[k]) : 0.0f;
-    }
-    sum += pairwise_sum(term);
-  }
-  // This thread's sum relative to the row's max M of the weighting side.
-  __device__ __forceinline__ float relative_to(float row_max) const {
-    return sum == 0.0f ? 0.0f : sum * fast_exp2((max - row_max) * kLog2e);
-  }
-};
-
 // Statistics of two slices over the same columns (distill: student and teacher rows) in one
 // sweep. Two separate sweeps each had one ex2 chain and one piece wait per vector; here every
 // iteration carries two independent chains (student and teacher), which the latency-bound
 // sweep (ncu on v4: no eligible warp 45 % of the time) can overlap. Each side falls back to
-// exact_slice_row_stats on its own when it holds NaN or +Inf. With kCross other than none the
-// sweep also forms `cross` (PairCross); it is meaningful only where neither side holds NaN or
-// +Inf (a row whose lse is finite), which the caller tests on the merged statistics.
-template <CrossWeight kCross = CrossWeight::none, class S, class Transform>
+// exact_slice_row_stats on its own when it holds NaN or +Inf.
+template <class S, class Transform>
 __device__ __forceinline__ void slice_pair_row_stats(const RowSlice<S>& first,
                                                      const RowSlice<S>& second,
                                                      const Transform& transform,
                                                      common::RowStats<float>& first_stats,
-                                                     common::RowStats<float>& second_stats,
-                                                     PairCross* cross = nullptr) {
+                                                     common::RowStats<float>& second_stats) {
   constexpr int kVec = kVectorElements<S>;
-  constexpr bool kFirstWeighs = kCross == CrossWeight::first;
   const int vectors = static_cast<int>(first.vectors());
   const int full_vectors = static_cast<int>(first.length / kVec);
   VectorRowStats<false, false> a, b;
-  PairCross pair;
   if (static_cast<int>(threadIdx.x) < full_vectors) {
     a.stats.argmax = first.begin + int64_t{threadIdx.x} * kVec;
     b.stats.argmax = a.stats.argmax;
@@ -402,33 +360,18 @@ __device__ __forceinline__ void slice_pair_row_stats(const RowSlice<S>& first,
       v[k] = transform.value(y.value[k]);
     }
     if (j < full_vectors) {
-      const float before = kFirstWeighs ? a.stats.max : b.stats.max;
       a.add(u, column, ones);
       b.add(v, column, ones);
-      if constexpr (kCross != CrossWeight::none) {
-        if constexpr (kFirstWeighs) {
-          pair.add(u, v, before, a.stats.max);
-        } else {
-          pair.add(v, u, before, b.stats.max);
-        }
-      }
     } else {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         if (j * kVec + k < first.length) {
-          const float before = kFirstWeighs ? a.stats.max : b.stats.max;
           a.stats.add(u[k], column + k, 1.0f);
           b.stats.add(v[k], column + k, 1.0f);
-          if constexpr (kCross != CrossWeight::none) {
-            const float w[1] = {kFirstWeighs ? u[k] : v[k]};
-            const float z[1] = {kFirstWeighs ? v[k] : u[k]};
-            pair.add(w, z, before, kFirstWeighs ? a.stats.max : b.stats.max);
-          }
         }
       }
     }
   }
-  if (cross) *cross = pair;
   first_stats = a.needs_exact_path()
                     ? exact_slice_row_stats(first, transform, static_cast<const float*>(nullptr))
                     : a.stats;
