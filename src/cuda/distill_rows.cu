@@ -9,6 +9,7 @@
 
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
+#include "cuda/row_kernel_counts.hpp"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
 

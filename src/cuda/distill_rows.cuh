@@ -11,7 +11,6 @@
 #include "common/distill_row.hpp"
 #include "cuda/ce_device.cuh"
 #include "cuda/ce_rows.cuh"
-#include "cuda/row_kernel_counts.hpp"
 #include "cuda/row_stats.cuh"
 #include "xent/distill.hpp"
 

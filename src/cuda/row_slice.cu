@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 #include <map>
-#include <tuple>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace xent::cuda {
