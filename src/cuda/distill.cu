@@ -1,6 +1,7 @@
 // Distillation on logits, CUDA backend (SPEC.md §3): batch pre-pass (ce_batch_totals, which also
-// gives D and W for the hard-label term), the distill row kernel, and a fixed-order reduction,
-// over a workspace laid out as [CeBatchTotals | row_soft[N] | row_hard_loss[N] | row_hard_z[N]].
+// gives D and W for the hard-label term), the distill row kernel (or the two passes of
+// distill_two_pass.cuh), and a fixed-order reduction, over a workspace laid out as
+// [CeBatchTotals | row_soft[N] | row_hard_loss[N] | row_hard_z[N] | statistics[N]].
 #include "api/backend.hpp"
 #include "cuda/distill_rows.cuh"
 
@@ -53,6 +54,7 @@ struct DistillWorkspace {
   float* row_soft;
   float* row_hard_loss;
   float* row_hard_z;
+  DistillRowStatistics* statistics;  // the two-pass form's per-row statistics
 };
 
 DistillWorkspace carve(Workspace workspace, int64_t rows, const char* function) {
@@ -66,7 +68,8 @@ DistillWorkspace carve(Workspace workspace, int64_t rows, const char* function) 
   }
   return {reinterpret_cast<CeBatchTotals*>(base), reinterpret_cast<float*>(base + 256),
           reinterpret_cast<float*>(base + 256 + array),
-          reinterpret_cast<float*>(base + 256 + 2 * array)};
+          reinterpret_cast<float*>(base + 256 + 2 * array),
+          reinterpret_cast<DistillRowStatistics*>(base + 256 + 3 * array)};
 }
 
 float* f32(TensorView view) { return view.present() ? static_cast<float*>(view.data) : nullptr; }
@@ -107,6 +110,7 @@ void run_distill(TensorView student, TensorView teacher, TensorView target,
   a.options = distill_row_options(options);
   a.totals = ws.totals;
   a.grad_output_rows = none ? f32(grad_output) : nullptr;
+  a.scratch_statistics = ws.statistics;
   if (loss.present()) {
     a.row_soft = ws.row_soft;
     a.row_hard_loss = with_hard ? ws.row_hard_loss : nullptr;
@@ -143,7 +147,7 @@ void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream) {
 
 std::size_t distill_workspace_bytes(int64_t rows) {
   const std::size_t array = (static_cast<std::size_t>(rows) * sizeof(float) + 255) / 256 * 256;
-  return 256 + 3 * array;
+  return 256 + 3 * array + static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics);
 }
 
 std::size_t distill_workspace_size(int64_t rows, int64_t, const DistillOptions&) {

@@ -9,6 +9,7 @@
 
 #include "cuda/ce_device.cuh"
 #include "cuda/distill_rows.cuh"
+#include "cuda/distill_two_pass.cuh"
 #include "cuda/row_kernel_counts.hpp"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
@@ -336,6 +337,10 @@ static const void* distill_kernel_of(DType dtype) {
 
 void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
+  if (distill_two_pass_applies(args)) {
+    distill_rows_two_pass(args, stream);
+    return;
+  }
   const std::size_t element = dtype_size(args.dtype);
   SlicePlan plan = plan_row_slices(args.vocab, element, 2);
   if (plan.cluster == kMaxCluster && plan.staged) {

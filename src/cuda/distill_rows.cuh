@@ -66,6 +66,9 @@ struct DistillRowsArgs {
   int64_t grad_row_stride = 0;
   // Per-row statistics of the gradient (chunk pointer), or null. Zeros for ignored rows.
   DistillRowStatistics* statistics = nullptr;
+  // Room for the rows' statistics when `statistics` is null (chunk pointer), or null: with it
+  // forward and reverse KL may take the two-pass form (distill_two_pass.cuh).
+  DistillRowStatistics* scratch_statistics = nullptr;
 };
 
 void distill_rows(const DistillRowsArgs& args, cudaStream_t stream);
@@ -85,7 +88,8 @@ struct DistillReduceArgs {
 // σ·(Σ d_n, divided by N_valid for mean) + α·(the §1 reduction of the hard term), fixed order.
 void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream);
 
-// Bytes of device workspace distill on logits uses: totals + three per-row arrays.
+// Bytes of device workspace distill on logits uses: totals, three per-row arrays and the rows'
+// statistics (DistillRowStatistics, for the two-pass form).
 std::size_t distill_workspace_bytes(int64_t rows);
 
 // ---- device pieces shared by the row kernel and the blocked gradient ---------------------------

@@ -53,7 +53,9 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.logits_element_bytes = dtype_size(plan.logits_dtype);
   request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
   request.budget_bytes = options.workspace_budget;
-  request.fixed_bytes = row_scratch_bytes(rows);
+  // The row chunks' statistics for the two-pass distillation (distill_two_pass.cuh) as well.
+  request.fixed_bytes =
+      row_scratch_bytes(rows) + align_up(static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics));
   // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
   request.weight_gradient = grads.weight.present();
   request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
@@ -135,6 +137,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   WorkspaceCarver carver(workspace);
   CeBatchTotals* totals = nullptr;
   const DistillRowLosses losses = carve_row_losses(carver, rows, totals);
+  auto* row_statistics = static_cast<DistillRowStatistics*>(
+      carver.take(static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics)));
   const GemmScratch scratch{carver.take(plan.chunks.gemm_workspace_bytes),
                             plan.chunks.gemm_workspace_bytes};
   char* chunk_buffer = static_cast<char*>(carver.take(chunk_region_bytes(plan.chunks)));
@@ -217,6 +221,7 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
       args.grad_row_stride = vocab;
     }
     if (statistics) args.statistics = statistics + first;
+    args.scratch_statistics = row_statistics + first;
     distill_rows(args, stream);
     if (!chunk_grad) continue;
 

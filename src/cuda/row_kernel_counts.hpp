@@ -10,4 +10,7 @@ namespace xent::cuda {
 // non-portable cluster of long rows, distill_rows.cu, docs/perf-notes.md decision 65).
 int64_t distill_rows_wide_cluster_launches();
 
+// How many distill_rows calls of this process took the two-pass form (distill_two_pass.cuh).
+int64_t distill_two_pass_launches();
+
 }  // namespace xent::cuda

@@ -5,8 +5,10 @@
 // the shared suites (float64 reference of SPEC.md).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "ce_check.hpp"
 #include "cuda/row_kernel_counts.hpp"
@@ -147,6 +149,84 @@ INSTANTIATE_TEST_SUITE_P(
         DistillKernelCase{DType::f32, 300007, DistillKind::reverse_kl, kHardAndSoft},
         DistillKernelCase{DType::f32, 300007, DistillKind::forward_kl, 0}),
     distill_case_name);
+
+// Forward and reverse KL without a hard term take two passes (distill_two_pass.cuh: streamed
+// statistics with the divergence, then the elementwise gradient); XENT_CUDA_DISTILL_TWO_PASS=0
+// keeps them on the row kernel. Every case runs both ways: (dtype, vocab, kind, options,
+// reduction, in place, NaN row, row padding, two-pass). bf16 70000 → clusters of 8 streamed
+// slices; 200003 → 32000-column slices; fp32 300007 → 37504; padded f16 4099 rows → the scalar
+// path; the hard term → always the row kernel.
+using TwoPassCase =
+    std::tuple<DType, int64_t, DistillKind, unsigned, Reduction, bool, bool, int64_t, bool>;
+
+class CudaDistillTwoPass : public ::testing::TestWithParam<TwoPassCase> {};
+
+TEST_P(CudaDistillTwoPass, MatchesReference) {
+  require_device();
+  const auto [dtype, vocab, kind, options, reduction, in_place, nan_row, padding, two_pass] =
+      GetParam();
+  XENT_TEST_RNG(rng);
+  DistillProblem problem;
+  problem.dtype = dtype;
+  problem.rows = 7;
+  problem.vocab = vocab;
+  problem.row_stride = padding > 0 ? vocab + padding : -1;
+  problem.kind = kind;
+  problem.options = options;
+  problem.reduction = reduction;
+  problem.in_place = in_place;
+  problem.nan_row = nan_row;
+  setenv("XENT_CUDA_DISTILL_TWO_PASS", two_pass ? "1" : "0", 1);
+  const int64_t before = cuda::distill_two_pass_launches();
+  check_distill(problem, rng);
+  const int64_t after = cuda::distill_two_pass_launches();
+  unsetenv("XENT_CUDA_DISTILL_TWO_PASS");
+  const bool applies = two_pass && (options & kHardAndSoft) == 0;
+  if (applies) {
+    EXPECT_GT(after, before);
+  } else {
+    EXPECT_EQ(after, before);
+  }
+}
+
+std::string two_pass_case_name(const ::testing::TestParamInfo<TwoPassCase>& info) {
+  const auto [dtype, vocab, kind, options, reduction, in_place, nan_row, padding, two_pass] =
+      info.param;
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_" + distill_kind_name(kind) + "_" +
+         distill_options_label(options) + "_" + reduction_label(reduction) +
+         (in_place ? "_inplace" : "") + (nan_row ? "_nan" : "") +
+         (padding > 0 ? "_pad" + std::to_string(padding) : "") +
+         (two_pass ? "_twopass" : "_rowkernel");
+}
+
+std::vector<TwoPassCase> two_pass_cases() {
+  const std::vector<TwoPassCase> problems = {
+      {DType::bf16, 70000, DistillKind::forward_kl, kTemperature, Reduction::mean, true, true, 0,
+       false},
+      {DType::bf16, 70000, DistillKind::reverse_kl, kDistillSoftcap, Reduction::none, false,
+       false, 0, false},
+      {DType::bf16, 200003, DistillKind::forward_kl, kNoTarget, Reduction::sum, false, false, 0,
+       false},
+      {DType::f32, 300007, DistillKind::reverse_kl, 0, Reduction::mean, false, true, 0, false},
+      {DType::f16, 4099, DistillKind::forward_kl, kTemperature | kDistillSoftcap,
+       Reduction::none, false, false, 3, false},
+      {DType::f32, 1031, DistillKind::reverse_kl, kTemperature, Reduction::sum, true, false, 1,
+       false},
+      {DType::bf16, 4099, DistillKind::reverse_kl, kHardAndSoft, Reduction::mean, false, false,
+       0, false}};
+  std::vector<TwoPassCase> cases;
+  for (const TwoPassCase& c : problems) {
+    for (const bool two_pass : {true, false}) {
+      TwoPassCase run = c;
+      std::get<8>(run) = two_pass;
+      cases.push_back(run);
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CudaDistillTwoPass, ::testing::ValuesIn(two_pass_cases()),
+                         two_pass_case_name);
 
 // Repeated runs on identical inputs give identical bits (no atomics, fixed reduction order).
 TEST(CudaCeDeterminism, SameInputsSameBits) {
