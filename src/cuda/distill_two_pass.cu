@@ -306,10 +306,9 @@ bool distill_two_pass_applies(const DistillRowsArgs& args) {
 void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  // The staged plan's slices (64 KiB of both rows per CTA, clusters of up to 8), streamed.
-  SlicePlan plan = plan_row_slices(args.vocab, element, 2);
-  plan.staged = false;
-  plan.shared_bytes = 0;
+  // The streamed forward's slices (row_slice.cu: 128 KiB of each row per CTA; fewer CTAs per
+  // row, fewer exchanges), read from HBM once.
+  const SlicePlan plan = plan_streamed_row_slices(args.vocab, element);
   PairStatsParams p{};
   p.args = args;
   p.statistics = args.statistics ? args.statistics : args.scratch_statistics;

@@ -65,6 +65,7 @@ struct BlockedScheduleSwitches {
 // The plan of the call with every requested gradient, as linear_distill.cu makes it.
 cuda::ChunkPlan gpu_plan(const LinearDistillProblem& p, std::size_t budget) {
   LinearDistillOptions options;
+  options.distill.kind = p.kind;  // jsd and tvd keep sums beside their records
   options.fp32_logits = p.fp32_logits;
   options.workspace_budget = budget;
   LinearGradients grads;
