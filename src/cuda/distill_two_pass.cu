@@ -1,18 +1,21 @@
-// Forward and reverse KL without a hard-label term in two passes over HBM (docs/perf-notes.md,
-// decision 70), instead of the staged row kernel's one pass with a cluster exchange between its
-// sweeps (distill_rows.cu):
+// Distillation without a hard-label term in two or three passes over HBM (docs/perf-notes.md,
+// decisions 70 and 71), instead of the staged row kernel's one pass with a cluster exchange
+// between its sweeps (distill_rows.cu):
 //   pass 1  distill_pair_statistics_kernel: a cluster of CTAs per row, each streaming its slice of
 //           the student and teacher rows (nothing staged, so many CTAs share a multiprocessor and
-//           none waits inside its row). Each forms both sides' max and sum of exponentials and the
-//           cross sum C = Σ e^(w−m_w)·(w−z) of the weighing side w: the teacher for forward KL
-//           (z the student), the student for reverse KL. One exchange at the end gives the row's
-//           two lse and its divergence, Σ p_w·(log p_w − log p_z) = C / Z_w − (lse_w − lse_z)
-//           (Σ p_w = 1; the loss sweep's per-element form differs by the rounding of Σ p_w,
-//           ≈ 1e-7 × |lse_w − lse_z|). The row's statistics land in DistillRowStatistics.
+//           none waits inside its row). Each forms both sides' max and sum of exponentials and a
+//           cross sum of the teacher's or the student's exponentials; one exchange at the end
+//           gives the row's two lse and, for three kinds, its loss:
+//             forward KL  C = Σ e^(t−m_t)·(t−s): KL = C / Z_t − (lse_t − lse_s)
+//             reverse KL  C = Σ e^(s−m_s)·(s−t): KL = C / Z_s − (lse_s − lse_t)
+//             soft ce     C = Σ e^(t−m_t)·(−s):  −Σ p_t·log p_s = lse_s + C / Z_t
+//           (Σ p_w = 1; the loss sweep's per-element form differs by the rounding of Σ p_w, and
+//           its terms round two log-probabilities each at |lse|, where these round t − s).
+//   sums    distill_pair_sums_kernel (jsd, tvd): the row kernel's loss sweep, streamed, with the
+//           lse of pass 1: the loss and the row sums the gradient needs (Σ p_s·u, tvd's sides).
 //   pass 2  distill_block_grad (linear_distill_block_grad.cu) over the whole row: the gradient
-//           elementwise from those statistics, with the row kernel's own per-element code.
-// The row kernel's loss sweep forms the same values from the same transformed logits; rows with
-// NaN or +Inf come out NaN in loss and gradient on both paths (their sums are NaN).
+//           elementwise from the row statistics, with the row kernel's own per-element code.
+// Rows with NaN or +Inf come out NaN in loss and gradient on both paths (their sums are NaN).
 #include "cuda/distill_two_pass.cuh"
 
 #include <atomic>
@@ -61,8 +64,9 @@ __device__ __forceinline__ void merge_partial(PairPartial& into, const PairParti
 }
 
 // A thread's running sums over its columns. Each exponential of the weighing side serves both
-// its sum and the cross sum (two ex2 per column pair, plus two per vector for the rescale).
-template <bool kTeacherWeighs>
+// its sum and the cross sum (two ex2 per column pair, plus two per vector for the rescale). The
+// cross term of a column is e_w·(w − z), or e_w·(−z) with kNegativeOther (soft ce).
+template <bool kTeacherWeighs, bool kNegativeOther>
 struct PairAccumulator {
   PairPartial part = empty_partial();
 
@@ -112,7 +116,8 @@ struct PairAccumulator {
       const float e = kTeacherWeighs ? et[k] : es[k];
       const float w = kTeacherWeighs ? teacher[k] : student[k];
       const float z = kTeacherWeighs ? student[k] : teacher[k];
-      total += e > 0.0f ? e * (w - z) : 0.0f;  // -inf weights add 0, not 0·inf
+      const float term = kNegativeOther ? -z : w - z;
+      total += e > 0.0f ? e * term : 0.0f;  // -inf weights add 0, not 0·inf
     }
     part.cross += total;
   }
@@ -123,16 +128,22 @@ struct PairStatsParams {
   DistillRowStatistics* statistics;  // args.statistics, or the caller's scratch
   int cluster;
   int64_t slice_elements;
-  bool vector_ok;  // student and teacher rows both 16-byte aligned
+  bool vector_ok;   // student and teacher rows both 16-byte aligned
+  bool with_loss;   // the kind's loss follows from the cross sum (else the sums pass forms it)
 };
 
+// How pass 1 forms the cross sum, and the row loss from it, for each kind.
+enum class CrossForm { forward_kl, reverse_kl, soft_ce };
+
+constexpr bool teacher_weighs(CrossForm form) { return form != CrossForm::reverse_kl; }
+
 // This thread's sums over its columns of the slice [begin, begin + length) of both rows.
-template <bool kTeacherWeighs, class S, class Transform>
+template <CrossForm kForm, class S, class Transform>
 __device__ __forceinline__ PairPartial thread_partial(const S* student, const S* teacher,
                                                       int64_t length, bool vector_ok,
                                                       const Transform& transform) {
   constexpr int kVec = kVectorElements<S>;
-  PairAccumulator<kTeacherWeighs> acc;
+  PairAccumulator<teacher_weighs(kForm), kForm == CrossForm::soft_ce> acc;
   auto add_vector = [&](const Vector<S>& s, const Vector<S>& t) {
     float u[kVec], v[kVec];
 #pragma unroll
@@ -206,9 +217,25 @@ __device__ __forceinline__ PairPartial block_partial(PairPartial p, PairPartial*
   return p;
 }
 
-template <class S, bool kTeacherWeighs>
+// The row's loss outputs (the row kernel's, without a hard term): d_n, and σ·d_n for `none`.
+__device__ __forceinline__ void write_row_loss(const DistillRowsArgs& a, int64_t row, float loss) {
+  if (a.row_soft) a.row_soft[row] = loss;
+  if (a.row_hard_loss) a.row_hard_loss[row] = 0.0f;
+  if (a.row_hard_z) a.row_hard_z[row] = 0.0f;
+  if (a.row_total) {
+    const double sigma = a.options.soft_weight;
+    a.row_total[row] = sigma != 0.0 ? static_cast<float>(sigma * loss) : 0.0f;
+  }
+}
+
+struct DistillSumsRecord {
+  float value[kDistillSums];
+};
+
+template <class S, CrossForm kForm>
 __global__ void __launch_bounds__(kMaxThreads)
     distill_pair_statistics_kernel(const PairStatsParams p) {
+  constexpr bool kTeacherWeighs = teacher_weighs(kForm);
   __shared__ PairPartial scratch[kMaxThreads / 32];
   __shared__ PairPartial slot, merged;
   const DistillRowsArgs& a = p.args;
@@ -243,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
   PairPartial mine = empty_partial();
   with_distill_transform(dc.transform, [&](const auto& transform) {
-    mine = thread_partial<kTeacherWeighs>(student, teacher, length, p.vector_ok, transform);
+    mine = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform);
   });
   mine = block_partial<kTeacherWeighs>(mine, scratch);
   cluster_exchange_pull(mine, &slot, &merged, p.cluster,
@@ -253,32 +280,118 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (leader) {
     const float lse_s = merged.student_max + logf(merged.student_sum);
     const float lse_t = merged.teacher_max + logf(merged.teacher_sum);
-    const float divergence =
-        kTeacherWeighs ? merged.cross / merged.teacher_sum - (lse_t - lse_s)
-                       : merged.cross / merged.student_sum - (lse_s - lse_t);
+    float loss = 0.0f;
+    if constexpr (kForm == CrossForm::forward_kl) {
+      loss = merged.cross / merged.teacher_sum - (lse_t - lse_s);
+    } else if constexpr (kForm == CrossForm::reverse_kl) {
+      loss = merged.cross / merged.student_sum - (lse_s - lse_t);
+    } else {
+      loss = lse_s + merged.cross / merged.teacher_sum;
+    }
     DistillRowStatistics stats;
     stats.lse_student = lse_s;
     stats.lse_teacher = lse_t;
-    stats.sum_prob_u = kTeacherWeighs ? 0.0f : divergence;  // reverse KL: Σ p_s·u is the loss
+    // Reverse KL's Σ p_s·u is its loss; jsd's and tvd's sums come from the sums pass.
+    stats.sum_prob_u = kForm == CrossForm::reverse_kl ? loss : 0.0f;
     p.statistics[row] = stats;
-    if (a.row_soft) a.row_soft[row] = divergence;
-    if (a.row_hard_loss) a.row_hard_loss[row] = 0.0f;
-    if (a.row_hard_z) a.row_hard_z[row] = 0.0f;
-    if (a.row_total) {
-      a.row_total[row] =
-          o.soft_weight != 0.0 ? static_cast<float>(o.soft_weight * divergence) : 0.0f;
+    if (p.with_loss) write_row_loss(a, row, loss);
+  }
+  cluster_finish(p.cluster);
+}
+
+// ---- the sums pass (jsd, tvd) ------------------------------------------------------------------
+
+// The row kernel's loss sweep over a streamed slice, with the row's lse from pass 1: Σ of the
+// loss terms, Σ p_s·u (jsd) and tvd's per-side sums (add_distill_sums, kind fixed).
+template <class S, DistillKindCode kKind>
+__global__ void __launch_bounds__(kMaxThreads) distill_pair_sums_kernel(const PairStatsParams p) {
+  constexpr int kVec = kVectorElements<S>;
+  __shared__ float scratch[kDistillSums * kMaxThreads / 32];
+  __shared__ DistillSumsRecord slot, merged;
+  const DistillRowsArgs& a = p.args;
+  const DistillRowOptions& o = a.options;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
+  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
+  const int64_t begin = rank * p.slice_elements;
+  const int64_t length =
+      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
+                      : 0;
+  if (a.target) {
+    const int64_t target = read_target(a.target, a.target_dtype, row);
+    // Pass 1 wrote what these rows report.
+    if (target == o.ce.ignore_index || target < 0 || target >= a.vocab) return;
+  }
+  const DistillRowStatistics stats = p.statistics[row];
+  const S* student = static_cast<const S*>(a.student) + row * a.student_row_stride + begin;
+  const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_row_stride + begin;
+  const common::DistillConstants<float> dc =
+      common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
+  DistillSumsRecord mine{};
+  with_distill_transform(dc.transform, [&](const auto& transform) {
+    auto add = [&](float x, float t) {
+      add_distill_sums<kKind>(dc,
+                              element_probs(transform.value(x), transform.value(t),
+                                            stats.lse_student, stats.lse_teacher),
+                              mine.value);
+    };
+    if (p.vector_ok) {
+      const uint4* s_words = reinterpret_cast<const uint4*>(student);
+      const uint4* t_words = reinterpret_cast<const uint4*>(teacher);
+      const int full_vectors = static_cast<int>(length / kVec);
+      for (int j = threadIdx.x; j < full_vectors; j += blockDim.x) {
+        const Vector<S> sv = unpack<S>(__ldg(s_words + j));
+        const Vector<S> tv = unpack<S>(__ldg(t_words + j));
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) add(sv.value[k], tv.value[k]);
+      }
+      const int64_t tail = int64_t{full_vectors} * kVec + threadIdx.x;
+      if (tail < length) add(load_float(student[tail]), load_float(teacher[tail]));
+    } else {
+      for (int64_t i = threadIdx.x; i < length; i += blockDim.x) {
+        add(load_float(student[i]), load_float(teacher[i]));
+      }
     }
+  });
+  block_sum(mine.value, scratch);
+  cluster_exchange_pull(mine, &slot, &merged, p.cluster,
+                        [](DistillSumsRecord& into, const DistillSumsRecord& other) {
+#pragma unroll
+                          for (int k = 0; k < kDistillSums; ++k) into.value[k] += other.value[k];
+                        });
+  if (rank == 0 && threadIdx.x == 0) {
+    DistillRowStatistics out = stats;
+    out.sum_prob_u = merged.value[1];
+    out.tvd_above = merged.value[2];
+    out.tvd_below = merged.value[3];
+    out.tvd_equal = merged.value[4];
+    p.statistics[row] = out;
+    write_row_loss(a, row, merged.value[0]);
   }
   cluster_finish(p.cluster);
 }
 
 template <class S>
-void launch_pair_statistics(const PairStatsParams& p, const SlicePlan& plan, bool teacher_weighs,
-                            cudaStream_t stream) {
-  if (teacher_weighs) {
-    launch_row_kernel(distill_pair_statistics_kernel<S, true>, p, p.args.rows, plan, stream);
-  } else {
-    launch_row_kernel(distill_pair_statistics_kernel<S, false>, p, p.args.rows, plan, stream);
+void launch_passes(const PairStatsParams& p, const SlicePlan& plan, cudaStream_t stream) {
+  const int64_t rows = p.args.rows;
+  switch (p.args.options.kind) {
+    case DistillKindCode::reverse_kl:
+      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::reverse_kl>, p, rows, plan,
+                        stream);
+      return;
+    case DistillKindCode::soft_ce:
+      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::soft_ce>, p, rows, plan,
+                        stream);
+      return;
+    default:
+      // forward KL; jsd and tvd take its lse, then their sums.
+      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::forward_kl>, p, rows, plan,
+                        stream);
+      break;
+  }
+  if (p.args.options.kind == DistillKindCode::jsd) {
+    launch_row_kernel(distill_pair_sums_kernel<S, DistillKindCode::jsd>, p, rows, plan, stream);
+  } else if (p.args.options.kind == DistillKindCode::tvd) {
+    launch_row_kernel(distill_pair_sums_kernel<S, DistillKindCode::tvd>, p, rows, plan, stream);
   }
 }
 
@@ -296,11 +409,9 @@ std::atomic<int64_t> two_pass_launches{0};
 int64_t distill_two_pass_launches() { return two_pass_launches.load(); }
 
 bool distill_two_pass_applies(const DistillRowsArgs& args) {
-  const DistillKindCode kind = args.options.kind;
-  const bool kl = kind == DistillKindCode::forward_kl || kind == DistillKindCode::reverse_kl;
   const bool hard = args.options.hard_weight != 0.0 && args.target != nullptr;
   const bool room = args.statistics != nullptr || args.scratch_statistics != nullptr;
-  return kl && !hard && room && two_pass_enabled();
+  return !hard && room && two_pass_enabled();
 }
 
 void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {
@@ -316,11 +427,12 @@ void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {
   p.slice_elements = plan.slice_elements;
   p.vector_ok = rows_are_vector_aligned(args.student, args.student_row_stride, element) &&
                 rows_are_vector_aligned(args.teacher, args.teacher_row_stride, element);
-  const bool teacher_weighs = args.options.kind == DistillKindCode::forward_kl;
+  const DistillKindCode kind = args.options.kind;
+  p.with_loss = kind != DistillKindCode::jsd && kind != DistillKindCode::tvd;
   switch (args.dtype) {
-    case DType::f32: launch_pair_statistics<float>(p, plan, teacher_weighs, stream); break;
-    case DType::bf16: launch_pair_statistics<bf16_t>(p, plan, teacher_weighs, stream); break;
-    case DType::f16: launch_pair_statistics<f16_t>(p, plan, teacher_weighs, stream); break;
+    case DType::f32: launch_passes<float>(p, plan, stream); break;
+    case DType::bf16: launch_passes<bf16_t>(p, plan, stream); break;
+    case DType::f16: launch_passes<f16_t>(p, plan, stream); break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("distill_rows: student dtype unsupported on CUDA: got ") +

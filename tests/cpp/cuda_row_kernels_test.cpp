@@ -118,8 +118,11 @@ TEST_P(CudaDistillRowKernel, MatchesReference) {
   problem.kind = kind;
   problem.options = options;
   problem.reduction = Reduction::mean;
+  // The row kernel's paths: rows without a hard term would take the two passes by default.
+  setenv("XENT_CUDA_DISTILL_TWO_PASS", "0", 1);
   const int64_t wide_before = cuda::distill_rows_wide_cluster_launches();
   check_distill(problem, rng);
+  unsetenv("XENT_CUDA_DISTILL_TWO_PASS");
   // Two bf16 inputs of 200003 columns: 100 KB slices in a cluster of 8, so Hopper takes 16.
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, test_device().index), cudaSuccess);
@@ -150,12 +153,13 @@ INSTANTIATE_TEST_SUITE_P(
         DistillKernelCase{DType::f32, 300007, DistillKind::forward_kl, 0}),
     distill_case_name);
 
-// Forward and reverse KL without a hard term take two passes (distill_two_pass.cuh: streamed
-// statistics with the divergence, then the elementwise gradient); XENT_CUDA_DISTILL_TWO_PASS=0
-// keeps them on the row kernel. Every case runs both ways: (dtype, vocab, kind, options,
-// reduction, in place, NaN row, row padding, two-pass). bf16 70000 → clusters of 8 streamed
-// slices; 200003 → 32000-column slices; fp32 300007 → 37504; padded f16 4099 rows → the scalar
-// path; the hard term → always the row kernel.
+// Rows without a hard term take two passes (three for jsd and tvd; distill_two_pass.cuh:
+// streamed statistics with the loss, the sums, then the elementwise gradient);
+// XENT_CUDA_DISTILL_TWO_PASS=0 keeps them on the row kernel. Every case runs both ways: (dtype,
+// vocab, kind, options, reduction, in place, NaN row, row padding, two-pass). Streamed slices of
+// up to 128 KiB of each row: bf16 70000 and 200003 → clusters of 2 and 4, a short last slice;
+// fp32 300007 → 8 CTAs of 37504 columns; 4099 → one CTA; padded rows → the scalar path; the hard
+// term → always the row kernel.
 using TwoPassCase =
     std::tuple<DType, int64_t, DistillKind, unsigned, Reduction, bool, bool, int64_t, bool>;
 
@@ -213,7 +217,18 @@ std::vector<TwoPassCase> two_pass_cases() {
       {DType::f32, 1031, DistillKind::reverse_kl, kTemperature, Reduction::sum, true, false, 1,
        false},
       {DType::bf16, 4099, DistillKind::reverse_kl, kHardAndSoft, Reduction::mean, false, false,
-       0, false}};
+       0, false},
+      {DType::bf16, 70000, DistillKind::soft_ce, kTemperature, Reduction::none, true, false, 0,
+       false},
+      {DType::f16, 4099, DistillKind::soft_ce, kDistillSoftcap | kNoTarget, Reduction::sum,
+       false, false, 5, false},
+      {DType::bf16, 70000, DistillKind::jsd, kDistillSoftcap, Reduction::mean, false, true, 0,
+       false},
+      {DType::f32, 300007, DistillKind::jsd, kTemperature, Reduction::none, true, false, 0,
+       false},
+      {DType::f16, 70001, DistillKind::tvd, kNoTarget, Reduction::mean, false, false, 0, false},
+      {DType::bf16, 200003, DistillKind::tvd, kTemperature, Reduction::sum, true, true, 0,
+       false}};
   std::vector<TwoPassCase> cases;
   for (const TwoPassCase& c : problems) {
     for (const bool two_pass : {true, false}) {
