@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <type_traits>
 
 #include "cuda/ce_device.cuh"
 #include "cuda/linear_distill_block_grad.cuh"
@@ -30,6 +31,11 @@ namespace xent::cuda {
 namespace {
 
 using common::DistillKindCode;
+
+// Rows with the hard-label ce term (SPEC §3: α·CE(s, y) beside σ·distill).
+bool with_hard_term(const DistillRowsArgs& args) {
+  return args.options.hard_weight != 0.0 && args.target != nullptr;
+}
 
 // One part of a row: both sides' running max and sum of exponentials relative to it, and the
 // cross sum relative to the weighing side's max. The empty part is {-inf, 0, -inf, 0, 0}.
@@ -138,13 +144,51 @@ enum class CrossForm { forward_kl, reverse_kl, soft_ce };
 constexpr bool teacher_weighs(CrossForm form) { return form != CrossForm::reverse_kl; }
 
 // This thread's sums over its columns of the slice [begin, begin + length) of both rows.
-template <CrossForm kForm, class S, class Transform>
+// No hard-label term: nothing to add beside the pair.
+struct NoHardTerm {
+  template <class S>
+  __device__ __forceinline__ void add_vector(const Vector<S>&, int) {}
+  __device__ __forceinline__ void add_element(int64_t, float) {}
+};
+
+// The hard-label ce term's statistics of the student slice (SPEC §3: α·CE at the §1 options,
+// its own transform), formed in the same loop as the pair's, so the student is read once. The
+// columns of `class_weight` (smoothing with class weights) are the row's, from `begin`.
+template <bool kSmoothing, class HardTransform>
+struct HardTermStats {
+  VectorRowStats<kSmoothing, false> acc;
+  HardTransform transform;
+  const float* class_weight = nullptr;
+  int64_t begin = 0;
+  int64_t length = 0;
+
+  template <class S>
+  __device__ __forceinline__ void add_vector(const Vector<S>& x, int j) {
+    constexpr int kVec = kVectorElements<S>;
+    const int64_t column = begin + int64_t{j} * kVec;
+    float v[kVec], w[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      v[k] = transform.value(x.value[k]);
+      w[k] = 1.0f;
+    }
+    if (kSmoothing && class_weight) load_class_weights(class_weight, column, true, kVec, w);
+    if (acc.stats.argmax < 0) acc.stats.argmax = column;  // RowStats::add's first-column rule
+    acc.add(v, column, w);
+  }
+  __device__ __forceinline__ void add_element(int64_t i, float x) {
+    const float w = kSmoothing && class_weight ? class_weight[begin + i] : 1.0f;
+    acc.stats.add(transform.value(x), begin + i, w);
+  }
+};
+
+template <CrossForm kForm, class S, class Transform, class Hard>
 __device__ __forceinline__ PairPartial thread_partial(const S* student, const S* teacher,
                                                       int64_t length, bool vector_ok,
-                                                      const Transform& transform) {
+                                                      const Transform& transform, Hard& hard) {
   constexpr int kVec = kVectorElements<S>;
   PairAccumulator<teacher_weighs(kForm), kForm == CrossForm::soft_ce> acc;
-  auto add_vector = [&](const Vector<S>& s, const Vector<S>& t) {
+  auto add_vector = [&](const Vector<S>& s, const Vector<S>& t, int j) {
     float u[kVec], v[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -152,11 +196,14 @@ __device__ __forceinline__ PairPartial thread_partial(const S* student, const S*
       v[k] = transform.value(t.value[k]);
     }
     acc.add(u, v);
+    hard.add_vector(s, j);
   };
   auto add_element = [&](int64_t i) {
-    const float u[1] = {transform.value(load_float(student[i]))};
+    const float x = load_float(student[i]);
+    const float u[1] = {transform.value(x)};
     const float v[1] = {transform.value(load_float(teacher[i]))};
     acc.add(u, v);
+    hard.add_element(i, x);
   };
   if (!vector_ok) {
     for (int64_t i = threadIdx.x; i < length; i += blockDim.x) add_element(i);
@@ -178,10 +225,12 @@ __device__ __forceinline__ PairPartial thread_partial(const S* student, const S*
       t_raw[d] = __ldg(t_words + j + d * stride);
     }
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) add_vector(unpack<S>(s_raw[d]), unpack<S>(t_raw[d]));
+    for (int d = 0; d < kDepth; ++d) {
+      add_vector(unpack<S>(s_raw[d]), unpack<S>(t_raw[d]), j + d * stride);
+    }
   }
   for (; j < full_vectors; j += stride) {
-    add_vector(unpack<S>(__ldg(s_words + j)), unpack<S>(__ldg(t_words + j)));
+    add_vector(unpack<S>(__ldg(s_words + j)), unpack<S>(__ldg(t_words + j)), j);
   }
   // The columns past the last whole vector, one thread each.
   const int64_t tail = int64_t{full_vectors} * kVec + threadIdx.x;
@@ -217,27 +266,43 @@ __device__ __forceinline__ PairPartial block_partial(PairPartial p, PairPartial*
   return p;
 }
 
-// The row's loss outputs (the row kernel's, without a hard term): d_n, and σ·d_n for `none`.
-__device__ __forceinline__ void write_row_loss(const DistillRowsArgs& a, int64_t row, float loss) {
-  if (a.row_soft) a.row_soft[row] = loss;
-  if (a.row_hard_loss) a.row_hard_loss[row] = 0.0f;
-  if (a.row_hard_z) a.row_hard_z[row] = 0.0f;
+// The row's loss outputs, as the row kernel writes them: d_n, the hard term's r_n·ℓ_n and
+// r_n·ζ_n, and σ·d_n + α·r_n·(ℓ_n + ζ_n) for `none`.
+__device__ __forceinline__ void write_row_loss(const DistillRowsArgs& a, int64_t row, float soft,
+                                               float hard_loss = 0.0f, float hard_z = 0.0f) {
+  if (a.row_soft) a.row_soft[row] = soft;
+  if (a.row_hard_loss) a.row_hard_loss[row] = hard_loss;
+  if (a.row_hard_z) a.row_hard_z[row] = hard_z;
   if (a.row_total) {
-    const double sigma = a.options.soft_weight;
-    a.row_total[row] = sigma != 0.0 ? static_cast<float>(sigma * loss) : 0.0f;
+    const DistillRowOptions& o = a.options;
+    double total = 0;
+    if (o.soft_weight != 0.0) total += o.soft_weight * soft;
+    if (o.hard_weight != 0.0) total += o.hard_weight * (double{hard_loss} + hard_z);
+    a.row_total[row] = static_cast<float>(total);
   }
 }
+
+// What a CTA hands to the row's exchange: the pair's part and, with the hard term, its ce
+// statistics and the transformed target logit (from the CTA that holds the target column).
+struct RowPartial {
+  PairPartial pair;
+  common::RowStats<float> hard;
+  float hard_target_logit;
+};
 
 struct DistillSumsRecord {
   float value[kDistillSums];
 };
 
-template <class S, CrossForm kForm>
+template <class S, CrossForm kForm, bool kHard>
 __global__ void __launch_bounds__(kMaxThreads)
     distill_pair_statistics_kernel(const PairStatsParams p) {
   constexpr bool kTeacherWeighs = teacher_weighs(kForm);
   __shared__ PairPartial scratch[kMaxThreads / 32];
-  __shared__ PairPartial slot, merged;
+  __shared__ SharedStorage<common::RowStats<float>[kMaxThreads / 32]> hard_scratch;
+  __shared__ SharedStorage<RowPartial> slot_storage, merged_storage;
+  RowPartial& slot = slot_storage.get();
+  RowPartial& merged = merged_storage.get();
   const DistillRowsArgs& a = p.args;
   const DistillRowOptions& o = a.options;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
@@ -268,33 +333,83 @@ __global__ void __launch_bounds__(kMaxThreads)
   const S* teacher = static_cast<const S*>(a.teacher) + row * a.teacher_row_stride + begin;
   const common::DistillConstants<float> dc =
       common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
-  PairPartial mine = empty_partial();
-  with_distill_transform(dc.transform, [&](const auto& transform) {
-    mine = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform);
-  });
-  mine = block_partial<kTeacherWeighs>(mine, scratch);
+  RowPartial mine;
+  mine.pair = empty_partial();
+  mine.hard_target_logit = 0.0f;
+  const common::CeConstants<float> hc = make_ce_constants(o.ce, a.vocab, a.totals);
+  if constexpr (kHard) {
+    const float* class_weight = o.ce.class_weight;
+    with_transform(hc.transform, [&](const auto& hard_transform) {
+      auto pair_and_hard = [&](auto hard) {
+        hard.transform = hard_transform;
+        hard.class_weight = class_weight;
+        hard.begin = begin;
+        hard.length = length;
+        with_distill_transform(dc.transform, [&](const auto& transform) {
+          mine.pair = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform, hard);
+        });
+        // NaN or +Inf: RowStats::add element by element decides the row's NaN statistics.
+        mine.hard = hard.acc.needs_exact_path()
+                        ? exact_slice_row_stats(stream_slice(student, begin, length, false),
+                                                hard_transform, class_weight)
+                        : hard.acc.stats;
+      };
+      using HardTransform = std::decay_t<decltype(hard_transform)>;
+      if (hc.smoothing > 0) {
+        pair_and_hard(HardTermStats<true, HardTransform>{});
+      } else {
+        pair_and_hard(HardTermStats<false, HardTransform>{});
+      }
+      if (threadIdx.x == 0 && target >= begin && target < begin + length) {
+        mine.hard_target_logit = hard_transform.value(load_float(student[target - begin]));
+      }
+    });
+    mine.hard = block_merge(mine.hard, hard_scratch.get());
+  } else {
+    NoHardTerm none;
+    with_distill_transform(dc.transform, [&](const auto& transform) {
+      mine.pair = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform, none);
+    });
+  }
+  mine.pair = block_partial<kTeacherWeighs>(mine.pair, scratch);
   cluster_exchange_pull(mine, &slot, &merged, p.cluster,
-                        [](PairPartial& into, const PairPartial& other) {
-                          merge_partial<kTeacherWeighs>(into, other);
+                        [](RowPartial& into, const RowPartial& other) {
+                          merge_partial<kTeacherWeighs>(into.pair, other.pair);
+                          if constexpr (kHard) {
+                            into.hard.merge(other.hard);
+                            into.hard_target_logit += other.hard_target_logit;
+                          }
                         });
   if (leader) {
-    const float lse_s = merged.student_max + logf(merged.student_sum);
-    const float lse_t = merged.teacher_max + logf(merged.teacher_sum);
+    const PairPartial& row_pair = merged.pair;
+    const float lse_s = row_pair.student_max + logf(row_pair.student_sum);
+    const float lse_t = row_pair.teacher_max + logf(row_pair.teacher_sum);
     float loss = 0.0f;
     if constexpr (kForm == CrossForm::forward_kl) {
-      loss = merged.cross / merged.teacher_sum - (lse_t - lse_s);
+      loss = row_pair.cross / row_pair.teacher_sum - (lse_t - lse_s);
     } else if constexpr (kForm == CrossForm::reverse_kl) {
-      loss = merged.cross / merged.student_sum - (lse_s - lse_t);
+      loss = row_pair.cross / row_pair.student_sum - (lse_s - lse_t);
     } else {
-      loss = lse_s + merged.cross / merged.teacher_sum;
+      loss = lse_s + row_pair.cross / row_pair.teacher_sum;
     }
     DistillRowStatistics stats;
     stats.lse_student = lse_s;
     stats.lse_teacher = lse_t;
     // Reverse KL's Σ p_s·u is its loss; jsd's and tvd's sums come from the sums pass.
     stats.sum_prob_u = kForm == CrossForm::reverse_kl ? loss : 0.0f;
+    float hard_loss = 0.0f, hard_z = 0.0f;
+    if constexpr (kHard) {
+      const common::RowStats<float>& hs = merged.hard;
+      stats.hard_lse = hs.lse();
+      const float target_weight = o.ce.class_weight ? o.ce.class_weight[target] : 1.0f;
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      const auto parts =
+          common::ce_row_loss(hc, hs, stats.hard_lse, merged.hard_target_logit, target_weight);
+      hard_loss = r * parts.loss;
+      hard_z = r * parts.z_loss;
+    }
     p.statistics[row] = stats;
-    if (p.with_loss) write_row_loss(a, row, loss);
+    if (p.with_loss) write_row_loss(a, row, loss, hard_loss, hard_z);
   }
   cluster_finish(p.cluster);
 }
@@ -370,22 +485,32 @@ __global__ void __launch_bounds__(kMaxThreads) distill_pair_sums_kernel(const Pa
   cluster_finish(p.cluster);
 }
 
+template <class S, CrossForm kForm>
+void launch_statistics(const PairStatsParams& p, const SlicePlan& plan, bool hard,
+                       cudaStream_t stream) {
+  if (hard) {
+    launch_row_kernel(distill_pair_statistics_kernel<S, kForm, true>, p, p.args.rows, plan,
+                      stream);
+  } else {
+    launch_row_kernel(distill_pair_statistics_kernel<S, kForm, false>, p, p.args.rows, plan,
+                      stream);
+  }
+}
+
 template <class S>
 void launch_passes(const PairStatsParams& p, const SlicePlan& plan, cudaStream_t stream) {
   const int64_t rows = p.args.rows;
+  const bool hard = with_hard_term(p.args);
   switch (p.args.options.kind) {
     case DistillKindCode::reverse_kl:
-      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::reverse_kl>, p, rows, plan,
-                        stream);
+      launch_statistics<S, CrossForm::reverse_kl>(p, plan, hard, stream);
       return;
     case DistillKindCode::soft_ce:
-      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::soft_ce>, p, rows, plan,
-                        stream);
+      launch_statistics<S, CrossForm::soft_ce>(p, plan, hard, stream);
       return;
     default:
-      // forward KL; jsd and tvd take its lse, then their sums.
-      launch_row_kernel(distill_pair_statistics_kernel<S, CrossForm::forward_kl>, p, rows, plan,
-                        stream);
+      // forward KL; jsd and tvd (never with the hard term) take its lse, then their sums.
+      launch_statistics<S, CrossForm::forward_kl>(p, plan, hard, stream);
       break;
   }
   if (p.args.options.kind == DistillKindCode::jsd) {
@@ -409,9 +534,11 @@ std::atomic<int64_t> two_pass_launches{0};
 int64_t distill_two_pass_launches() { return two_pass_launches.load(); }
 
 bool distill_two_pass_applies(const DistillRowsArgs& args) {
-  const bool hard = args.options.hard_weight != 0.0 && args.target != nullptr;
+  // jsd and tvd form their loss in the sums pass, which does not carry the hard term's parts.
+  const DistillKindCode kind = args.options.kind;
+  const bool three_passes = kind == DistillKindCode::jsd || kind == DistillKindCode::tvd;
   const bool room = args.statistics != nullptr || args.scratch_statistics != nullptr;
-  return !hard && room && two_pass_enabled();
+  return !(three_passes && with_hard_term(args)) && room && two_pass_enabled();
 }
 
 void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {

@@ -158,8 +158,10 @@ INSTANTIATE_TEST_SUITE_P(
 // XENT_CUDA_DISTILL_TWO_PASS=0 keeps them on the row kernel. Every case runs both ways: (dtype,
 // vocab, kind, options, reduction, in place, NaN row, row padding, two-pass). Streamed slices of
 // up to 128 KiB of each row: bf16 70000 and 200003 → clusters of 2 and 4, a short last slice;
-// fp32 300007 → 8 CTAs of 37504 columns; 4099 → one CTA; padded rows → the scalar path; the hard
-// term → always the row kernel.
+// fp32 300007 → 8 CTAs of 37504 columns; 4099 → one CTA; padded rows → the scalar path. The
+// hard-label term rides in pass 1 for forward and reverse KL and soft ce (its ce statistics
+// beside the pair's; odd vocabularies add class and row weights), and keeps jsd and tvd on the
+// row kernel.
 using TwoPassCase =
     std::tuple<DType, int64_t, DistillKind, unsigned, Reduction, bool, bool, int64_t, bool>;
 
@@ -180,12 +182,16 @@ TEST_P(CudaDistillTwoPass, MatchesReference) {
   problem.reduction = reduction;
   problem.in_place = in_place;
   problem.nan_row = nan_row;
+  // The weighted hard-term cases (class and row weights, smoothing: the full ce statistics in
+  // pass 1) at the first hard case of each kind: odd vocabularies.
+  problem.hard_weights = (options & kHardAndSoft) != 0 && vocab % 2 == 1;
   setenv("XENT_CUDA_DISTILL_TWO_PASS", two_pass ? "1" : "0", 1);
   const int64_t before = cuda::distill_two_pass_launches();
   check_distill(problem, rng);
   const int64_t after = cuda::distill_two_pass_launches();
   unsetenv("XENT_CUDA_DISTILL_TWO_PASS");
-  const bool applies = two_pass && (options & kHardAndSoft) == 0;
+  const bool three_passes = kind == DistillKind::jsd || kind == DistillKind::tvd;
+  const bool applies = two_pass && !(three_passes && (options & kHardAndSoft) != 0);
   if (applies) {
     EXPECT_GT(after, before);
   } else {
@@ -228,6 +234,14 @@ std::vector<TwoPassCase> two_pass_cases() {
        false},
       {DType::f16, 70001, DistillKind::tvd, kNoTarget, Reduction::mean, false, false, 0, false},
       {DType::bf16, 200003, DistillKind::tvd, kTemperature, Reduction::sum, true, true, 0,
+       false},
+      {DType::bf16, 70001, DistillKind::forward_kl, kHardAndSoft | kTemperature, Reduction::mean,
+       true, true, 0, false},
+      {DType::f32, 300007, DistillKind::soft_ce, kHardAndSoft, Reduction::none, false, false, 0,
+       false},
+      {DType::f16, 4098, DistillKind::forward_kl, kHardAndSoft | kDistillSoftcap, Reduction::sum,
+       false, false, 3, false},
+      {DType::bf16, 70001, DistillKind::jsd, kHardAndSoft, Reduction::mean, false, false, 0,
        false}};
   std::vector<TwoPassCase> cases;
   for (const TwoPassCase& c : problems) {

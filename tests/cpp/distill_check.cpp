@@ -64,7 +64,16 @@ std::vector<double> without_row(const std::vector<double>& values, int64_t cols,
 
 void check_distill(const DistillProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
-  const DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
+  DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
+  Tensor class_weight, row_weight;
+  if (p.hard_weights) {
+    setup.spec.ce.class_weight = rng.uniform_vector(vocab, 0.5, 1.5);
+    setup.spec.ce.row_weight = rng.uniform_vector(rows, 0.5, 1.5);
+    class_weight = Tensor::of(setup.spec.ce.class_weight, DType::f32);
+    row_weight = Tensor::of(setup.spec.ce.row_weight, DType::f32);
+    setup.options.ce.class_weight = class_weight.view();
+    setup.options.ce.row_weight = row_weight.view();
+  }
   const bool with_target = !(p.options & kNoTarget);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, p.ignored_rows,
                                                    p.all_ignored, false);

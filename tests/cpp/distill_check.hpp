@@ -43,6 +43,7 @@ struct DistillProblem {
   bool unit_grad_output = false;
   double logit_sd = 2.0;
   double teacher_sd = 0.0;      // > 0: a teacher independent of the student, this peaked
+  bool hard_weights = false;    // class and row weights on the hard term (with kHardAndSoft)
 };
 
 void check_distill(const DistillProblem& problem, Rng& rng);

@@ -33,6 +33,7 @@ std::string OptionSet::describe() const {
   add(logit_scale, "logit_scale");
   add(class_weight, "class_weight");
   add(row_weight, "row_weight");
+  add(hard, "hard");
   return out.empty() ? "plain" : out;
 }
 
@@ -52,7 +53,10 @@ void print_help() {
       "  --reduction R          none|sum|mean (default mean)\n"
       "  --options LIST         comma list of smoothing (eps 0.1), z_loss (1e-4), softcap (30),\n"
       "                         logit_scale (0.5), class_weight (random in [0.5, 1.5]),\n"
-      "                         row_weight (random in [0, 2]), or all\n"
+      "                         row_weight (random in [0, 2]), or all; distillation:\n"
+      "                         softcap, and hard (alpha = sigma = 0.5: the hard-label ce\n"
+      "                         term, with smoothing, z_loss, class_weight, row_weight for\n"
+      "                         it; needs --no-naive)\n"
       "  --budget-mib M         workspace budget of the fused linear ops (default 512)\n"
       "  --fp32-logits          linear ops: keep chunk logits in fp32 instead of rounding them\n"
       "                         to the input dtype (options.fp32_logits)\n"
@@ -126,10 +130,12 @@ OptionSet parse_options(const std::string& text) {
       set.class_weight = true;
     } else if (item == "row_weight") {
       set.row_weight = true;
+    } else if (item == "hard") {
+      set.hard = true;
     } else if (item != "plain" && item != "none") {
       throw UsageError{"--options: got '" + item +
                        "'; expected a comma list of smoothing, z_loss, softcap, logit_scale, "
-                       "class_weight, row_weight, all"};
+                       "class_weight, row_weight, hard, all"};
     }
   }
   return set;
@@ -220,11 +226,19 @@ Config parse_command_line(int argc, char** argv) {
     throw UsageError{"--kind applies to --op distill and linear_distill only"};
   if (c.fp32_logits && c.op != Op::linear_ce && c.op != Op::linear_distill)
     throw UsageError{"--fp32-logits applies to --op linear_ce and linear_distill only"};
-  if ((c.op == Op::distill || c.op == Op::linear_distill) &&
+  const bool distillation = c.op == Op::distill || c.op == Op::linear_distill;
+  if (distillation && !c.options.hard &&
       (c.options.smoothing || c.options.z_loss || c.options.logit_scale ||
        c.options.class_weight || c.options.row_weight))
-    throw UsageError{"--options: distillation takes softcap only; got '" +
-                     c.options.describe() + "'"};
+    throw UsageError{"--options: distillation takes softcap, and hard with the ce options of "
+                     "its hard-label term; got '" + c.options.describe() + "'"};
+  if (c.options.hard && !distillation)
+    throw UsageError{"--options hard applies to --op distill and linear_distill only"};
+  if (c.options.hard && (c.options.logit_scale || c.options.softcap))
+    throw UsageError{"--options hard: the naive form and these runs take smoothing, z_loss, "
+                     "class_weight and row_weight beside it; got '" + c.options.describe() + "'"};
+  if (c.options.hard && config.naive)
+    throw UsageError{"--options hard: the naive form has no hard-label term; add --no-naive"};
   return config;
 }
 

@@ -25,9 +25,10 @@ struct OptionSet {
   bool logit_scale = false;
   bool class_weight = false;
   bool row_weight = false;
+  bool hard = false;  // distillation: α = σ = 0.5, the hard-label ce term beside the loss
 
   bool any() const {
-    return smoothing || z_loss || softcap || logit_scale || class_weight || row_weight;
+    return smoothing || z_loss || softcap || logit_scale || class_weight || row_weight || hard;
   }
   std::string describe() const;  // "plain" or the comma list
 };

@@ -21,8 +21,10 @@ std::size_t Problem::input_bytes(const Case& c) {
                            : c.op == Op::linear_ce ? (c.n + c.v) * c.h
                                                    : 2 * (c.n + c.v) * c.h;
   std::size_t bytes = elements_bytes(matrices, c.dtype) + elements_bytes(c.n, DType::i64);
-  if (c.options.class_weight && !is_distill(c.op)) bytes += elements_bytes(c.v, DType::f32);
-  if (c.options.row_weight && !is_distill(c.op)) bytes += elements_bytes(c.n, DType::f32);
+  // Distillation reads weights only for its hard-label term.
+  const bool weighted = !is_distill(c.op) || c.options.hard;
+  if (c.options.class_weight && weighted) bytes += elements_bytes(c.v, DType::f32);
+  if (c.options.row_weight && weighted) bytes += elements_bytes(c.n, DType::f32);
   if (c.mode == Mode::fwdbwd && c.reduction == Reduction::none)
     bytes += elements_bytes(c.n, DType::f32);
   return bytes;
@@ -72,9 +74,10 @@ Problem::Problem(BenchDevice& device, const Case& c, int copies)
         break;
     }
     in.target = add_vector(DType::i64, n, 0, 0);
-    if (c.options.class_weight && !is_distill(c.op))
+    const bool weighted = !is_distill(c.op) || c.options.hard;
+    if (c.options.class_weight && weighted)
       in.class_weight = add_vector(DType::f32, v, 0.5f, 1.5f);
-    if (c.options.row_weight && !is_distill(c.op))
+    if (c.options.row_weight && weighted)
       in.row_weight = add_vector(DType::f32, n, 0.0f, 2.0f);
     if (c.mode == Mode::fwdbwd && c.reduction == Reduction::none)
       in.grad_output = add_vector(DType::f32, n, 0.5f, 1.5f);
@@ -119,11 +122,16 @@ CeOptions Problem::ce_options(const Inputs& in) const {
   return o;
 }
 
-DistillOptions Problem::distill_options(const Inputs&) const {
+DistillOptions Problem::distill_options(const Inputs& in) const {
   DistillOptions o;
   o.kind = case_.kind;
   o.ce.reduction = case_.reduction;
   if (case_.options.softcap) o.softcap = kSoftcap;
+  if (case_.options.hard) {
+    o.hard_weight = 0.5;
+    o.soft_weight = 0.5;
+    o.ce = ce_options(in);  // the hard term's ce options (smoothing, z-loss, weights)
+  }
   return o;
 }
 
