@@ -4,7 +4,9 @@
 // with the hard-label ce term fused in. forward_kl and soft_ce need no row sum before their
 // gradient, so their loss and gradient share one sweep. On request the kernel exports the row's
 // statistics (DistillRowStatistics), from which linear_distill forms the gradient of a
-// vocabulary block later with the same per-element code (distill_element_grad).
+// vocabulary block later with the same per-element code (distill_element_grad). distill_rows
+// hands the rows to the two-pass form (distill_two_pass.cuh) wherever it applies: the row kernel
+// serves jsd and tvd with the hard-label term, and callers without room for the statistics.
 #include <atomic>
 
 #include "cuda/ce_device.cuh"

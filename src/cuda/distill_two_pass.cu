@@ -1,5 +1,4 @@
-// Distillation without a hard-label term in two or three passes over HBM (docs/perf-notes.md,
-// decisions 70 and 71), instead of the staged row kernel's one pass with a cluster exchange
+// Distillation in two or three passes over HBM (docs/perf-notes.md, decisions 70–72), instead of the staged row kernel's one pass with a cluster exchange
 // between its sweeps (distill_rows.cu):
 //   pass 1  distill_pair_statistics_kernel: a cluster of CTAs per row, each streaming its slice of
 //           the student and teacher rows (nothing staged, so many CTAs share a multiprocessor and
@@ -15,7 +14,10 @@
 //           lse of pass 1: the loss and the row sums the gradient needs (Σ p_s·u, tvd's sides).
 //   pass 2  distill_block_grad (linear_distill_block_grad.cu) over the whole row: the gradient
 //           elementwise from the row statistics, with the row kernel's own per-element code.
-// Rows with NaN or +Inf come out NaN in loss and gradient on both paths (their sums are NaN).
+// The hard-label term (α·CE(s, y)) of forward KL, reverse KL and soft ce rides in pass 1: the ce
+// statistics of the student beside the pair's, in the same read (decision 72); jsd and tvd with
+// it keep the row kernel. Rows with NaN or +Inf come out NaN in loss and gradient on both paths
+// (their sums are NaN).
 #include "cuda/distill_two_pass.cuh"
 
 #include <atomic>
@@ -160,7 +162,6 @@ struct HardTermStats {
   HardTransform transform;
   const float* class_weight = nullptr;
   int64_t begin = 0;
-  int64_t length = 0;
 
   template <class S>
   __device__ __forceinline__ void add_vector(const Vector<S>& x, int j) {
@@ -344,7 +345,6 @@ __global__ void __launch_bounds__(kMaxThreads)
         hard.transform = hard_transform;
         hard.class_weight = class_weight;
         hard.begin = begin;
-        hard.length = length;
         with_distill_transform(dc.transform, [&](const auto& transform) {
           mine.pair = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform, hard);
         });
