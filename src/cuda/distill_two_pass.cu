@@ -306,12 +306,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   RowPartial& merged = merged_storage.get();
   const DistillRowsArgs& a = p.args;
   const DistillRowOptions& o = a.options;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
-  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
-  const int64_t begin = rank * p.slice_elements;
-  const int64_t length =
-      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
-                      : 0;
+  const ClusterSlice slice = cluster_slice(p.cluster, p.slice_elements, a.vocab);
+  const int rank = slice.rank;
+  const int64_t row = slice.row, begin = slice.begin, length = slice.length;
   const bool has_target = a.target != nullptr;
   const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
   const bool valid = !has_target || target != o.ce.ignore_index;
@@ -425,12 +422,9 @@ __global__ void __launch_bounds__(kMaxThreads) distill_pair_sums_kernel(const Pa
   __shared__ DistillSumsRecord slot, merged;
   const DistillRowsArgs& a = p.args;
   const DistillRowOptions& o = a.options;
-  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
-  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
-  const int64_t begin = rank * p.slice_elements;
-  const int64_t length =
-      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
-                      : 0;
+  const ClusterSlice slice = cluster_slice(p.cluster, p.slice_elements, a.vocab);
+  const int rank = slice.rank;
+  const int64_t row = slice.row, begin = slice.begin, length = slice.length;
   if (a.target) {
     const int64_t target = read_target(a.target, a.target_dtype, row);
     // Pass 1 wrote what these rows report.

@@ -129,6 +129,26 @@ __device__ __forceinline__ void wait_piece(uint64_t* barrier) {
   }
 }
 
+// The row and the columns that CTA blockIdx.x covers in a launch of `cluster` CTAs per row
+// (launch_row_kernel), each CTA `slice_elements` columns of a row of `vocab`; the last slices of
+// a short row may be empty.
+struct ClusterSlice {
+  int rank;        // within the row's cluster
+  int64_t row;
+  int64_t begin;   // first column
+  int64_t length;  // columns
+};
+__device__ __forceinline__ ClusterSlice cluster_slice(int cluster, int64_t slice_elements,
+                                                      int64_t vocab) {
+  ClusterSlice c;
+  c.rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
+  c.row = blockIdx.x / static_cast<unsigned>(cluster);
+  c.begin = c.rank * slice_elements;
+  c.length = c.begin < vocab ? (vocab - c.begin < slice_elements ? vocab - c.begin : slice_elements)
+                             : 0;
+  return c;
+}
+
 // One CTA's part of a row. Vector j covers columns begin + j·kVec ... of the row.
 template <class S>
 struct RowSlice {

@@ -38,6 +38,17 @@ DistillSetup make_distill_setup(DistillKind kind, unsigned options, Reduction re
   return s;
 }
 
+HardWeightTensors add_hard_weights(DistillSetup& setup, Rng& rng, int64_t rows, int64_t vocab) {
+  HardWeightTensors tensors;
+  setup.spec.ce.class_weight = rng.uniform_vector(vocab, 0.5, 1.5);
+  setup.spec.ce.row_weight = rng.uniform_vector(rows, 0.5, 1.5);
+  tensors.class_weight = Tensor::of(setup.spec.ce.class_weight, DType::f32);
+  tensors.row_weight = Tensor::of(setup.spec.ce.row_weight, DType::f32);
+  setup.options.ce.class_weight = tensors.class_weight.view();
+  setup.options.ce.row_weight = tensors.row_weight.view();
+  return tensors;
+}
+
 Matrix make_teacher(Rng& rng, const Matrix& student, double sd) {
   Matrix teacher = student;
   for (double& v : teacher.values) v = std::isnan(v) ? rng.normal(sd) : v + rng.normal(0.6 * sd);
@@ -65,15 +76,8 @@ std::vector<double> without_row(const std::vector<double>& values, int64_t cols,
 void check_distill(const DistillProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
   DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);
-  Tensor class_weight, row_weight;
-  if (p.hard_weights) {
-    setup.spec.ce.class_weight = rng.uniform_vector(vocab, 0.5, 1.5);
-    setup.spec.ce.row_weight = rng.uniform_vector(rows, 0.5, 1.5);
-    class_weight = Tensor::of(setup.spec.ce.class_weight, DType::f32);
-    row_weight = Tensor::of(setup.spec.ce.row_weight, DType::f32);
-    setup.options.ce.class_weight = class_weight.view();
-    setup.options.ce.row_weight = row_weight.view();
-  }
+  const HardWeightTensors weights =
+      p.hard_weights ? add_hard_weights(setup, rng, rows, vocab) : HardWeightTensors{};
   const bool with_target = !(p.options & kNoTarget);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, p.ignored_rows,
                                                    p.all_ignored, false);

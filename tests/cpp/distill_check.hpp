@@ -27,6 +27,13 @@ struct DistillSetup {
 DistillSetup make_distill_setup(DistillKind kind, unsigned options, Reduction reduction,
                                 double beta);
 
+// Class and row weights (uniform in [0.5, 1.5]) on the hard-label term of `setup`, in its spec
+// and its options; the options point into the returned tensors, which must outlive the runs.
+struct HardWeightTensors {
+  Tensor class_weight, row_weight;
+};
+HardWeightTensors add_hard_weights(DistillSetup& setup, Rng& rng, int64_t rows, int64_t vocab);
+
 struct DistillProblem {
   DType dtype = DType::f32;
   int64_t rows = 37;

@@ -111,15 +111,8 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const std::vector<int64_t>* target_or_null = with_target ? &target : nullptr;
   const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, p.unit_grad_output);
   DistillSetup weighted = unweighted;
-  Tensor class_weight, row_weight;
-  if (p.hard_weights) {
-    weighted.spec.ce.class_weight = rng.uniform_vector(vocab, 0.5, 1.5);
-    weighted.spec.ce.row_weight = rng.uniform_vector(rows, 0.5, 1.5);
-    class_weight = Tensor::of(weighted.spec.ce.class_weight, DType::f32);
-    row_weight = Tensor::of(weighted.spec.ce.row_weight, DType::f32);
-    weighted.options.ce.class_weight = class_weight.view();
-    weighted.options.ce.row_weight = row_weight.view();
-  }
+  const HardWeightTensors weights =
+      p.hard_weights ? add_hard_weights(weighted, rng, rows, vocab) : HardWeightTensors{};
   const DistillSetup& setup = weighted;
 
   const Matrix student_logits = reference::linear_logits(student.hidden, student.weight, {});
