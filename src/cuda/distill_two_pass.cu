@@ -345,7 +345,10 @@ __global__ void __launch_bounds__(kMaxThreads)
         with_distill_transform(dc.transform, [&](const auto& transform) {
           mine.pair = thread_partial<kForm>(student, teacher, length, p.vector_ok, transform, hard);
         });
-        // NaN or +Inf: RowStats::add element by element decides the row's NaN statistics.
+        // NaN or +Inf: RowStats::add element by element decides the row's NaN statistics. Its
+        // columns per thread are not quite the fast loop's (whole last vectors, not one tail
+        // element per thread), which matters only on such rows, whose statistics come out NaN
+        // whichever thread holds which column.
         mine.hard = hard.acc.needs_exact_path()
                         ? exact_slice_row_stats(stream_slice(student, begin, length, false),
                                                 hard_transform, class_weight)
