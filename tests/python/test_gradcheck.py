@@ -124,11 +124,37 @@ def _distill_kwargs(gen, kind, name):
     return kwargs, target
 
 
-def _teacher(gen, student_logits):
-    # Correlated with the student (as a real teacher is), and far from ties: tvd's kink at
-    # p_s = p_t would otherwise sit inside gradcheck's finite-difference step.
-    return (student_logits.detach() + ref.randn(gen, *student_logits.shape,
-                                                 dtype=torch.float64)).detach()
+def _smallest_tvd_gap(student_logits, teacher_logits, kwargs):
+    """min |p_s − p_t| / (p_s + p_t) over every element, under the call's softcap and
+    temperature: how near tvd's kink any element lies, relative to how far gradcheck's step
+    moves it (≈ 1e-6 of p)."""
+    def probs(x):
+        cap = kwargs.get("softcap")
+        if cap:
+            x = cap * torch.tanh(x / cap)
+        return torch.softmax(x / kwargs.get("temperature", 1.0), dim=-1)
+    p_s, p_t = probs(student_logits), probs(teacher_logits)
+    return ((p_s - p_t).abs() / (p_s + p_t)).min().item()
+
+
+def _far_from_ties(gen, kwargs, student_logits, draw_teacher, logits_of=lambda t: t):
+    """draw_teacher(gen), drawn again for tvd while some p_t (of logits_of(draw)) lies within a
+    relative 1e-4 of its p_s: the kink would sit inside gradcheck's step (a gap of 9e-9 failed
+    once)."""
+    teacher = draw_teacher(gen)
+    for _ in range(100):
+        if (kwargs["kind"] != "tvd" or
+                _smallest_tvd_gap(student_logits, logits_of(teacher), kwargs) > 1e-4):
+            return teacher
+        teacher = draw_teacher(gen)
+    raise AssertionError("no teacher draw away from tvd's ties in 100 tries")
+
+
+def _teacher(gen, student_logits, kwargs):
+    # Correlated with the student (as a real teacher is), and far from tvd's ties.
+    student_logits = student_logits.detach()
+    return _far_from_ties(gen, kwargs, student_logits, lambda g: (
+        student_logits + ref.randn(g, *student_logits.shape, dtype=torch.float64)).detach())
 
 
 @pytest.mark.parametrize("option", list(DISTILL_OPTIONS))
@@ -137,7 +163,7 @@ def _teacher(gen, student_logits):
 def test_distill(gen, kind, reduction, option):
     kwargs, target = _distill_kwargs(gen, kind, option)
     s = _randn(gen, ROWS, VOCAB)
-    t = _teacher(gen, s)
+    t = _teacher(gen, s, kwargs)
     _check(lambda s: xent.distill(s, t, target, reduction=reduction, grad_in_forward=False,
                                   **kwargs), (s,))
 
@@ -149,11 +175,14 @@ def test_distill(gen, kind, reduction, option):
 def test_linear_distill(gen, kind, reduction, option, teacher):
     kwargs, target = _distill_kwargs(gen, kind, option)
     h, w = _randn(gen, ROWS, HIDDEN), _randn(gen, VOCAB, HIDDEN)
+    student_logits = h.detach() @ w.detach().T
     if teacher == "logits":
-        kwargs["teacher_logits"] = _teacher(gen, h.detach() @ w.detach().T)
+        kwargs["teacher_logits"] = _teacher(gen, student_logits, kwargs)
     else:
-        kwargs["teacher_hidden"] = (h.detach() + ref.randn(gen, ROWS, HIDDEN,
-                                                           dtype=torch.float64)).detach()
+        kwargs["teacher_hidden"] = _far_from_ties(
+            gen, kwargs, student_logits,
+            lambda g: (h.detach() + ref.randn(g, ROWS, HIDDEN, dtype=torch.float64)).detach(),
+            logits_of=lambda teacher_hidden: teacher_hidden @ w.detach().T)
         kwargs["teacher_weight"] = w.detach().clone()
     _check(lambda h, w: xent.linear_distill(h, w, target=target, reduction=reduction,
                                             grad_in_forward=False, **kwargs), (h, w))
