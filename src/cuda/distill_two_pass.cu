@@ -1,5 +1,6 @@
-// Distillation in two or three passes over HBM (docs/perf-notes.md, decisions 70–72), instead of the staged row kernel's one pass with a cluster exchange
-// between its sweeps (distill_rows.cu):
+// Distillation in two or three passes over HBM (docs/perf-notes.md, decisions 70–72), instead
+// of the staged row kernel's one pass with a cluster exchange between its sweeps
+// (distill_rows.cu):
 //   pass 1  distill_pair_statistics_kernel: a cluster of CTAs per row, each streaming its slice of
 //           the student and teacher rows (nothing staged, so many CTAs share a multiprocessor and
 //           none waits inside its row). Each forms both sides' max and sum of exponentials and a
@@ -78,7 +79,8 @@ template <bool kTeacherWeighs, bool kNegativeOther>
 struct PairAccumulator {
   PairPartial part = empty_partial();
 
-  // Sums of e^(x − max) over N values into `sum` (moved to the new max first); returns the new max.
+  // Sums of e^(x − max) over N values into `sum` (moved to the new max first); returns the new
+  // max.
   // Values holding NaN or +Inf leave the sum NaN.
   template <int N>
   __device__ __forceinline__ static float add_side(const float (&x)[N], float& max, float& sum,
@@ -145,7 +147,6 @@ enum class CrossForm { forward_kl, reverse_kl, soft_ce };
 
 constexpr bool teacher_weighs(CrossForm form) { return form != CrossForm::reverse_kl; }
 
-// This thread's sums over its columns of the slice [begin, begin + length) of both rows.
 // No hard-label term: nothing to add beside the pair.
 struct NoHardTerm {
   template <class S>
@@ -183,6 +184,8 @@ struct HardTermStats {
   }
 };
 
+// This thread's sums over its columns of the slice (`length` columns from `student` and
+// `teacher`), and the hard term's statistics of the same student columns into `hard`.
 template <CrossForm kForm, class S, class Transform, class Hard>
 __device__ __forceinline__ PairPartial thread_partial(const S* student, const S* teacher,
                                                       int64_t length, bool vector_ok,
@@ -239,7 +242,6 @@ __device__ __forceinline__ PairPartial thread_partial(const S* student, const S*
   return acc.part;
 }
 
-template <bool kTeacherWeighs>
 __device__ __forceinline__ PairPartial shuffle_down(const PairPartial& p, int offset) {
   PairPartial other;
   other.student_max = __shfl_down_sync(0xffffffffu, p.student_max, offset);
@@ -254,7 +256,7 @@ __device__ __forceinline__ PairPartial shuffle_down(const PairPartial& p, int of
 template <bool kTeacherWeighs>
 __device__ __forceinline__ PairPartial block_partial(PairPartial p, PairPartial* scratch) {
   for (int offset = 16; offset > 0; offset /= 2) {
-    const PairPartial other = shuffle_down<kTeacherWeighs>(p, offset);
+    const PairPartial other = shuffle_down(p, offset);
     if (static_cast<int>(threadIdx.x % 32) + offset < 32) merge_partial<kTeacherWeighs>(p, other);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -54,8 +54,8 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
   request.budget_bytes = options.workspace_budget;
   // The row chunks' statistics for the two-pass distillation (distill_two_pass.cuh) as well.
-  request.fixed_bytes =
-      row_scratch_bytes(rows) + align_up(static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics));
+  const std::size_t statistics_bytes = static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics);
+  request.fixed_bytes = row_scratch_bytes(rows) + align_up(statistics_bytes);
   // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
   request.weight_gradient = grads.weight.present();
   request.weight_accumulator = grads.weight.present() && grads.weight.dtype != DType::f32;
