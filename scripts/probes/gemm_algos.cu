@@ -18,14 +18,8 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    auto status_ = (call);                                                       \
-    if (static_cast<int>(status_) != 0) {                                        \
-      std::fprintf(stderr, "%s failed: %d\n", #call, static_cast<int>(status_)); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "probe_common.cuh"
+
 
 struct Spec {
   std::string name;
@@ -47,17 +41,6 @@ Spec parse(const char* text) {
   s.bt = bt != 0;
   s.c_f32 = std::string(dtype) == "f32";
   return s;
-}
-
-__global__ void fill(__nv_bfloat16* x, long count, unsigned seed) {
-  for (long i = blockIdx.x * long{blockDim.x} + threadIdx.x; i < count;
-       i += long{gridDim.x} * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = __float2bfloat16((h & 0xffff) / 65536.0f - 0.5f);
-  }
 }
 
 template <class T>

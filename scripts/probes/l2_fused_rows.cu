@@ -19,30 +19,14 @@
 #include <cstdlib>
 #include <vector>
 
+#include "probe_common.cuh"
+
 namespace cg = cooperative_groups;
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    auto status_ = (call);                                                       \
-    if (static_cast<int>(status_) != 0) {                                        \
-      std::fprintf(stderr, "%s failed: %d\n", #call, static_cast<int>(status_)); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__global__ void fill(__nv_bfloat16* x, long count, unsigned seed) {
-  for (long i = blockIdx.x * long{blockDim.x} + threadIdx.x; i < count;
-       i += long{gridDim.x} * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
 
 struct Stats {
   float a, b;
@@ -237,8 +221,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&stats, size_t(rows) * sizeof(float2)));
   // Refill the student before every run (the gradient overwrites it): the refill is timed apart
   // and subtracted.
-  auto refill = [&] { fill<<<sms * 8, 256>>>(s, rows * vocab, 1); };
-  fill<<<sms * 8, 256>>>(t, rows * vocab, 2);
+  auto refill = [&] { fill<<<sms * 8, 256>>>(s, rows * vocab, 1, -2.0f, 4.0f); };
+  fill<<<sms * 8, 256>>>(t, rows * vocab, 2, -2.0f, 4.0f);
   const float refill_ms = median_ms(refill);
   auto* sv = reinterpret_cast<uint4*>(s);
   const auto* tv = reinterpret_cast<const uint4*>(t);

@@ -23,30 +23,14 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    auto status_ = (call);                                                       \
-    if (static_cast<int>(status_) != 0) {                                        \
-      std::fprintf(stderr, "%s failed: %d\n", #call, static_cast<int>(status_)); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "probe_common.cuh"
+
 
 namespace {
 
 cublasLtHandle_t handle;
 void* gemm_workspace[2];
 constexpr size_t kGemmWorkspace = 32u << 20;
-
-__global__ void fill(__nv_bfloat16* x, long count, unsigned seed) {
-  for (long i = blockIdx.x * long{blockDim.x} + threadIdx.x; i < count;
-       i += long{gridDim.x} * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    x[i] = __float2bfloat16((h & 0xffff) / 65536.0f - 0.5f);
-  }
-}
 
 // Streams `count` 16-byte vectors of a (and b when given): with `write`, a := f(a, b) in place;
 // without, a sum per CTA (so the reads are not dropped). Grid-stride, four vectors in flight.
