@@ -119,6 +119,16 @@ __device__ __forceinline__ Stats cluster_sum(Stats mine, Stats* slot) {
   return total;
 }
 
+// The row's two log-sums (every thread), from this CTA's slice of `vectors` vectors of each input
+// and the other CTAs' of the cluster.
+__device__ __forceinline__ float2 row_lse(const uint4* s, const uint4* t, int vectors,
+                                          Stats* scratch, Stats* slot) {
+  const Stats mine = block_sum(sweep_stats(s, t, vectors), scratch);
+  __syncthreads();  // scratch is free again (the fused kernel's next row writes it)
+  const Stats total = cluster_sum(mine, slot);
+  return make_float2(__logf(total.a), __logf(total.b));
+}
+
 // Pass 1 of the two-pass form: one cluster per row, stats to global.
 __global__ void __launch_bounds__(kThreads) stats_kernel(const uint4* s, const uint4* t,
                                                         long row_vectors, int slice_vectors,
@@ -129,11 +139,9 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint4* s, const u
   const long row = blockIdx.x / cluster.num_blocks();
   const long begin = long{cluster.block_rank()} * slice_vectors;
   const int vectors = static_cast<int>(min(long{slice_vectors}, row_vectors - begin));
-  Stats mine = sweep_stats(s + row * row_vectors + begin, t + row * row_vectors + begin, vectors);
-  mine = block_sum(mine, scratch);
-  const Stats total = cluster_sum(mine, &slot);
-  if (cluster.block_rank() == 0 && threadIdx.x == 0)
-    stats[row] = make_float2(__logf(total.a), __logf(total.b));
+  const float2 lse = row_lse(s + row * row_vectors + begin, t + row * row_vectors + begin,
+                             vectors, scratch, &slot);
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) stats[row] = lse;
 }
 
 // Pass 2: one CTA per 4096-column segment (as the block gradient).
@@ -160,13 +168,9 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(uint4* s, const uint4* 
   for (long row = blockIdx.x / cluster.num_blocks(); row < rows; row += clusters) {
     uint4* sr = s + row * row_vectors + begin;
     const uint4* tr = t + row * row_vectors + begin;
-    Stats mine = sweep_stats(sr, tr, vectors);
-    mine = block_sum(mine, scratch);
-    __syncthreads();  // scratch is reused by the next row
-    const Stats total = cluster_sum(mine, &slot);
-    const float la = __logf(total.a), lb = __logf(total.b);
-    if (cluster.block_rank() == 0 && threadIdx.x == 0) stats[row] = make_float2(la, lb);
-    sweep_grad(sr, tr, vectors, la, lb);
+    const float2 lse = row_lse(sr, tr, vectors, scratch, &slot);
+    if (cluster.block_rank() == 0 && threadIdx.x == 0) stats[row] = lse;
+    sweep_grad(sr, tr, vectors, lse.x, lse.y);
   }
 }
 
