@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Per-call times of xent's linear_cross_entropy (forward + backward through autograd) and of the
+three bare products it is measured against, to tell a comparison's spread apart from the op's:
+under sustained load a GPU's clock drifts (power, temperature), and every implementation timed
+during the drift moves with it.
+
+Prints each call's time (CUDA events), xent, then the products, then xent again, and the
+caching allocator's reserved memory after each series.
+Run: PYTHONPATH=python python3 scripts/probes/call_drift.py N H V [CALLS]
+"""
+import sys
+
+import torch
+
+import xent.functional as XF
+
+
+def series(name, fn, calls):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    reserved = torch.cuda.memory_reserved() / 2**30
+    print(f"{name:8s} {' '.join(f'{t:.1f}' for t in times)}  (ms; reserved {reserved:.1f} GiB)",
+          flush=True)
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    n, h, v = (int(x) for x in sys.argv[1:4])
+    calls = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+    torch.manual_seed(0)
+    hidden = (torch.randn(n, h, device="cuda", dtype=torch.bfloat16) * 0.5).requires_grad_()
+    weight = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    target = torch.randint(0, v, (n,), device="cuda")
+
+    def step():
+        hidden.grad = None
+        weight.grad = None
+        XF.linear_cross_entropy(hidden, weight, target).backward()
+
+    def products():  # h·Wᵀ, then G·W and Gᵀ·h with the logits standing in for G
+        logits = hidden.detach() @ weight.detach().T
+        logits @ weight.detach()
+        logits.T @ hidden.detach()
+
+    print(f"N={n} H={h} V={v} on {torch.cuda.get_device_name()}")
+    for name, fn in (("xent", step), ("products", products), ("xent", step)):
+        series(name, fn, calls)
+
+
+if __name__ == "__main__":
+    main()
