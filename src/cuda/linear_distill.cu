@@ -18,7 +18,6 @@
 #include "api/shard_backend.hpp"
 #include "cuda/distill_rows.cuh"
 #include "cuda/gemm.hpp"
-#include "cuda/gradient_groups.hpp"
 #include "cuda/hidden_sums.hpp"
 #include "cuda/linear_distill_passes.hpp"
 #include "cuda/linear_distill_plan.hpp"
@@ -34,13 +33,6 @@ namespace {
 char statistics_blocks_switch() {
   const char* knob = std::getenv("XENT_CUDA_DISTILL_STATISTICS");
   return knob && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "1") == 0) ? knob[0] : 0;
-}
-
-// XENT_CUDA_DISTILL_GROUPS=0 keeps one ∂h and one ∂W product per row chunk (measurements; read
-// on every call, as the switch above).
-bool gradient_groups_enabled() {
-  const char* knob = std::getenv("XENT_CUDA_DISTILL_GROUPS");
-  return !(knob && std::strcmp(knob, "0") == 0);
 }
 
 // teacher_from_hidden: the teacher comes as hidden + weight. teacher_dtype: the dtype of given
@@ -156,20 +148,11 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks && want_weight;
   auto* statistics = blocked ? static_cast<DistillRowStatistics*>(carver.take(plan.chunks.lse_bytes))
                              : nullptr;
-  // Where ∂W accumulates over the row chunks and the teacher has a buffer of its own, ∂h and ∂W
-  // run once per group of student chunks (group_gradient_chunks); the teacher's buffer follows
-  // the group's student chunks.
-  const bool grouped =
-      want_weight && !blocked && plan.teacher_buffer && gradient_groups_enabled();
-  const GradientGroups groups =
-      grouped ? group_gradient_chunks(rows, plan.chunks.chunk_rows)
-              : GradientGroups{plan.chunks.chunk_rows, plan.chunks.chunk_rows};
-  const std::size_t logits_row_bytes =
-      static_cast<std::size_t>(vocab) * dtype_size(plan.logits_dtype);
-  char* teacher_buffer =
-      plan.teacher_buffer
-          ? chunk_buffer + static_cast<std::size_t>(groups.group_rows) * logits_row_bytes
-          : nullptr;
+  // The teacher half of each chunk buffer follows the student half.
+  const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
+                                    static_cast<std::size_t>(vocab) *
+                                    dtype_size(plan.logits_dtype);
+  char* teacher_buffer = plan.teacher_buffer ? chunk_buffer + student_bytes : nullptr;
 
   const DistillRowOptions row_options = distill_row_options(distill);
   const bool hard_term = row_options.hard_weight > 0 && call.target.present();
@@ -187,78 +170,69 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   const DistillPasses pass{call, plan, scratch, totals, row_options,
                            !sum_or_mean && call.grad_output.present()};
 
+  const int64_t chunk_rows = plan.chunks.chunk_rows;
   const DType operand_dtype = call.student_hidden.dtype;
   const GemmMatrix weight = gemm_matrix(call.student_weight, 0, vocab);
   // Pass 1 of the blocked schedule forms no ∂W; its gradient is needed for ∂h only.
   const bool chunk_grad = want_grad && (!blocked || want_hidden);
-  const int64_t chunked_rows = plan.chunks.chunk_count > 0 ? rows : 0;
-  for (int64_t group_first = 0; group_first < chunked_rows; group_first += groups.group_rows) {
-    const int64_t group_count = std::min(groups.group_rows, rows - group_first);
-    for (int64_t first = group_first; first < group_first + group_count;
-         first += groups.sub_rows) {
-      const int64_t count = std::min(groups.sub_rows, group_first + group_count - first);
-      char* student_buffer =
-          chunk_buffer + static_cast<std::size_t>(first - group_first) * logits_row_bytes;
-      const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
+  for (int64_t chunk = 0; chunk < plan.chunks.chunk_count; ++chunk) {
+    const int64_t first = chunk * chunk_rows;
+    const int64_t count = std::min(chunk_rows, rows - first);
+    const GemmMatrix hidden_rows = gemm_matrix(call.student_hidden, first, count);
 
-      GemmProduct student;
-      student.a = hidden_rows;
-      student.b = weight;
-      student.b_transposed = true;
-      student.c = GemmMatrix{student_buffer, plan.logits_dtype, count, vocab, vocab};
-      gemm(student, scratch, stream);
+    GemmProduct student;
+    student.a = hidden_rows;
+    student.b = weight;
+    student.b_transposed = true;
+    student.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
+    gemm(student, scratch, stream);
 
-      DistillRowsArgs args;
-      args.teacher = teacher_rows(pass, first, count, 0, vocab, teacher_buffer,
-                                  args.teacher_row_stride, stream);
-      args.student = student_buffer;
-      args.student_row_stride = vocab;
-      args.dtype = plan.logits_dtype;
-      args.rows = count;
-      args.vocab = vocab;
-      if (call.target.present()) {
-        args.target = static_cast<const char*>(call.target.data) +
-                      static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
-        args.target_dtype = call.target.dtype;
-      }
-      args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
-      args.options = row_options;
-      args.totals = totals;
-      args.grad_output_rows =
-          pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
-      if (call.loss) {
-        if (sum_or_mean) {
-          args.row_soft = losses.soft + first;
-          if (hard_term) {
-            args.row_hard_loss = losses.hard_loss + first;
-            args.row_hard_z = losses.hard_z + first;
-          }
-        } else {
-          args.row_total = offset_rows<float>(*call.loss, first);
+    DistillRowsArgs args;
+    args.teacher = teacher_rows(pass, first, count, 0, vocab, teacher_buffer,
+                                args.teacher_row_stride, stream);
+    args.student = chunk_buffer;
+    args.student_row_stride = vocab;
+    args.dtype = plan.logits_dtype;
+    args.rows = count;
+    args.vocab = vocab;
+    if (call.target.present()) {
+      args.target = static_cast<const char*>(call.target.data) +
+                    static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
+      args.target_dtype = call.target.dtype;
+    }
+    args.row_weight = offset_rows<const float>(distill.ce.row_weight, first);
+    args.options = row_options;
+    args.totals = totals;
+    args.grad_output_rows =
+        pass.per_row_upstream ? offset_rows<const float>(call.grad_output, first) : nullptr;
+    if (call.loss) {
+      if (sum_or_mean) {
+        args.row_soft = losses.soft + first;
+        if (hard_term) {
+          args.row_hard_loss = losses.hard_loss + first;
+          args.row_hard_z = losses.hard_z + first;
         }
-      }
-      if (chunk_grad) {
-        args.grad = student_buffer;
-        args.grad_row_stride = vocab;
-      }
-      if (statistics) args.statistics = statistics + first;
-      args.scratch_statistics = row_statistics + first;
-      distill_rows(args, stream);
-      if (chunk_grad && plan.logits_dtype != operand_dtype) {
-        narrow_rows_in_place(student_buffer, count, vocab, vocab, operand_dtype, stream);
+      } else {
+        args.row_total = offset_rows<float>(*call.loss, first);
       }
     }
+    if (chunk_grad) {
+      args.grad = chunk_buffer;
+      args.grad_row_stride = vocab;
+    }
+    if (statistics) args.statistics = statistics + first;
+    args.scratch_statistics = row_statistics + first;
+    distill_rows(args, stream);
     if (!chunk_grad) continue;
 
-    // The group's student chunks lie one after another: one gradient of group_count rows.
-    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, group_count, vocab, vocab};
+    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
     if (plan.logits_dtype != operand_dtype) {
+      narrow_rows_in_place(chunk_buffer, count, vocab, vocab, operand_dtype, stream);
       gradient.dtype = operand_dtype;
       gradient.stride = 2 * vocab;
     }
-    accumulate_chunk_gradients(gradient, gemm_matrix(call.student_hidden, group_first, group_count),
-                               weight, grads, group_first, group_first == 0, sums, scratch,
-                               stream);
+    accumulate_chunk_gradients(gradient, hidden_rows, weight, grads, first, chunk == 0, sums,
+                               scratch, stream);
   }
   if (blocked && plan.chunks.chunk_count > 0) {
     run_block_pass(pass, chunk_buffer, statistics, nullptr, stream);

@@ -1,7 +1,6 @@
 // The CUDA chunk planner is plain C++: its budget arithmetic and chunk choices are checked here,
 // on the CPU, for the PERF.md shapes and for budgets down to a single row.
 #include "cuda/chunk_plan.hpp"
-#include "cuda/gradient_groups.hpp"
 
 #include <gtest/gtest.h>
 
@@ -715,44 +714,6 @@ TEST(ChunkPlan, NoRowsNoChunks) {
   const ChunkPlan plan = plan_chunks(request_for(0, 64, 1000, 64 * kMiB));
   EXPECT_EQ(plan.chunk_count, 0);
   EXPECT_TRUE(plan.fits_budget);
-}
-
-}  // namespace
-}  // namespace xent::cuda
-
-// linear_distill's row chunks in groups that share one ∂h and ∂W product (gradient_groups.hpp).
-namespace xent::cuda {
-namespace {
-
-TEST(GradientGroups, FewestGroupsThatFitTheChunkRegion) {
-  // (8192, 2304, 256000) at 4 GiB: chunks of 1664 rows of both sides, five ∂W products. Five
-  // student chunks of 552 rows and the teacher's fit the same region: three groups.
-  constexpr GradientGroups shape = group_gradient_chunks(8192, 1664);
-  static_assert(shape.sub_rows == 552 && shape.group_rows == 2760);
-  EXPECT_EQ((8192 + shape.group_rows - 1) / shape.group_rows, 3);
-  EXPECT_LE(shape.group_rows + shape.sub_rows, 2 * 1664);
-  // One chunk, or rows that two chunks cover either way: nothing to gain, the plain chunks.
-  EXPECT_EQ(group_gradient_chunks(1000, 1664).group_rows, 1664);
-  EXPECT_EQ(group_gradient_chunks(8192, 4270).group_rows, 4270);
-  // Small chunks (the GPU suite's budgets): no 8-row rounding below 64 rows.
-  constexpr GradientGroups small = group_gradient_chunks(37, 10);
-  static_assert(small.sub_rows * (small.group_rows / small.sub_rows + 1) <= 20);
-  EXPECT_LT((37 + small.group_rows - 1) / small.group_rows, 4);
-}
-
-TEST(GradientGroups, EveryChoiceFitsTheRegionAndCoversTheRows) {
-  for (int64_t chunk_rows : {1, 2, 3, 7, 10, 63, 64, 65, 500, 1664, 7600}) {
-    for (int64_t rows : {1, 5, 37, 100, 1000, 8192, 32768}) {
-      SCOPED_TRACE(::testing::Message() << rows << " rows, chunks of " << chunk_rows);
-      const GradientGroups g = group_gradient_chunks(rows, chunk_rows);
-      ASSERT_GE(g.sub_rows, 1);
-      ASSERT_EQ(g.group_rows % g.sub_rows, 0);
-      const int64_t k = g.group_rows / g.sub_rows;
-      EXPECT_LE((k + 1) * g.sub_rows, 2 * chunk_rows);  // the student chunks and the teacher's
-      const int64_t groups = (rows + g.group_rows - 1) / g.group_rows;
-      EXPECT_LE(groups, (rows + chunk_rows - 1) / chunk_rows);  // never more products
-    }
-  }
 }
 
 }  // namespace
