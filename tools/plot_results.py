@@ -52,9 +52,11 @@ def load_records(results_dir: str) -> list:
         if isinstance(data, dict):
             data = [data]
         for record in data:
-            # A/B records (ab_experiment, ab_side) time variants of the kernels that are not
-            # the library's state; they stay in bench/results for the notes, not the plots.
-            if isinstance(record, dict) and any(k in record for k in ("ab_experiment", "ab_side")):
+            # A/B records (ab_experiment, ab_side; ab_config from scripts/bench-ab.sh) time
+            # variants of the kernels that are not the library's state; they stay in
+            # bench/results for the notes, not the plots.
+            if isinstance(record, dict) and any(
+                    k in record for k in ("ab_experiment", "ab_side", "ab_config")):
                 continue
             if isinstance(record, dict) and not record.get("error") and record.get("time_ms"):
                 record["_source"] = os.path.basename(path)
@@ -71,13 +73,14 @@ def style(impl: str):
 
 
 def latest(records: list) -> list:
-    """One record per (impl, op, kind, shape, dtype, mode, options): the last one read."""
+    """One record per (device, impl, op, kind, shape, dtype, mode, options): the last one read
+    (without the device, a record of one GPU replaced the same case measured on another)."""
     keyed = {}
     for r in records:
         # h and the budget matter to the linear ops only (older records of the logits ops carry
         # h = null and no budget, and must still be replaced by newer ones of the same case).
         linear = r["op"].startswith("linear")
-        key = (r["impl"], r["op"], r.get("kind"), r["n"], r.get("h") or 0, r["v"], r["dtype"],
+        key = (r.get("device"), r["impl"], r["op"], r.get("kind"), r["n"], r.get("h") or 0, r["v"], r["dtype"],
                r["mode"], r.get("options", "plain"), r.get("reduction", "mean"),
                r.get("budget_bytes") if linear else None, r.get("distribution") or "random",
                r.get("weight_dtype"), bool(r.get("autocast")))
