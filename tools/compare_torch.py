@@ -425,6 +425,16 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
     }
     reference_loss = None
     records = []
+    runners = []  # (record, (timed function, prepare), its pending state) of each library that ran
+
+    def clear(pending):
+        pending.clear()
+        for x in inputs:
+            for leaf in leaves(x):
+                leaf.grad = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
     for impl in impls:
         record = dict(base, impl=impl, time_ms=None, ratio=None, ratio_kind=None,
                       min_bytes=None, peak_extra_bytes=None, workspace_bytes=None,
@@ -459,7 +469,9 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
             if pristine is not None:
                 inputs[0]["logits"] = pristine.clone().requires_grad_()
 
-        def forward(i, loss_fn=loss_fn):
+        # Every closure binds this library's own state as default arguments: the rounds below
+        # call them after the loop has moved on to the other libraries.
+        def forward(i, loss_fn=loss_fn, upstream=upstream):
             x = inputs[i % copies]
             for leaf in leaves(x):
                 leaf.grad = None
@@ -470,7 +482,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
 
         pending = {}
 
-        def step(i, loss_fn=loss_fn):
+        def step(i, forward=forward):
             if mode == "fwd":
                 with torch.no_grad():
                     return forward(i)
@@ -479,15 +491,15 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                 loss.backward()
             return loss
 
-        def prepare_backward(i):
+        def prepare_backward(i, forward=forward, pending=pending):
             refresh(i)
             pending["loss"] = forward(i)
 
-        def backward_only(i):
+        def backward_only(i, pending=pending):
             pending.pop("loss").backward()
 
         try:
-            progress(f"{impl:10s} {title}: {args.warmup} warm-up + {args.repeat} timed ...")
+            progress(f"{impl:10s} {title}: first call ...")
             refresh(0)
             loss = step(0).detach().float().item()  # compiles, autotunes, allocates
             if reference_loss is None:
@@ -502,41 +514,61 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                 refresh(0)
                 record["peak_extra_bytes"] = peak_extra_bytes(step, leaves(inputs[0]))
             if mode == "bwd":
-                times = summarize(timer.run(backward_only, prepare=prepare_backward))
+                timed = (backward_only, prepare_backward)
             else:
-                times = summarize(timer.run(step, prepare=refresh if pristine is not None
-                                            else None))
-            record["time_ms"] = times
-            if op in ("linear_ce", "linear_distill"):
-                record["ratio_kind"] = "gemm"
-                if floor:
-                    record["ratio"] = times["median"] / floor
-            else:
-                tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
-                if mode == "bwd":
-                    tensors = 1  # the fused forms write the gradient in the forward
-                record["ratio_kind"] = "bandwidth"
-                record["min_bytes"] = tensors * case["n"] * case["v"] * element
-                if bandwidth:
-                    record["ratio"] = record["min_bytes"] / (times["median"] / 1e3) / bandwidth
-            progress(f"{impl:10s} {title}: median {times['median']:.3f} ms"
-                     + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
-                     + (f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
-                        if record["peak_extra_bytes"] is not None else "")
-                     + (f", dW err {record['grad_weight_rel_err']:.4f}, dh err "
-                        f"{record['grad_hidden_rel_err']:.4f}"
-                        if record["grad_weight_rel_err"] is not None else ""))
+                timed = (step, refresh if pristine is not None else None)
+            runners.append((record, timed, pending))
         except Exception as error:  # one failing library must not stop the comparison
             record["error"] = f"{error.__class__.__name__}: {error}"[:500]
             progress(f"{impl:10s} {title}: error: {record['error']}")
         finally:
-            pending.clear()
-            for x in inputs:
-                for leaf in leaves(x):
-                    leaf.grad = None
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            clear(pending)
         records.append(record)
+
+    # Timing, in rounds: each round times every library in turn (args.repeat / rounds steps
+    # each, after warm-ups), so that the GPU's drift under sustained load (its clock falls and
+    # recovers over tens of calls, docs/perf-notes.md decision 79) reaches every library alike.
+    rounds = max(1, args.rounds)
+    per_round = max(1, -(-args.repeat // rounds))
+    samples = {id(record): [] for record, _, _ in runners}
+    for round_index in range(rounds):
+        for record, (fn, prepare), pending in runners:
+            impl = record["impl"]
+            warmup = args.warmup if round_index == 0 else min(args.warmup, 2)
+            progress(f"{impl:10s} {title}: {warmup} warm-up + {per_round} timed"
+                     + (f" (round {round_index + 1} of {rounds})" if rounds > 1 else "") + " ...")
+            try:
+                samples[id(record)] += Timer(device, warmup, per_round).run(fn, prepare=prepare)
+            except Exception as error:
+                record["error"] = f"{error.__class__.__name__}: {error}"[:500]
+                progress(f"{impl:10s} {title}: error: {record['error']}")
+            finally:
+                clear(pending)
+    for record, _, _ in runners:
+        impl = record["impl"]
+        if record["error"]:
+            continue
+        times = summarize(samples[id(record)])
+        record["time_ms"] = times
+        if op in ("linear_ce", "linear_distill"):
+            record["ratio_kind"] = "gemm"
+            if floor:
+                record["ratio"] = times["median"] / floor
+        else:
+            tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
+            if mode == "bwd":
+                tensors = 1  # the fused forms write the gradient in the forward
+            record["ratio_kind"] = "bandwidth"
+            record["min_bytes"] = tensors * case["n"] * case["v"] * element
+            if bandwidth:
+                record["ratio"] = record["min_bytes"] / (times["median"] / 1e3) / bandwidth
+        progress(f"{impl:10s} {title}: median {times['median']:.3f} ms"
+                 + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
+                 + (f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
+                    if record["peak_extra_bytes"] is not None else "")
+                 + (f", dW err {record['grad_weight_rel_err']:.4f}, dh err "
+                    f"{record['grad_hidden_rel_err']:.4f}"
+                    if record["grad_weight_rel_err"] is not None else ""))
     return records
 
 
@@ -591,6 +623,10 @@ def parse_args(argv=None):
                         help="comma list of " + ", ".join(IMPLS))
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time the libraries of a case in this many interleaved rounds of "
+                             "repeat / rounds steps each (the GPU's clock drifts under sustained "
+                             "load; default 1: each library's steps in one stretch)")
     parser.add_argument("--json", help="write the records as a JSON array to this file")
     parser.add_argument("--append", action="store_true",
                         help="add to the records already in --json instead of replacing them")

@@ -53,3 +53,50 @@ def test_single_shape_flags_refused_with_a_suite(flag, capsys):
     with pytest.raises(SystemExit):
         compare_torch.parse_args(["--suite", "perf-linear", *flag])
     assert flag[0] in capsys.readouterr().err
+
+
+def test_rounds_interleave_the_libraries(monkeypatch):
+    """--rounds times every library of a case in turn, round after round, each with its own
+    functions (the closures of one library must not call another's), and keeps every sample."""
+    pytest.importorskip("torch")
+    # A module of its own, with tools/ importable so that it finds its loss functions.
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    spec = importlib.util.spec_from_file_location("compare_torch_rounds",
+                                                  ROOT / "tools" / "compare_torch.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    calls = []
+    real_eager_loss = tool.eager_loss
+
+    def tagged_eager_loss(case):
+        inner = real_eager_loss(case)
+
+        def loss(x):
+            calls.append("eager")
+            return inner(x)
+        return loss
+
+    def tagged_library_loss(impl, case):
+        inner = real_eager_loss(case)
+
+        def loss(x):
+            calls.append(impl)
+            return inner(x) * 1.0
+        return loss
+
+    monkeypatch.setattr(tool, "eager_loss", tagged_eager_loss)
+    monkeypatch.setattr(tool, "library_loss", tagged_library_loss)
+    args = tool.parse_args(["--op", "ce", "--n", "16", "--v", "64", "--device", "cpu",
+                                     "--impls", "eager,xent_torch", "--rounds", "3",
+                                     "--repeat", "6", "--warmup", "1"])
+    args.repeat, args.warmup = 6, 1
+    case = dict(op="ce", n=16, h=0, v=64, dtype="bf16", mode="fwdbwd", kind="forward_kl",
+                label="")
+    records = tool.measure_case(case, args.impls, args, None, "test")
+    assert [r["impl"] for r in records] == ["eager", "xent_torch"]
+    assert all(r["error"] is None and r["time_ms"]["samples"] == 6 for r in records)
+    # After each library's first call: three rounds, each a warm-up (one, then at most two) and
+    # two timed steps of eager, then the same of xent_torch.
+    timed = calls[2:]
+    per_round = ["eager"] * 3 + ["xent_torch"] * 3
+    assert timed == per_round * 3, timed
