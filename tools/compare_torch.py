@@ -24,6 +24,7 @@ hidden states are h = noise + a·W[y], a set so the mean target probability is a
 
 Usage: compare_torch.py --op linear_ce --n 8192 --h 4096 --v 128256 [--json FILE [--append]]
        compare_torch.py --suite perf-ce|perf-ce-small|perf-distill|perf-linear|perf
+       [--rounds R]: F and every library timed in R interleaved rounds (the GPU's clock drifts)
 """
 
 from __future__ import annotations
@@ -225,10 +226,11 @@ def copy_bandwidth(device: str) -> Optional[float]:
     return None
 
 
-def gemm_floor(case: dict, dtype, device: str, timer: Timer) -> Optional[float]:
-    """F in ms: torch.matmul time of the products a fused linear op must do at this shape."""
+def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> List[float]:
+    """Samples of F in ms: torch.matmul time of the products a fused linear op must do at this
+    shape (none for other ops and on the CPU). The operands live only while they are timed."""
     if device != "cuda" or case["op"] not in ("linear_ce", "linear_distill"):
-        return None
+        return []
     n, h, v = case["n"], case["h"], case["v"]
     hidden = torch.randn(n, h, device=device, dtype=dtype)
     weight = torch.randn(v, h, device=device, dtype=dtype) / math.sqrt(h)
@@ -244,10 +246,10 @@ def gemm_floor(case: dict, dtype, device: str, timer: Timer) -> Optional[float]:
             torch.matmul(grad, weight)
             torch.matmul(grad.t(), hidden)
 
-    floor = summarize(timer.run(products))["median"]
+    samples = timer.run(products)
     del hidden, weight, grad
     torch.cuda.empty_cache()
-    return floor
+    return samples
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -381,7 +383,6 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                  commit: str) -> List[dict]:
     device = args.device
     dtype = getattr(torch, DTYPES[case["dtype"]])
-    timer = Timer(device, args.warmup, args.repeat)
     op, kind, mode = case["op"], case.get("kind", "forward_kl"), case["mode"]
     reduction = case.get("reduction", "mean")
     impls = [impl for impl in impls if impl in case.get("impls", impls)]
@@ -392,7 +393,6 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                                                            case["peak_scale"])
         progress(f"{title}: peak scale {case['peak_scale']:.4f}, mean target probability "
                  f"{case['mean_target_prob']:.3f}")
-    floor = gemm_floor(case, dtype, device, timer)
     first = make_inputs(case, dtype, device, seed=1)
     input_bytes = sum(tensor_bytes(t) for t in first.values())
     copies = 1
@@ -421,7 +421,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
         "autocast": case.get("weight") == "fp32-autocast",
         "label": case.get("label", ""),
         "device": device_name(device),
-        "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": floor, "commit": commit,
+        "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": None, "commit": commit,
     }
     reference_loss = None
     records = []
@@ -525,16 +525,20 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
             clear(pending)
         records.append(record)
 
-    # Timing, in rounds: each round times every library in turn (args.repeat / rounds steps
-    # each, after warm-ups), so that the GPU's drift under sustained load (its clock falls and
-    # recovers over tens of calls, docs/perf-notes.md decision 79) reaches every library alike.
+    # Timing, in rounds: each round times the floor F and then every library in turn
+    # (args.repeat / rounds steps each, after warm-ups), so that the GPU's drift under sustained
+    # load (its clock falls and recovers over tens of calls, docs/perf-notes.md decision 79)
+    # reaches F and every library alike.
     rounds = max(1, args.rounds)
     per_round = max(1, -(-args.repeat // rounds))
     samples = {id(record): [] for record, _, _ in runners}
+    floor_samples = []
     for round_index in range(rounds):
+        warmup = args.warmup if round_index == 0 else min(args.warmup, 2)
+        floor_samples += gemm_floor_samples(case, dtype, device,
+                                            Timer(device, warmup, per_round))
         for record, (fn, prepare), pending in runners:
             impl = record["impl"]
-            warmup = args.warmup if round_index == 0 else min(args.warmup, 2)
             progress(f"{impl:10s} {title}: {warmup} warm-up + {per_round} timed"
                      + (f" (round {round_index + 1} of {rounds})" if rounds > 1 else "") + " ...")
             try:
@@ -544,6 +548,9 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
                 progress(f"{impl:10s} {title}: error: {record['error']}")
             finally:
                 clear(pending)
+    floor = summarize(floor_samples)["median"] if floor_samples else None
+    for record in records:
+        record["gemm_floor_ms"] = floor
     for record, _, _ in runners:
         impl = record["impl"]
         if record["error"]:
