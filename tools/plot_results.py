@@ -42,7 +42,13 @@ IMPL_LABEL = {"xent": "xent", "naive": "naive (materialised)", "eager": "torch e
 
 def load_records(results_dir: str) -> list:
     records = []
-    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    # Oldest first, by the date in the file name (YYYY-MM-DD, a letter after it for a later run
+    # of the day), so that latest() keeps the newest measurement of a case.
+    def dated(path):
+        found = re.search(r"(\d{4}-\d{2}-\d{2}[a-z]?)", os.path.basename(path))
+        return (found.group(1) if found else "", os.path.basename(path))
+
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json")), key=dated):
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -73,8 +79,9 @@ def style(impl: str):
 
 
 def latest(records: list) -> list:
-    """One record per (device, impl, op, kind, shape, dtype, mode, options): the last one read
-    (without the device, a record of one GPU replaced the same case measured on another)."""
+    """One record per (device, impl, op, kind, shape, dtype, mode, options): the last one read,
+    the newest (without the device, a record of one GPU replaced the same case measured on
+    another)."""
     keyed = {}
     for r in records:
         # h and the budget matter to the linear ops only (older records of the logits ops carry
