@@ -5,8 +5,10 @@ under sustained load a GPU's clock drifts (power, temperature), and every implem
 during the drift moves with it.
 
 Prints each call's time (CUDA events), xent, then the products, then xent again, and the
-caching allocator's reserved memory after each series.
-Run: PYTHONPATH=python python3 scripts/probes/call_drift.py N H V [CALLS]
+caching allocator's reserved memory after each series. With a fifth argument S, instead S series
+of xent alone, the caching allocator emptied between them (as compare_torch.py's rounds do), to
+see whether a series' level follows where its workspace lands.
+Run: PYTHONPATH=python python3 scripts/probes/call_drift.py N H V [CALLS [S]]
 """
 import sys
 
@@ -54,6 +56,11 @@ def main():
         logits.T @ hidden.detach()
 
     print(f"N={n} H={h} V={v} on {torch.cuda.get_device_name()}")
+    if len(sys.argv) > 5:
+        for index in range(int(sys.argv[5])):
+            torch.cuda.empty_cache()
+            series(f"xent {index + 1}", step, calls)
+        return
     for name, fn in (("xent", step), ("products", products), ("xent", step)):
         series(name, fn, calls)
 
