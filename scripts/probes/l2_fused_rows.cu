@@ -129,6 +129,17 @@ __device__ __forceinline__ float2 row_lse(const uint4* s, const uint4* t, int ve
   return make_float2(__logf(total.a), __logf(total.b));
 }
 
+// This CTA's slice of a row: its first vector and how many it holds (the last may be short).
+struct Slice {
+  long begin;
+  int vectors;
+};
+__device__ __forceinline__ Slice cta_slice(const cg::cluster_group& cluster, long row_vectors,
+                                           int slice_vectors) {
+  const long begin = long{cluster.block_rank()} * slice_vectors;
+  return {begin, static_cast<int>(min(long{slice_vectors}, row_vectors - begin))};
+}
+
 // Pass 1 of the two-pass form: one cluster per row, stats to global.
 __global__ void __launch_bounds__(kThreads) stats_kernel(const uint4* s, const uint4* t,
                                                         long row_vectors, int slice_vectors,
@@ -137,10 +148,9 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const uint4* s, const u
   __shared__ Stats slot;
   cg::cluster_group cluster = cg::this_cluster();
   const long row = blockIdx.x / cluster.num_blocks();
-  const long begin = long{cluster.block_rank()} * slice_vectors;
-  const int vectors = static_cast<int>(min(long{slice_vectors}, row_vectors - begin));
-  const float2 lse = row_lse(s + row * row_vectors + begin, t + row * row_vectors + begin,
-                             vectors, scratch, &slot);
+  const Slice slice = cta_slice(cluster, row_vectors, slice_vectors);
+  const float2 lse = row_lse(s + row * row_vectors + slice.begin,
+                             t + row * row_vectors + slice.begin, slice.vectors, scratch, &slot);
   if (cluster.block_rank() == 0 && threadIdx.x == 0) stats[row] = lse;
 }
 
@@ -163,14 +173,13 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(uint4* s, const uint4* 
   __shared__ Stats slot;
   cg::cluster_group cluster = cg::this_cluster();
   const long clusters = gridDim.x / cluster.num_blocks();
-  const long begin = long{cluster.block_rank()} * slice_vectors;
-  const int vectors = static_cast<int>(min(long{slice_vectors}, row_vectors - begin));
+  const Slice slice = cta_slice(cluster, row_vectors, slice_vectors);
   for (long row = blockIdx.x / cluster.num_blocks(); row < rows; row += clusters) {
-    uint4* sr = s + row * row_vectors + begin;
-    const uint4* tr = t + row * row_vectors + begin;
-    const float2 lse = row_lse(sr, tr, vectors, scratch, &slot);
+    uint4* sr = s + row * row_vectors + slice.begin;
+    const uint4* tr = t + row * row_vectors + slice.begin;
+    const float2 lse = row_lse(sr, tr, slice.vectors, scratch, &slot);
     if (cluster.block_rank() == 0 && threadIdx.x == 0) stats[row] = lse;
-    sweep_grad(sr, tr, vectors, lse.x, lse.y);
+    sweep_grad(sr, tr, slice.vectors, lse.x, lse.y);
   }
 }
 
