@@ -61,6 +61,9 @@ for shape in "8192 4096 128256" "8192 2304 256000" "32768 768 128256"; do
   ROWS_TABLE+=("linear-64mib-${n}x${h}x${v}|perf-linear 64 MiB|--op linear_ce --n $n --h $h --v $v --budget-mib 64")
   # The budget the Python package gives by default on a GPU of 80 GiB or more (min(4 GiB, total / 8)).
   ROWS_TABLE+=("linear-4gib-${n}x${h}x${v}|perf-linear 4 GiB|--op linear_ce --n $n --h $h --v $v --budget-mib 4096")
+  # Reduction none: the forward's fused statistics, then the backward's chunk gradients formed
+  # by the fused gradient product from the saved lse (no logits written, no row kernel).
+  ROWS_TABLE+=("linear-4gib-none-${n}x${h}x${v}|perf-linear 4 GiB none|--op linear_ce --n $n --h $h --v $v --budget-mib 4096 --reduction none")
 done
 for shape in "8192 4096 128256" "8192 2304 256000" "32768 768 128256"; do
   read -r n h v <<<"$shape"
