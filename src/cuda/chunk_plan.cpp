@@ -109,7 +109,8 @@ std::size_t gemm_workspace_for(std::size_t budget) {
 
 std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
   return static_cast<std::size_t>(request.vocab) * request.logits_element_bytes *
-         static_cast<std::size_t>(std::max(1, request.logits_buffers_per_row));
+             static_cast<std::size_t>(std::max(1, request.logits_buffers_per_row)) +
+         request.chunk_row_scratch_bytes;
 }
 
 // Rows per chunk: the fewest chunks the row limit allows, evened out, on the 128-row tile grid

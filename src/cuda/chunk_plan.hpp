@@ -29,6 +29,9 @@ struct ChunkRequest {
   int logits_buffers_per_row = 1;        // 2 when teacher chunk logits are formed as well
   std::size_t budget_bytes = std::size_t{512} << 20;  // options.workspace_budget
   std::size_t fixed_bytes = 0;           // O(N) scratch of the row kernels, part of the budget
+  // Bytes per chunk row beside its logits in the chunk buffer (linear_ce's per-row reference
+  // path: its tile sums and scaled rows, linear_reference.cuh), in every buffer.
+  std::size_t chunk_row_scratch_bytes = 0;
   // ∂W is wanted (any dtype): over several row chunks it is re-read and re-written per chunk.
   bool weight_gradient = false;
   // ∂W is wanted in a 16-bit dtype: accumulating it over several row chunks needs fp32 (V×H, or

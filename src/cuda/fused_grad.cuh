@@ -41,6 +41,15 @@ struct FusedGradProduct {
   // are (the lse in the records was formed from such logits); false for fp32 chunk logits, which
   // the product declines (its staged tile is 16-bit).
   bool rounded_logits = true;
+  // The reference form (linear_reference.cuh): each valid row's record holds a reference r in
+  // place of its lse, with coefficients (1, 0, 0), so the product writes e^(x̃ − r)·slope. With
+  // `partials` it also writes, per row and per 256-column tile of the block, the tile's
+  // Σ e^(x̃ − r) (before the slope) at partials[row · partial_stride + tile] (0 for ignored rows),
+  // and the raw 16-bit-rounded logit of each row's target at target_logits[row] (by the tile that
+  // holds it). Not with `entropy`.
+  float* partials = nullptr;
+  int64_t partial_stride = 0;
+  float* target_logits = nullptr;
 };
 
 // Whether this build holds the sm_90a kernel.

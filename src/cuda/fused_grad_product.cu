@@ -42,6 +42,10 @@ struct GradEpilogueParams {
   int own_rows = 0;
   // Measurement only (fused::Measurement): the product without its epilogue.
   bool skip = false;
+  // The reference form's sums and target logits (FusedGradProduct), or null.
+  float* partials = nullptr;
+  int64_t partial_stride = 0;
+  float* target_logits = nullptr;
 };
 
 // The 8 16-bit values of a staged chunk as floats.
@@ -74,7 +78,10 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 // wherever the rows are aligned. The records of a warp's rows are prefetched by its lanes before
 // the tile is waited for and stored to the warp's slots in shared memory once it has arrived;
 // each row's record is then one broadcast load.
-template <class S>
+// kReference: the reference form (FusedGradProduct::partials), a kernel of its own: in one kernel
+// with the gradient form, ptxas allocates registers for the union of both epilogues and spilled
+// (176 bytes of stack), which doubled the product's time at H = 768.
+template <class S, bool kReference>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
  public:
   using OperatorEpilogue::OperatorEpilogue;
@@ -204,7 +211,16 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
               at, tile, records, transform, tile_row(i), i, count);
         }
       };
-      if (a.entropy) {
+      if constexpr (kReference) {
+        (void)run;
+        for (int i = 0; i < count; i += kReferenceRows) {
+          if (vectors) {
+            reference_rows_at_once<true>(at, tile, records, transform, tile_row(i), i, count);
+          } else {
+            reference_rows_at_once<false>(at, tile, records, transform, tile_row(i), i, count);
+          }
+        }
+      } else if (a.entropy) {
         if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
       } else {
         if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
@@ -217,7 +233,6 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
                                    int row_i, int i, int count) const {
-    using P = fused::Packed<S>;
     const GradEpilogueParams& a = params_;
     float value[kRowsAtOnce][8];
     CeBlockRow block_row[kRowsAtOnce];
@@ -263,9 +278,86 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         for (int k = 0; k < 8; ++k) value[r][k] = fill;
       }
     }
+    store_rows<kVectors>(at, value, row_i, i, count);
+  }
+
+  // The reference form (FusedGradProduct::partials): entries i and i + 1 (those < count), rows
+  // row_i and row_i + 1 of the tile, as rows_at_once with a record of coefficients (1, 0, 0),
+  // whose gradient is p·slope with p = e^(x̃ − r) (ce_block_grad with those coefficients, the
+  // common path without its target or smoothing terms); besides, each row's Σ p over the tile's
+  // columns and, by the lane holding the row's target, its raw logit. Two rows at a time, not
+  // kRowsAtOnce: with four the epilogue warps' code needed more than their 88 registers and
+  // spilled (perf-notes, decision 85).
+  static constexpr int kReferenceRows = 2;
+  static_assert(kRowsAtOnce % kReferenceRows == 0, "pairs of rows inside a group");
+  template <bool kVectors, class Transform>
+  CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
+                                             const CeGradRecord* records,
+                                             const Transform& transform, int row_i, int i,
+                                             int count) const {
+    const GradEpilogueParams& a = params_;
+    float value[kReferenceRows][8];
+    float sum[kReferenceRows];
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRowsAtOnce; ++r) {
+    for (int r = 0; r < kReferenceRows; ++r) {
+      const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
+      const CeBlockRow row = block_row_of(records[within], a.first_column + at.col0);
+      unpack_chunk<S>(tile.chunk(row_i + within - i, at.lane), value[r]);
+      // The target's logit read back from the staged tile by the lane that holds it: picking it
+      // out of value[r] by a run-time index put the array in local memory (spills, decision 85).
+      const int64_t target = row.target_column;
+      if (row.in_range && target >= 0 && target < Tile::kColumns && (target >> 3) == at.lane &&
+          i + r < count) {
+        a.target_logits[at.row0 + row_i + r] = static_cast<float>(
+            tile.values[Tile::offset(row_i + r, static_cast<int>(target))]);
+      }
+      const float scaled_reference = row.grad.lse * kLog2e;
+      sum[r] = 0.0f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 8; ++k) {
+        const float x = value[r][k];
+        const float p = fast_exp2(fmaf(transform.value(x), kLog2e, -scaled_reference));
+        // Columns past the product's last (a ragged last tile) hold x of zero-filled W rows.
+        if (kVectors || column + k < at.cols) sum[r] += p;
+        value[r][k] = p * transform.slope(x);
+      }
+      // An ignored row's gradient is 0, a row with its target outside [0, V) NaN (SPEC §1).
+      if (!row.valid || !row.in_range) {
+        const float fill = row.valid ? quiet_nan() : 0.0f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) value[r][k] = fill;
+        sum[r] = 0.0f;
+      }
+    }
+    // The warp's Σ of both rows in 5 shuffles where two butterflies take 10: the halves of the
+    // warp swap the row they do not keep, then a butterfly over 16 lanes; lanes 0–15 end with
+    // row 0's sum, 16–31 with row 1's.
+    const bool upper = (at.lane & 16) != 0;
+    float row_sum = (upper ? sum[1] : sum[0]) + __shfl_xor_sync(~0u, upper ? sum[0] : sum[1], 16);
+    CUTLASS_PRAGMA_UNROLL
+    for (int offset = 8; offset > 0; offset /= 2) {
+      row_sum += __shfl_xor_sync(~0u, row_sum, offset);
+    }
+    const int r = upper ? 1 : 0;
+    if ((at.lane & 15) == 0 && i + r < count) {
+      const int64_t tile_index = (a.first_column + at.col0) / Tile::kColumns;
+      a.partials[static_cast<int64_t>(at.row0 + row_i + r) * a.partial_stride + tile_index] =
+          row_sum;
+    }
+    store_rows<kVectors, kReferenceRows>(at, value, row_i, i, count);
+  }
+
+  // Stores entries i + r (r < kRows, those < count), rows row_i + r of the tile: the lane's 8
+  // columns.
+  template <bool kVectors, int kRows = kRowsAtOnce>
+  CUTLASS_DEVICE void store_rows(const fused::TileAt& at, const float (&value)[kRows][8],
+                                 int row_i, int i, int count) const {
+    using P = fused::Packed<S>;
+    const GradEpilogueParams& a = params_;
+    const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       if (i + r >= count) break;
       auto* out = static_cast<typename P::One*>(a.grad) +
                   static_cast<int64_t>(at.row0 + row_i + r) * a.grad_stride + column;
@@ -311,11 +403,23 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.own_rows = fused_grad_own_rows(p.hidden_size);
   epilogue.skip = fused::measurement().skip_gradient;
+  epilogue.partials = p.partials;
+  epilogue.partial_stride = p.partial_stride;
+  epilogue.target_logits = p.target_logits;
+  if (p.partials != nullptr && (p.entropy || p.target_logits == nullptr)) return false;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
   // A 16-bit staged tile would round fp32 chunk logits: the caller's cuBLASLt path takes those.
   if (!p.rounded_logits) return false;
-  return fused::launch<Element, GradEpilogue<Element>, fused::EpilogueWarpsKernel>(
+  if (p.partials != nullptr) {
+    // The reference path takes bf16 only (linear_reference.cuh): no f16 kernel is built for it.
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      return fused::launch<Element, GradEpilogue<Element, true>, fused::EpilogueWarpsKernel>(
+          operands, epilogue, "linear_ce", stream);
+    }
+    return false;
+  }
+  return fused::launch<Element, GradEpilogue<Element, false>, fused::EpilogueWarpsKernel>(
       operands, epilogue, "linear_ce", stream);
 }
 
@@ -331,7 +435,10 @@ bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream) {
     case DType::f16: launched = launch<cutlass::half_t>(product, stream); break;
     default: break;
   }
-  if (launched) fused_grad_launches.fetch_add(1, std::memory_order_relaxed);
+  // The reference form is counted by its own path (reference_chunk_count).
+  if (launched && product.partials == nullptr) {
+    fused_grad_launches.fetch_add(1, std::memory_order_relaxed);
+  }
   return launched;
 }
 

@@ -34,6 +34,7 @@
 #include "cuda/linear_block_grad.cuh"
 #include "cuda/linear_block_pass.hpp"
 #include "cuda/linear_ce_plan.hpp"
+#include "cuda/linear_reference.cuh"
 #include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
@@ -74,6 +75,8 @@ struct PlanWants {
   bool statistics = false;
   // The outputs as (d)'s scratch for its ∂h sums.
   HiddenSumsScratch sums_scratch;
+  // The per-row reference path's bytes per chunk row (linear_reference.cuh), or 0.
+  std::size_t reference_row_bytes = 0;
 };
 
 // XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
@@ -97,6 +100,10 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.logits_element_bytes = options.fp32_logits ? sizeof(float) : dtype_size(dtype);
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows) + grad_record_bytes(rows);
+  if (wants.reference_row_bytes > 0) {
+    request.fixed_bytes += reference_fixed_bytes(rows);
+    request.chunk_row_scratch_bytes = wants.reference_row_bytes;
+  }
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = wants.gradients && linear_overlap_enabled();
   request.weight_gradient = wants.gradients && wants.weight;
@@ -119,7 +126,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
 // fp32 one (accumulate_weight's buffer included) is accumulated in place.
 LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                 const LinearCeOptions& options, const LinearGradients& grads,
-                                bool statistics) {
+                                bool statistics, std::size_t reference_row_bytes = 0) {
   PlanWants wants;
   wants.weight = grads.weight.present();
   wants.hidden = grads.hidden.present();
@@ -129,7 +136,20 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
   wants.bias_accumulator = want_bias && grads.bias.dtype != DType::f32;
   wants.statistics = statistics;
   wants.sums_scratch = hidden_sums_scratch(grads);
+  wants.reference_row_bytes = reference_row_bytes;
   return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+}
+
+// Whether a call planned as `plan` takes the per-row reference path with the plan `with_scratch`
+// that holds its scratch: only where that changes neither the row-chunk schedule nor the number of
+// chunks (each more chunk would cost a pass over the ∂W sums), with one chunk buffer.
+bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_scratch) {
+  const Schedule schedule = plan.chunks.schedule;
+  return (schedule == Schedule::row_chunks || schedule == Schedule::row_chunks_accumulated) &&
+         plan.chunks.buffer_count == 1 && with_scratch.chunks.fits_budget &&
+         with_scratch.chunks.schedule == schedule &&
+         with_scratch.chunks.chunk_count == plan.chunks.chunk_count &&
+         with_scratch.chunks.buffer_count == 1;
 }
 
 }  // namespace
@@ -176,6 +196,18 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
               const LinearCePlan plan =
                   plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
               bytes = std::max(bytes, plan.chunks.total_bytes);
+              // A bf16 step may take the per-row reference path where its scratch (with the ∂h
+              // product in it or in the ∂W output) fits beside the same chunks.
+              for (const bool product_in_scratch : {false, true}) {
+                if (!with_gradients || dtype != DType::bf16) break;
+                wants.reference_row_bytes =
+                    reference_chunk_row_bytes(vocab, hidden, product_in_scratch);
+                const LinearCePlan with_scratch =
+                    plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+                if (reference_plan_accepted(plan, with_scratch)) {
+                  bytes = std::max(bytes, with_scratch.chunks.total_bytes);
+                }
+              }
             }
           }
         }
@@ -385,9 +417,18 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
   return true;
 }
 
-// Schedules (a)–(c): row chunks of logits by cuBLASLt and the ce row kernel (file comment).
+// How a call's row chunks take the per-row reference path (linear_reference.cuh).
+struct ReferenceUse {
+  bool on = false;
+  // The ∂h product's fp32 rows in the memory of the 16-bit ∂W output (which holds nothing until
+  // the chunk's ∂W product, or the end, writes it) instead of the chunk's scratch.
+  bool hidden_product_in_weight_grad = false;
+};
+
+// Schedules (a)–(c): row chunks of logits by cuBLASLt and the ce row kernel (file comment), or
+// (a) and (b) through the per-row reference path where `reference` says so.
 void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspace workspace,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const ReferenceUse& reference = {}) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const LinearGradients& grads = call.grads;
   const bool want_hidden = grads.hidden.present(), want_weight = grads.weight.present(),
@@ -411,6 +452,16 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const GradientSums sums = carve_gradient_sums(carver, grads, vocab, hidden, plan.chunks);
   float* saved_lse = blocked ? static_cast<float*>(carver.take(plan.chunks.lse_bytes)) : nullptr;
   auto* records = static_cast<CeGradRecord*>(carver.take(grad_record_bytes(rows)));
+  float* reference_scale = nullptr;
+  float* reference_targets = nullptr;
+  int32_t* reference_fallback = nullptr;
+  if (reference.on) {  // reference_fixed_bytes
+    const std::size_t row_floats = align_up(static_cast<std::size_t>(rows) * sizeof(float));
+    reference_scale = static_cast<float*>(carver.take(row_floats));
+    reference_targets = static_cast<float*>(carver.take(row_floats));
+    reference_fallback = static_cast<int32_t*>(
+        carver.take(align_up(static_cast<std::size_t>(rows + 1) * sizeof(int32_t))));
+  }
   if (blocked && stats && stats->lse.present()) saved_lse = static_cast<float*>(stats->lse.data);
   const bool entropy_grad = call.entropy.present();
   if (blocked && entropy_grad) saved_lse = static_cast<float*>(call.lse.data);  // read only
@@ -462,8 +513,8 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     gemm(forward, scratch, stream);
   };
 
-  // Stage 2: the row kernel (loss parts, statistics, gradient in place).
-  auto row_kernel = [&](int64_t chunk, cudaStream_t on) {
+  // What the row kernel of a chunk takes: its logits, rows, outputs and gradient (in place).
+  auto rows_args = [&](int64_t chunk) {
     const int64_t first = first_row(chunk);
     void* buffer = buffer_of(chunk);
     CeRowsArgs args;
@@ -504,6 +555,14 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
       args.grad = buffer;
       args.grad_row_stride = vocab;
     }
+    return args;
+  };
+
+  // Stage 2: the row kernel (loss parts, statistics, gradient in place).
+  auto row_kernel = [&](int64_t chunk, cudaStream_t on) {
+    const int64_t first = first_row(chunk);
+    void* buffer = buffer_of(chunk);
+    const CeRowsArgs args = rows_args(chunk);
     if (!entropy_grad) {
       ce_rows(args, on);
     } else if (chunk_grad) {
@@ -566,6 +625,32 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     return fused_tile_gradient(fused_pass, tile, stream);
   };
 
+  // Stages 1–3 of a chunk by the per-row reference path (linear_reference.cuh): its scratch
+  // follows the chunk's exponentials in the (single) chunk buffer. False when it declines.
+  auto reference_chunk_gradients = [&](int64_t chunk) {
+    const int64_t first = first_row(chunk), count = row_count(chunk);
+    ReferenceChunk part;
+    part.rows = rows_args(chunk);
+    part.hidden_rows = gemm_matrix(call.hidden, first, count);
+    part.weight = weight;
+    part.records = records + first;
+    part.scratch = static_cast<char*>(buffer_of(chunk)) +
+                   align_up(static_cast<std::size_t>(chunk_rows) *
+                            static_cast<std::size_t>(vocab) * logits_element);
+    part.hidden_product = reference.hidden_product_in_weight_grad
+                              ? static_cast<float*>(grads.weight.data)
+                              : static_cast<float*>(part.scratch);
+    part.scale = reference_scale + first;
+    part.target_logits = reference_targets + first;
+    part.fallback = reference_fallback;
+    part.grads = &grads;
+    part.sums = &sums;
+    part.first_row = first;
+    part.first_chunk = chunk == 0;
+    part.gemm_scratch = scratch;
+    return reference_chunk(part, stream);
+  };
+
   // With saved lse and H, pass 1 of the blocked schedule has nothing to do when it forms no
   // chunk gradient.
   const bool skip_chunks = entropy_grad && !chunk_grad;
@@ -573,6 +658,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
       fill_cache ? (rows > 0 ? 1 : 0) : (skip_chunks ? 0 : plan.chunks.chunk_count);
   if (plan.chunks.buffer_count == 1 || !want_grad || chunks == 0) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      if (reference.on && reference_chunk_gradients(chunk)) continue;
       if (fused_chunks && fused_chunk_gradient(chunk)) {
         products(chunk, true);
         continue;
@@ -637,6 +723,32 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
 
 std::atomic<int64_t> schedule_runs[4];
 
+// Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
+// its plan aside from the path's scratch: gradients formed in this call (not a backward that
+// brings the forward's lse, which takes the fused gradient product from it, nor an entropy
+// gradient), options and statistics the path forms, no logits cache, bf16 operands the fused
+// products take (16-bit logits: the plan's schedule and chunks are reference_plan_accepted's).
+bool reference_candidate(const LinearCeCall& call) {
+  const LinearGradients& grads = call.grads;
+  const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
+  return want_grad && reference_path_enabled() && !call.entropy.present() &&
+         !(call.op == OpCode::linear_ce_backward && call.lse.present()) &&
+         !call.options.logits_cache.present() && !call.options.fp32_logits &&
+         !grads.bias.present() && reference_options_eligible(call.options.ce, call.stats) &&
+         call.hidden.dtype == DType::bf16 &&
+         fused_operands_eligible(call.hidden, call.weight, call.bias);
+}
+
+// Whether the reference path's fp32 ∂h product rows may lie in the ∂W output: a 16-bit ∂W written
+// over (not added into), one contiguous buffer twice the bytes of N fp32 rows of H.
+bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
+  const TensorView& weight_grad = call.grads.weight;
+  return call.grads.hidden.present() && weight_grad.present() && !call.grads.accumulate_weight &&
+         weight_grad.dtype != DType::f32 && weight_grad.row_stride == weight_grad.cols &&
+         reinterpret_cast<std::uintptr_t>(weight_grad.data) % kWorkspaceAlignment == 0 &&
+         weight_grad.rows >= 2 * call.hidden.rows;
+}
+
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
@@ -654,7 +766,20 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   if (!plan.chunks.fits_budget) {
     throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
   }
-  run_row_chunks(call, plan, workspace, stream);
+  // The per-row reference path where its scratch fits beside the same chunks
+  // (reference_plan_accepted).
+  ReferenceUse reference;
+  if (reference_candidate(call)) {
+    reference.hidden_product_in_weight_grad = hidden_product_fits_weight_grad(call);
+    const LinearCePlan with_scratch = plan_for_gradients(
+        rows, hidden, vocab, dtype, call.options, call.grads, statistics,
+        reference_chunk_row_bytes(vocab, hidden,
+                                  call.grads.hidden.present() &&
+                                      !reference.hidden_product_in_weight_grad));
+    reference.on = reference_plan_accepted(plan, with_scratch);
+    if (reference.on) plan = with_scratch;
+  }
+  run_row_chunks(call, plan, workspace, stream, reference);
   schedule_runs[static_cast<int>(plan.chunks.schedule)].fetch_add(1);
 }
 

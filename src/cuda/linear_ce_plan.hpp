@@ -24,4 +24,8 @@ int64_t linear_ce_runs(Schedule schedule);
 // ran.
 int64_t fused_grad_count();
 
+// How many row chunks took the per-row reference path (linear_reference.cuh) in this process:
+// tests assert the path ran.
+int64_t reference_chunk_count();
+
 }  // namespace xent::cuda

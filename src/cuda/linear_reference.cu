@@ -1,0 +1,496 @@
+// linear_ce's chunk gradient against a per-row reference (linear_reference.cuh).
+#include "cuda/linear_reference.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/ce_device.cuh"
+#include "cuda/fused_grad.cuh"
+#include "cuda/fused_stats.hpp"
+#include "cuda/linear_ce_plan.hpp"
+
+namespace xent::cuda {
+namespace {
+
+std::atomic<int64_t> reference_chunks{0};
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kBlockThreads = 32 * kWarpsPerBlock;
+
+int warp_blocks(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(1, (rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+}
+
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % 32); }
+
+// Σ over a warp; every lane gets the same sum (butterfly, a fixed order).
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(~0u, x, offset);
+  return x;
+}
+
+// x rounded to the operands' 16-bit dtype, as the products' staged tiles and 16-bit logits are.
+template <class S>
+__device__ __forceinline__ float rounded(float x) {
+  return load_float(store_float<S>(x));
+}
+
+// a·b over `length` columns of two 16-bit rows in fp32, by one warp (all lanes get it); 16-byte
+// loads when both rows and the length allow them.
+template <class S>
+__device__ float warp_dot(const S* a, const S* b, int64_t length, bool vectors) {
+  float sum = 0.0f;
+  const int lane = lane_id();
+  if (vectors) {
+    for (int64_t k = 8 * lane; k < length; k += 8 * 32) {
+      const Vector<S> x = unpack<S>(*reinterpret_cast<const uint4*>(a + k));
+      const Vector<S> y = unpack<S>(*reinterpret_cast<const uint4*>(b + k));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum = fmaf(x.value[j], y.value[j], sum);
+    }
+  } else {
+    for (int64_t k = lane; k < length; k += 32) sum = fmaf(load_float(a[k]), load_float(b[k]), sum);
+  }
+  return warp_sum(sum);
+}
+
+// The chunk's operands for the kernels that form logits themselves.
+struct Operands {
+  const void* hidden = nullptr;
+  int64_t hidden_stride = 0;
+  const void* weight = nullptr;
+  int64_t weight_stride = 0;
+  int64_t hidden_size = 0;
+  bool vectors = false;
+};
+
+template <class S>
+__device__ __forceinline__ float logit_of(const Operands& o, int64_t row, int64_t column) {
+  return warp_dot(static_cast<const S*>(o.hidden) + row * o.hidden_stride,
+                  static_cast<const S*>(o.weight) + column * o.weight_stride, o.hidden_size,
+                  o.vectors);
+}
+
+// What the finish and the fallback read and write (ReferenceChunk, less the products).
+struct RowParams {
+  CeRowsArgs rows;
+  CeGradRecord* records = nullptr;
+  const float* partials = nullptr;  // [rows, tiles]
+  int64_t tiles = 0;
+  float* slice_stats = nullptr;     // the fallback's: [rows, 2 · kReferenceFallbackSplit]
+  float* target_logits = nullptr;
+  float* scale = nullptr;
+  int32_t* fallback = nullptr;
+};
+
+// Step 1: each row's record: the reference r = x̃ of its target (rounded as the product rounds
+// x) in place of the lse, coefficients (1, 0, 0), its target and state. Also empties the
+// fallback list of the chunk.
+template <class S>
+__global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const Operands o,
+                                                                          const RowParams p) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.fallback[0] = 0;
+  const CeRowsArgs& a = p.rows;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= a.rows) return;  // per warp
+  const int64_t target = read_target(a.target, a.target_dtype, row);
+  CeBlockRow r;
+  r.valid = target != a.options.ignore_index;
+  r.in_range = target >= 0 && target < a.vocab;
+  r.grad.prob_coef = 1.0f;
+  r.grad.target_coef = 0.0f;
+  r.grad.smoothing_coef = 0.0f;
+  r.grad.lse = 0.0f;
+  r.target_column = target;
+  if (r.valid && r.in_range) {
+    common::Transform<float> transform;
+    transform.scale = a.options.logit_scale;
+    transform.softcap = a.options.softcap;
+    r.grad.lse = transform.value(rounded<S>(logit_of<S>(o, row, target)));
+  }
+  if (lane_id() == 0) p.records[row] = grad_record_of(r);
+}
+
+// A row's loss parts and statistics as the ce row kernel writes them (ignored rows: IgnoredRow).
+__device__ void write_row_outputs(const CeRowsArgs& a, int64_t row, float loss, float z,
+                                  float lse, float logprob) {
+  if (a.row_loss) a.row_loss[row] = loss;
+  if (a.row_z_loss) a.row_z_loss[row] = z;
+  if (a.row_total) a.row_total[row] = loss + z;
+  if (a.lse) a.lse[row] = lse;
+  if (a.logprob) a.logprob[row] = logprob;
+}
+
+// The §1 loss parts of a valid row with an in-range target from its lse and target logit x̃_y,
+// written out (as the ce row kernel writes them).
+__device__ void write_valid_row(const CeRowsArgs& a, const common::CeConstants<float>& c,
+                                int64_t row, int64_t target, float lse, float target_logit) {
+  const float row_weight = a.row_weight ? a.row_weight[row] : 1.0f;
+  const float target_weight = a.options.class_weight ? a.options.class_weight[target] : 1.0f;
+  const auto parts =
+      common::ce_row_loss(c, common::RowStats<float>{}, lse, target_logit, target_weight);
+  write_row_outputs(a, row, row_weight * parts.loss, row_weight * parts.z_loss, lse,
+                    target_logit - lse);
+}
+
+// The gradient coefficients of that row (the row kernel's, from the same totals).
+__device__ common::CeGradRow<float> row_gradient(const CeRowsArgs& a,
+                                                 const common::CeConstants<float>& c,
+                                                 int64_t row, int64_t target, float lse) {
+  const float row_weight = a.row_weight ? a.row_weight[row] : 1.0f;
+  const float target_weight = a.options.class_weight ? a.options.class_weight[target] : 1.0f;
+  const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+  const float base = upstream * row_weight;
+  return common::ce_grad_row(c, lse, target, target_weight,
+                             base * a.totals->loss_factor * a.grad_scale,
+                             base * a.totals->z_factor * a.grad_scale);
+}
+
+__device__ void to_fallback(const RowParams& p, int64_t row) {
+  const int slot = atomicAdd(p.fallback, 1);
+  p.fallback[1 + slot] = static_cast<int32_t>(row);
+  p.scale[row] = 1.0f;  // the fallback writes the exact gradient
+}
+
+// Step 3, one warp per row: Σ of the tile sums (a fixed order), lse = r + ln Σ, the row's
+// outputs, s_n and E'_y = g_y / s_n over the target's column; rows outside the path's range to
+// the fallback list.
+template <class S>
+__global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const RowParams p) {
+  const CeRowsArgs& a = p.rows;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= a.rows) return;  // per warp
+  const int64_t target = read_target(a.target, a.target_dtype, row);
+  const bool valid = target != a.options.ignore_index;
+  const bool in_range = target >= 0 && target < a.vocab;
+  float sum = 0.0f;
+  if (valid && in_range) {
+    const float* partials = p.partials + row * p.tiles;
+    for (int64_t t = lane_id(); t < p.tiles; t += 32) sum += partials[t];
+    sum = warp_sum(sum);
+  }
+  if (lane_id() != 0) return;
+  if (!valid) {
+    using Ignored = common::IgnoredRow<float>;
+    write_row_outputs(a, row, Ignored::loss, Ignored::loss, Ignored::lse, Ignored::logprob);
+    p.scale[row] = 0.0f;  // its E row is 0 already
+    return;
+  }
+  // NaN fails the comparison too. A target outside [0, V) leaves an E row of NaN and no sum;
+  // the fallback gives it the row kernel's statistics.
+  if (!in_range || !(sum < kMaxReferenceSum)) {
+    to_fallback(p, row);
+    return;
+  }
+  const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
+  const float reference = p.records[row].coefs.x;
+  const float lse = reference + logf(sum);
+  const float x_target = p.target_logits[row];
+  const float target_logit = c.transform.value(x_target);
+  write_valid_row(a, c, row, target, lse, target_logit);
+  const common::CeGradRow<float> grad = row_gradient(a, c, row, target, lse);
+  // The target term subtracted in fp32 from p_y formed in fp32, as the row kernel keeps p_y − 1.
+  const float p_target = expf(target_logit - lse);
+  const float g_target =
+      common::ce_grad_from_prob(grad, p_target, c.transform.slope(x_target), true, 1.0f);
+  const float s = grad.prob_coef * expf(reference - lse);
+  const float e_target = s != 0.0f ? g_target / s : 0.0f;
+  const bool representable = s != 0.0f ? fabsf(e_target) < 1e37f : g_target == 0.0f;
+  if (!representable) {
+    to_fallback(p, row);
+    return;
+  }
+  p.scale[row] = s;
+  static_cast<S*>(const_cast<void*>(a.logits))[row * a.row_stride + target] =
+      store_float<S>(e_target);
+}
+
+// Columns [begin, end) of split `split` of a row of V columns.
+__device__ __forceinline__ void split_columns(int64_t vocab, int split, int64_t& begin,
+                                              int64_t& end) {
+  begin = vocab * split / kReferenceFallbackSplit;
+  end = vocab * (split + 1) / kReferenceFallbackSplit;
+}
+
+// Fallback, pass 1 (work items: listed row × split, over a fixed grid; none: the grid exits):
+// the split's logits by warp dot products, rounded as the product rounds them, written raw over
+// the row's E, and the split's (max, Σ e^(x̃ − max)) into slice_stats; the target's raw logit.
+template <class S>
+__global__ void __launch_bounds__(kBlockThreads) fallback_logits_kernel(const Operands o,
+                                                                        const RowParams p) {
+  __shared__ common::RowStats<float> warp_stats[kWarpsPerBlock];
+  const CeRowsArgs& a = p.rows;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t items = static_cast<int64_t>(p.fallback[0]) * kReferenceFallbackSplit;
+  const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, nullptr);
+  S* exps = static_cast<S*>(const_cast<void*>(a.logits));
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t row = p.fallback[1 + item / kReferenceFallbackSplit];
+    const int split = static_cast<int>(item % kReferenceFallbackSplit);
+    const int64_t target = read_target(a.target, a.target_dtype, row);
+    int64_t begin, end;
+    split_columns(a.vocab, split, begin, end);
+    common::RowStats<float> stats;
+    for (int64_t column = begin + warp; column < end; column += kWarpsPerBlock) {
+      const float x = rounded<S>(logit_of<S>(o, row, column));
+      if (lane_id() == 0) {
+        exps[row * a.row_stride + column] = store_float<S>(x);
+        stats.add(c.transform.value(x), column, 1.0f);
+        if (column == target) p.target_logits[row] = x;
+      }
+    }
+    if (lane_id() == 0) warp_stats[warp] = stats;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      common::RowStats<float> merged = warp_stats[0];
+      for (int w = 1; w < kWarpsPerBlock; ++w) merged.merge(warp_stats[w]);
+      float* out = p.slice_stats + row * 2 * kReferenceFallbackSplit + 2 * split;
+      out[0] = merged.max;
+      out[1] = merged.sum_exp;
+    }
+    __syncthreads();  // warp_stats is rewritten by the next item
+  }
+}
+
+// Fallback, pass 2: the row's lse from its splits' statistics (in split order, so every item of
+// the row forms the same value), its outputs (split 0), and the split's exact gradient from the
+// raw logits over them; s_n is 1 (set by the finish).
+template <class S>
+__global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowParams p) {
+  __shared__ common::CeGradRow<float> row_grad;
+  __shared__ float row_lse;
+  const CeRowsArgs& a = p.rows;
+  const int64_t items = static_cast<int64_t>(p.fallback[0]) * kReferenceFallbackSplit;
+  const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
+  S* exps = static_cast<S*>(const_cast<void*>(a.logits));
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t row = p.fallback[1 + item / kReferenceFallbackSplit];
+    const int split = static_cast<int>(item % kReferenceFallbackSplit);
+    const int64_t target = read_target(a.target, a.target_dtype, row);
+    const bool in_range = target >= 0 && target < a.vocab;
+    if (threadIdx.x == 0) {
+      // The splits' (max, Σ e^(x̃ − max)) merged in split order; a NaN max stays NaN.
+      const float* slices = p.slice_stats + row * 2 * kReferenceFallbackSplit;
+      float max = -INFINITY;
+      for (int j = 0; j < kReferenceFallbackSplit; ++j) {
+        const float m = slices[2 * j];
+        if (m > max || m != m) max = m;
+        if (max != max) break;
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < kReferenceFallbackSplit; ++j) {
+        if (slices[2 * j + 1] > 0.0f) sum += slices[2 * j + 1] * expf(slices[2 * j] - max);
+      }
+      const float lse = max + logf(sum);
+      row_lse = lse;
+      if (in_range) {
+        const float target_logit = c.transform.value(p.target_logits[row]);
+        if (split == 0) write_valid_row(a, c, row, target, lse, target_logit);
+        row_grad = row_gradient(a, c, row, target, lse);
+      } else if (split == 0) {
+        // As the row kernel: the row's lse, a NaN loss and logprob.
+        write_row_outputs(a, row, quiet_nan(), quiet_nan(), lse, quiet_nan());
+      }
+    }
+    __syncthreads();
+    int64_t begin, end;
+    split_columns(a.vocab, split, begin, end);
+    S* out = exps + row * a.row_stride;
+    for (int64_t column = begin + threadIdx.x; column < end; column += kBlockThreads) {
+      float g = quiet_nan();
+      if (in_range) {
+        const float x = load_float(out[column]);
+        const float prob = expf(c.transform.value(x) - row_lse);
+        g = common::ce_grad_from_prob(row_grad, prob, c.transform.slope(x), column == target,
+                                      1.0f);
+      }
+      out[column] = store_float<S>(g);
+    }
+    __syncthreads();  // row_grad and row_lse are rewritten by the next item
+  }
+}
+
+// ∂h rows = s ⊙ D, D the fp32 product E'·W of the chunk.
+template <class Out>
+__global__ void scale_product_rows_kernel(const float* product, int64_t rows, int64_t cols,
+                                          const float* scale, Out* out, int64_t out_stride) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    out[row * out_stride + col] = store_float<Out>(scale[row] * product[i]);
+  }
+}
+
+// The 16-bit copy s ⊙ h of the chunk's hidden rows (the B operand of its ∂W product).
+template <class S>
+__global__ void scale_hidden_rows_kernel(const S* hidden, int64_t stride, int64_t rows,
+                                         int64_t cols, const float* scale, S* out) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    out[i] = store_float<S>(scale[row] * load_float(hidden[row * stride + col]));
+  }
+}
+
+int elementwise_blocks(int64_t work) {
+  return static_cast<int>(std::clamp<int64_t>((work + kBlockThreads - 1) / kBlockThreads, 1,
+                                              65535));
+}
+
+template <class S>
+void scale_product_rows(const float* product, int64_t rows, int64_t cols, const float* scale,
+                        const TensorView& out, cudaStream_t stream) {
+  const int blocks = elementwise_blocks(rows * cols);
+  switch (out.dtype) {
+    case DType::f32:
+      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+          product, rows, cols, scale, static_cast<float*>(out.data), out.row_stride);
+      break;
+    case DType::bf16:
+      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+          product, rows, cols, scale, static_cast<bf16_t*>(out.data), out.row_stride);
+      break;
+    default:
+      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+          product, rows, cols, scale, static_cast<f16_t*>(out.data), out.row_stride);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+template <class S>
+bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
+  const CeRowsArgs& a = chunk.rows;
+  const int64_t rows = a.rows, vocab = a.vocab, hidden = chunk.hidden_rows.cols;
+  Operands operands;
+  operands.hidden = chunk.hidden_rows.data;
+  operands.hidden_stride = chunk.hidden_rows.stride;
+  operands.weight = chunk.weight.data;
+  operands.weight_stride = chunk.weight.stride;
+  operands.hidden_size = hidden;
+  operands.vectors = hidden % 8 == 0 &&
+                     rows_are_vector_aligned(operands.hidden, operands.hidden_stride, sizeof(S)) &&
+                     rows_are_vector_aligned(operands.weight, operands.weight_stride, sizeof(S));
+  RowParams params;
+  params.rows = a;
+  params.records = chunk.records;
+  params.tiles = (vocab + kFusedTileColumns - 1) / kFusedTileColumns;
+  params.partials = static_cast<const float*>(chunk.scratch);
+  params.slice_stats = static_cast<float*>(chunk.scratch);
+  params.target_logits = chunk.target_logits;
+  params.scale = chunk.scale;
+  params.fallback = chunk.fallback;
+
+  const int row_blocks = warp_blocks(rows);
+  reference_records_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(operands, params);
+  XENT_CUDA_CHECK_LAUNCH();
+
+  FusedGradProduct product;
+  product.hidden = chunk.hidden_rows.data;
+  product.hidden_stride = chunk.hidden_rows.stride;
+  product.weight = chunk.weight.data;
+  product.weight_stride = chunk.weight.stride;
+  product.dtype = chunk.hidden_rows.dtype;
+  product.rows = rows;
+  product.columns = vocab;
+  product.hidden_size = hidden;
+  product.first_column = 0;
+  product.records = chunk.records;
+  product.logit_scale = a.options.logit_scale;
+  product.softcap = a.options.softcap;
+  product.grad = const_cast<void*>(a.logits);
+  product.grad_stride = a.row_stride;
+  product.rounded_logits = true;
+  product.partials = static_cast<float*>(chunk.scratch);
+  product.partial_stride = params.tiles;
+  product.target_logits = chunk.target_logits;
+  if (!fused_grad_product(product, stream)) return false;
+
+  reference_finish_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(params);
+  XENT_CUDA_CHECK_LAUNCH();
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  const int fallback_blocks = 2 * multiprocessor_count(device);
+  fallback_logits_kernel<S><<<fallback_blocks, kBlockThreads, 0, stream>>>(operands, params);
+  XENT_CUDA_CHECK_LAUNCH();
+  fallback_grad_kernel<S><<<fallback_blocks, kBlockThreads, 0, stream>>>(params);
+  XENT_CUDA_CHECK_LAUNCH();
+
+  const GemmMatrix exps{a.logits, chunk.hidden_rows.dtype, rows, vocab, a.row_stride};
+  const LinearGradients& grads = *chunk.grads;
+  if (grads.hidden.present()) {
+    GemmProduct hidden_product;
+    hidden_product.a = exps;
+    hidden_product.b = chunk.weight;
+    hidden_product.c = GemmMatrix{chunk.hidden_product, DType::f32, rows, hidden, hidden};
+    gemm(hidden_product, chunk.gemm_scratch, stream);
+    scale_product_rows<S>(chunk.hidden_product, rows, hidden, chunk.scale,
+                          view_rows(grads.hidden, chunk.first_row, rows), stream);
+  }
+  const GradientSums& sums = *chunk.sums;
+  if (sums.weight) {
+    S* scaled = static_cast<S*>(chunk.scratch);
+    scale_hidden_rows_kernel<<<elementwise_blocks(rows * hidden), kBlockThreads, 0, stream>>>(
+        static_cast<const S*>(chunk.hidden_rows.data), chunk.hidden_rows.stride, rows, hidden,
+        chunk.scale, scaled);
+    XENT_CUDA_CHECK_LAUNCH();
+    GemmProduct weight_product;
+    weight_product.a = exps;
+    weight_product.a_transposed = true;
+    weight_product.b = GemmMatrix{scaled, chunk.hidden_rows.dtype, rows, hidden, hidden};
+    weight_product.c = GemmMatrix{sums.weight, sums.weight_dtype, chunk.weight.rows,
+                                  chunk.weight.cols, sums.weight_stride};
+    weight_product.beta = chunk.first_chunk && !sums.weight_added ? 0.0f : 1.0f;
+    gemm(weight_product, chunk.gemm_scratch, stream);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool reference_options_eligible(const CeOptions& options, const CeStats* stats) {
+  if (options.label_smoothing != 0) return false;
+  if (stats == nullptr) return true;
+  return !stats->entropy.present() && !stats->argmax.present() && !stats->accuracy.present();
+}
+
+bool reference_path_enabled() {
+  const char* knob = std::getenv("XENT_CUDA_REFERENCE");  // read per call: tests switch it
+  return !(knob != nullptr && std::strcmp(knob, "0") == 0);
+}
+
+std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
+                                      bool hidden_product_in_scratch) {
+  const std::size_t tiles =
+      static_cast<std::size_t>((vocab + kFusedTileColumns - 1) / kFusedTileColumns);
+  std::size_t row = std::max<std::size_t>(tiles * sizeof(float),
+                                          static_cast<std::size_t>(hidden) * 2);
+  row = std::max<std::size_t>(row, 2 * kReferenceFallbackSplit * sizeof(float));
+  if (hidden_product_in_scratch) {
+    row = std::max<std::size_t>(row, static_cast<std::size_t>(hidden) * sizeof(float));
+  }
+  return row + kWorkspaceAlignment;
+}
+
+std::size_t reference_fixed_bytes(int64_t rows) {
+  const std::size_t n = static_cast<std::size_t>(std::max<int64_t>(rows, 0));
+  return 2 * align_up(n * sizeof(float)) + align_up((n + 1) * sizeof(int32_t));
+}
+
+bool reference_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
+  if (chunk.rows.rows <= 0) return true;
+  bool ran = false;
+  switch (chunk.hidden_rows.dtype) {
+    case DType::bf16: ran = run_chunk<bf16_t>(chunk, stream); break;
+    default: return false;  // f16 holds e^(x̃ − r) only up to a loss of 11 nats
+  }
+  if (ran) reference_chunks.fetch_add(1, std::memory_order_relaxed);
+  return ran;
+}
+
+int64_t reference_chunk_count() { return reference_chunks.load(std::memory_order_relaxed); }
+
+}  // namespace xent::cuda

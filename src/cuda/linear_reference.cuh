@@ -1,0 +1,87 @@
+// linear_ce's chunk gradient against a per-row reference (docs/perf-notes.md, decisions 84–85):
+// schedules (a) and (b) without the ce row kernel. Per row chunk:
+//   1. r_n = x̃ of row n's target, one dot product per row (reference_records: the gradient
+//      records of the fused product with r_n in place of the lse and coefficients (1, 0, 0));
+//   2. the fused gradient product (fused_grad.cuh, its reference form) writes
+//      E = e^(x̃ − r)·slope in 16 bits over the chunk buffer, and per row and 256-column tile
+//      Σ e^(x̃ − r), and the target's logit: the logits are never written;
+//   3. the finish: lse = r + ln Σ, the row's loss and statistics, and its gradient as
+//      s_n·E'_n, s_n = prob_coef·e^(r − lse), E' being E with the target column set to
+//      g_y / s_n (the §1 target term kept exact as the row kernel keeps it);
+//   4. ∂h = s ⊙ (E'·W) (cuBLASLt into fp32 scratch, scaled once into ∂h) and
+//      ∂W += E'ᵀ·(s ⊙ h) (h scaled per row into a 16-bit copy; cuBLASLt as in every schedule).
+// A row whose Σ is not below kMaxReferenceSum (a loss above ≈ 60 nats, where E could overflow
+// 16 bits or the products' fp32 sums) or whose target lies outside [0, V) is formed again in full
+// by two fallback kernels on the CUDA cores (its logits, its statistics, its exact gradient with
+// s_n = 1): slow, and only for such rows; nothing synchronises with the host.
+//
+// Options: every one of SPEC §1 but label smoothing (its uniform term is not a per-row factor);
+// statistics: lse and logprob, not entropy, argmax or accuracy; operands as the fused products
+// take them (fused_operands_eligible); the row-chunk schedules with one chunk buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/ce_rows.cuh"
+#include "cuda/gemm.hpp"
+#include "cuda/linear_block_grad.cuh"
+#include "cuda/linear_support.hpp"
+
+namespace xent::cuda {
+
+// Σ e^(x̃ − r) of a row at or above which the row takes the fallback: e^60 keeps every E ≤ e^60,
+// the ∂h product's fp32 sums far from overflow, and s_n ≥ prob_coef·e^-60, where s_n·h stays a
+// normal 16-bit number for any |h| ≥ 1e-6 at prob_coef ≥ 1e-6.
+constexpr float kMaxReferenceSum = 1.1420073898156842e26f;  // e^60
+
+// Columns of the fallback's slices of a row (each a work item of its kernels).
+constexpr int kReferenceFallbackSplit = 16;
+
+// Whether a call with these options and requested statistics may take the reference path (not
+// the operands, the plan or the switch). XENT_CUDA_REFERENCE=0 turns the path off, =1 (the
+// default) takes it wherever it may run.
+bool reference_options_eligible(const CeOptions& options, const CeStats* stats);
+bool reference_path_enabled();
+
+// Bytes per chunk row of the path's scratch, beside the chunk's 16-bit exponentials in the
+// chunk buffer: per row the larger of the tile sums, the 16-bit scaled h row, the fallback's
+// slice statistics and, when it is kept there, the fp32 ∂h product row (else it lies in the ∂W
+// output, which holds nothing yet when a 16-bit ∂W is written once or summed in the workspace),
+// and 256 bytes that keep the scratch 256-byte aligned.
+std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
+                                      bool hidden_product_in_scratch);
+// Bytes of the per-row arrays for all rows (scales, target logits, the fallback's row list).
+std::size_t reference_fixed_bytes(int64_t rows);
+
+struct ReferenceChunk {
+  // The chunk as the ce row kernel would take it: logits is the chunk buffer (row stride V), which
+  // receives E; target, row weights, upstream gradients, options, totals and the per-row outputs
+  // (row_loss, row_z_loss, row_total, lse, logprob) as there. grad and grad_scale as there too
+  // (grad is only checked to be the buffer).
+  CeRowsArgs rows;
+  GemmMatrix hidden_rows;  // h of the chunk's rows
+  GemmMatrix weight;       // W [V, H]
+  CeGradRecord* records = nullptr;  // [rows] of the chunk
+  void* scratch = nullptr;          // rows × (reference_chunk_row_bytes − 256), 256-aligned
+  float* hidden_product = nullptr;  // [rows, H] fp32: the scratch, or the ∂W output's memory
+  float* scale = nullptr;           // [rows] of the chunk
+  float* target_logits = nullptr;   // [rows] of the chunk
+  int32_t* fallback = nullptr;      // [rows + 1]: a count, then chunk rows
+  // The gradients: ∂h rows [first_row, first_row + rows) of grads.hidden, ∂W into sums.weight
+  // (accumulate_chunk_gradients' rules).
+  const LinearGradients* grads = nullptr;
+  const GradientSums* sums = nullptr;
+  int64_t first_row = 0;
+  bool first_chunk = true;
+  GemmScratch gemm_scratch;
+};
+
+// The chunk's loss parts, statistics and gradients (steps 1–4). False when the fused product
+// declines these operands: only the chunk's records were written, and the caller forms the chunk
+// the other way.
+bool reference_chunk(const ReferenceChunk& chunk, cudaStream_t stream);
+
+}  // namespace xent::cuda

@@ -1,0 +1,313 @@
+// GPU-only cases of linear_ce's per-row reference path (src/cuda/linear_reference.cu): a training
+// step (linear_ce_forward with gradients, or linear_ce_backward without the forward's lse) of bf16
+// operands on a compute capability 9.0 device forms each row chunk's gradient as s_n·E with
+// E = e^(x̃ − r_n) written by the fused gradient product, r_n the row's target logit. Odd shapes
+// (N not a multiple of the 128-row tile, V not a multiple of the 256-column tile, H down to one
+// 16-byte TMA row), every option the path takes, every reduction, ignored rows, a NaN row, and
+// rows whose loss is far beyond what e^(x̃ − r) holds (the fallback kernels), against the float64
+// reference with outputs NaN-poisoned before the run. Each case asserts which path ran through the
+// process-wide count of reference chunks (linear_ce_plan.hpp): the path where it must run, not
+// where it must not (label smoothing, entropy or argmax asked for, fp16, a bias, the
+// XENT_CUDA_REFERENCE=0 switch). Off compute capability 9.0 the path assertions are skipped and
+// the numerical checks run on the row kernel.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <tuple>
+
+#include "cuda/linear_ce_plan.hpp"
+#include "linear_check.hpp"
+
+namespace xent::test {
+namespace {
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
+
+struct ReferenceCase {
+  DType dtype = DType::bf16;
+  int64_t rows = 77, hidden = 64, vocab = 129;
+  unsigned options = 0;
+  Reduction reduction = Reduction::mean;
+  bool bias = false;
+  double logits_sd = 2.0;  // 40: most rows' loss far above 60 nats (the fallback)
+  bool nan_row = false;    // row 3 of h holds a NaN
+  bool fp32_weight_grad = false;
+  bool want_hidden = true;
+  bool backward = false;  // linear_ce_backward without lse instead of the forward with gradients
+  bool entropy = false;   // ask the forward for the entropy too (the path does not form it)
+  const char* reference_switch = nullptr;  // XENT_CUDA_REFERENCE for the call, or unset
+  std::size_t budget = 0;                  // 0: the default workspace budget
+  bool expected = true;                    // the path must run (on compute capability 9.0)
+};
+
+std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
+  if (skip < 0) return values;
+  std::vector<double> out;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
+  return out;
+}
+
+void check_reference_step(const ReferenceCase& c, Rng& rng) {
+  const int64_t rows = c.rows, vocab = c.vocab;
+  LinearLayer layer = make_linear_layer(rng, rows, c.hidden, vocab, c.bias, c.logits_sd, c.dtype);
+  const int64_t nan_row = c.nan_row ? 3 : -1;
+  if (nan_row >= 0) layer.hidden.at(nan_row, 1) = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
+  CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
+  const reference::Upstream upstream = make_upstream(rng, c.reduction, rows, false);
+  const Matrix logits = reference::linear_logits(layer.hidden, layer.weight, layer.bias);
+  const reference::CeResult ref = reference::ce(logits, target, setup.spec, upstream);
+  const reference::LinearGrads ref_grads =
+      reference::linear_backward(ref.grad, layer.hidden, layer.weight);
+  // PyTorch at this dtype: the logits rounded to it, its gradients rounded to it.
+  const DType weight_grad_dtype = c.fp32_weight_grad ? DType::f32 : c.dtype;
+  const reference::CeResult torch =
+      reference::ce(rounded(logits, c.dtype), target, setup.spec, upstream);
+  const reference::LinearGrads torch_grads =
+      rounded_linear_backward(torch.grad, layer, c.dtype, weight_grad_dtype);
+
+  const Tensor hidden = Tensor::of(layer.hidden, c.dtype);
+  const Tensor weight = Tensor::of(layer.weight, c.dtype);
+  const Tensor bias = c.bias ? Tensor::of(layer.bias, c.dtype) : Tensor();
+  const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
+  const Tensor grad_output = upstream_tensor(upstream, c.reduction, rows, c.dtype);
+  LinearCeOptions options;
+  options.ce = setup.options;
+  if (c.budget > 0) options.workspace_budget = c.budget;
+
+  const DType stat = result_dtype(c.dtype);
+  Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
+  Tensor lse = Tensor::vector(stat, rows), logprob = Tensor::vector(stat, rows),
+         entropy = Tensor::vector(stat, rows), z_value = loss_tensor(c.reduction, rows, c.dtype);
+  Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, c.hidden) : Tensor();
+  Tensor grad_weight = Tensor::matrix(weight_grad_dtype, vocab, c.hidden);
+  Tensor grad_bias = c.bias ? Tensor::vector(c.dtype, vocab) : Tensor();
+  for (Tensor* t : {&loss, &lse, &logprob, &entropy, &z_value, &grad_hidden, &grad_weight,
+                    &grad_bias}) {
+    if (t->present()) t->poison();
+  }
+  const LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
+
+  if (c.reference_switch != nullptr) setenv("XENT_CUDA_REFERENCE", c.reference_switch, 1);
+  const Scratch scratch(
+      linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), true));
+  const int64_t before = cuda::reference_chunk_count();
+  if (c.backward) {
+    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), {},
+                       grad_output.view(), options, grads, scratch.workspace());
+  } else {
+    LinearCeOutputs out;
+    out.loss = loss.view();
+    out.stats.lse = lse.view();
+    out.stats.logprob = logprob.view();
+    out.stats.z_loss_value = z_value.view();
+    if (c.entropy) out.stats.entropy = entropy.view();
+    out.grads = grads;
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
+                      out, grad_output.view(), scratch.workspace());
+  }
+  finish();
+  const int64_t ran = cuda::reference_chunk_count() - before;
+  unsetenv("XENT_CUDA_REFERENCE");
+  if (device_is_sm90()) {
+    if (c.expected) {
+      EXPECT_GT(ran, 0) << "the reference path did not run";
+    } else {
+      EXPECT_EQ(ran, 0) << "the reference path ran where it must not";
+    }
+  } else {
+    EXPECT_EQ(ran, 0) << "the reference path ran on a device other than compute capability 9.0";
+  }
+
+  const int64_t loss_skip = c.reduction == Reduction::none ? nan_row : -1;
+  auto check_stat = [&](const char* what, const Tensor& t, const std::vector<double>& r,
+                        const std::vector<double>& torch_values, int64_t skip) {
+    const std::vector<double> expected = without_row(r, 1, skip);
+    EXPECT_TRUE(close(what, without_row(t.download(), 1, skip), expected,
+                      stat_tolerance(c.dtype, Family::linear, without_row(torch_values, 1, skip),
+                                     expected)));
+  };
+  if (!c.backward) {
+    if (nan_row >= 0 && c.reduction != Reduction::none) {
+      EXPECT_TRUE(std::isnan(loss.download()[0])) << "a NaN row must make the reduced loss NaN";
+    } else {
+      check_stat("loss", loss, ref.loss, torch.loss, loss_skip);
+      check_stat("z_loss_value", z_value, ref.z_loss_value, torch.z_loss_value, loss_skip);
+    }
+    if (nan_row >= 0 && c.reduction == Reduction::none) {
+      EXPECT_TRUE(std::isnan(loss.download()[static_cast<std::size_t>(nan_row)]))
+          << "the NaN row's loss";
+    }
+    check_stat("lse", lse, ref.lse, torch.lse, nan_row);
+    check_stat("logprob", logprob, ref.logprob, torch.logprob, nan_row);
+    if (c.entropy) check_stat("entropy", entropy, ref.entropy, torch.entropy, nan_row);
+  }
+  if (grad_hidden.present()) {
+    const std::vector<double> r = without_row(ref_grads.hidden.values, c.hidden, nan_row);
+    const std::vector<double> t = without_row(torch_grads.hidden.values, c.hidden, nan_row);
+    EXPECT_TRUE(close("grads.hidden", without_row(grad_hidden.download(), c.hidden, nan_row), r,
+                      grad_tolerance(c.dtype, Family::linear, t, r)));
+    if (nan_row >= 0) {
+      const std::vector<double> all = grad_hidden.download();
+      bool nan = false;
+      for (int64_t k = 0; k < c.hidden; ++k) nan |= std::isnan(all[nan_row * c.hidden + k]);
+      EXPECT_TRUE(nan) << "the NaN row's ∂h";
+    }
+  }
+  if (nan_row < 0) {  // ∂W sums over rows: a NaN reaches all of it
+    EXPECT_TRUE(close("grads.weight", grad_weight.download(), ref_grads.weight.values,
+                      grad_tolerance(c.dtype, Family::linear, torch_grads.weight.values,
+                                     ref_grads.weight.values)));
+  }
+}
+
+// (N, H, V, options, reduction)
+using ShapeCase = std::tuple<int64_t, int64_t, int64_t, unsigned, Reduction>;
+
+class CudaReference : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(CudaReference, MatchesReference) {
+  require_device();
+  const auto [rows, hidden, vocab, options, reduction] = GetParam();
+  XENT_TEST_RNG(rng);
+  ReferenceCase c;
+  c.rows = rows;
+  c.hidden = hidden;
+  c.vocab = vocab;
+  c.options = options;
+  c.reduction = reduction;
+  check_reference_step(c, rng);
+}
+
+std::string shape_case_name(const ::testing::TestParamInfo<ShapeCase>& info) {
+  const auto [rows, hidden, vocab, options, reduction] = info.param;
+  return "N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
+         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
+         reduction_label(reduction);
+}
+
+constexpr unsigned kReferenceOptions = kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;
+
+// V = 7 (one partial column tile), 129 and 4099 (residue tiles), 32003 (126 tiles); N = 77 and
+// 1000 (a residue row tile); H = 8 (one 16-byte row), 136 and 1032 (a K residue).
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaReference,
+    ::testing::Values(ShapeCase{77, 8, 7, 0, Reduction::mean},
+                      ShapeCase{1000, 136, 129, kReferenceOptions, Reduction::sum},
+                      ShapeCase{77, 1032, 4099, kReferenceOptions, Reduction::none},
+                      ShapeCase{300, 136, 4099, 0, Reduction::mean},
+                      ShapeCase{1000, 64, 32003, kReferenceOptions, Reduction::mean},
+                      ShapeCase{77, 136, 32003, kSoftcap | kLogitScale, Reduction::none}),
+    shape_case_name);
+
+// Every option the path takes alone and all together, every reduction, at a shape with residues
+// in N, H and V.
+class CudaReferenceOptions : public ::testing::TestWithParam<std::tuple<unsigned, Reduction>> {};
+
+TEST_P(CudaReferenceOptions, MatchesReference) {
+  require_device();
+  const auto [options, reduction] = GetParam();
+  XENT_TEST_RNG(rng);
+  ReferenceCase c;
+  c.rows = 200;
+  c.hidden = 72;
+  c.vocab = 1031;
+  c.options = options;
+  c.reduction = reduction;
+  check_reference_step(c, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, CudaReferenceOptions,
+    ::testing::Combine(::testing::Values(0u, kZLoss, kSoftcap, kLogitScale, kClassWeight,
+                                         kRowWeight, kReferenceOptions),
+                       ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
+    [](const auto& info) {
+      return ce_options_label(std::get<0>(info.param)) + "_" +
+             reduction_label(std::get<1>(info.param));
+    });
+
+// Special cases: which path runs, and what the path forms for them.
+struct SpecialCase {
+  const char* name;
+  ReferenceCase c;
+};
+
+class CudaReferenceSpecial : public ::testing::TestWithParam<SpecialCase> {};
+
+TEST_P(CudaReferenceSpecial, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_reference_step(GetParam().c, rng);
+}
+
+ReferenceCase special(void (*change)(ReferenceCase&)) {
+  ReferenceCase c;
+  c.rows = 300;
+  c.hidden = 136;
+  c.vocab = 4099;
+  change(c);
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaReferenceSpecial,
+    ::testing::Values(
+        // Losses of ≈ 40·√(2 ln V) nats: most rows take the fallback kernels.
+        SpecialCase{"huge_losses", special([](ReferenceCase& c) { c.logits_sd = 40.0; })},
+        SpecialCase{"huge_losses_all_options", special([](ReferenceCase& c) {
+                      c.logits_sd = 40.0;
+                      c.options = kReferenceOptions;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"nan_row", special([](ReferenceCase& c) { c.nan_row = true; })},
+        SpecialCase{"nan_row_none", special([](ReferenceCase& c) {
+                      c.nan_row = true;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"fp32_weight_grad",
+                    special([](ReferenceCase& c) { c.fp32_weight_grad = true; })},
+        SpecialCase{"no_hidden_grad", special([](ReferenceCase& c) { c.want_hidden = false; })},
+        SpecialCase{"backward_without_lse", special([](ReferenceCase& c) {
+                      c.backward = true;
+                      c.reduction = Reduction::none;
+                      c.options = kReferenceOptions;
+                    })},
+        // Several chunks: ∂W summed over them in the fp32 accumulator.
+        SpecialCase{"several_chunks", special([](ReferenceCase& c) {
+                      c.budget = std::size_t{3} << 20;
+                      c.options = kZLoss | kRowWeight;
+                    })},
+        SpecialCase{"switch_off", special([](ReferenceCase& c) {
+                      c.reference_switch = "0";
+                      c.expected = false;
+                    })},
+        SpecialCase{"label_smoothing", special([](ReferenceCase& c) {
+                      c.options = kSmoothing;
+                      c.expected = false;
+                    })},
+        SpecialCase{"entropy_asked", special([](ReferenceCase& c) {
+                      c.entropy = true;
+                      c.expected = false;
+                    })},
+        SpecialCase{"bias", special([](ReferenceCase& c) {
+                      c.bias = true;
+                      c.expected = false;
+                    })},
+        SpecialCase{"fp16", special([](ReferenceCase& c) {
+                      c.dtype = DType::f16;
+                      c.expected = false;
+                    })}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace xent::test
