@@ -281,14 +281,12 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     store_rows<kVectors>(at, value, row_i, i, count);
   }
 
-  // The reference form (FusedGradProduct::partials): entries i and i + 1 (those < count), rows
-  // row_i and row_i + 1 of the tile, as rows_at_once with a record of coefficients (1, 0, 0),
+  // The reference form (FusedGradProduct::partials): entries i + r (r < kReferenceRows, those <
+  // count), rows row_i + r of the tile, as rows_at_once with a record of coefficients (1, 0, 0),
   // whose gradient is p·slope with p = e^(x̃ − r) (ce_block_grad with those coefficients, the
   // common path without its target or smoothing terms); besides, each row's Σ p over the tile's
-  // columns and, by the lane holding the row's target, its raw logit. Two rows at a time, not
-  // kRowsAtOnce: with four the epilogue warps' code needed more than their 88 registers and
-  // spilled (perf-notes, decision 85).
-  static constexpr int kReferenceRows = 2;
+  // columns and, by the lane holding the row's target, its raw logit.
+  static constexpr int kReferenceRows = 4;
   static_assert(kRowsAtOnce % kReferenceRows == 0, "pairs of rows inside a group");
   template <bool kVectors, class Transform>
   CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
@@ -330,22 +328,42 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         sum[r] = 0.0f;
       }
     }
-    // The warp's Σ of both rows in 5 shuffles where two butterflies take 10: the halves of the
-    // warp swap the row they do not keep, then a butterfly over 16 lanes; lanes 0–15 end with
-    // row 0's sum, 16–31 with row 1's.
-    const bool upper = (at.lane & 16) != 0;
-    float row_sum = (upper ? sum[1] : sum[0]) + __shfl_xor_sync(~0u, upper ? sum[0] : sum[1], 16);
-    CUTLASS_PRAGMA_UNROLL
-    for (int offset = 8; offset > 0; offset /= 2) {
-      row_sum += __shfl_xor_sync(~0u, row_sum, offset);
-    }
-    const int r = upper ? 1 : 0;
-    if ((at.lane & 15) == 0 && i + r < count) {
+    // The warp's Σ of each row: lanes kLanesPerRow·r .. of row r end with it (sum_of_rows).
+    constexpr int kLanesPerRow = 32 / kReferenceRows;
+    const float row_sum = sum_of_rows(sum, at.lane);
+    const int r = at.lane / kLanesPerRow;
+    if (at.lane % kLanesPerRow == 0 && i + r < count) {
       const int64_t tile_index = (a.first_column + at.col0) / Tile::kColumns;
       a.partials[static_cast<int64_t>(at.row0 + row_i + r) * a.partial_stride + tile_index] =
           row_sum;
     }
     store_rows<kVectors, kReferenceRows>(at, value, row_i, i, count);
+  }
+
+  // The warp's Σ of each of 2 or 4 rows in 5 or 6 shuffles where butterflies take 10 or 20: the
+  // halves of the warp 16 lanes apart swap the rows they do not keep, (with four rows) then
+  // lanes 8 apart, then a butterfly over the lanes left. Lanes (32 / rows)·r .. end with row r's.
+  template <int kRows>
+  CUTLASS_DEVICE static float sum_of_rows(const float (&sum)[kRows], int lane) {
+    static_assert(kRows == 2 || kRows == 4, "two or four rows");
+    const bool upper16 = (lane & 16) != 0;
+    float v;
+    int width;
+    if constexpr (kRows == 2) {
+      v = (upper16 ? sum[1] : sum[0]) + __shfl_xor_sync(~0u, upper16 ? sum[0] : sum[1], 16);
+      width = 8;
+    } else {
+      const bool upper8 = (lane & 8) != 0;
+      const float half0 = (upper16 ? sum[2] : sum[0]) +
+                          __shfl_xor_sync(~0u, upper16 ? sum[0] : sum[2], 16);
+      const float half1 = (upper16 ? sum[3] : sum[1]) +
+                          __shfl_xor_sync(~0u, upper16 ? sum[1] : sum[3], 16);
+      v = (upper8 ? half1 : half0) + __shfl_xor_sync(~0u, upper8 ? half0 : half1, 8);
+      width = 4;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int offset = width; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
+    return v;
   }
 
   // Stores entries i + r (r < kRows, those < count), rows row_i + r of the tile: the lane's 8
