@@ -102,13 +102,14 @@ if command -v compute-sanitizer >/dev/null; then
   step racecheck 900 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
     "$GPU_TESTS" --gtest_filter="$SANITIZER_FILTER" --gtest_brief=1
   # The fused Hopper products' shared-memory hand-overs (mbarriers), on cases small enough for
-  # racecheck to finish: one block, a block of several tiles, fp32 ∂W, ≈ 5 tiles per CTA. The
+  # racecheck to finish: one block, a block of several tiles, fp32 ∂W, ≈ 5 tiles per CTA, and the
+  # reference form of the gradient product (with and without its fallback kernels). The
   # grid's larger cases take minutes each under racecheck, and some run a cuBLASLt kernel for
   # which racecheck reports same-value byte writes (docs/perf-notes.md, decision 60).
   FUSED_RACECHECK_FILTER="${FUSED_RACECHECK_FILTER:-$(printf 'Grid/CudaStatisticsBlocks.MatchesReference/%s:' \
     d_fused_bf16_N300_H72_V4099_plain_mean_dW_one chunks_fused_bf16_N300_H72_V4099_plain_mean_dW_one \
     d_fused_f16_N1000_H136_V4099_smoothing_zloss_softcap_scale_rowweight_sum_dWfp32_row_tiles \
-    chunks_fused_f16_N300_H72_V4099_smoothing_zloss_softcap_scale_rowweight_mean_dWfp32_several)CudaFusedGradientShare.*}"
+    chunks_fused_f16_N300_H72_V4099_smoothing_zloss_softcap_scale_rowweight_mean_dWfp32_several)CudaFusedGradientShare.*:Options/CudaReferenceOptions.MatchesReference/plain_mean:Cases/CudaReferenceSpecial.MatchesReference/huge_losses}"
   step racecheck-fused 900 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
     "$GPU_TESTS" --gtest_filter="$FUSED_RACECHECK_FILTER" --gtest_brief=1
 else
