@@ -86,15 +86,6 @@ Tensor loss_tensor(Reduction reduction, int64_t rows, DType input) {
 
 namespace {
 
-// Values of row `skip` removed (the NaN row is checked on its own).
-std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
-  if (skip < 0) return values;
-  std::vector<double> out;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
-  return out;
-}
-
 bool row_all_nan(const std::vector<double>& values, int64_t cols, int64_t row) {
   for (int64_t c = 0; c < cols; ++c)
     if (!std::isnan(values[static_cast<std::size_t>(row * cols + c)])) return false;

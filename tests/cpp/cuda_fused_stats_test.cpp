@@ -16,17 +16,11 @@
 #include <tuple>
 
 #include "cuda/fused_stats.hpp"
+#include "gpu_support.hpp"
 #include "linear_check.hpp"
 
 namespace xent::test {
 namespace {
-
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
 
 enum class Path { fused, fallback };
 

@@ -19,17 +19,11 @@
 #include <tuple>
 
 #include "cuda/linear_ce_plan.hpp"
+#include "gpu_support.hpp"
 #include "linear_check.hpp"
 
 namespace xent::test {
 namespace {
-
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
 
 struct ReferenceCase {
   DType dtype = DType::bf16;
@@ -47,14 +41,6 @@ struct ReferenceCase {
   std::size_t budget = 0;                  // 0: the default workspace budget
   bool expected = true;                    // the path must run (on compute capability 9.0)
 };
-
-std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
-  if (skip < 0) return values;
-  std::vector<double> out;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
-  return out;
-}
 
 void check_reference_step(const ReferenceCase& c, Rng& rng) {
   const int64_t rows = c.rows, vocab = c.vocab;

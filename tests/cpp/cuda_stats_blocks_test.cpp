@@ -22,17 +22,11 @@
 #include <vector>
 
 #include "cuda/linear_ce_plan.hpp"
+#include "gpu_support.hpp"
 #include "linear_check.hpp"
 
 namespace xent::test {
 namespace {
-
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
 
 // Where the weight gradient goes.
 enum class WeightGrad { same_dtype, fp32, accumulate_fp32, none };

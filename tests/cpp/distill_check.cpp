@@ -63,16 +63,6 @@ reference::DistillResult tvd_ties_at_midpoint(const Matrix& student, const Matri
   return reference::distill(student, teacher, target, spec, upstream);
 }
 
-namespace {
-std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
-  if (skip < 0) return values;
-  std::vector<double> out;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
-  return out;
-}
-}  // namespace
-
 void check_distill(const DistillProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
   DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, p.beta);

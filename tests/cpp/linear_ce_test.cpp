@@ -27,14 +27,6 @@ struct LinearCeProblem {
   bool want_hidden = true, want_weight = true;
 };
 
-std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
-  if (skip < 0) return values;
-  std::vector<double> out;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
-  return out;
-}
-
 void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
   const DType param_dtype = p.fp32_param_grads ? DType::f32 : p.dtype;

@@ -451,4 +451,12 @@ void expect_invalid(const std::function<void()>& call, const std::string& argume
                 << "), nothing was thrown";
 }
 
+std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip) {
+  if (skip < 0) return values;
+  std::vector<double> out;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (static_cast<int64_t>(i) / cols != skip) out.push_back(values[i]);
+  return out;
+}
+
 }  // namespace xent::test

@@ -158,6 +158,9 @@ double stat_tolerance(DType input, Family family, const std::vector<double>& tor
 void expect_invalid(const std::function<void()>& call, const std::string& argument,
                     const std::string& value);
 
+// `values` (rows of `cols`) without row `skip` (none when negative): a NaN row checked on its own.
+std::vector<double> without_row(const std::vector<double>& values, int64_t cols, int64_t skip);
+
 // Helpers to build parameter names.
 std::string reduction_label(Reduction reduction);
 
