@@ -198,8 +198,11 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
               bytes = std::max(bytes, plan.chunks.total_bytes);
               // A bf16 step may take the per-row reference path where its scratch (with the ∂h
               // product in it or in the ∂W output) fits beside the same chunks.
+              const Schedule schedule = plan.chunks.schedule;
+              const bool row_chunks = schedule == Schedule::row_chunks ||
+                                      schedule == Schedule::row_chunks_accumulated;
               for (const bool product_in_scratch : {false, true}) {
-                if (!with_gradients || dtype != DType::bf16) break;
+                if (!with_gradients || dtype != DType::bf16 || !row_chunks) break;
                 wants.reference_row_bytes =
                     reference_chunk_row_bytes(vocab, hidden, product_in_scratch);
                 const LinearCePlan with_scratch =
