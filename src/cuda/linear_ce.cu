@@ -6,6 +6,10 @@
 //   3. ∂h_chunk = G·W (written straight into grad hidden) and ∂W += Gᵀ·h_chunk into an fp32
 //      accumulator (beta = 1 after the first chunk, or from the first one when ∂W is added into
 //      the caller's buffer: accumulate_weight), ∂bias += column sums of G.
+// For bf16 operands on Hopper, steps 1–2 are the per-row reference path where it applies
+// (linear_reference.cuh): the fused product writes e^(x̃ − r)·slope against each row's target
+// logit instead of L, a finish kernel the lse and one factor per row, which steps 3's products
+// take on their small operands; no logits are written and no row kernel runs.
 // When the budget leaves too little room for the V×H fp32 ∂W accumulator of a 16-bit weight
 // gradient (or in-place accumulation over many small chunks costs more), the planner picks the
 // vocabulary-blocked schedule (chunk_plan.cpp (c)): the loop above without ∂W, saving each row's
