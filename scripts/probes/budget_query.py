@@ -14,6 +14,7 @@ import time
 import torch
 
 import xent.functional as XF
+from call_drift import call_times  # this folder, first on sys.path when run as a script
 
 
 def main():
@@ -44,16 +45,7 @@ def main():
         for explicit in (False, True):
             for _ in range(3 if r == 0 else 1):
                 step(explicit)
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(calls):
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
-                step(explicit)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
+            times = call_times(lambda: step(explicit), calls)
             series[explicit] += times
             name = "explicit" if explicit else "default "
             print(f"round {r} {name} {' '.join(f'{t:.1f}' for t in times)}", flush=True)

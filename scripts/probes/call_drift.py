@@ -17,9 +17,8 @@ import torch
 import xent.functional as XF
 
 
-def series(name, fn, calls):
-    for _ in range(3):
-        fn()
+def call_times(fn, calls):
+    """Each of `calls` calls of fn timed alone (CUDA events, ms), the device idle before each."""
     torch.cuda.synchronize()
     times = []
     for _ in range(calls):
@@ -30,6 +29,13 @@ def series(name, fn, calls):
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
+    return times
+
+
+def series(name, fn, calls):
+    for _ in range(3):
+        fn()
+    times = call_times(fn, calls)
     reserved = torch.cuda.memory_reserved() / 2**30
     print(f"{name:8s} {' '.join(f'{t:.1f}' for t in times)}  (ms; reserved {reserved:.1f} GiB)",
           flush=True)

@@ -336,26 +336,20 @@ __global__ void scale_hidden_rows_kernel(const S* hidden, int64_t stride, int64_
   }
 }
 
-int elementwise_blocks(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kBlockThreads - 1) / kBlockThreads, 1,
-                                              65535));
-}
-
-template <class S>
 void scale_product_rows(const float* product, int64_t rows, int64_t cols, const float* scale,
                         const TensorView& out, cudaStream_t stream) {
   const int blocks = elementwise_blocks(rows * cols);
   switch (out.dtype) {
     case DType::f32:
-      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
           product, rows, cols, scale, static_cast<float*>(out.data), out.row_stride);
       break;
     case DType::bf16:
-      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
           product, rows, cols, scale, static_cast<bf16_t*>(out.data), out.row_stride);
       break;
     default:
-      scale_product_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(
+      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
           product, rows, cols, scale, static_cast<f16_t*>(out.data), out.row_stride);
   }
   XENT_CUDA_CHECK_LAUNCH();
@@ -427,13 +421,13 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
     hidden_product.b = chunk.weight;
     hidden_product.c = GemmMatrix{chunk.hidden_product, DType::f32, rows, hidden, hidden};
     gemm(hidden_product, chunk.gemm_scratch, stream);
-    scale_product_rows<S>(chunk.hidden_product, rows, hidden, chunk.scale,
+    scale_product_rows(chunk.hidden_product, rows, hidden, chunk.scale,
                           view_rows(grads.hidden, chunk.first_row, rows), stream);
   }
   const GradientSums& sums = *chunk.sums;
   if (sums.weight) {
     S* scaled = static_cast<S*>(chunk.scratch);
-    scale_hidden_rows_kernel<<<elementwise_blocks(rows * hidden), kBlockThreads, 0, stream>>>(
+    scale_hidden_rows_kernel<<<elementwise_blocks(rows * hidden), kElementwiseThreads, 0, stream>>>(
         static_cast<const S*>(chunk.hidden_rows.data), chunk.hidden_rows.stride, rows, hidden,
         chunk.scale, scaled);
     XENT_CUDA_CHECK_LAUNCH();

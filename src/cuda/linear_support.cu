@@ -23,11 +23,7 @@ void* WorkspaceCarver::take(std::size_t bytes) {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-int blocks_for(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535));
-}
+constexpr int kThreads = kElementwiseThreads;
 
 template <class S>
 __global__ void column_sums_kernel(const S* matrix, int64_t rows, int64_t cols, int64_t stride,
@@ -118,7 +114,7 @@ template <class S>
 void convert_rows_from(const S* source, int64_t source_stride, void* destination,
                        DType destination_dtype, int64_t destination_stride, int64_t rows,
                        int64_t cols, cudaStream_t stream) {
-  const int blocks = blocks_for(rows * cols);
+  const int blocks = elementwise_blocks(rows * cols);
   switch (destination_dtype) {
     case DType::f32:
       convert_rows_kernel<<<blocks, kThreads, 0, stream>>>(
@@ -231,7 +227,7 @@ void accumulate_column_sums(const void* matrix, DType dtype, int64_t rows, int64
                             int64_t stride, float* accumulator, bool accumulate,
                             cudaStream_t stream) {
   if (cols == 0) return;
-  const int blocks = blocks_for(cols);
+  const int blocks = elementwise_blocks(cols);
   switch (dtype) {
     case DType::f32:
       column_sums_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(matrix), rows,
@@ -260,7 +256,7 @@ void write_from_fp32(const float* source, int64_t source_stride, TensorView dest
                      reinterpret_cast<uintptr_t>(destination.data) % 16 == 0;
   if (dense && destination.dtype != DType::f32) {
     const int64_t quads = total / 4;
-    const int blocks = blocks_for(quads);
+    const int blocks = elementwise_blocks(quads);
     const auto* packed = reinterpret_cast<const float4*>(source);
     if (destination.dtype == DType::bf16) {
       write_dense_from_fp32_kernel<<<blocks, kThreads, 0, stream>>>(
@@ -272,7 +268,7 @@ void write_from_fp32(const float* source, int64_t source_stride, TensorView dest
     XENT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int blocks = blocks_for(total);
+  const int blocks = elementwise_blocks(total);
   switch (destination.dtype) {
     case DType::f32:
       write_from_fp32_kernel<<<blocks, kThreads, 0, stream>>>(

@@ -72,6 +72,14 @@ struct GradientSums {
   float* bias = nullptr;
   bool bias_in_workspace = false;
 };
+// Grid-stride elementwise kernels over `work` items: 256-thread blocks, as many as cover the work
+// up to 65535.
+constexpr int kElementwiseThreads = 256;
+inline int elementwise_blocks(int64_t work) {
+  const int64_t blocks = (work + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
+}
+
 // The per-row arrays of the whole batch that the row kernels fill chunk by chunk: the batch
 // totals and three fp32 arrays (loss, z-loss, correct) of N rows.
 inline std::size_t row_scratch_bytes(int64_t rows) {
