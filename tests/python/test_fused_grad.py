@@ -249,12 +249,14 @@ def test_fp32_weight_gets_an_fp32_gradient_from_bf16_products(device, gen, autoc
                               workspace_bytes=1 << 16).backward(upstream)
     assert ref.rel_error(w_in.grad, w16.grad.float()) <= 1e-2
     assert ref.rel_error(h_in.grad.float(), h16.grad.float()) <= 1e-2
-    # And the fp32 gradient is closer to float64 than the bf16 one.
+    # And the fp32 gradient is no further from float64 than the bf16 one, within 1 %: both errors
+    # are mostly the bf16 rounding of the logits' gradient, which the two share, so their order
+    # can flip by noise where the bf16 path's chunk roundings add little (test_logprobs' twin).
     h64 = h.to(torch.bfloat16).double().cpu().requires_grad_()
     w64 = w.to(torch.bfloat16).double().cpu().requires_grad_()
     target, upstream = target.cpu(), upstream.cpu()
     ref.cross_entropy(h64 @ w64.t(), target, reduction=reduction).backward(upstream.double())
-    assert ref.rel_error(w_in.grad, w64.grad) <= ref.rel_error(w16.grad, w64.grad) + 1e-6
+    assert ref.rel_error(w_in.grad, w64.grad) <= 1.01 * ref.rel_error(w16.grad, w64.grad)
 
 
 def test_default_workspace_budget_policy():

@@ -213,11 +213,14 @@ def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast
                                           workspace_bytes=1 << 16), [h16, w16], upstream)
     assert ref.rel_error(grads[1], grads16[1].float()) <= 1e-2
     assert ref.rel_error(grads[0].float(), grads16[0].float()) <= 1e-2
-    # And the fp32 ∂W is closer to float64 (of the bf16 operands) than the bf16 one.
+    # And the fp32 ∂W is no further from float64 (of the bf16 operands) than the bf16 one, within
+    # 1 %: both errors are mostly the bf16 rounding of the logits' gradient, which the two share,
+    # so where the bf16 path's chunk roundings add little their order flips by noise (0.1 % at
+    # XENT_TEST_SEED=3433383436 on the CPU).
     params64 = [t.to(torch.bfloat16).double().cpu().requires_grad_() for t in (h, w)]
     expected = ref.logprobs(params64[0] @ params64[1].t(), y.cpu(), 0.7)
     (_, expected_w) = _grads(expected, params64, upstream)
-    assert ref.rel_error(grads[1], expected_w) <= ref.rel_error(grads16[1], expected_w) + 1e-6
+    assert ref.rel_error(grads[1], expected_w) <= 1.01 * ref.rel_error(grads16[1], expected_w)
 
 
 def test_gradcheck_logprobs(gen):
