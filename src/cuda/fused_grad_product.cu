@@ -130,8 +130,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const int own = own_of(at), per_warp = rows_per_warp(own);
     const int first = per_warp * at.warp;  // the warp's first row in the epilogue warps' list
     const int count = max(0, min(per_warp, others_in(own, at.rows - at.row0) - first));
-    form_prefetched(at, shared.tile, shared.records[at.warp], count,
-                    [&](int i) { return others_row(own, first + i); });
+    form_prefetched(at, shared.tile, shared.records[at.warp], count, others_row(own, first), own);
   }
 
   CUTLASS_DEVICE void prepare_own(const fused::TileAt& at) {
@@ -145,8 +144,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CUTLASS_DEVICE void own_rows(const fused::TileAt& at, SharedStorage& shared) const {
     const int first = kWarpRows * at.warp;
     const int count = max(0, min(own_of(at), at.rows - at.row0 - first));
-    form_prefetched(at, shared.tile, shared.own_records[at.warp], count,
-                    [&](int i) { return first + i; });
+    form_prefetched(at, shared.tile, shared.own_records[at.warp], count, first, 0);
   }
 
  private:
@@ -177,27 +175,31 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
 
   // The prefetched records of the warp's `count` rows (lane i holds those of entries i and
   // 32 + i) into its slots in shared memory, then the rows' gradient (form_rows).
-  template <class TileRow>
   CUTLASS_DEVICE void form_prefetched(const fused::TileAt& at, const Tile& tile,
-                                      CeGradRecord* slots, int count,
-                                      const TileRow& tile_row) const {
+                                      CeGradRecord* slots, int count, int first_row,
+                                      int skipped) const {
     CUTLASS_PRAGMA_UNROLL
     for (int half = 0; half < 2; ++half) {
       const int within = 32 * half + at.lane;
       if (within < count) slots[within] = record_[half];
     }
     __syncwarp();
-    form_rows(at, tile, slots, count, tile_row);
+    form_rows(at, tile, slots, count, first_row, skipped);
     __syncwarp();  // the rows and slots are rewritten for the next tile
   }
 
-  // The gradient of `count` rows, entry i of which is row tile_row(i) of the tile with its
-  // record at records[i]; entries i .. i + kRowsAtOnce − 1 (i a multiple of kRowsAtOnce) are
-  // consecutive rows.
-  template <class TileRow>
+  // The gradient of `count` rows with their records at records[i]: entry 0 is row first_row of
+  // the tile, and the rows go on in groups of kRowsAtOnce consecutive rows, stepping over the
+  // first `skipped` rows of each consumer warp's 16 (the rows that warp forms itself: 0 for a
+  // consumer warp's own list, which never leaves its 16). Walked by adding, where each group's
+  // row by others_row cost a division by a run-time divisor (≈ 25 instructions a group).
+  CUTLASS_DEVICE static int next_group_row(int row, int skipped) {
+    row += kRowsAtOnce;
+    return row % kWarpRows == 0 ? row + skipped : row;
+  }
   CUTLASS_DEVICE void form_rows(const fused::TileAt& at, const Tile& tile,
-                                const CeGradRecord* records, int count,
-                                const TileRow& tile_row) const {
+                                const CeGradRecord* records, int count, int first_row,
+                                int skipped) const {
     const GradEpilogueParams& a = params_;
     // 16-byte stores where every lane's chunk lies in the block (all but a block's last tile).
     const bool vectors = a.vectors && __all_sync(~0u, at.col0 + 8 * at.lane + 8 <= at.cols);
@@ -206,19 +208,23 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     row_transform.softcap = a.softcap;
     with_transform(row_transform, [&](const auto& transform) {
       auto run = [&](auto entropy, auto vector_stores) {
+        int row = first_row;
         for (int i = 0; i < count; i += kRowsAtOnce) {
           rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value>(
-              at, tile, records, transform, tile_row(i), i, count);
+              at, tile, records, transform, row, i, count);
+          row = next_group_row(row, skipped);
         }
       };
       if constexpr (kReference) {
         (void)run;
+        int row = first_row;
         for (int i = 0; i < count; i += kReferenceRows) {
           if (vectors) {
-            reference_rows_at_once<true>(at, tile, records, transform, tile_row(i), i, count);
+            reference_rows_at_once<true>(at, tile, records, transform, row, i, count);
           } else {
-            reference_rows_at_once<false>(at, tile, records, transform, tile_row(i), i, count);
+            reference_rows_at_once<false>(at, tile, records, transform, row, i, count);
           }
+          row = next_group_row(row, skipped);
         }
       } else if (a.entropy) {
         if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
@@ -285,9 +291,14 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // count), rows row_i + r of the tile, as rows_at_once with a record of coefficients (1, 0, 0),
   // whose gradient is p·slope with p = e^(x̃ − r) (ce_block_grad with those coefficients, the
   // common path without its target or smoothing terms); besides, each row's Σ p over the tile's
-  // columns and, by the lane holding the row's target, its raw logit.
+  // columns and, by the lane holding the row's target, its raw logit. No fill and no test of
+  // the row's state per value: a row outside the path (ignored, or its target outside [0, V))
+  // has the reference +∞ (reference_records_kernel), so its p is 0 wherever x̃ is finite or
+  // −∞, and NaN (in its Σ too) only where x̃ is NaN or +∞; the finish sends such rows to the
+  // fallback, which writes them again (linear_reference.cu). The per-value select of the fill
+  // was 36 of the 420 instructions of a four-row group (decision 88).
   static constexpr int kReferenceRows = 4;
-  static_assert(kRowsAtOnce % kReferenceRows == 0, "pairs of rows inside a group");
+  static_assert(kRowsAtOnce == kReferenceRows, "next_group_row steps by kRowsAtOnce");
   template <bool kVectors, class Transform>
   CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
                                              const CeGradRecord* records,
@@ -297,20 +308,23 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     float value[kReferenceRows][8];
     float sum[kReferenceRows];
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
+    // In 32 bits: a record's target is a 32-bit integer (CeGradRecord), and so is a column.
+    const int first_column = static_cast<int>(a.first_column) + at.col0;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kReferenceRows; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
-      const CeBlockRow row = block_row_of(records[within], a.first_column + at.col0);
+      const CeGradRecord& record = records[within];
       unpack_chunk<S>(tile.chunk(row_i + within - i, at.lane), value[r]);
       // The target's logit read back from the staged tile by the lane that holds it: picking it
       // out of value[r] by a run-time index put the array in local memory (spills, decision 85).
-      const int64_t target = row.target_column;
-      if (row.in_range && target >= 0 && target < Tile::kColumns && (target >> 3) == at.lane &&
-          i + r < count) {
-        a.target_logits[at.row0 + row_i + r] = static_cast<float>(
-            tile.values[Tile::offset(row_i + r, static_cast<int>(target))]);
+      // Rows outside the path may store theirs too: the finish reads it only for rows inside.
+      const int target = __float_as_int(record.more.x) - first_column;
+      if (static_cast<unsigned>(target) < static_cast<unsigned>(Tile::kColumns) &&
+          (target >> 3) == at.lane && i + r < count) {
+        a.target_logits[at.row0 + row_i + r] =
+            static_cast<float>(tile.values[Tile::offset(row_i + r, target)]);
       }
-      const float scaled_reference = row.grad.lse * kLog2e;
+      const float scaled_reference = record.coefs.x * kLog2e;  // the record's lse slot
       sum[r] = 0.0f;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 8; ++k) {
@@ -319,13 +333,6 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         // Columns past the product's last (a ragged last tile) hold x of zero-filled W rows.
         if (kVectors || column + k < at.cols) sum[r] += p;
         value[r][k] = p * transform.slope(x);
-      }
-      // An ignored row's gradient is 0, a row with its target outside [0, V) NaN (SPEC §1).
-      if (!row.valid || !row.in_range) {
-        const float fill = row.valid ? quiet_nan() : 0.0f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 8; ++k) value[r][k] = fill;
-        sum[r] = 0.0f;
       }
     }
     // The warp's Σ of each row: lanes kLanesPerRow·r .. of row r end with it (sum_of_rows).

@@ -102,7 +102,9 @@ __global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const 
   r.grad.prob_coef = 1.0f;
   r.grad.target_coef = 0.0f;
   r.grad.smoothing_coef = 0.0f;
-  r.grad.lse = 0.0f;
+  // +∞ for a row outside the path: the product's p = e^(x̃ − r) is then 0 over the row (NaN
+  // only where x̃ is NaN or +∞), with no per-value fill in its epilogue (decision 88).
+  r.grad.lse = INFINITY;
   r.target_column = target;
   if (r.valid && r.in_range) {
     common::Transform<float> transform;
@@ -148,10 +150,12 @@ __device__ common::CeGradRow<float> row_gradient(const CeRowsArgs& a,
                              base * a.totals->z_factor * a.grad_scale);
 }
 
-__device__ void to_fallback(const RowParams& p, int64_t row) {
+// `scale`: 1, the fallback writing the exact gradient; 0 for an ignored row, whose E row it
+// writes as zeros.
+__device__ void to_fallback(const RowParams& p, int64_t row, float scale = 1.0f) {
   const int slot = atomicAdd(p.fallback, 1);
   p.fallback[1 + slot] = static_cast<int32_t>(row);
-  p.scale[row] = 1.0f;  // the fallback writes the exact gradient
+  p.scale[row] = scale;
 }
 
 // Step 3, one warp per row: Σ of the tile sums (a fixed order), lse = r + ln Σ, the row's
@@ -166,16 +170,20 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const R
   const bool valid = target != a.options.ignore_index;
   const bool in_range = target >= 0 && target < a.vocab;
   float sum = 0.0f;
-  if (valid && in_range) {
-    const float* partials = p.partials + row * p.tiles;
-    for (int64_t t = lane_id(); t < p.tiles; t += 32) sum += partials[t];
-    sum = warp_sum(sum);
-  }
+  const float* partials = p.partials + row * p.tiles;
+  for (int64_t t = lane_id(); t < p.tiles; t += 32) sum += partials[t];
+  sum = warp_sum(sum);
   if (lane_id() != 0) return;
   if (!valid) {
     using Ignored = common::IgnoredRow<float>;
     write_row_outputs(a, row, Ignored::loss, Ignored::loss, Ignored::lse, Ignored::logprob);
-    p.scale[row] = 0.0f;  // its E row is 0 already
+    // Its reference is +∞: its E row is 0 unless a logit was NaN or +∞ (then so is Σ), which
+    // the fallback writes as zeros, the gradient of an ignored row (SPEC §1).
+    if (sum == 0.0f) {
+      p.scale[row] = 0.0f;
+    } else {
+      to_fallback(p, row, 0.0f);
+    }
     return;
   }
   // NaN fails the comparison too. A target outside [0, V) leaves an E row of NaN and no sum;
@@ -230,6 +238,7 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_logits_kernel(const Op
     const int64_t row = p.fallback[1 + item / kReferenceFallbackSplit];
     const int split = static_cast<int>(item % kReferenceFallbackSplit);
     const int64_t target = read_target(a.target, a.target_dtype, row);
+    if (target == a.options.ignore_index) continue;  // its gradient is 0: no logits (the block)
     int64_t begin, end;
     split_columns(a.vocab, split, begin, end);
     common::RowStats<float> stats;
@@ -269,8 +278,10 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
     const int64_t row = p.fallback[1 + item / kReferenceFallbackSplit];
     const int split = static_cast<int>(item % kReferenceFallbackSplit);
     const int64_t target = read_target(a.target, a.target_dtype, row);
-    const bool in_range = target >= 0 && target < a.vocab;
-    if (threadIdx.x == 0) {
+    // An ignored row (its outputs written by the finish) only has its E row set to 0.
+    const bool valid = target != a.options.ignore_index;
+    const bool in_range = valid && target >= 0 && target < a.vocab;
+    if (threadIdx.x == 0 && valid) {
       // The splits' (max, Σ e^(x̃ − max)) merged in split order; a NaN max stays NaN.
       const float* slices = p.slice_stats + row * 2 * kReferenceFallbackSplit;
       float max = -INFINITY;
@@ -299,7 +310,7 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
     split_columns(a.vocab, split, begin, end);
     S* out = exps + row * a.row_stride;
     for (int64_t column = begin + threadIdx.x; column < end; column += kBlockThreads) {
-      float g = quiet_nan();
+      float g = valid ? quiet_nan() : 0.0f;
       if (in_range) {
         const float x = load_float(out[column]);
         const float prob = expf(c.transform.value(x) - row_lse);

@@ -33,6 +33,9 @@ struct ReferenceCase {
   bool bias = false;
   double logits_sd = 2.0;  // 40: most rows' loss far above 60 nats (the fallback)
   bool nan_row = false;    // row 3 of h holds a NaN
+  // Row 4 of h holds a NaN, an ignored row (make_targets ignores rows n % 5 == 4): its gradient
+  // is 0 all the same, through the fallback (its reference is +∞, its E row NaN).
+  bool nan_ignored_row = false;
   bool fp32_weight_grad = false;
   bool want_hidden = true;
   bool backward = false;  // linear_ce_backward without lse instead of the forward with gradients
@@ -47,6 +50,10 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   LinearLayer layer = make_linear_layer(rng, rows, c.hidden, vocab, c.bias, c.logits_sd, c.dtype);
   const int64_t nan_row = c.nan_row ? 3 : -1;
   if (nan_row >= 0) layer.hidden.at(nan_row, 1) = std::numeric_limits<double>::quiet_NaN();
+  const int64_t nan_ignored_row = c.nan_ignored_row ? 4 : -1;
+  if (nan_ignored_row >= 0) {
+    layer.hidden.at(nan_ignored_row, 1) = std::numeric_limits<double>::quiet_NaN();
+  }
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
   CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
   const reference::Upstream upstream = make_upstream(rng, c.reduction, rows, false);
@@ -148,8 +155,15 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
       for (int64_t k = 0; k < c.hidden; ++k) nan |= std::isnan(all[nan_row * c.hidden + k]);
       EXPECT_TRUE(nan) << "the NaN row's ∂h";
     }
+    if (nan_ignored_row >= 0) {  // compared above too; stated here for what it is
+      const std::vector<double> all = grad_hidden.download();
+      for (int64_t k = 0; k < c.hidden; ++k) {
+        EXPECT_EQ(all[nan_ignored_row * c.hidden + k], 0.0) << "the ignored NaN row's ∂h, " << k;
+      }
+    }
   }
-  if (nan_row < 0) {  // ∂W sums over rows: a NaN reaches all of it
+  // ∂W sums over rows: a NaN in h reaches it (0·NaN in the reference too).
+  if (nan_row < 0 && nan_ignored_row < 0) {
     EXPECT_TRUE(close("grads.weight", grad_weight.download(), ref_grads.weight.values,
                       grad_tolerance(c.dtype, Family::linear, torch_grads.weight.values,
                                      ref_grads.weight.values)));
@@ -258,6 +272,11 @@ INSTANTIATE_TEST_SUITE_P(
         SpecialCase{"nan_row", special([](ReferenceCase& c) { c.nan_row = true; })},
         SpecialCase{"nan_row_none", special([](ReferenceCase& c) {
                       c.nan_row = true;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"nan_ignored_row", special([](ReferenceCase& c) { c.nan_ignored_row = true; })},
+        SpecialCase{"nan_ignored_row_none", special([](ReferenceCase& c) {
+                      c.nan_ignored_row = true;
                       c.reduction = Reduction::none;
                     })},
         SpecialCase{"fp32_weight_grad",
