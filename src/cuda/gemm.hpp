@@ -52,7 +52,8 @@ struct GemmProduct {
   GemmMatrix c;          // output [M, N]; fp32 or the operands' dtype
   float alpha = 1;
   float beta = 0;        // 1: accumulate into c (c must then be fp32 for exact accumulation)
-  const void* bias = nullptr;  // [N], operand dtype, added to every row of c (beta must be 0)
+  const void* bias = nullptr;  // [N], operand dtype, added to every row of c (beta must be 0;
+                               // rounded once with the product's sum)
 };
 
 // Caller-provided scratch for cuBLASLt (part of the op's workspace).
