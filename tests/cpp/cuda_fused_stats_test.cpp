@@ -147,9 +147,7 @@ TEST_P(CudaFusedStats, MatchesReference) {
 
 std::string fused_case_name(const ::testing::TestParamInfo<FusedShapeCase>& info) {
   const auto [dtype, rows, hidden, vocab, options, reduction] = info.param;
-  return short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
-         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
-         reduction_label(reduction);
+  return short_name(dtype) + "_" + linear_case_label(rows, hidden, vocab, options, reduction);
 }
 
 constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kRowWeight;

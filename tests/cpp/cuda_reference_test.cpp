@@ -190,9 +190,7 @@ TEST_P(CudaReference, MatchesReference) {
 
 std::string shape_case_name(const ::testing::TestParamInfo<ShapeCase>& info) {
   const auto [rows, hidden, vocab, options, reduction] = info.param;
-  return "N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
-         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
-         reduction_label(reduction);
+  return linear_case_label(rows, hidden, vocab, options, reduction);
 }
 
 constexpr unsigned kReferenceOptions = kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;

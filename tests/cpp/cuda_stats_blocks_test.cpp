@@ -340,9 +340,8 @@ std::string stats_blocks_name(
   static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
   static const char* block_names[] = {"one", "several", "row_tiles"};
   return std::string(variants[static_cast<int>(std::get<0>(info.param))]) + "_" +
-         short_name(dtype) + "_N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
-         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
-         reduction_label(reduction) + "_" + weights[static_cast<int>(weight)] +
+         short_name(dtype) + "_" + linear_case_label(rows, hidden, vocab, options, reduction) +
+         "_" + weights[static_cast<int>(weight)] +
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
 }
 

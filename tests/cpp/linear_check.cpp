@@ -2,6 +2,7 @@
 #include "linear_check.hpp"
 
 #include <cmath>
+#include <string>
 
 namespace xent::test {
 
@@ -22,6 +23,13 @@ reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const 
   g.weight = rounded(g.weight, param_grad_dtype);
   g.bias = rounded(g.bias, param_grad_dtype);
   return g;
+}
+
+std::string linear_case_label(int64_t rows, int64_t hidden, int64_t vocab, unsigned options,
+                              Reduction reduction) {
+  return "N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +
+         std::to_string(vocab) + "_" + ce_options_label(options) + "_" +
+         reduction_label(reduction);
 }
 
 const char* budget_name(Budget budget) {

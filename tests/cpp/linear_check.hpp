@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "distill_check.hpp"
 
@@ -23,6 +24,11 @@ LinearLayer make_linear_layer(Rng& rng, int64_t rows, int64_t hidden, int64_t vo
 // what PyTorch holds after `(h @ W.T + b)` backward at the input dtype.
 reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const LinearLayer& layer,
                                                DType dtype, DType param_grad_dtype);
+
+// "N<rows>_H<hidden>_V<vocab>_<options>_<reduction>": the shape part of the linear suites' case
+// names (gpu-check.sh's filters name cases by it).
+std::string linear_case_label(int64_t rows, int64_t hidden, int64_t vocab, unsigned options,
+                              Reduction reduction);
 
 // Chunk budgets, measured by the op: the smallest budget it accepts (found by doubling from
 // 1 KiB), then multiples of it.
