@@ -28,7 +28,6 @@
 #pragma once
 
 #include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/fused_product.cuh"
 
@@ -106,14 +105,12 @@ struct EpilogueWarpsKernel : Base {
   // ≥ 154 with the 128 × 256 accumulators), whatever setmaxnreg grants later.
   static_assert(kEpilogueWarps == cutlass::NumWarpsPerWarpGroup - 1, "warps 1-3 of warpgroup 0");
   static constexpr uint32_t kEpilogueThreads = kEpilogueWarps * cutlass::NumThreadsPerWarp;
-  // setmaxnreg per thread: the consumers hold a 128 × 256 fp32 tile (128 per thread) and the
-  // mainloop's state; the producer warpgroup the TMA loop and the epilogue's rows. The increase
-  // draws only on what the CTA was launched with (168 per thread of 384: 65536 rounded down to 8
-  // per thread), so the three together must not exceed it, or the consumers wait for ever.
-  static constexpr uint32_t kLaunchRegisters = 65536 / (3 * kWarpgroup) / 8 * 8;
-  static constexpr uint32_t kProducerRegisters = 88, kConsumerRegisters = 208;
-  static_assert(kProducerRegisters + 2 * kConsumerRegisters <= 3 * kLaunchRegisters,
-                "setmaxnreg within the CTA's registers");
+  // Registers per thread: every warpgroup keeps the 168 the CTA is launched with (65536 per 384
+  // threads, rounded down to 8). ptxas compiles the whole kernel within those 168 whatever a
+  // later setmaxnreg.inc grants (the SASS of the consumers with 208 never went past R169), while a
+  // setmaxnreg.dec binds the code after it: at 88 the epilogue warps' loop spilled and could
+  // form only four rows at once (decision 92). The consumers, with the 128 × 256 accumulators
+  // (128 per thread) and the mainloop's state, fit in 168 without spills.
   static_assert(Base::MaxThreadsPerBlock == 3 * kWarpgroup && Base::NumMMAThreads == 2 * kWarpgroup,
                 "producer warpgroup 0, consumer warpgroups 1 and 2");
   static_assert(!Base::IsSchedDynamicPersistent, "the static persistent scheduler");
@@ -190,7 +187,6 @@ struct EpilogueWarpsKernel : Base {
     uint32_t handed = 0;
 
     if (role == kProducer) {
-      cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
       cutlass::arch::wait_on_dependent_grids();
       if (warp_in_group == 0) {
         auto state = cutlass::make_producer_start_state<MainloopPipeline>();
@@ -227,7 +223,6 @@ struct EpilogueWarpsKernel : Base {
         }
       }
     } else {
-      cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
       const int mma_thread = thread_idx - static_cast<int>(kWarpgroup);
       TiledMma tiled_mma;
       typename CollectiveMainloop::PipelineState state;

@@ -71,12 +71,11 @@ constexpr int64_t kFusedGradMaxHidden = 4096;
 bool fused_grad_preferred(int64_t hidden_size);
 
 // How many of the 16 rows each consumer warp stages it forms itself on a CTA's tiles but its
-// last (0, 4 or 8; the epilogue warps form the others, fused_epilogue_kernel.cuh): at H = 768,
-// where a tile's mainloop is shorter than the three epilogue warps' work on it, 4 measured
-// −3.7 % in the kernel and 8 −1.3 % (decision 57, H100); at H = 2304 the mainloop is ≈ 3 × as
-// long and hides the epilogue warps already. XENT_CUDA_FUSED_OWN_ROWS=0|4|8 forces it (tests,
-// measurements).
-constexpr int64_t kFusedGradOwnRowsMaxHidden = 1024;
-int fused_grad_own_rows(int64_t hidden_size);
+// last (0, 4 or 8; the epilogue warps form the others, fused_epilogue_kernel.cuh). 0 at every H
+// since the epilogue warps run at the launch's 168 registers (decision 92): at H = 768 a share of
+// 4 had measured −3.7 % (decision 57) while the epilogue warps ran within 88 registers; now 0 is
+// 2–3 % ahead of 4 in both forms, and at H ≥ 2304 the mainloop hides the epilogue warps anyway.
+// XENT_CUDA_FUSED_OWN_ROWS=0|4|8 forces it (tests, measurements).
+int fused_grad_own_rows();
 
 }  // namespace xent::cuda

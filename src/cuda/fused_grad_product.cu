@@ -69,8 +69,8 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 
 // The gradient epilogue on the epilogue warps (fused_epilogue_kernel.cuh): the consumers stage
 // each tile's x, rounded to S, in shared memory. The tile's rows are split: each consumer warp
-// forms the first own_of(tile) of the 16 rows it staged (own_rows where the three epilogue warps
-// alone would pace the kernel; most of them on the CTA's last tile, which no mainloop follows),
+// forms the first own_of(tile) of the 16 rows it staged (own_rows, 0 unless forced; most of them
+// on the CTA's last tile, which no mainloop follows),
 // and the epilogue warps the others, as one list in row order of which each warp takes a run of
 // rows_per_warp(own) (a multiple of kRowsAtOnce, so that rows formed together lie in one consumer
 // warp's 16). Each lane holds 8 adjacent columns (one 16-byte chunk), forms
@@ -130,7 +130,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const int own = own_of(at), per_warp = rows_per_warp(own);
     const int first = per_warp * at.warp;  // the warp's first row in the epilogue warps' list
     const int count = max(0, min(per_warp, others_in(own, at.rows - at.row0) - first));
-    form_prefetched(at, shared.tile, shared.records[at.warp], count, others_row(own, first), own);
+    form_prefetched<kReference ? kReferenceRows : kGradientRows>(
+        at, shared.tile, shared.records[at.warp], count, others_row(own, first), own);
   }
 
   CUTLASS_DEVICE void prepare_own(const fused::TileAt& at) {
@@ -144,7 +145,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CUTLASS_DEVICE void own_rows(const fused::TileAt& at, SharedStorage& shared) const {
     const int first = kWarpRows * at.warp;
     const int count = max(0, min(own_of(at), at.rows - at.row0 - first));
-    form_prefetched(at, shared.tile, shared.own_records[at.warp], count, first, 0);
+    form_prefetched<kRowsAtOnce>(at, shared.tile, shared.own_records[at.warp], count, first, 0);
   }
 
  private:
@@ -175,6 +176,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
 
   // The prefetched records of the warp's `count` rows (lane i holds those of entries i and
   // 32 + i) into its slots in shared memory, then the rows' gradient (form_rows).
+  template <int kMostRows>
   CUTLASS_DEVICE void form_prefetched(const fused::TileAt& at, const Tile& tile,
                                       CeGradRecord* slots, int count, int first_row,
                                       int skipped) const {
@@ -184,7 +186,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       if (within < count) slots[within] = record_[half];
     }
     __syncwarp();
-    form_rows(at, tile, slots, count, first_row, skipped);
+    form_rows<kMostRows>(at, tile, slots, count, first_row, skipped);
     __syncwarp();  // the rows and slots are rewritten for the next tile
   }
 
@@ -197,6 +199,9 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     row += kRowsAtOnce;
     return row % kWarpRows == 0 ? row + skipped : row;
   }
+  // kMostRows: the largest group (kReferenceRows or kGradientRows on the epilogue warps; the
+  // consumers' own rows go in groups of kRowsAtOnce).
+  template <int kMostRows>
   CUTLASS_DEVICE void form_rows(const fused::TileAt& at, const Tile& tile,
                                 const CeGradRecord* records, int count, int first_row,
                                 int skipped) const {
@@ -207,49 +212,72 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     row_transform.scale = a.logit_scale;
     row_transform.softcap = a.softcap;
     with_transform(row_transform, [&](const auto& transform) {
-      auto run = [&](auto entropy, auto vector_stores) {
-        int row = first_row;
-        for (int i = 0; i < count; i += kRowsAtOnce) {
-          rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value>(
-              at, tile, records, transform, row, i, count);
-          row = next_group_row(row, skipped);
+      // form(rows, row, second, i) for each group of the list: entries i .. i + rows − 1, tile
+      // rows row .. row + 3 and (eight rows) second .. second + 3. Groups of kMostRows while
+      // the list has them, then of four (rows past count repeat the last, unstored).
+      auto walk = [&](auto form) {
+        int row = first_row, i = 0;
+        auto groups = [&](auto rows, int end) {
+          constexpr int kRows = decltype(rows)::value;
+          for (; i + kRows <= end; i += kRows) {
+            const int second = next_group_row(row, skipped);
+            form(rows, row, second, i);
+            row = kRows == kRowsAtOnce ? second : next_group_row(second, skipped);
+          }
+        };
+        if constexpr (kMostRows != kRowsAtOnce) {
+          groups(std::integral_constant<int, kMostRows>{}, count);
         }
+        groups(std::integral_constant<int, kRowsAtOnce>{},
+               (count + kRowsAtOnce - 1) / kRowsAtOnce * kRowsAtOnce);
       };
       if constexpr (kReference) {
-        (void)run;
-        int row = first_row;
-        for (int i = 0; i < count; i += kReferenceRows) {
+        walk([&](auto rows, int row, int second, int i) {
+          constexpr int kRows = decltype(rows)::value;
           if (vectors) {
-            reference_rows_at_once<true>(at, tile, records, transform, row, i, count);
+            reference_rows_at_once<true, kRows>(at, tile, records, transform, row, second, i,
+                                                count);
           } else {
-            reference_rows_at_once<false>(at, tile, records, transform, row, i, count);
+            reference_rows_at_once<false, kRows>(at, tile, records, transform, row, second, i,
+                                                 count);
           }
-          row = next_group_row(row, skipped);
-        }
-      } else if (a.entropy) {
-        if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
+        });
       } else {
-        if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
+        auto run = [&](auto entropy, auto vector_stores) {
+          walk([&](auto rows, int row, int second, int i) {
+            rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
+                         decltype(rows)::value>(at, tile, records, transform, row, second, i,
+                                                count);
+          });
+        };
+        if (a.entropy) {
+          if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
+        } else {
+          if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
+        }
       }
     });
   }
 
-  // Entries i + r (r < kRowsAtOnce, those < count): rows row_i + r of the tile.
-  template <bool kEntropy, bool kVectors, class Transform>
+  // Entries i + r (r < kRows, those < count): rows row_i + r of the tile (r < 4) and second +
+  // r − 4.
+  template <bool kEntropy, bool kVectors, int kRows, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
-                                   int row_i, int i, int count) const {
+                                   int row_i, int second, int i, int count) const {
+    static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
-    float value[kRowsAtOnce][8];
-    CeBlockRow block_row[kRowsAtOnce];
+    auto tile_row = [&](int r) { return r < kRowsAtOnce ? row_i + r : second + r - kRowsAtOnce; };
+    float value[kRows][8];
+    CeBlockRow block_row[kRows];
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRowsAtOnce; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
-      unpack_chunk<S>(tile.chunk(row_i + within - i, at.lane), value[r]);
+      unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
     }
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRowsAtOnce; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       // Everything but the target's lane is uniform across the warp (one row per r). A row's
       // target lies in one of V / 256 tiles: its value is formed again with the target term
       // only there, by the lane holding it; the common path has no compare.
@@ -284,7 +312,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         for (int k = 0; k < 8; ++k) value[r][k] = fill;
       }
     }
-    store_rows<kVectors>(at, value, row_i, i, count);
+    store_rows<kVectors, kRows>(at, value, row_i, i, count, second);
   }
 
   // The reference form (FusedGradProduct::partials): entries i + r (r < kReferenceRows, those <
@@ -297,32 +325,39 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // −∞, and NaN (in its Σ too) only where x̃ is NaN or +∞; the finish sends such rows to the
   // fallback, which writes them again (linear_reference.cu). The per-value select of the fill
   // was 36 of the 420 instructions of a four-row group (decision 88).
-  static constexpr int kReferenceRows = 4;
-  static_assert(kRowsAtOnce == kReferenceRows, "next_group_row steps by kRowsAtOnce");
-  template <bool kVectors, class Transform>
+  // Eight rows at once where the warp has them (two groups of next_group_row: rows row_i ..
+  // row_i + 3 and second .. second + 3), else four: with the registers of decision 92 the
+  // eight rows' chains of latencies interleave on a warp that is alone on its scheduler.
+  static constexpr int kReferenceRows = 2 * kRowsAtOnce;
+  // The gradient form keeps four: eight measured +2.8 % of kernel time at 64 MiB and
+  // (32768, 768, 128256) (decision 92), its rows' records being twice the reference's.
+  static constexpr int kGradientRows = kRowsAtOnce;
+  template <bool kVectors, int kRows, class Transform>
   CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
                                              const CeGradRecord* records,
-                                             const Transform& transform, int row_i, int i,
-                                             int count) const {
+                                             const Transform& transform, int row_i, int second,
+                                             int i, int count) const {
+    static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
-    float value[kReferenceRows][8];
-    float sum[kReferenceRows];
+    auto tile_row = [&](int r) { return r < kRowsAtOnce ? row_i + r : second + r - kRowsAtOnce; };
+    float value[kRows][8];
+    float sum[kRows];
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
     // In 32 bits: a record's target is a 32-bit integer (CeGradRecord), and so is a column.
     const int first_column = static_cast<int>(a.first_column) + at.col0;
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kReferenceRows; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       const CeGradRecord& record = records[within];
-      unpack_chunk<S>(tile.chunk(row_i + within - i, at.lane), value[r]);
+      unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
       // The target's logit read back from the staged tile by the lane that holds it: picking it
       // out of value[r] by a run-time index put the array in local memory (spills, decision 85).
       // Rows outside the path may store theirs too: the finish reads it only for rows inside.
       const int target = __float_as_int(record.more.x) - first_column;
       if (static_cast<unsigned>(target) < static_cast<unsigned>(Tile::kColumns) &&
           (target >> 3) == at.lane && i + r < count) {
-        a.target_logits[at.row0 + row_i + r] =
-            static_cast<float>(tile.values[Tile::offset(row_i + r, target)]);
+        a.target_logits[at.row0 + tile_row(r)] =
+            static_cast<float>(tile.values[Tile::offset(tile_row(r), target)]);
       }
       const float scaled_reference = record.coefs.x * kLog2e;  // the record's lse slot
       sum[r] = 0.0f;
@@ -336,48 +371,48 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       }
     }
     // The warp's Σ of each row: lanes kLanesPerRow·r .. of row r end with it (sum_of_rows).
-    constexpr int kLanesPerRow = 32 / kReferenceRows;
+    constexpr int kLanesPerRow = 32 / kRows;
     const float row_sum = sum_of_rows(sum, at.lane);
     const int r = at.lane / kLanesPerRow;
     if (at.lane % kLanesPerRow == 0 && i + r < count) {
       const int64_t tile_index = (a.first_column + at.col0) / Tile::kColumns;
-      a.partials[static_cast<int64_t>(at.row0 + row_i + r) * a.partial_stride + tile_index] =
+      a.partials[static_cast<int64_t>(at.row0 + tile_row(r)) * a.partial_stride + tile_index] =
           row_sum;
     }
-    store_rows<kVectors, kReferenceRows>(at, value, row_i, i, count);
+    store_rows<kVectors, kRows>(at, value, row_i, i, count, second);
   }
 
-  // The warp's Σ of each of 2 or 4 rows in 5 or 6 shuffles where butterflies take 10 or 20: the
-  // halves of the warp 16 lanes apart swap the rows they do not keep, (with four rows) then
-  // lanes 8 apart, then a butterfly over the lanes left. Lanes (32 / rows)·r .. end with row r's.
+  // The warp's Σ of each of 2, 4 or 8 rows in 5, 6 or 9 shuffles where butterflies take 10, 20
+  // or 40: the halves of the warp 16 lanes apart swap the rows they do not keep, then lanes 8
+  // apart (with four rows or more), then 4 apart (eight), then a butterfly over the lanes left.
+  // Lanes (32 / rows)·r .. end with row r's.
   template <int kRows>
   CUTLASS_DEVICE static float sum_of_rows(const float (&sum)[kRows], int lane) {
-    static_assert(kRows == 2 || kRows == 4, "two or four rows");
-    const bool upper16 = (lane & 16) != 0;
-    float v;
-    int width;
-    if constexpr (kRows == 2) {
-      v = (upper16 ? sum[1] : sum[0]) + __shfl_xor_sync(~0u, upper16 ? sum[0] : sum[1], 16);
-      width = 8;
-    } else {
-      const bool upper8 = (lane & 8) != 0;
-      const float half0 = (upper16 ? sum[2] : sum[0]) +
-                          __shfl_xor_sync(~0u, upper16 ? sum[0] : sum[2], 16);
-      const float half1 = (upper16 ? sum[3] : sum[1]) +
-                          __shfl_xor_sync(~0u, upper16 ? sum[1] : sum[3], 16);
-      v = (upper8 ? half1 : half0) + __shfl_xor_sync(~0u, upper8 ? half0 : half1, 8);
-      width = 4;
+    static_assert(kRows == 2 || kRows == 4 || kRows == 8, "two, four or eight rows");
+    float part[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) part[r] = sum[r];
+    int offset = 16;
+    CUTLASS_PRAGMA_UNROLL
+    for (int kept = kRows / 2; kept >= 1; kept /= 2, offset /= 2) {
+      const bool upper = (lane & offset) != 0;  // keeps rows kept .. 2·kept − 1 of part
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kept; ++j) {
+        const float keep = upper ? part[j + kept] : part[j];
+        const float give = upper ? part[j] : part[j + kept];
+        part[j] = keep + __shfl_xor_sync(~0u, give, offset);
+      }
     }
     CUTLASS_PRAGMA_UNROLL
-    for (int offset = width; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
-    return v;
+    for (; offset > 0; offset /= 2) part[0] += __shfl_xor_sync(~0u, part[0], offset);
+    return part[0];
   }
 
-  // Stores entries i + r (r < kRows, those < count), rows row_i + r of the tile: the lane's 8
-  // columns.
+  // Stores entries i + r (r < kRows, those < count), rows row_i + r of the tile (r < 4) and
+  // second + r − 4 (eight rows of the reference form): the lane's 8 columns.
   template <bool kVectors, int kRows = kRowsAtOnce>
   CUTLASS_DEVICE void store_rows(const fused::TileAt& at, const float (&value)[kRows][8],
-                                 int row_i, int i, int count) const {
+                                 int row_i, int i, int count, int second = 0) const {
     using P = fused::Packed<S>;
     const GradEpilogueParams& a = params_;
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
@@ -385,7 +420,10 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRows; ++r) {
       if (i + r >= count) break;
       auto* out = static_cast<typename P::One*>(a.grad) +
-                  static_cast<int64_t>(at.row0 + row_i + r) * a.grad_stride + column;
+                  static_cast<int64_t>(at.row0 + (r < kRowsAtOnce ? row_i + r
+                                                                  : second + r - kRowsAtOnce)) *
+                      a.grad_stride +
+                  column;
       if constexpr (kVectors) {
         uint32_t w[4];
         CUTLASS_PRAGMA_UNROLL
@@ -426,7 +464,7 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
-  epilogue.own_rows = fused_grad_own_rows(p.hidden_size);
+  epilogue.own_rows = fused_grad_own_rows();
   epilogue.skip = fused::measurement().skip_gradient;
   epilogue.partials = p.partials;
   epilogue.partial_stride = p.partial_stride;
@@ -491,13 +529,13 @@ bool fused_grad_preferred(int64_t hidden_size) {
   return hidden_size <= kFusedGradMaxHidden;
 }
 
-int fused_grad_own_rows(int64_t hidden_size) {
+int fused_grad_own_rows() {
   const char* knob = std::getenv("XENT_CUDA_FUSED_OWN_ROWS");  // read per call: tests switch it
   if (knob != nullptr && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "4") == 0 ||
                           std::strcmp(knob, "8") == 0)) {
     return std::atoi(knob);
   }
-  return hidden_size <= kFusedGradOwnRowsMaxHidden ? 4 : 0;
+  return 0;
 }
 
 }  // namespace xent::cuda
