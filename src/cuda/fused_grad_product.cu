@@ -199,6 +199,10 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     row += kRowsAtOnce;
     return row % kWarpRows == 0 ? row + skipped : row;
   }
+  // The tile row of entry r of a group: row_i + r for the first four, second + r − 4 after.
+  CUTLASS_DEVICE static int group_row(int r, int row_i, int second) {
+    return r < kRowsAtOnce ? row_i + r : second + r - kRowsAtOnce;
+  }
   // kMostRows: the largest group (kReferenceRows or kGradientRows on the epilogue warps; the
   // consumers' own rows go in groups of kRowsAtOnce).
   template <int kMostRows>
@@ -267,7 +271,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
                                    int row_i, int second, int i, int count) const {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
-    auto tile_row = [&](int r) { return r < kRowsAtOnce ? row_i + r : second + r - kRowsAtOnce; };
+    auto tile_row = [&](int r) { return group_row(r, row_i, second); };
     float value[kRows][8];
     CeBlockRow block_row[kRows];
     CUTLASS_PRAGMA_UNROLL
@@ -339,7 +343,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
                                              int i, int count) const {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
-    auto tile_row = [&](int r) { return r < kRowsAtOnce ? row_i + r : second + r - kRowsAtOnce; };
+    auto tile_row = [&](int r) { return group_row(r, row_i, second); };
     float value[kRows][8];
     float sum[kRows];
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
@@ -420,9 +424,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRows; ++r) {
       if (i + r >= count) break;
       auto* out = static_cast<typename P::One*>(a.grad) +
-                  static_cast<int64_t>(at.row0 + (r < kRowsAtOnce ? row_i + r
-                                                                  : second + r - kRowsAtOnce)) *
-                      a.grad_stride +
+                  static_cast<int64_t>(at.row0 + group_row(r, row_i, second)) * a.grad_stride +
                   column;
       if constexpr (kVectors) {
         uint32_t w[4];
