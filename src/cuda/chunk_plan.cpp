@@ -71,7 +71,10 @@
 #include "cuda/chunk_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <initializer_list>
+#include <mutex>
 
 namespace xent::cuda {
 
@@ -249,6 +252,40 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
 }
 
 // Schedule (c) with blocks of `max_columns` columns (before balancing).
+// The fused gradient product's idle share of its last waves over (d)'s pass 2 (ChunkRequest::
+// gradient_tile_rows): each launch, one row tile of one block, runs ceil(tiles / SMs) waves of a
+// tile per multiprocessor, and the blocks from deferred_first on run twice. A wave slot is priced
+// at the product's time over its ideal waves (all N × V tiles / SMs). Measured on an H200 at
+// 64 MiB (docs/perf-notes.md decision 93): blocks of 13 tiles × 64 row tiles (6.3 waves, 7 run)
+// took 27.1 µs a slot against the reference form's 26.3 µs a tile in launches of 64,000 tiles.
+double gradient_waves_ms(const ChunkRequest& r, const Model& m, const ChunkPlan& plan,
+                         int64_t deferred_first_block) {
+  const int64_t tile_rows = r.gradient_tile_rows, tile_columns = r.gradient_tile_columns;
+  if (tile_rows <= 0 || tile_columns <= 0 || r.multiprocessors <= 0 || r.rows <= 0 ||
+      plan.block_count <= 0 || plan.tile_count <= 0) {
+    return 0.0;
+  }
+  const double sms = r.multiprocessors;
+  auto idle = [&](int64_t rows, int64_t columns) {  // empty slots of one launch, in waves
+    const double waves =
+        static_cast<double>(count_of(rows, tile_rows) * count_of(columns, tile_columns)) / sms;
+    return std::ceil(waves) - waves;
+  };
+  const int64_t last_rows = r.rows - (plan.tile_count - 1) * plan.tile_rows;
+  auto block_idle = [&](int64_t columns) {
+    return static_cast<double>(plan.tile_count - 1) * idle(plan.tile_rows, columns) +
+           idle(last_rows, columns);
+  };
+  const double full = block_idle(plan.block_columns);
+  const double last = block_idle(r.vocab - (plan.block_count - 1) * plan.block_columns);
+  const int64_t deferred = plan.block_count - deferred_first_block;
+  const double waves = static_cast<double>(plan.block_count - 1) * full + last +
+                       (deferred > 0 ? static_cast<double>(deferred - 1) * full + last : 0.0);
+  const double all_tiles = static_cast<double>(count_of(r.rows, tile_rows)) *
+                           static_cast<double>(count_of(r.vocab, tile_columns));
+  return waves * m.product_ms * sms / all_tiles;
+}
+
 ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns) {
   ChunkPlan plan;
   plan.schedule = Schedule::vocabulary_blocks;
@@ -302,6 +339,7 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   const int products = request.products_per_logits_chunk + 1;
   const int launches = request.products_per_logits_chunk + 2;
   plan.predicted_ms = 2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
+                      gradient_waves_ms(request, m, plan, plan.block_count) +
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       reread_ms(m, products, plan.chunk_count, 0, 0) +
                       reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
@@ -448,7 +486,7 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
                       (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
                       (plan.block_count - 1) * accumulate_hidden_ms +
                       deferred_share(request, plan, plan.deferred_first_block) * block_logits_ms +
-                      split_ms +
+                      split_ms + gradient_waves_ms(request, m, plan, plan.deferred_first_block) +
                       reread_ms(m, products + request.products_per_logits_chunk, 0,
                                 plan.block_count, plan.tile_count) +
                       row_tiles_ms(m, plan.tile_count) +
@@ -478,17 +516,27 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
   };
   ChunkPlan best;
   bool have = false;
-  // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
-  // cost changes smoothly with the block width, but the widest block that fits matters at small
-  // budgets (a scan in steps of half left a quarter of 64 MiB unused).
-  for (int64_t blocks = 1;; blocks = blocks < 8 ? blocks + 1 : blocks * 9 / 8) {
-    const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
+  auto consider = [&](int64_t columns) {
     const ChunkPlan plan = plan_for(columns);
     if (!have || preferred(plan, fits(plan), best, fits(best))) {
       best = plan;
       have = true;
     }
+  };
+  // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
+  // cost changes smoothly with the block width, but the widest block that fits matters at small
+  // budgets (a scan in steps of half left a quarter of 64 MiB unused). Where the fused gradient's
+  // waves are priced the cost is not smooth in the width (a tile more or less per block moves a
+  // launch's last wave), so every count is tried while blocks span four tiles or more: then every
+  // width on the tile grid comes from some count (balanced_columns rounds the count's width down
+  // to the grid where rounding up would pass it).
+  const int64_t grid = request.gradient_tile_columns;
+  const bool waves = grid > 0 && request.multiprocessors > 0;
+  for (int64_t blocks = 1;;) {
+    const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
+    consider(columns);
     if (columns <= kMinimumBlockColumns || columns <= 1) break;
+    blocks = blocks < 8 || (waves && columns >= 4 * grid) ? blocks + 1 : blocks * 9 / 8;
   }
   return best;
 }
@@ -566,7 +614,9 @@ std::size_t minimum_budget_bytes(const ChunkRequest& request) {
   return plan.total_bytes;
 }
 
-ChunkPlan plan_chunks(const ChunkRequest& request) {
+namespace {
+
+ChunkPlan choose_plan(const ChunkRequest& request) {
   const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
   const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
   ChunkPlan plan = plain;
@@ -609,6 +659,28 @@ ChunkPlan plan_chunks(const ChunkRequest& request) {
     plan.fits_budget = true;
     plan.chunk_rows = plan.chunk_count = 0;
   }
+  return plan;
+}
+
+}  // namespace
+
+// A plan is a function of its request alone, and a training run repeats the same few calls (and
+// their size queries), while the scan of every block width where the fused gradient's waves are
+// priced takes ≈ 0.1 ms: the most recent plans are kept.
+ChunkPlan plan_chunks(const ChunkRequest& request) {
+  constexpr std::size_t kRecentPlans = 32;
+  static std::mutex mutex;
+  static std::deque<std::pair<ChunkRequest, ChunkPlan>> recent;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [seen, plan] : recent) {
+      if (seen == request) return plan;
+    }
+  }
+  const ChunkPlan plan = choose_plan(request);
+  const std::lock_guard<std::mutex> lock(mutex);
+  recent.emplace_front(request, plan);
+  if (recent.size() > kRecentPlans) recent.pop_back();
   return plan;
 }
 

@@ -73,6 +73,16 @@ struct ChunkRequest {
   HiddenSumsHead hidden_sums_head = HiddenSumsHead::planned;
   // Blocks of all N rows (one row tile) wherever such a plan fits (measurements).
   bool whole_row_blocks = false;
+  // Where (d)'s blocks form their gradient with the fused gradient product (linear_ce on Hopper):
+  // its tile (rows × columns) and the device's multiprocessors. Each launch (a block's row tile)
+  // runs in waves of one tile per multiprocessor, so a block whose tiles leave its last wave
+  // part-empty pays for the whole wave; the planner prices that and tries every block width on
+  // the tile's column grid. 0: not priced (cuBLASLt products pick their own tiles).
+  int64_t gradient_tile_rows = 0;
+  int64_t gradient_tile_columns = 0;
+  int multiprocessors = 0;
+
+  bool operator==(const ChunkRequest&) const = default;  // plan_chunks keeps recent plans
 };
 
 enum class Schedule {

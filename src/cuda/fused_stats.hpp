@@ -36,6 +36,8 @@ enum FusedTileColumn : int64_t {
 // Columns of x per tile of the product (its N tile); the partials of a row number
 // ceil(V / kFusedTileColumns).
 constexpr int64_t kFusedTileColumns = 256;
+// Rows of x per tile (its M tile; fused_product.cuh's TileShape, for the planner's waves).
+constexpr int64_t kFusedTileRows = 128;
 
 struct FusedStatsProduct {
   const void* hidden = nullptr;  // [rows, hidden_size], row stride hidden_stride (elements)

@@ -95,6 +95,29 @@ std::size_t grad_record_bytes(int64_t rows) {
   return align_up(static_cast<std::size_t>(std::max<int64_t>(rows, 0)) * sizeof(CeGradRecord));
 }
 
+// The fused gradient product's tile and the current device's multiprocessors, so that the planner
+// prices that product's waves (ChunkRequest::gradient_tile_rows), where (d)'s blocks may take it:
+// 16-bit logits, a hidden size it is preferred for, the sm_90a kernel built, a device at hand
+// (the size query and the call then plan alike). Not set without a device (CPU builds, tests).
+// XENT_CUDA_PLAN_WAVES=0 plans without them (measurements, tests).
+void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOptions& options) {
+  const char* knob = std::getenv("XENT_CUDA_PLAN_WAVES");
+  if ((knob != nullptr && knob[0] == '0') || options.fp32_logits || dtype == DType::f32 ||
+      !fused_grad_product_built() || !fused_grad_preferred(request.hidden)) {
+    return;
+  }
+  int device = 0, multiprocessors = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();  // no device here: leave no error for the next check
+    return;
+  }
+  request.gradient_tile_rows = kFusedTileRows;
+  request.gradient_tile_columns = kFusedTileColumns;
+  request.multiprocessors = multiprocessors;
+}
+
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                             const LinearCeOptions& options, const PlanWants& wants) {
   ChunkRequest request;
@@ -120,6 +143,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.prefer_statistics = fused_stats_forced();
   set_hidden_sums_places(request, wants.sums_scratch);
   request.whole_row_blocks = whole_row_blocks_switch();
+  set_gradient_tiles(request, dtype, options);
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;

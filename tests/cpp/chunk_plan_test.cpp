@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -485,6 +486,56 @@ TEST(ChunkPlan, StatisticsBlocksKeepHiddenSumsInTheWeightGradient) {
       EXPECT_FALSE(other.hidden_sums_in_weight_grad);
       EXPECT_LT(plan.predicted_ms, 1.05 * other.predicted_ms);
     }
+  }
+}
+
+// Empty wave slots of the fused gradient product over a plan's pass 2, counted launch by launch
+// (each row tile of each block, the deferred blocks twice): 128 × 256 tiles, one a multiprocessor.
+double idle_waves(const ChunkPlan& plan, const ChunkRequest& request, int sms) {
+  double idle = 0;
+  auto launch = [&](int64_t rows, int64_t columns) {
+    const double waves = static_cast<double>(((rows + 127) / 128) * ((columns + 255) / 256)) / sms;
+    idle += std::ceil(waves) - waves;
+  };
+  for (int64_t block = 0; block < plan.block_count; ++block) {
+    const int64_t columns =
+        std::min(plan.block_columns, request.vocab - block * plan.block_columns);
+    const int runs = block >= plan.deferred_first_block ? 2 : 1;
+    for (int run = 0; run < runs; ++run) {
+      for (int64_t first = 0; first < request.rows; first += plan.tile_rows) {
+        launch(std::min(plan.tile_rows, request.rows - first), columns);
+      }
+    }
+  }
+  return idle;
+}
+
+TEST(ChunkPlan, FusedGradientWavesAreCountedAndSteerTheBlockWidth) {
+  // At 64 MiB (8192, 4096, 128256) took 39 blocks of 3328 columns: 64 × 13 tiles a launch, 6.3
+  // waves on 132 multiprocessors, of which 7 run (docs/perf-notes.md decision 94). Priced, the
+  // planner tries every width on the 256-column grid (3584 came from no block count before) and
+  // takes blocks with fewer empty slots; unpriced (no tile given), the plan is as before.
+  const ChunkRequest unpriced = with_weight_grad_output(
+      statistics_request(8192, 4096, 128256, 64 * kMiB));
+  ChunkRequest priced = unpriced;
+  priced.gradient_tile_rows = 128;
+  priced.gradient_tile_columns = 256;
+  priced.multiprocessors = 132;
+  const ChunkPlan before = plan_chunks(unpriced);
+  const ChunkPlan after = plan_chunks(priced);
+  ASSERT_EQ(before.schedule, Schedule::statistics_blocks);
+  ASSERT_EQ(after.schedule, Schedule::statistics_blocks);
+  EXPECT_EQ(before.block_columns, 3328);
+  EXPECT_EQ(after.block_columns % 256, 0);
+  EXPECT_LE(after.total_bytes, priced.budget_bytes);
+  EXPECT_LT(idle_waves(after, priced, 132), idle_waves(before, priced, 132));
+  // 36 blocks of 3584 columns (14 tiles, 6.8 waves a launch): 285 slots where 315 ran.
+  EXPECT_EQ(after.block_columns, 3584);
+  EXPECT_GT(after.predicted_ms, 0);
+  // Every multiprocessor count gives a plan within the budget.
+  for (const int sms : {1, 78, 114, 132, 144}) {
+    priced.multiprocessors = sms;
+    EXPECT_LE(plan_chunks(priced).total_bytes, priced.budget_bytes) << sms;
   }
 }
 
