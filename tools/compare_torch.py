@@ -4,7 +4,8 @@
 One process measures everything, so every ratio is taken against ceilings of the same run:
 the copy bandwidth B (a >= 1 GiB device-to-device copy, bytes read + written over time) and, for
 the linear ops, the GEMM floor F (torch.matmul time of h·Wᵀ, G·W and Gᵀ·h). Records follow the
-schema of xent-bench's JSON (PERF.md "What a benchmark record holds").
+schema of xent-bench's JSON (PERF.md "What a benchmark record holds"); linear rows also carry
+products_tflops, F's flops (2·N·H·V a product) over the library's median time.
 
 Implementations, each skipped with a note when not importable:
   eager       F.cross_entropy on logits upcast to fp32, as training code does
@@ -224,6 +225,14 @@ def copy_bandwidth(device: str) -> Optional[float]:
         torch.cuda.empty_cache()
         return 2.0 * (gib << 30) / (median / 1e3)
     return None
+
+
+def gemm_floor_flops(case: dict) -> Optional[int]:
+    """Flops of the products F times (gemm_floor_samples): 2·N·H·V each; None for other ops."""
+    if case["op"] not in ("linear_ce", "linear_distill"):
+        return None
+    products = 1 + (case["op"] == "linear_distill") + 2 * (case["mode"] == "fwdbwd")
+    return 2 * case["n"] * case["h"] * case["v"] * products
 
 
 def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> List[float]:
@@ -561,6 +570,8 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
             record["ratio_kind"] = "gemm"
             if floor:
                 record["ratio"] = times["median"] / floor
+            # The step in the products' own terms: F's flops over the library's time.
+            record["products_tflops"] = gemm_floor_flops(case) / (times["median"] / 1e3) / 1e12
         else:
             tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
             if mode == "bwd":
@@ -581,7 +592,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
 
 def print_table(records: List[dict]) -> None:
     print(f"{'case':60s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
-          f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'loss diff':>10s}")
+          f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'TFLOP/s':>8s} {'loss diff':>10s}")
     for r in records:
         case = dict(r, options=r["options"], inplace=r.get("inplace_backward"),
                     weight=("fp32-autocast" if r.get("autocast") else "fp32")
@@ -594,8 +605,9 @@ def print_table(records: List[dict]) -> None:
         extra = "-" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 2**20:.1f}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         diff = "-" if r["loss_rel_err"] is None else f"{r['loss_rel_err']:.2e}"
+        tflops = "-" if r.get("products_tflops") is None else f"{r['products_tflops']:.0f}"
         print(f"{head} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f} {extra:>10s}"
-              f" {ratio:>8s} {diff:>10s}")
+              f" {ratio:>8s} {tflops:>8s} {diff:>10s}")
 
 
 def parse_args(argv=None):

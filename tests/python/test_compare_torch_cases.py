@@ -100,3 +100,13 @@ def test_rounds_interleave_the_libraries(monkeypatch):
     timed = calls[2:]
     per_round = ["eager"] * 3 + ["xent_torch"] * 3
     assert timed == per_round * 3, timed
+
+
+def test_floor_flops_count_the_products_the_floor_times():
+    """F times h·Wᵀ (twice with a teacher) and, with a backward, G·W and Gᵀ·h: 2·N·H·V each."""
+    shape = dict(n=37, h=67, v=1031)
+    one = 2 * 37 * 67 * 1031
+    assert compare_torch.gemm_floor_flops(dict(shape, op="linear_ce", mode="fwdbwd")) == 3 * one
+    assert compare_torch.gemm_floor_flops(dict(shape, op="linear_ce", mode="fwd")) == one
+    assert compare_torch.gemm_floor_flops(dict(shape, op="linear_distill", mode="fwdbwd")) == 4 * one
+    assert compare_torch.gemm_floor_flops(dict(shape, op="ce", mode="fwdbwd")) is None
