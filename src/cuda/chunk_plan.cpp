@@ -251,7 +251,6 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   return plan;
 }
 
-// Schedule (c) with blocks of `max_columns` columns (before balancing).
 // The fused gradient product's idle share of its last waves over (d)'s pass 2 (ChunkRequest::
 // gradient_tile_rows): each launch, one row tile of one block, runs ceil(tiles / SMs) waves of a
 // tile per multiprocessor, and the blocks from deferred_first on run twice. A wave slot is priced
@@ -286,6 +285,7 @@ double gradient_waves_ms(const ChunkRequest& r, const Model& m, const ChunkPlan&
   return waves * m.product_ms * sms / all_tiles;
 }
 
+// Schedule (c) with blocks of `max_columns` columns (before balancing).
 ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns) {
   ChunkPlan plan;
   plan.schedule = Schedule::vocabulary_blocks;
