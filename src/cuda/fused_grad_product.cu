@@ -453,6 +453,11 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   CeGradRecord record_[2] = {};
 };
 
+// The kernel (fused_epilogue_kernel.cuh) may start before the grid ahead of it ends: its producer
+// warpgroup, the epilogue warps included, waits for that grid before its first load or store, and
+// the consumers touch global memory only after the data those loads bring.
+constexpr bool kDependentLaunch = true;
+
 template <class Element>
 bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   GradEpilogueParams epilogue;
@@ -480,12 +485,12 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
     // The reference path takes bf16 only (linear_reference.cuh): no f16 kernel is built for it.
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       return fused::launch<Element, GradEpilogue<Element, true>, fused::EpilogueWarpsKernel>(
-          operands, epilogue, "linear_ce", stream);
+          operands, epilogue, "linear_ce", stream, kDependentLaunch);
     }
     return false;
   }
   return fused::launch<Element, GradEpilogue<Element, false>, fused::EpilogueWarpsKernel>(
-      operands, epilogue, "linear_ce", stream);
+      operands, epilogue, "linear_ce", stream, kDependentLaunch);
 }
 
 }  // namespace

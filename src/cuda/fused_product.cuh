@@ -227,12 +227,14 @@ struct Product {
 // Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogues return at once (the
 // product's time without them; the results are then wrong), =2 only the gradient epilogue's;
 // XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
-// replace the order above (0: the swizzle of least padding, the default).
+// replace the order above (0: the swizzle of least padding, the default);
+// XENT_CUDA_FUSED_PDL=0 launches the kernels that allow it without programmatic dependent launch.
 struct Measurement {
   bool skip_statistics = false;
   bool skip_gradient = false;
   char raster = 'm';
   int swizzle = 0;
+  bool dependent_launch = true;
 };
 inline const Measurement& measurement() {
   static const Measurement m = [] {
@@ -247,6 +249,8 @@ inline const Measurement& measurement() {
       m.raster = raster[0];
     }
     if (swizzle != nullptr) m.swizzle = std::max(0, std::atoi(swizzle));
+    const char* pdl = std::getenv("XENT_CUDA_FUSED_PDL");
+    m.dependent_launch = !(pdl != nullptr && pdl[0] == '0');
     return m;
   }();
   return m;
@@ -263,10 +267,14 @@ struct Operands {
 };
 
 // Launches the product with epilogue E on `stream`. False (nothing launched) when CUTLASS cannot
-// take these operands; a launch that then fails throws, naming `op`.
+// take these operands; a launch that then fails throws, naming `op`. `dependent_launch`: with
+// programmatic dependent launch (measurement().dependent_launch allowing), for a kernel whose
+// every thread that touches global memory first waits for the grids before it (or is ordered
+// after one that did): its CTAs then start, set up and fetch their code while the kernel
+// before it ends, which at 64 MiB's 212 short launches was each launch's ramp (decision 98).
 template <class Element, class E, template <class> class KernelOf = ConsumerEpilogueKernel>
 bool launch(const Operands& p, const typename E::Params& epilogue, const char* op,
-            cudaStream_t stream) {
+            cudaStream_t stream, bool dependent_launch = false) {
   using Gemm = typename Product<Element, E, KernelOf>::Gemm;
   using Kernel = typename Product<Element, E, KernelOf>::Kernel;
   typename Kernel::StrideA stride_a{};
@@ -299,7 +307,8 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
   if (Gemm::get_workspace_size(args) != 0) return false;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
-  const cutlass::Status status = gemm.run(stream);
+  const cutlass::Status status =
+      gemm.run(stream, nullptr, dependent_launch && measurement().dependent_launch);
   XENT_CUDA_CHECK_LAUNCH();
   if (status != cutlass::Status::kSuccess) {
     throw Error(ErrorKind::runtime, std::string(op) + ": a fused product failed to launch");
