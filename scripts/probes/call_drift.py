@@ -41,11 +41,9 @@ def series(name, fn, calls):
           flush=True)
 
 
-def main():
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    n, h, v = (int(x) for x in sys.argv[1:4])
-    calls = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+def linear_problem(n, h, v, workspace_bytes=None):
+    """bf16 hidden states, head and targets (seed 0), and a step of linear_cross_entropy on them:
+    forward and backward through autograd (workspace_bytes: the op's budget, None its default)."""
     torch.manual_seed(0)
     hidden = (torch.randn(n, h, device="cuda", dtype=torch.bfloat16) * 0.5).requires_grad_()
     weight = (torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
@@ -54,7 +52,18 @@ def main():
     def step():
         hidden.grad = None
         weight.grad = None
-        XF.linear_cross_entropy(hidden, weight, target).backward()
+        XF.linear_cross_entropy(hidden, weight, target,
+                                workspace_bytes=workspace_bytes).backward()
+
+    return hidden, weight, target, step
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    n, h, v = (int(x) for x in sys.argv[1:4])
+    calls = int(sys.argv[4]) if len(sys.argv) > 4 else 20
+    hidden, weight, target, step = linear_problem(n, h, v)
 
     def products():  # h·Wᵀ, then G·W and Gᵀ·h with the logits standing in for G
         logits = hidden.detach() @ weight.detach().T
