@@ -34,6 +34,10 @@ struct FusedGradProduct {
   // The tile's rows of the call's gradient records (ce_grad_records, made with first_column 0).
   const CeGradRecord* records = nullptr;
   bool entropy = false;       // the records carry the entropy term (EntropyGradient)
+  // [V] class weights, where the label-smoothing term carries them (−(ε/V)·c·w_i per column);
+  // null otherwise (without smoothing a row's class weight w_y is in its record). Not with the
+  // reference form.
+  const float* class_weight = nullptr;
   float logit_scale = 1, softcap = 0;  // SPEC §1 transform (softcap 0: none)
   void* grad = nullptr;       // [rows, columns], row stride grad_stride, in `dtype`
   int64_t grad_stride = 0;

@@ -35,6 +35,8 @@ struct GradEpilogueParams {
   int64_t first_column = 0;
   float logit_scale = 1, softcap = 0;
   bool entropy = false;
+  // Per column of V, where the smoothing term carries class weights (FusedGradProduct), or null.
+  const float* class_weight = nullptr;
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
@@ -247,28 +249,53 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           }
         });
       } else {
-        auto run = [&](auto entropy, auto vector_stores) {
+        // The class weights of the lane's 8 columns, the same for every row of the tile: loaded
+        // once per tile, and only where the smoothing term needs them (else each is 1).
+        float weight[8];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          const int column = at.col0 + 8 * at.lane + k;
+          weight[k] = a.class_weight != nullptr && column < at.cols
+                          ? __ldg(a.class_weight + a.first_column + column)
+                          : 1.0f;
+        }
+        auto run = [&](auto entropy, auto vector_stores, auto weighted) {
           walk([&](auto rows, int row, int second, int i) {
             rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
-                         decltype(rows)::value>(at, tile, records, transform, row, second, i,
-                                                count);
+                         decltype(weighted)::value, decltype(rows)::value>(
+                at, tile, records, transform, weight, row, second, i, count);
           });
         };
+        auto with_stores = [&](auto entropy, auto weighted) {
+          if (vectors) {
+            run(entropy, std::true_type{}, weighted);
+          } else {
+            run(entropy, std::false_type{}, weighted);
+          }
+        };
+        auto with_weights = [&](auto entropy) {
+          if (a.class_weight != nullptr) {
+            with_stores(entropy, std::true_type{});
+          } else {
+            with_stores(entropy, std::false_type{});
+          }
+        };
         if (a.entropy) {
-          if (vectors) run(std::true_type{}, std::true_type{}); else run(std::true_type{}, std::false_type{});
+          with_weights(std::true_type{});
         } else {
-          if (vectors) run(std::false_type{}, std::true_type{}); else run(std::false_type{}, std::false_type{});
+          with_weights(std::false_type{});
         }
       }
     });
   }
 
   // Entries i + r (r < kRows, those < count): rows row_i + r of the tile (r < 4) and second +
-  // r − 4.
-  template <bool kEntropy, bool kVectors, int kRows, class Transform>
+  // r − 4. kWeighted: the smoothing term takes `weight`, the lane's columns' class weights.
+  template <bool kEntropy, bool kVectors, bool kWeighted, int kRows, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
-                                   int row_i, int second, int i, int count) const {
+                                   const float (&weight)[8], int row_i, int second, int i,
+                                   int count) const {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
     auto tile_row = [&](int r) { return group_row(r, row_i, second); };
@@ -290,20 +317,24 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const bool tile_holds_target = target >= 0 && target < Tile::kColumns;
       const int target_k =
           tile_holds_target && (target >> 3) == at.lane ? static_cast<int>(target & 7) : -1;
-      float target_logit = 0;
+      float target_logit = 0, target_weight = 1.0f;
       if (tile_holds_target) {
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < 8; ++k) {
-          if (k == target_k) target_logit = value[r][k];
+          if (k == target_k) {
+            target_logit = value[r][k];
+            if constexpr (kWeighted) target_weight = weight[k];
+          }
         }
       }
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 8; ++k) {
-        value[r][k] = ce_block_grad<kEntropy>(row, transform, value[r][k], false, 1.0f);
+        value[r][k] = ce_block_grad<kEntropy>(row, transform, value[r][k], false,
+                                              kWeighted ? weight[k] : 1.0f);
       }
       if (tile_holds_target) {
         const float target_grad =
-            ce_block_grad<kEntropy>(row, transform, target_logit, true, 1.0f);
+            ce_block_grad<kEntropy>(row, transform, target_logit, true, target_weight);
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < 8; ++k) {
           if (k == target_k) value[r][k] = target_grad;
@@ -468,6 +499,7 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.entropy = p.entropy;
+  epilogue.class_weight = p.class_weight;
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
@@ -476,7 +508,10 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.partials = p.partials;
   epilogue.partial_stride = p.partial_stride;
   epilogue.target_logits = p.target_logits;
-  if (p.partials != nullptr && (p.entropy || p.target_logits == nullptr)) return false;
+  if (p.partials != nullptr &&
+      (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr)) {
+    return false;
+  }
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
   // A 16-bit staged tile would round fp32 chunk logits: the caller's cuBLASLt path takes those.

@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdlib>
 
+#include <cub/block/block_reduce.cuh>
+
 #include "api/shard_backend.hpp"
 #include "common/ce_shard.hpp"
 #include "cuda/ce_device.cuh"
@@ -40,15 +42,34 @@ struct TileMergeParams {
   const void* target;
   DType target_dtype;
   float* records;  // [rows, kCeShardStatsWidth]
+  // Class weights, or null; with them W = Σ_i w_i, formed once (class_weight_total_kernel).
+  const float* class_weight;
+  const float* class_weight_total;
 };
 
+constexpr int kWeightTotalThreads = 512;
+
+// W = Σ_i w_i of the class weights into *total, by one CTA, in double as the batch totals form
+// it (ce_totals.cu): every row's record carries it (the finish's smoothing term and its D).
+__global__ void __launch_bounds__(kWeightTotalThreads)
+    class_weight_total_kernel(const float* class_weight, int64_t vocab, float* total) {
+  using Reduce = cub::BlockReduce<double, kWeightTotalThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += kWeightTotalThreads) sum += class_weight[i];
+  sum = Reduce(storage).Sum(sum);
+  if (threadIdx.x == 0) *total = static_cast<float>(sum);
+}
+
+// A tile's partial as RowStats. Its Σx̃ slot holds Σ w·x̃ under class weights (the product's
+// class_weight), the one sum the loss then reads (ce_row_loss), so both sums take the slot.
 __device__ RowStats<float> read_tile_partial(const float* partial) {
   RowStats<float> s;
   s.max = partial[kTileMax];
   s.sum_exp = partial[kTileSumExp];
   s.sum_exp_shift = partial[kTileSumExpShift];
   s.sum_logits = partial[kTileSumLogits];
-  s.sum_weighted_logits = s.sum_logits;  // w ≡ 1: class weights never take this path
+  s.sum_weighted_logits = s.sum_logits;
   s.argmax = static_cast<int32_t>(common::float_to_bits(partial[kTileArgmax]));
   return s;
 }
@@ -76,14 +97,17 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   record.stats = stats;
   record.target_logit = target_logit;
   // The finish reads w_y only for valid in-range rows; an out-of-range one is its NaN + error.
-  record.target_weight = y >= 0 && y < p.vocab ? 1.0f : 0.0f;
-  record.class_weight_sum = static_cast<float>(p.vocab);
+  const bool in_range = y >= 0 && y < p.vocab;
+  record.target_weight = !in_range ? 0.0f : p.class_weight ? p.class_weight[y] : 1.0f;
+  record.class_weight_sum =
+      p.class_weight ? *p.class_weight_total : static_cast<float>(p.vocab);
   common::write_shard_record(p.records + row * kCeShardStatsWidth, record);
 }
 
 struct FusedWorkspace {
   float* partials;
   float* records;
+  float* class_weight_total;  // W, where there are class weights
   Workspace finish;
 };
 
@@ -96,9 +120,9 @@ std::size_t record_bytes(int64_t rows) {
   return align_up(static_cast<std::size_t>(rows) * kCeShardStatsWidth * sizeof(float));
 }
 
-// What the whole call keeps besides one chunk's partials: every row's record and the finish.
+// What the whole call keeps besides one chunk's partials: every row's record, W and the finish.
 std::size_t fixed_bytes(int64_t rows) {
-  return record_bytes(rows) + align_up(ce_shard_workspace_size(rows));
+  return record_bytes(rows) + align_up(sizeof(float)) + align_up(ce_shard_workspace_size(rows));
 }
 
 // Rows per fused product: all of them when their tile partials fit the budget beside the fixed
@@ -126,7 +150,10 @@ FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab, int64_t c
   FusedWorkspace ws;
   ws.partials = reinterpret_cast<float*>(base);
   ws.records = reinterpret_cast<float*>(base + partial_bytes(chunk, vocab));
-  ws.finish.data = base + partial_bytes(chunk, vocab) + record_bytes(rows);
+  ws.class_weight_total =
+      reinterpret_cast<float*>(base + partial_bytes(chunk, vocab) + record_bytes(rows));
+  ws.finish.data =
+      base + partial_bytes(chunk, vocab) + record_bytes(rows) + align_up(sizeof(float));
   ws.finish.bytes = ce_shard_workspace_size(rows);
   return ws;
 }
@@ -180,10 +207,8 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
 
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
   if (fused_switch() == '0') return false;
-  // Class weights (Σw·x̃ and w_y in the epilogue) stay on the cuBLASLt path, as does a forward
-  // that fills the logits cache (it must write the logits).
-  return (dtype == DType::bf16 || dtype == DType::f16) && !options.ce.class_weight.present() &&
-         !options.logits_cache.present();
+  // A forward that fills the logits cache stays on the cuBLASLt path (it must write the logits).
+  return (dtype == DType::bf16 || dtype == DType::f16) && !options.logits_cache.present();
 }
 
 bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bias) {
@@ -212,6 +237,9 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
   const std::size_t hidden_row_bytes =
       static_cast<std::size_t>(hidden.row_stride) * dtype_size(hidden.dtype);
   const std::size_t target_bytes = dtype_size(target.dtype);
+  const float* class_weight = call.options.class_weight.present()
+                                  ? static_cast<const float*>(call.options.class_weight.data)
+                                  : nullptr;
   for (int64_t first = 0; first < rows; first += chunk) {
     const int64_t count = std::min(chunk, rows - first);
     const void* chunk_target = static_cast<const char*>(target.data) + first * target_bytes;
@@ -229,6 +257,7 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
     product.logit_scale = static_cast<float>(call.options.logit_scale);
     product.softcap = call.options.softcap ? static_cast<float>(*call.options.softcap) : 0.0f;
     product.extras = call.extras;
+    if (call.options.label_smoothing != 0) product.class_weight = class_weight;
     product.rounded_logits = call.rounded_logits;
     product.partials = ws.partials;
     product.tiles = tile_count(vocab);
@@ -239,9 +268,16 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
                                           ": the fused statistics product declined a later "
                                           "row chunk");
     }
-    TileMergeParams merge{ws.partials, count,        product.tiles,
-                          vocab,       chunk_target, target.dtype,
-                          ws.records + first * kCeShardStatsWidth};
+    if (first == 0 && class_weight) {  // after the first product: a decline launches nothing
+      class_weight_total_kernel<<<1, kWeightTotalThreads, 0, stream>>>(class_weight, vocab,
+                                                                       ws.class_weight_total);
+      XENT_CUDA_CHECK_LAUNCH();
+    }
+    TileMergeParams merge{ws.partials,  count,
+                          product.tiles, vocab,
+                          chunk_target,  target.dtype,
+                          ws.records + first * kCeShardStatsWidth,
+                          class_weight,  ws.class_weight_total};
     const unsigned blocks = static_cast<unsigned>((count + kMergeWarps - 1) / kMergeWarps);
     fused_tile_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(merge);
     XENT_CUDA_CHECK_LAUNCH();

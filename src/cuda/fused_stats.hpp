@@ -27,7 +27,7 @@ enum FusedTileColumn : int64_t {
   kTileMax = 0,        // max of x̃ over the tile's columns of the row
   kTileSumExp,         // Σ e^(x̃−max)
   kTileSumExpShift,    // Σ e^(x̃−max)·(x̃−max)  (entropy)
-  kTileSumLogits,      // Σ x̃                  (label smoothing)
+  kTileSumLogits,      // Σ x̃, or Σ w·x̃ under class weights  (label smoothing)
   kTileArgmax,         // lowest column of the max
   kTileTargetLogit,    // x̃_y when y is one of the tile's columns, else 0
   kTilePartialWidth
@@ -52,6 +52,9 @@ struct FusedStatsProduct {
   // Also the tile partials' Σe·(x̃−max), Σx̃ and argmax (entropy, label smoothing, argmax,
   // accuracy); without, those fields are 0, 0 and the tile's first column, and must not be read.
   bool extras = true;
+  // [vocab] class weights where label smoothing carries them: the extras' Σx̃ is then Σ w·x̃
+  // (the only sum of the logits the loss reads under class weights); null otherwise.
+  const float* class_weight = nullptr;
   // The statistics of x rounded to the operands' dtype (as the cuBLASLt path stores its logits)
   // instead of the fp32 products: a gradient formed later from 16-bit logits of the same product
   // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule, and
@@ -103,7 +106,7 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
                            bool logits_chunked);
 
 // Whether this call's operands can take the fused product: sm_90 device, built kernel, bf16/f16
-// of one dtype, no bias, no class weights, no logits cache to fill, TMA-aligned rows, N and V
+// of one dtype, no bias, no logits cache to fill, TMA-aligned rows, N and V
 // within int32. Not the policy (fused_stats_preferred) nor the workspace.
 bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
                           const LinearCeOptions& options);

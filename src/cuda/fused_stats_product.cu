@@ -29,6 +29,7 @@ struct StatsEpilogueParams {
   bool target_int64 = true;
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
+  const float* class_weight = nullptr;  // with extras: Σ w·x̃ in place of Σx̃
   bool skip = false;  // measurement only: the product without its epilogue (fused::Measurement)
   // FusedStatsProduct::rounded_logits: x rounded to the operands' dtype first (1 bf16, 2 f16).
   int round_to = 0;
@@ -41,11 +42,14 @@ struct StatsEpilogueParams {
 // index of the first value equal to the max (argmax, accuracy). About 4 instructions per value
 // without extras, 8 with, against ~30 for the exact per-element path, whose code for 64 values
 // per row, unrolled, also overflowed the instruction cache (decision 41, docs/perf-notes.md).
+// kWeighted (with kExtras): Σ weight_of(k)·v in place of Σv, the weight read per value (it
+// differs per column, and a thread's 64 columns' weights would take 64 registers).
 // False when something is not ordinary (NaN, ±Inf, or a part that is all -inf): the caller then
 // runs exact_row_stats, which defines those cases as RowStats::add does.
-template <bool kExtras, int kN>
+template <bool kExtras, bool kWeighted, int kN, class WeightOf>
 CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>& stats,
-                                   int& where) {
+                                   int& where, WeightOf&& weight_of) {
+  static_assert(kExtras || !kWeighted, "weighted sums are extras");
   static_assert(kN % 4 == 0, "four chains");
   float max4[4] = {-common::infinity<float>(), -common::infinity<float>(),
                    -common::infinity<float>(), -common::infinity<float>()};
@@ -62,7 +66,11 @@ CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>
     if constexpr (kExtras) {
       // A -inf value gives 0·-inf = NaN here, caught below.
       shift4[k % 4] = fmaf(e, v[k] - m, shift4[k % 4]);
-      logits4[k % 4] += v[k];
+      if constexpr (kWeighted) {
+        logits4[k % 4] = fmaf(weight_of(k), v[k], logits4[k % 4]);
+      } else {
+        logits4[k % 4] += v[k];
+      }
     }
   }
   stats.max = m;
@@ -84,10 +92,11 @@ CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>
 
 // The exact per-element statistics (RowStats::add's cases: NaN takes the argmax, -inf adds
 // nothing), for the vocabulary's last, partial tile and for values lean_row_stats declines.
-// Columns ≥ V enter no statistic.
+// Columns ≥ V enter no statistic. With class_weight, Σx̃ is Σ w·x̃ (as lean_row_stats<·, true>).
 template <int kN, class ForEachValue>
 CUTLASS_DEVICE void exact_row_stats(const float (&value)[kN], ForEachValue&& for_each_value,
-                                    int cols, common::RowStats<float>& stats) {
+                                    int cols, const float* class_weight,
+                                    common::RowStats<float>& stats) {
   float max = -common::infinity<float>();
   int argmax = -1;
   for_each_value([&](int k, int col, float) {
@@ -103,7 +112,7 @@ CUTLASS_DEVICE void exact_row_stats(const float (&value)[kN], ForEachValue&& for
   for_each_value([&](int k, int col, float) {
     const float v = value[k];
     if (col >= cols) return;
-    stats.sum_logits += v;
+    stats.sum_logits += class_weight != nullptr ? __ldg(class_weight + col) * v : v;
     if (v != -common::infinity<float>()) {  // e^-inf = 0; v − max would be NaN
       const float d = v - max;
       const float e = ::exp2f(d * kLog2e);
@@ -198,11 +207,14 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         bool lean = false;
         if (whole_tile) {
           int where = 0;
-          lean = params_.extras ? lean_row_stats<true>(value, stats, where)
-                                : lean_row_stats<false>(value, stats, where);
+          const float* class_weight = params_.class_weight;
+          auto weight_of = [&](int k) { return __ldg(class_weight + column_of(k)); };
+          lean = !params_.extras ? lean_row_stats<false, false>(value, stats, where, weight_of)
+                 : class_weight  ? lean_row_stats<true, true>(value, stats, where, weight_of)
+                                 : lean_row_stats<true, false>(value, stats, where, weight_of);
           stats.argmax = params_.extras ? column_of(where) : col0;  // col0: never read
         }
-        if (!lean) exact_row_stats(value, for_each_value, cols, stats);
+        if (!lean) exact_row_stats(value, for_each_value, cols, params_.class_weight, stats);
         float target_logit = 0;  // x̃_y in the one lane holding column y, else 0
         if (y >= col0 && y < col0 + static_cast<int64_t>(size<1>(block_shape)) && y < cols) {
           for_each_value([&](int k, int col, float) {
@@ -250,6 +262,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.logit_scale = p.logit_scale;
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
+  epilogue.class_weight = p.extras ? p.class_weight : nullptr;
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,

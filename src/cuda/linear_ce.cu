@@ -299,11 +299,10 @@ BlockGradArgs block_grad_args(const CeBlockPass& pass, const BlockTile& tile) {
 
 // Whether the blocks of this call form their gradients with the fused gradient product
 // (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel: preferred for its
-// hidden size (fused_grad_preferred), Hopper operands it takes (fused_operands_eligible), no
-// class weights, logits not read from a cache.
+// hidden size (fused_grad_preferred), Hopper operands it takes (fused_operands_eligible), logits
+// not read from a cache.
 bool fused_gradient_eligible(const LinearCeCall& call, bool read_cache) {
   return fused_grad_preferred(call.hidden.cols) && !read_cache &&
-         !call.options.ce.class_weight.present() &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
 
@@ -328,6 +327,10 @@ bool fused_tile_gradient(const CeBlockPass& pass, const BlockTile& tile, cudaStr
   product.first_column = tile.gradient.first_column;
   product.records = pass.records + tile.first_row;
   product.entropy = call.entropy.present();
+  const CeOptions& ce = call.options.ce;
+  if (ce.class_weight.present() && ce.label_smoothing != 0) {
+    product.class_weight = static_cast<const float*>(ce.class_weight.data);
+  }
   product.logit_scale = static_cast<float>(call.options.ce.logit_scale);
   product.softcap = call.options.ce.softcap ? static_cast<float>(*call.options.ce.softcap) : 0.0f;
   product.grad = tile.gradient.grad;

@@ -5,7 +5,7 @@
 // fp16, every option the path takes, every reduction and statistic, against the float64
 // reference, with outputs NaN-poisoned before the run. Each case also asserts which path ran,
 // through the process-wide count of fused forwards (fused_stats.hpp): the fused path where it
-// must run, the cuBLASLt path where it must not (class weights, bias, unaligned rows, the
+// must run, the cuBLASLt path where it must not (bias, unaligned rows, the
 // XENT_CUDA_FUSED_STATS=0 switch). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the fallback.
 #include <cuda_runtime.h>
@@ -150,7 +150,9 @@ std::string fused_case_name(const ::testing::TestParamInfo<FusedShapeCase>& info
   return short_name(dtype) + "_" + linear_case_label(rows, hidden, vocab, options, reduction);
 }
 
-constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kRowWeight;
+// Every option of SPEC §1: class weights too (w_y and W in the merge, Σ w·x̃ in the epilogue
+// where label smoothing needs it).
+constexpr unsigned kFusedOptions = kAllCeOptions;
 
 // Shapes: V = 1 and 7 (one partial column tile), 129 and 4099 (a residue tile past a multiple
 // of 128 / 256), 32003 (126 tiles); N = 77 and 1000 (a residue row tile); H = 8 (one 16-byte
@@ -197,7 +199,8 @@ INSTANTIATE_TEST_SUITE_P(
     Options, CudaFusedStatsOptions,
     ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
                        ::testing::Values(0u, kSmoothing, kZLoss, kSoftcap, kLogitScale,
-                                         kRowWeight, kFusedOptions),
+                                         kClassWeight, kRowWeight, kClassWeight | kSmoothing,
+                                         kFusedOptions),
                        ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
     [](const auto& info) {
       return short_name(std::get<0>(info.param)) + "_" + ce_options_label(std::get<1>(info.param)) +
@@ -217,7 +220,7 @@ TEST_P(CudaFusedStatsLean, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Lean, CudaFusedStatsLean,
     ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
-                       ::testing::Values(0u, kZLoss, kSoftcap, kLogitScale,
+                       ::testing::Values(0u, kZLoss, kSoftcap, kLogitScale, kClassWeight,
                                          kZLoss | kSoftcap | kLogitScale | kRowWeight),
                        ::testing::Values(int64_t{1031}, int64_t{2048}),
                        ::testing::Values(Reduction::none, Reduction::mean)),
@@ -454,7 +457,7 @@ TEST(CudaFusedStatsErrors, OutOfRangeTargetFlagged) {
 }
 
 // Calls the fused path declines: they must still be right, through the cuBLASLt path.
-enum class Decline { class_weights, bias, unaligned_hidden_rows, switched_off };
+enum class Decline { bias, unaligned_hidden_rows, switched_off };
 
 class CudaFusedStatsFallback : public ::testing::TestWithParam<Decline> {};
 
@@ -464,7 +467,6 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
   FusedCase c;
   c.expected = Path::fallback;
   switch (GetParam()) {
-    case Decline::class_weights: c.options = kClassWeight | kSmoothing; break;
     case Decline::bias: c.bias = true; break;
     case Decline::unaligned_hidden_rows: c.hidden = 67; break;  // 134-byte rows: no TMA stride
     case Decline::switched_off: c.fused_switch = "0"; break;
@@ -474,7 +476,6 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
 
 std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
   switch (info.param) {
-    case Decline::class_weights: return "class_weights";
     case Decline::bias: return "bias";
     case Decline::unaligned_hidden_rows: return "unaligned_hidden_rows";
     case Decline::switched_off: return "switched_off";
@@ -483,7 +484,7 @@ std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Declined, CudaFusedStatsFallback,
-                         ::testing::Values(Decline::class_weights, Decline::bias,
+                         ::testing::Values(Decline::bias,
                                            Decline::unaligned_hidden_rows, Decline::switched_off),
                          decline_name);
 

@@ -345,7 +345,9 @@ std::string stats_blocks_name(
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
 }
 
-constexpr unsigned kFusedOptions = kSmoothing | kZLoss | kSoftcap | kLogitScale | kRowWeight;
+// Every option of SPEC §1 (class weights: w_y in the records, and the lane's columns' weights in
+// the fused gradient where label smoothing carries them).
+constexpr unsigned kFusedOptions = kAllCeOptions;
 
 // Odd shapes (N off the 128-row tile, V off the 256-column tile, H off the 64-wide K tile), every
 // option the fused product takes alone and together, every reduction (none with a per-row
@@ -366,6 +368,10 @@ const StatsBlocksParam kGrid[] = {
     StatsBlocksParam{DType::f16, 300, 72, 4099, kLogitScale, Reduction::mean,
                      WeightGrad::same_dtype, true, Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, kRowWeight, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kClassWeight, Reduction::mean,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, kClassWeight | kSmoothing, Reduction::none,
                      WeightGrad::same_dtype, true, Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, kFusedOptions, Reduction::none,
                      WeightGrad::same_dtype, true, Blocks::several},
