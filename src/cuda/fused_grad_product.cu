@@ -37,6 +37,7 @@ struct GradEpilogueParams {
   bool entropy = false;
   // Per column of V, where the smoothing term carries class weights (FusedGradProduct), or null.
   const float* class_weight = nullptr;
+  fused::HalfVector bias;  // per column of V, added to the staged x (fused_product.cuh), or none
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
@@ -249,53 +250,56 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           }
         });
       } else {
-        // The class weights of the lane's 8 columns, the same for every row of the tile: loaded
-        // once per tile, and only where the smoothing term needs them (else each is 1).
-        float weight[8];
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 8; ++k) {
-          const int column = at.col0 + 8 * at.lane + k;
-          weight[k] = a.class_weight != nullptr && column < at.cols
-                          ? __ldg(a.class_weight + a.first_column + column)
-                          : 1.0f;
-        }
-        auto run = [&](auto entropy, auto vector_stores, auto weighted) {
-          walk([&](auto rows, int row, int second, int i) {
-            rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
-                         decltype(weighted)::value, decltype(rows)::value>(
-                at, tile, records, transform, weight, row, second, i, count);
+        // Each run-time switch as a compile-time one, so the common code carries none of them.
+        auto dispatch = [](bool on, auto then) {
+          if (on) {
+            then(std::true_type{});
+          } else {
+            then(std::false_type{});
+          }
+        };
+        dispatch(a.entropy, [&](auto entropy) {
+          dispatch(vectors, [&](auto vector_stores) {
+            dispatch(a.class_weight != nullptr, [&](auto weighted) {
+              dispatch(a.bias.values != nullptr, [&](auto biased) {
+                // The class weights and the bias of the lane's 8 columns, the same for every row
+                // of the tile: loaded once per tile, and only by the code that uses them.
+                float weight[8], bias[8];
+                CUTLASS_PRAGMA_UNROLL
+                for (int k = 0; k < 8; ++k) {
+                  const int column = at.col0 + 8 * at.lane + k;
+                  const bool inside = column < at.cols;
+                  weight[k] = 1.0f;
+                  bias[k] = 0.0f;
+                  if constexpr (decltype(weighted)::value) {
+                    if (inside) weight[k] = __ldg(a.class_weight + a.first_column + column);
+                  }
+                  if constexpr (decltype(biased)::value) {
+                    if (inside) bias[k] = a.bias[a.first_column + column];
+                  }
+                }
+                walk([&](auto rows, int row, int second, int i) {
+                  rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
+                               decltype(weighted)::value, decltype(biased)::value,
+                               decltype(rows)::value>(at, tile, records, transform, weight, bias,
+                                                      row, second, i, count);
+                });
+              });
+            });
           });
-        };
-        auto with_stores = [&](auto entropy, auto weighted) {
-          if (vectors) {
-            run(entropy, std::true_type{}, weighted);
-          } else {
-            run(entropy, std::false_type{}, weighted);
-          }
-        };
-        auto with_weights = [&](auto entropy) {
-          if (a.class_weight != nullptr) {
-            with_stores(entropy, std::true_type{});
-          } else {
-            with_stores(entropy, std::false_type{});
-          }
-        };
-        if (a.entropy) {
-          with_weights(std::true_type{});
-        } else {
-          with_weights(std::false_type{});
-        }
+        });
       }
     });
   }
 
   // Entries i + r (r < kRows, those < count): rows row_i + r of the tile (r < 4) and second +
-  // r − 4. kWeighted: the smoothing term takes `weight`, the lane's columns' class weights.
-  template <bool kEntropy, bool kVectors, bool kWeighted, int kRows, class Transform>
+  // r − 4. kWeighted: the smoothing term takes `weight`, the lane's columns' class weights;
+  // kBias: x is the staged value plus `bias`, rounded to S again (HalfVector's rule).
+  template <bool kEntropy, bool kVectors, bool kWeighted, bool kBias, int kRows, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
-                                   const float (&weight)[8], int row_i, int second, int i,
-                                   int count) const {
+                                   const float (&weight)[8], const float (&bias)[8], int row_i,
+                                   int second, int i, int count) const {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
     auto tile_row = [&](int r) { return group_row(r, row_i, second); };
@@ -306,6 +310,10 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
       unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+      if constexpr (kBias) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) value[r][k] = fused::round_to<S>(value[r][k] + bias[k]);
+      }
     }
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -500,6 +508,7 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.softcap = p.softcap;
   epilogue.entropy = p.entropy;
   epilogue.class_weight = p.class_weight;
+  epilogue.bias = fused::HalfVector{static_cast<const uint16_t*>(p.bias), p.dtype == DType::f16};
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
@@ -509,7 +518,8 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.partial_stride = p.partial_stride;
   epilogue.target_logits = p.target_logits;
   if (p.partials != nullptr &&
-      (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr)) {
+      (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr ||
+       p.bias != nullptr)) {
     return false;
   }
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,

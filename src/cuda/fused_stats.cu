@@ -212,7 +212,8 @@ bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
 }
 
 bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bias) {
-  return (hidden.dtype == DType::bf16 || hidden.dtype == DType::f16) && !bias.present() &&
+  return (hidden.dtype == DType::bf16 || hidden.dtype == DType::f16) &&
+         (!bias.present() || (bias.dtype == hidden.dtype && bias.rows == weight.rows)) &&
          weight.dtype == hidden.dtype && hidden.rows > 0 && hidden.rows <= INT32_MAX &&
          weight.rows <= INT32_MAX && fused_stats_product_built() && tma_aligned(hidden) &&
          tma_aligned(weight) && device_is_sm90(hidden.device.index);
@@ -257,6 +258,7 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
     product.logit_scale = static_cast<float>(call.options.logit_scale);
     product.softcap = call.options.softcap ? static_cast<float>(*call.options.softcap) : 0.0f;
     product.extras = call.extras;
+    product.bias = call.bias.present() ? call.bias.data : nullptr;
     if (call.options.label_smoothing != 0) product.class_weight = class_weight;
     product.rounded_logits = call.rounded_logits;
     product.partials = ws.partials;
@@ -304,6 +306,7 @@ bool linear_ce_forward_fused_stats(TensorView hidden, TensorView weight, TensorV
   const std::size_t needed = fused_stats_workspace_bytes(rows, vocab, options.workspace_budget);
   if (needed == 0 || needed > workspace.bytes) return false;
   FusedStatistics call{hidden, weight, target, options.ce};
+  call.bias = bias;
   call.out.loss = out.loss;
   call.out.stats = out.stats;
   call.extras = fused_stats_needs_extras(options.ce, out.stats);

@@ -55,6 +55,7 @@ struct FusedStatsProduct {
   // [vocab] class weights where label smoothing carries them: the extras' Σx̃ is then Σ w·x̃
   // (the only sum of the logits the loss reads under class weights); null otherwise.
   const float* class_weight = nullptr;
+  const void* bias = nullptr;    // [vocab] in `dtype`, added to x, or null
   // The statistics of x rounded to the operands' dtype (as the cuBLASLt path stores its logits)
   // instead of the fp32 products: a gradient formed later from 16-bit logits of the same product
   // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule, and
@@ -106,13 +107,13 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
                            bool logits_chunked);
 
 // Whether this call's operands can take the fused product: sm_90 device, built kernel, bf16/f16
-// of one dtype, no bias, no logits cache to fill, TMA-aligned rows, N and V
+// of one dtype (a bias too), no logits cache to fill, TMA-aligned rows, N and V
 // within int32. Not the policy (fused_stats_preferred) nor the workspace.
 bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
                           const LinearCeOptions& options);
 
 // The part of that which every fused product of fused_product.cuh needs of its operands
-// (fused_grad.cuh's too): bf16/f16 of one dtype, no bias, TMA-aligned rows, 0 < N and V within
+// (fused_grad.cuh's too): bf16/f16 of one dtype (a bias of it too), TMA-aligned rows, 0 < N and V within
 // int32, an sm_90 device, the sm_90a kernels built. No switch, option or policy.
 bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bias);
 
@@ -129,6 +130,7 @@ std::size_t fused_stats_minimum_bytes(int64_t rows, int64_t vocab);
 struct FusedStatistics {
   TensorView hidden, weight, target;
   const CeOptions& options;
+  TensorView bias{};  // [V] in the operands' dtype, or absent
   CeOutputs out{};
   bool extras = true;
   bool rounded_logits = false;  // FusedStatsProduct::rounded_logits

@@ -30,6 +30,7 @@ struct StatsEpilogueParams {
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
   const float* class_weight = nullptr;  // with extras: Σ w·x̃ in place of Σx̃
+  fused::HalfVector bias;                // added to x (fused_product.cuh), or none
   bool skip = false;  // measurement only: the product without its epilogue (fused::Measurement)
   // FusedStatsProduct::rounded_logits: x rounded to the operands' dtype first (1 bf16, 2 f16).
   int round_to = 0;
@@ -200,6 +201,14 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         float value[kValues];
         for_each_value([&](int k, int, float x) { value[k] = x; });
         fused::round_logits(value, params_.round_to);
+        if (params_.bias.values != nullptr) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kValues; ++k) {
+            const int col = column_of(k);
+            value[k] += col < cols ? params_.bias[col] : 0.0f;
+          }
+          fused::round_logits(value, params_.round_to);
+        }
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kValues; ++k) value[k] = transform.value(value[k]);
 
@@ -263,6 +272,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.softcap = p.softcap;
   epilogue.extras = p.extras;
   epilogue.class_weight = p.extras ? p.class_weight : nullptr;
+  epilogue.bias = fused::HalfVector{static_cast<const uint16_t*>(p.bias), p.dtype == DType::f16};
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,

@@ -331,6 +331,7 @@ bool fused_tile_gradient(const CeBlockPass& pass, const BlockTile& tile, cudaStr
   if (ce.class_weight.present() && ce.label_smoothing != 0) {
     product.class_weight = static_cast<const float*>(ce.class_weight.data);
   }
+  product.bias = call.bias.present() ? call.bias.data : nullptr;
   product.logit_scale = static_cast<float>(call.options.ce.logit_scale);
   product.softcap = call.options.ce.softcap ? static_cast<float>(*call.options.ce.softcap) : 0.0f;
   product.grad = tile.gradient.grad;
@@ -413,6 +414,7 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
     saved_lse = static_cast<float*>(call.lse.data);  // read only
   } else {
     FusedStatistics statistics{call.hidden, call.weight, call.target, call.options.ce};
+    statistics.bias = call.bias;
     if (call.loss) statistics.out.loss = *call.loss;
     if (call.stats) statistics.out.stats = *call.stats;
     if (statistics.out.stats.lse.present()) {
@@ -764,14 +766,15 @@ std::atomic<int64_t> schedule_runs[4];
 // its plan aside from the path's scratch: gradients formed in this call (not a backward that
 // brings the forward's lse, which takes the fused gradient product from it, nor an entropy
 // gradient), options and statistics the path forms, no logits cache, bf16 operands the fused
-// products take (16-bit logits: the plan's schedule and chunks are reference_plan_accepted's).
+// products take and no bias (16-bit logits: the plan's schedule and chunks are
+// reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
   const LinearGradients& grads = call.grads;
   const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
   return want_grad && reference_path_enabled() && !call.entropy.present() &&
          !(call.op == OpCode::linear_ce_backward && call.lse.present()) &&
          !call.options.logits_cache.present() && !call.options.fp32_logits &&
-         !grads.bias.present() && reference_options_eligible(call.options.ce, call.stats) &&
+         !call.bias.present() && reference_options_eligible(call.options.ce, call.stats) &&
          call.hidden.dtype == DType::bf16 &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
@@ -789,7 +792,11 @@ bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
-  const bool statistics = fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
+  // (d) forms no gradient in its first pass, where the others form ∂bias: a call that wants
+  // ∂bias takes (c) at small budgets, whose blocks take the fused gradient all the same.
+  const bool statistics =
+      !call.grads.bias.present() &&
+      fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
   LinearCePlan plan =
       plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, statistics);
   if (plan.chunks.schedule == Schedule::statistics_blocks) {

@@ -17,7 +17,8 @@
 //
 // Options: every one of SPEC §1 but label smoothing (its uniform term is not a per-row factor);
 // statistics: lse and logprob, not entropy, argmax or accuracy; operands as the fused products
-// take them (fused_operands_eligible); the row-chunk schedules with one chunk buffer.
+// take them (fused_operands_eligible) but without a bias (its ∂bias = Σ_n s_n·E'_n would be one
+// more pass over E'); the row-chunk schedules with one chunk buffer.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,8 +5,8 @@
 // fp16, every option the path takes, every reduction and statistic, against the float64
 // reference, with outputs NaN-poisoned before the run. Each case also asserts which path ran,
 // through the process-wide count of fused forwards (fused_stats.hpp): the fused path where it
-// must run, the cuBLASLt path where it must not (bias, unaligned rows, the
-// XENT_CUDA_FUSED_STATS=0 switch). Off compute capability 9.0 the path assertions are skipped and
+// must run, the cuBLASLt path where it must not (unaligned rows, the XENT_CUDA_FUSED_STATS=0
+// switch). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the fallback.
 #include <cuda_runtime.h>
 
@@ -457,7 +457,7 @@ TEST(CudaFusedStatsErrors, OutOfRangeTargetFlagged) {
 }
 
 // Calls the fused path declines: they must still be right, through the cuBLASLt path.
-enum class Decline { bias, unaligned_hidden_rows, switched_off };
+enum class Decline { unaligned_hidden_rows, switched_off };
 
 class CudaFusedStatsFallback : public ::testing::TestWithParam<Decline> {};
 
@@ -467,7 +467,6 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
   FusedCase c;
   c.expected = Path::fallback;
   switch (GetParam()) {
-    case Decline::bias: c.bias = true; break;
     case Decline::unaligned_hidden_rows: c.hidden = 67; break;  // 134-byte rows: no TMA stride
     case Decline::switched_off: c.fused_switch = "0"; break;
   }
@@ -476,7 +475,6 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
 
 std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
   switch (info.param) {
-    case Decline::bias: return "bias";
     case Decline::unaligned_hidden_rows: return "unaligned_hidden_rows";
     case Decline::switched_off: return "switched_off";
   }
@@ -484,8 +482,7 @@ std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Declined, CudaFusedStatsFallback,
-                         ::testing::Values(Decline::bias,
-                                           Decline::unaligned_hidden_rows, Decline::switched_off),
+                         ::testing::Values(Decline::unaligned_hidden_rows, Decline::switched_off),
                          decline_name);
 
 TEST(CudaFusedStatsStrides, PaddedHiddenRows) {
@@ -497,6 +494,34 @@ TEST(CudaFusedStatsStrides, PaddedHiddenRows) {
   c.options = kFusedOptions;
   check_fused_forward(c, rng);
 }
+
+// A bias (in the operands' dtype) added to x in the epilogue, with the lean epilogue, with every
+// option and statistic, in both dtypes, at shapes with residues in N, H and V (the bias of the
+// last tile's columns past V is never read).
+class CudaFusedStatsBias : public ::testing::TestWithParam<std::tuple<DType, unsigned, bool>> {};
+
+TEST_P(CudaFusedStatsBias, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  FusedCase c;
+  std::tie(c.dtype, c.options, c.all_stats) = GetParam();
+  c.rows = 300;
+  c.hidden = 72;
+  c.vocab = 4099;
+  c.bias = true;
+  c.reduction = c.options != 0 ? Reduction::none : Reduction::mean;
+  check_fused_forward(c, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bias, CudaFusedStatsBias,
+                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
+                                            ::testing::Values(0u, kFusedOptions),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return short_name(std::get<0>(info.param)) + "_" +
+                                  ce_options_label(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_all_stats" : "_lean");
+                         });
 
 }  // namespace
 }  // namespace xent::test

@@ -11,7 +11,8 @@
 // schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
 // and checks the loss, lse and every gradient against the float64 reference with outputs
 // NaN-poisoned before the run: forward with gradients, backward with and without the forward's
-// lse, and the backward with the entropy term of log-probabilities. Budgets: the default (one
+// lse, and the backward with the entropy term of log-probabilities; with and without a bias (and
+// ∂bias where the schedule forms it). Budgets: the default (one
 // block) and the smallest that still gives several blocks, or several row tiles per block (∂W in
 // the fp32 block accumulator).
 #include <cuda_runtime.h>
@@ -48,11 +49,16 @@ enum class Variant {
   statistics_cublaslt_sums_in_dW
 };
 
+// A grid case's options may carry this bit beside SPEC §1's (ce_check.hpp): the layer has a bias
+// (in the operands' dtype), and ∂bias is wanted except in (d), which a call wanting ∂bias never
+// takes (linear_ce.cu): there the bias is frozen.
+constexpr unsigned kBiasBit = 1u << 16;
+
 struct StatsBlocksCase {
   Variant variant = Variant::statistics_fused;
   DType dtype = DType::bf16;
   int64_t rows = 300, hidden = 72, vocab = 4099;
-  unsigned options = 0;
+  unsigned options = 0;  // SPEC §1's bits, and kBiasBit
   Reduction reduction = Reduction::mean;
   WeightGrad weight = WeightGrad::same_dtype;
   bool want_hidden = true;
@@ -153,9 +159,13 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const int64_t rows = c.rows, vocab = c.vocab, hidden_size = c.hidden;
   const bool fp32_weight = c.weight == WeightGrad::fp32 || c.weight == WeightGrad::accumulate_fp32;
   const DType weight_dtype = fp32_weight ? DType::f32 : c.dtype;
-  const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, false, 2.0, c.dtype);
+  const bool with_bias = (c.options & kBiasBit) != 0;
+  const bool want_bias = with_bias && !statistics_schedule(c.variant);
+  const unsigned ce_options = c.options & ~kBiasBit;
+  const LinearLayer layer =
+      make_linear_layer(rng, rows, hidden_size, vocab, with_bias, 2.0, c.dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
-  CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
+  CeSetup setup = make_ce_setup(ce_options, c.reduction, -100, rows, vocab, rng);
   const reference::Upstream upstream = make_upstream(rng, c.reduction, rows, false);
   const Matrix logits = reference::linear_logits(layer.hidden, layer.weight, layer.bias);
   const reference::CeResult ref = reference::ce(logits, target, setup.spec, upstream);
@@ -168,13 +178,15 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
 
   const Tensor hidden = Tensor::of(layer.hidden, c.dtype);
   const Tensor weight = Tensor::of(layer.weight, c.dtype);
+  const Tensor bias = with_bias ? Tensor::of(layer.bias, c.dtype) : Tensor();
   const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
   const Tensor grad_output = upstream_tensor(upstream, c.reduction, rows, c.dtype);
   Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, hidden_size) : Tensor();
   Tensor grad_weight = c.weight != WeightGrad::none
                            ? Tensor::matrix(weight_dtype, vocab, hidden_size)
                            : Tensor();
-  LinearGradients grads{grad_hidden.view(), grad_weight.view(), {}};
+  Tensor grad_bias = want_bias ? Tensor::vector(c.dtype, vocab) : Tensor();
+  LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
   grads.accumulate_weight = c.weight == WeightGrad::accumulate_fp32;
 
   LinearCeOptions options;
@@ -188,6 +200,7 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const Matrix prefill = rng.matrix(vocab, hidden_size, 0.01);
   auto reset_grads = [&] {
     if (grad_hidden.present()) grad_hidden.poison();
+    if (grad_bias.present()) grad_bias.poison();
     if (!grad_weight.present()) return;
     if (grads.accumulate_weight) {
       grad_weight.upload(prefill.values);
@@ -195,10 +208,16 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
       grad_weight.poison();
     }
   };
-  auto check_grads = [&](const std::vector<double>& ref_hidden,
-                         const std::vector<double>& torch_hidden,
-                         const std::vector<double>& ref_weight,
-                         const std::vector<double>& torch_weight) {
+  auto check_grads = [&](const reference::LinearGrads& ref_grads,
+                         const reference::LinearGrads& torch_grads) {
+    const std::vector<double>&ref_hidden = ref_grads.hidden.values,
+          &torch_hidden = torch_grads.hidden.values, &ref_weight = ref_grads.weight.values,
+          &torch_weight = torch_grads.weight.values;
+    if (grad_bias.present()) {
+      EXPECT_TRUE(close("grads.bias", grad_bias.download(), ref_grads.bias,
+                        grad_tolerance(c.dtype, Family::linear, torch_grads.bias,
+                                       ref_grads.bias)));
+    }
     if (grad_hidden.present()) {
       EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), ref_hidden,
                         grad_tolerance(c.dtype, Family::linear, torch_hidden, ref_hidden)));
@@ -245,31 +264,29 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     out.grads = grads;
     expect_paths(
         [&] {
-          linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out,
-                            grad_output.view(), scratch.workspace());
+          linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
+                            options, out, grad_output.view(), scratch.workspace());
         },
         false);
     EXPECT_TRUE(close("loss", loss.download(), ref.loss,
                       stat_tolerance(c.dtype, Family::linear, torch.loss, ref.loss)));
     EXPECT_TRUE(close("lse", lse.download(), ref.lse,
                       stat_tolerance(c.dtype, Family::linear, torch.lse, ref.lse)));
-    check_grads(ref_grads.hidden.values, torch_grads.hidden.values, ref_grads.weight.values,
-                torch_grads.weight.values);
+    check_grads(ref_grads, torch_grads);
   }
   for (const bool with_lse : {true, false}) {
     SCOPED_TRACE(with_lse ? "linear_ce_backward with lse" : "linear_ce_backward without lse");
     reset_grads();
     expect_paths(
         [&] {
-          linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(),
+          linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
                              with_lse ? lse.view() : TensorView{}, grad_output.view(), options,
                              grads, scratch.workspace());
         },
         with_lse);
-    check_grads(ref_grads.hidden.values, torch_grads.hidden.values, ref_grads.weight.values,
-                torch_grads.weight.values);
+    check_grads(ref_grads, torch_grads);
   }
-  if (c.reduction != Reduction::none || c.options != 0) return;
+  if (c.reduction != Reduction::none || ce_options != 0) return;
 
   // Log-probabilities with entropy (reduction none, no options): the backward brings the
   // forward's lse and entropy, so (d) forms no statistics and goes straight to the blocks.
@@ -283,8 +300,8 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     out.stats.entropy = entropy.view();
     const Scratch forward_scratch(linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype,
                                                            options, test_device(), false));
-    linear_ce_forward(hidden.view(), weight.view(), {}, target_tensor.view(), options, out, {},
-                      forward_scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
+                      out, {}, forward_scratch.workspace());
     finish();
   }
   const std::vector<double> grad_entropy = rng.uniform_vector(rows, -1.0, 1.0);
@@ -303,14 +320,13 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   reset_grads();
   expect_paths(
       [&] {
-        linear_ce_backward(hidden.view(), weight.view(), {}, target_tensor.view(), lse.view(),
-                           grad_output.view(),
+        linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
+                           lse.view(), grad_output.view(),
                            EntropyGradient{entropy.view(), grad_entropy_tensor.view()}, options,
                            grads, scratch.workspace());
       },
       true);
-  check_grads(ref_entropy.hidden.values, torch_entropy.hidden.values, ref_entropy.weight.values,
-              torch_entropy.weight.values);
+  check_grads(ref_entropy, torch_entropy);
 }
 
 // (dtype, N, H, V, options, reduction, weight gradient, ∂h wanted, blocks)
@@ -340,7 +356,9 @@ std::string stats_blocks_name(
   static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
   static const char* block_names[] = {"one", "several", "row_tiles"};
   return std::string(variants[static_cast<int>(std::get<0>(info.param))]) + "_" +
-         short_name(dtype) + "_" + linear_case_label(rows, hidden, vocab, options, reduction) +
+         short_name(dtype) + "_" +
+         linear_case_label(rows, hidden, vocab, options & ~kBiasBit, reduction) +
+         ((options & kBiasBit) != 0 ? "_bias" : "") +
          "_" + weights[static_cast<int>(weight)] +
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
 }
@@ -379,6 +397,10 @@ const StatsBlocksParam kGrid[] = {
                      WeightGrad::fp32, true, Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean,
                      WeightGrad::accumulate_fp32, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kBiasBit, Reduction::none,
+                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::f16, 1000, 136, 4099, kBiasBit | kFusedOptions, Reduction::sum,
+                     WeightGrad::same_dtype, true, Blocks::row_tiles},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
                      false, Blocks::several},
     StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none,
