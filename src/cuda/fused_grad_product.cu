@@ -4,8 +4,9 @@
 // gradient in the operands' dtype: the block's logits never leave the SM.
 //
 // Compiled for sm_90a with the CUTLASS headers only (CMakeLists.txt); elsewhere a stub whose
-// fused_grad_product_built() is false. Two instantiations (bf16, f16); the options, the transform
-// and the entropy term are run-time values resolved once per tile.
+// fused_grad_product_built() is false. Kernels for bf16 and f16, each in the gradient form plain
+// and with per-column terms (GradForm), and the reference form in bf16; the options, the
+// transform and the entropy term are run-time values resolved once per tile.
 #include "cuda/fused_grad.cuh"
 #include "cuda/linear_ce_plan.hpp"
 
@@ -81,11 +82,19 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 // wherever the rows are aligned. The records of a warp's rows are prefetched by its lanes before
 // the tile is waited for and stored to the warp's slots in shared memory once it has arrived;
 // each row's record is then one broadcast load.
-// kReference: the reference form (FusedGradProduct::partials), a kernel of its own: in one kernel
-// with the gradient form, ptxas allocates registers for the union of both epilogues and spilled
-// (176 bytes of stack), which doubled the product's time at H = 768.
-template <class S, bool kReference>
+// Each form is a kernel of its own (GradForm). The reference form (FusedGradProduct::partials):
+// in one kernel with the gradient form, ptxas allocated registers for the union of both
+// epilogues and spilled (176 bytes of stack), which doubled the product's time at H = 768. The
+// gradient form with per-column terms (class weights under smoothing, a bias): in the plain
+// kernel as compile-time variants they left its code unchanged, yet it measured +1 % (64 MiB)
+// and +5.7 % (512 MiB) of kernel time at (32768, 768, 128256) under ncu (decision 100).
+enum class GradForm { gradient, gradient_columns, reference };
+
+template <class S, GradForm kForm>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
+  static constexpr bool kReference = kForm == GradForm::reference;
+  static constexpr bool kColumns = kForm == GradForm::gradient_columns;
+
  public:
   using OperatorEpilogue::OperatorEpilogue;
   using Element = S;
@@ -258,33 +267,30 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
             then(std::false_type{});
           }
         };
+        // The class weights (1 unless the smoothing term carries them) and the bias (0 if none)
+        // of the lane's 8 columns, the same for every row of the tile: loaded once per tile, in
+        // the kernel with per-column terms only.
+        float weight[8], bias[8];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          weight[k] = 1.0f;
+          bias[k] = 0.0f;
+          if constexpr (kColumns) {
+            const int column = at.col0 + 8 * at.lane + k;
+            if (column < at.cols && a.class_weight != nullptr) {
+              weight[k] = __ldg(a.class_weight + a.first_column + column);
+            }
+            if (column < at.cols && a.bias.values != nullptr) {
+              bias[k] = a.bias[a.first_column + column];
+            }
+          }
+        }
         dispatch(a.entropy, [&](auto entropy) {
           dispatch(vectors, [&](auto vector_stores) {
-            dispatch(a.class_weight != nullptr, [&](auto weighted) {
-              dispatch(a.bias.values != nullptr, [&](auto biased) {
-                // The class weights and the bias of the lane's 8 columns, the same for every row
-                // of the tile: loaded once per tile, and only by the code that uses them.
-                float weight[8], bias[8];
-                CUTLASS_PRAGMA_UNROLL
-                for (int k = 0; k < 8; ++k) {
-                  const int column = at.col0 + 8 * at.lane + k;
-                  const bool inside = column < at.cols;
-                  weight[k] = 1.0f;
-                  bias[k] = 0.0f;
-                  if constexpr (decltype(weighted)::value) {
-                    if (inside) weight[k] = __ldg(a.class_weight + a.first_column + column);
-                  }
-                  if constexpr (decltype(biased)::value) {
-                    if (inside) bias[k] = a.bias[a.first_column + column];
-                  }
-                }
-                walk([&](auto rows, int row, int second, int i) {
-                  rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
-                               decltype(weighted)::value, decltype(biased)::value,
-                               decltype(rows)::value>(at, tile, records, transform, weight, bias,
-                                                      row, second, i, count);
-                });
-              });
+            walk([&](auto rows, int row, int second, int i) {
+              rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
+                           decltype(rows)::value>(at, tile, records, transform, weight, bias, row,
+                                                  second, i, count);
             });
           });
         });
@@ -293,9 +299,10 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   }
 
   // Entries i + r (r < kRows, those < count): rows row_i + r of the tile (r < 4) and second +
-  // r − 4. kWeighted: the smoothing term takes `weight`, the lane's columns' class weights;
-  // kBias: x is the staged value plus `bias`, rounded to S again (HalfVector's rule).
-  template <bool kEntropy, bool kVectors, bool kWeighted, bool kBias, int kRows, class Transform>
+  // r − 4. With kColumns the smoothing term takes `weight`, the lane's columns' class weights, and
+  // x is the staged value plus `bias`, rounded to S again (HalfVector's rule); both are no-ops
+  // (1 and 0) where the call has none.
+  template <bool kEntropy, bool kVectors, int kRows, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
                                    const float (&weight)[8], const float (&bias)[8], int row_i,
@@ -310,7 +317,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
       unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
-      if constexpr (kBias) {
+      if constexpr (kColumns) {
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < 8; ++k) value[r][k] = fused::round_to<S>(value[r][k] + bias[k]);
       }
@@ -331,14 +338,14 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         for (int k = 0; k < 8; ++k) {
           if (k == target_k) {
             target_logit = value[r][k];
-            if constexpr (kWeighted) target_weight = weight[k];
+            if constexpr (kColumns) target_weight = weight[k];
           }
         }
       }
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 8; ++k) {
         value[r][k] = ce_block_grad<kEntropy>(row, transform, value[r][k], false,
-                                              kWeighted ? weight[k] : 1.0f);
+                                              kColumns ? weight[k] : 1.0f);
       }
       if (tile_holds_target) {
         const float target_grad =
@@ -529,13 +536,20 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   if (p.partials != nullptr) {
     // The reference path takes bf16 only (linear_reference.cuh): no f16 kernel is built for it.
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-      return fused::launch<Element, GradEpilogue<Element, true>, fused::EpilogueWarpsKernel>(
-          operands, epilogue, "linear_ce", stream, kDependentLaunch);
+      return fused::launch<Element, GradEpilogue<Element, GradForm::reference>,
+                           fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
+                                                       kDependentLaunch);
     }
     return false;
   }
-  return fused::launch<Element, GradEpilogue<Element, false>, fused::EpilogueWarpsKernel>(
-      operands, epilogue, "linear_ce", stream, kDependentLaunch);
+  if (p.class_weight != nullptr || p.bias != nullptr) {
+    return fused::launch<Element, GradEpilogue<Element, GradForm::gradient_columns>,
+                         fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
+                                                     kDependentLaunch);
+  }
+  return fused::launch<Element, GradEpilogue<Element, GradForm::gradient>,
+                       fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
+                                                   kDependentLaunch);
 }
 
 }  // namespace

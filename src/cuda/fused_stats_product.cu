@@ -4,8 +4,8 @@
 //
 // This translation unit alone is compiled for sm_90a (wgmma has no sm_90 or portable form; see
 // CMakeLists.txt); built for anything else, or without the CUTLASS headers, it is a stub whose
-// fused_stats_product_built() is false. Two instantiations (bf16, f16); softcap, scale and the
-// target are runtime values, so the compile cost stays two kernels.
+// fused_stats_product_built() is false. Four kernels: bf16 and f16, each plain and with
+// per-column terms (a bias, class weights); softcap, scale and the target are runtime values.
 #include "cuda/fused_stats.hpp"
 
 #if defined(XENT_FUSED_SM90A)
@@ -141,6 +141,9 @@ CUTLASS_DEVICE void quad_merge_lean(common::RowStats<float>& stats) {
 
 // The statistics epilogue: called once per output tile by each consumer thread with its
 // accumulators (fused::OperatorEpilogue).
+// kColumns: the kernel that takes per-column terms (a bias, class weights in the smoothing sum);
+// the plain kernel's code carries neither (as the gradient product's forms, decision 100).
+template <bool kColumns>
 class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
  public:
   using OperatorEpilogue::OperatorEpilogue;
@@ -201,7 +204,7 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         float value[kValues];
         for_each_value([&](int k, int, float x) { value[k] = x; });
         fused::round_logits(value, params_.round_to);
-        if (params_.bias.values != nullptr) {
+        if (kColumns && params_.bias.values != nullptr) {
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kValues; ++k) {
             const int col = column_of(k);
@@ -216,14 +219,21 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         bool lean = false;
         if (whole_tile) {
           int where = 0;
-          const float* class_weight = params_.class_weight;
+          const float* class_weight = kColumns ? params_.class_weight : nullptr;
           auto weight_of = [&](int k) { return __ldg(class_weight + column_of(k)); };
-          lean = !params_.extras ? lean_row_stats<false, false>(value, stats, where, weight_of)
-                 : class_weight  ? lean_row_stats<true, true>(value, stats, where, weight_of)
-                                 : lean_row_stats<true, false>(value, stats, where, weight_of);
+          if (!params_.extras) {
+            lean = lean_row_stats<false, false>(value, stats, where, weight_of);
+          } else if (kColumns && class_weight != nullptr) {
+            lean = lean_row_stats<true, kColumns>(value, stats, where, weight_of);
+          } else {
+            lean = lean_row_stats<true, false>(value, stats, where, weight_of);
+          }
           stats.argmax = params_.extras ? column_of(where) : col0;  // col0: never read
         }
-        if (!lean) exact_row_stats(value, for_each_value, cols, params_.class_weight, stats);
+        if (!lean) {
+          exact_row_stats(value, for_each_value, cols, kColumns ? params_.class_weight : nullptr,
+                          stats);
+        }
         float target_logit = 0;  // x̃_y in the one lane holding column y, else 0
         if (y >= col0 && y < col0 + static_cast<int64_t>(size<1>(block_shape)) && y < cols) {
           for_each_value([&](int k, int col, float) {
@@ -277,7 +287,12 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
                                 p.rows,   p.vocab,         p.hidden_size};
-  return fused::launch<Element, StatsEpilogue>(operands, epilogue, "linear_ce_forward", stream);
+  if (epilogue.class_weight != nullptr || epilogue.bias.values != nullptr) {
+    return fused::launch<Element, StatsEpilogue<true>>(operands, epilogue, "linear_ce_forward",
+                                                       stream);
+  }
+  return fused::launch<Element, StatsEpilogue<false>>(operands, epilogue, "linear_ce_forward",
+                                                      stream);
 }
 
 }  // namespace
