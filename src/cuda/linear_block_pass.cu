@@ -125,9 +125,9 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
       sum_hidden && chunks.hidden_sums_in_weight_grad ? chunks.deferred_first_block
                                                       : chunks.block_count;
 
-  // One block: every tile's gradient, then ∂W of the tile (with_weight) and its ∂h sums
-  // (with_hidden).
-  auto run_block = [&](int64_t block, bool with_weight, bool with_hidden) {
+  // One block: every tile's gradient, then ∂W of the tile (with_weight), its ∂h sums
+  // (with_hidden) and its ∂bias (with_bias: once per block, in the block's first sweep).
+  auto run_block = [&](int64_t block, bool with_weight, bool with_hidden, bool with_bias) {
     const int64_t first_column = block * chunks.block_columns;
     const int64_t columns = std::min(chunks.block_columns, vocab - first_column);
     const GemmMatrix weight_block = gemm_matrix(pass.weight, first_column, columns);
@@ -157,6 +157,10 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
           gradient.dtype = operand_dtype;
           gradient.stride = 2 * columns;
         }
+      }
+      if (with_bias) {
+        accumulate_column_sums(gradient.data, gradient.dtype, count, columns, gradient.stride,
+                               pass.bias_sums + first_column, t > 0, stream);
       }
       if (with_weight) {
         GemmProduct product;
@@ -188,11 +192,11 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   };
 
   for (int64_t block = 0; block < chunks.block_count; ++block) {
-    run_block(block, block < deferred_first, sum_hidden);
+    run_block(block, block < deferred_first, sum_hidden, pass.bias_sums != nullptr);
   }
   if (sum_hidden) write_hidden_grad(pass, sums, stream);
   for (int64_t block = deferred_first; block < chunks.block_count; ++block) {
-    run_block(block, true, false);
+    run_block(block, true, false, false);
   }
 }
 

@@ -7,7 +7,7 @@
 // into the output; several tiles accumulate in place (fp32 ∂W) or in the fp32 block accumulator,
 // written back once per block (16-bit ∂W). An accumulated ∂W (fp32) is added to in place. In
 // schedule (d) each tile also adds G·W_block to its rows of an fp32 ∂h accumulator, which may sit
-// in ∂W rows not yet written (their blocks' ∂W then comes after ∂h).
+// in ∂W rows not yet written (their blocks' ∂W then comes after ∂h), and its column sums to ∂bias.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -68,6 +68,9 @@ struct BlockPassInputs {
   TensorView hidden_grad;
   // Tried first for every tile whose logits are not read from a cache, when set.
   FusedGradientStep fused_gradient;
+  // ∂bias [V] in fp32, formed here as the column sums of every tile's gradient (schedule (d),
+  // whose first pass forms no gradient), or null: (c) forms it in its first pass.
+  float* bias_sums = nullptr;
 };
 
 void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientStep& block_gradient,

@@ -352,7 +352,7 @@ void form_grad_records(const CeBlockPass& pass, cudaStream_t stream) {
 
 // ∂W block by block; each block's gradient comes from the lse of pass 1, through the fused
 // gradient product where eligible, else elementwise (linear_block_grad.cuh) over cuBLASLt logits.
-void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
+void run_block_pass(const CeBlockPass& pass, cudaStream_t stream, float* bias_sums = nullptr) {
   const LinearCeCall& call = pass.call;
   BlockPassInputs inputs;
   inputs.hidden = call.hidden;
@@ -367,6 +367,7 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream) {
   inputs.scratch = pass.scratch;
   inputs.hidden_accumulator = pass.hidden_accumulator;
   inputs.hidden_grad = call.grads.hidden;
+  inputs.bias_sums = bias_sums;
   if (pass.records && fused_gradient_eligible(call, pass.read_cache)) {
     if (!pass.records_formed) form_grad_records(pass, stream);
     inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
@@ -452,7 +453,13 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
             : reinterpret_cast<float*>(region + align_up(chunks.tile_buffer_bytes) +
                                        align_up(chunks.accumulator_bytes));
   }
-  run_block_pass(pass, stream);
+  // ∂bias from the blocks' gradients (this schedule's first pass forms none): in the output when
+  // it is fp32, else in an fp32 accumulator (the plan's bias_accumulator_bytes).
+  const LinearGradients bias_only{{}, {}, call.grads.bias};
+  const GradientSums bias_sums =
+      carve_gradient_sums(carver, bias_only, call.weight.rows, call.hidden.cols, chunks);
+  run_block_pass(pass, stream, bias_sums.bias);
+  finish_gradient_sums(bias_only, bias_sums, call.hidden.cols, true, stream);
   return true;
 }
 
@@ -792,11 +799,7 @@ bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
-  // (d) forms no gradient in its first pass, where the others form ∂bias: a call that wants
-  // ∂bias takes (c) at small budgets, whose blocks take the fused gradient all the same.
-  const bool statistics =
-      !call.grads.bias.present() &&
-      fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
+  const bool statistics = fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
   LinearCePlan plan =
       plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, statistics);
   if (plan.chunks.schedule == Schedule::statistics_blocks) {

@@ -50,8 +50,8 @@ enum class Variant {
 };
 
 // A grid case's options may carry this bit beside SPEC §1's (ce_check.hpp): the layer has a bias
-// (in the operands' dtype), and ∂bias is wanted except in (d), which a call wanting ∂bias never
-// takes (linear_ce.cu): there the bias is frozen.
+// (in the operands' dtype), and ∂bias is wanted: (c) forms it in its first pass, (d) from its
+// blocks' gradients, the row-chunk schedules from each chunk's.
 constexpr unsigned kBiasBit = 1u << 16;
 
 struct StatsBlocksCase {
@@ -160,7 +160,7 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const bool fp32_weight = c.weight == WeightGrad::fp32 || c.weight == WeightGrad::accumulate_fp32;
   const DType weight_dtype = fp32_weight ? DType::f32 : c.dtype;
   const bool with_bias = (c.options & kBiasBit) != 0;
-  const bool want_bias = with_bias && !statistics_schedule(c.variant);
+  const bool want_bias = with_bias;
   const unsigned ce_options = c.options & ~kBiasBit;
   const LinearLayer layer =
       make_linear_layer(rng, rows, hidden_size, vocab, with_bias, 2.0, c.dtype);
