@@ -22,7 +22,11 @@
 //                          CTA's last tile, which no mainloop of the consumers follows);
 //   void prepare_own(TileAt), void own_rows(TileAt, SharedStorage&)  the same for a consumer
 //                          warp's share (TileAt::warp 0–7): of the 16 rows it staged, which it
-//                          reads back itself once the tile is handed over.
+//                          reads back itself once the tile is handed over;
+// and optionally
+//   fused::HalfVector staged_bias(int64_t& first) const  a bias the consumers add to each value
+//                          before they round it for the tile (x rounded once, fused_product.cuh),
+//                          none where .values is null; `first` is the product's first column of V.
 //
 // Included only by translation units compiled for sm_90a with the CUTLASS headers.
 #pragma once
@@ -74,6 +78,17 @@ CUTLASS_DEVICE int opaque(int x) {
 
 // The warps that run the epilogue: warps 1–3 of the producer warpgroup (EpilogueWarpsKernel).
 constexpr int kEpilogueWarps = 3;
+
+// The bias an epilogue operator E asks its consumers to stage (E::staged_bias), or none.
+template <class E>
+CUTLASS_DEVICE HalfVector staged_bias_of(const E& epilogue, int64_t& first) {
+  if constexpr (requires { epilogue.staged_bias(first); }) {
+    return epilogue.staged_bias(first);
+  } else {
+    first = 0;
+    return HalfVector{};
+  }
+}
 
 // Where a tile lies: its first row and column in the product, and the product's extent.
 struct TileAt {
@@ -249,7 +264,10 @@ struct EpilogueWarpsKernel : Base {
           const bool shares = epilogue.shares(own);
           if (shares) epilogue.prepare_own(own);
           if (handed > 0) HandOver::wait(&tile.empty, (handed - 1) % 2);  // the last one is read
-          stage(accumulators, tiled_mma, thread, tile);
+          int64_t bias_first = 0;
+          const HalfVector bias = staged_bias_of(epilogue, bias_first);
+          stage(accumulators, tiled_mma, thread, tile, bias, bias_first + own.col0,
+                cols - own.col0);
           HandOver::arrive(&tile.full);
           ++handed;
           if (shares) epilogue.own_rows(own, shared.tensors.epilogue);
@@ -268,9 +286,12 @@ struct EpilogueWarpsKernel : Base {
   // constant: 1 integer instruction per 8 stores, where offset() per store compiled to ~5 (the
   // compiler cannot see that first < 8), which made the staging ≈ 40 % of the consumers'
   // instructions outside the mainloop (decision 87).
+  // With `bias` (a bias for the tile's columns from V's column bias_first, bias_columns of them
+  // inside the product) each value gets its column's bias before its one rounding.
   template <class Accumulators>
   static CUTLASS_DEVICE void stage(const Accumulators& accumulators, const TiledMma& tiled_mma,
-                                   int mma_thread, Tile& tile) {
+                                   int mma_thread, Tile& tile, const HalfVector& bias,
+                                   int64_t bias_first, int bias_columns) {
     using namespace cute;
     using Rows = AccumulatorRows<decltype(accumulators.layout()), TiledMma>;
     // Two consumer warpgroups of 64 rows, so consumer warp q holds rows 16q .. 16q + 15 (the
@@ -287,6 +308,11 @@ struct EpilogueWarpsKernel : Base {
       Element* row_start = tile.values + row * Tile::kColumns + first;
       float value[Rows::kValues];
       Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
+      if (bias.values != nullptr) {
+        Rows::for_each_value(coords, accumulators, r, [&](int k, int col, float) {
+          if (col < bias_columns) value[k] += bias[bias_first + col];
+        });
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int m = 0; m < 8; ++m) {
         Element* chunk_m = row_start + ((m ^ (row & 7)) << 3);  // pair c = m + 8i: + 64·i

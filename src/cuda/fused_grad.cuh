@@ -38,7 +38,7 @@ struct FusedGradProduct {
   // null otherwise (without smoothing a row's class weight w_y is in its record). Not with the
   // reference form.
   const float* class_weight = nullptr;
-  // [V] bias in `dtype`, added to x (x = round(round(h·w) + b), fused_product.cuh), or null. Not
+  // [V] bias in `dtype`, added to x before its one rounding (fused_product.cuh), or null. Not
   // with the reference form.
   const void* bias = nullptr;
   float logit_scale = 1, softcap = 0;  // SPEC §1 transform (softcap 0: none)

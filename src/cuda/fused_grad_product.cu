@@ -38,7 +38,7 @@ struct GradEpilogueParams {
   bool entropy = false;
   // Per column of V, where the smoothing term carries class weights (FusedGradProduct), or null.
   const float* class_weight = nullptr;
-  fused::HalfVector bias;  // per column of V, added to the staged x (fused_product.cuh), or none
+  fused::HalfVector bias;  // per column of V, added by the consumers as they stage x, or none
   bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
@@ -120,6 +120,12 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   using TensorStorage = SharedStorage;
 
   CUTLASS_DEVICE bool skipped() const { return params_.skip; }
+  // The bias the consumers add before they round the tile (fused_epilogue_kernel.cuh): only in
+  // the kernel with per-column terms, whose plain code then carries none of it.
+  CUTLASS_DEVICE fused::HalfVector staged_bias(int64_t& first) const {
+    first = params_.first_column;
+    return kColumns ? params_.bias : fused::HalfVector{};
+  }
   // Rows of each consumer warp's 16 that it forms itself on this tile (both sides ask).
   CUTLASS_DEVICE int own_of(const fused::TileAt& at) const {
     return at.last ? kLastTileOwnRows : params_.own_rows;
@@ -267,21 +273,17 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
             then(std::false_type{});
           }
         };
-        // The class weights (1 unless the smoothing term carries them) and the bias (0 if none)
-        // of the lane's 8 columns, the same for every row of the tile: loaded once per tile, in
-        // the kernel with per-column terms only.
-        float weight[8], bias[8];
+        // The class weights of the lane's 8 columns (1 unless the smoothing term carries them),
+        // the same for every row of the tile: loaded once per tile, in the kernel with
+        // per-column terms only. (Its bias is in the staged tile already: staged_bias.)
+        float weight[8];
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < 8; ++k) {
           weight[k] = 1.0f;
-          bias[k] = 0.0f;
           if constexpr (kColumns) {
             const int column = at.col0 + 8 * at.lane + k;
             if (column < at.cols && a.class_weight != nullptr) {
               weight[k] = __ldg(a.class_weight + a.first_column + column);
-            }
-            if (column < at.cols && a.bias.values != nullptr) {
-              bias[k] = a.bias[a.first_column + column];
             }
           }
         }
@@ -289,7 +291,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           dispatch(vectors, [&](auto vector_stores) {
             walk([&](auto rows, int row, int second, int i) {
               rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
-                           decltype(rows)::value>(at, tile, records, transform, weight, bias, row,
+                           decltype(rows)::value>(at, tile, records, transform, weight, row,
                                                   second, i, count);
             });
           });
@@ -299,14 +301,13 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   }
 
   // Entries i + r (r < kRows, those < count): rows row_i + r of the tile (r < 4) and second +
-  // r − 4. With kColumns the smoothing term takes `weight`, the lane's columns' class weights, and
-  // x is the staged value plus `bias`, rounded to S again (HalfVector's rule); both are no-ops
-  // (1 and 0) where the call has none.
+  // r − 4. With kColumns the smoothing term takes `weight`, the lane's columns' class weights
+  // (each 1 where the call has none).
   template <bool kEntropy, bool kVectors, int kRows, class Transform>
   CUTLASS_DEVICE void rows_at_once(const fused::TileAt& at, const Tile& tile,
                                    const CeGradRecord* records, const Transform& transform,
-                                   const float (&weight)[8], const float (&bias)[8], int row_i,
-                                   int second, int i, int count) const {
+                                   const float (&weight)[8], int row_i, int second, int i,
+                                   int count) const {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
     auto tile_row = [&](int r) { return group_row(r, row_i, second); };
@@ -317,10 +318,6 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
       unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
-      if constexpr (kColumns) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 8; ++k) value[r][k] = fused::round_to<S>(value[r][k] + bias[k]);
-      }
     }
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -203,15 +203,15 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         auto column_of = [&](int k) { return col0 + Rows::column_of(coords, k); };
         float value[kValues];
         for_each_value([&](int k, int, float x) { value[k] = x; });
-        fused::round_logits(value, params_.round_to);
+        // A bias before the one rounding (fused_product.cuh's HalfVector).
         if (kColumns && params_.bias.values != nullptr) {
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < kValues; ++k) {
             const int col = column_of(k);
             value[k] += col < cols ? params_.bias[col] : 0.0f;
           }
-          fused::round_logits(value, params_.round_to);
         }
+        fused::round_logits(value, params_.round_to);
         CUTLASS_PRAGMA_UNROLL
         for (int k = 0; k < kValues; ++k) value[k] = transform.value(value[k]);
 
