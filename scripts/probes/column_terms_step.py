@@ -5,7 +5,7 @@ XENT_CUDA_FUSED_GRAD=0, read per call), interleaved in one process: what the fus
 per-column terms cost or save. KIND: bias (default: with ∂bias and with the bias frozen),
 class_weight, or class_weight_smoothing (ε = 0.1). Prints each configuration's median and
 p20–p80 of CALLS steps (CUDA events) per round, and writes them as JSON when given a path.
-Run: PYTHONPATH=python python3 scripts/probes/bias_step.py N H V BUDGET_MIB [CALLS [JSON [KIND]]]
+Run: PYTHONPATH=python python3 scripts/probes/column_terms_step.py N H V BUDGET_MIB [CALLS [JSON [KIND]]]
 """
 import json
 import os
