@@ -217,23 +217,21 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
 
         common::RowStats<float> stats;
         bool lean = false;
+        // Null in the plain kernel, where the weighted sums then compile away.
+        const float* class_weight = kColumns ? params_.class_weight : nullptr;
         if (whole_tile) {
           int where = 0;
-          const float* class_weight = kColumns ? params_.class_weight : nullptr;
           auto weight_of = [&](int k) { return __ldg(class_weight + column_of(k)); };
           if (!params_.extras) {
             lean = lean_row_stats<false, false>(value, stats, where, weight_of);
-          } else if (kColumns && class_weight != nullptr) {
-            lean = lean_row_stats<true, kColumns>(value, stats, where, weight_of);
+          } else if (class_weight != nullptr) {
+            lean = lean_row_stats<true, true>(value, stats, where, weight_of);
           } else {
             lean = lean_row_stats<true, false>(value, stats, where, weight_of);
           }
           stats.argmax = params_.extras ? column_of(where) : col0;  // col0: never read
         }
-        if (!lean) {
-          exact_row_stats(value, for_each_value, cols, kColumns ? params_.class_weight : nullptr,
-                          stats);
-        }
+        if (!lean) exact_row_stats(value, for_each_value, cols, class_weight, stats);
         float target_logit = 0;  // x̃_y in the one lane holding column y, else 0
         if (y >= col0 && y < col0 + static_cast<int64_t>(size<1>(block_shape)) && y < cols) {
           for_each_value([&](int k, int col, float) {
