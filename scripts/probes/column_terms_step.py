@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A linear_cross_entropy step with a per-column term (forward + backward through autograd) on the
-fused Hopper products and on the cuBLASLt path (XENT_CUDA_FUSED_STATS=0 and
-XENT_CUDA_FUSED_GRAD=0, read per call), interleaved in one process: what the fused products'
+fused Hopper products and on the cuBLASLt path (XENT_CUDA_FUSED_STATS=0, XENT_CUDA_FUSED_GRAD=0
+and XENT_CUDA_REFERENCE=0, read per call), interleaved in one process: what the fused products'
 per-column terms cost or save. KIND: bias (default: with ∂bias and with the bias frozen),
-class_weight, or class_weight_smoothing (ε = 0.1). Prints each configuration's median and
+class_weight, class_weight_smoothing or smoothing (ε = 0.1). Prints each configuration's median and
 p20–p80 of CALLS steps (CUDA events) per round, and writes them as JSON when given a path.
 Run: PYTHONPATH=python python3 scripts/probes/column_terms_step.py N H V BUDGET_MIB [CALLS [JSON [KIND]]]
 """
@@ -16,8 +16,8 @@ import torch
 import xent.functional as XF
 from call_drift import call_times
 
-SWITCHES = ("XENT_CUDA_FUSED_STATS", "XENT_CUDA_FUSED_GRAD")
-KINDS = ("bias", "class_weight", "class_weight_smoothing")
+SWITCHES = ("XENT_CUDA_FUSED_STATS", "XENT_CUDA_FUSED_GRAD", "XENT_CUDA_REFERENCE")
+KINDS = ("bias", "class_weight", "class_weight_smoothing", "smoothing")
 
 
 def main():
@@ -40,8 +40,9 @@ def main():
         if kind == "bias":
             extra = {"bias": bias if variant else frozen}
         else:
-            extra = {"class_weight": class_weight,
-                     "label_smoothing": 0.1 if kind == "class_weight_smoothing" else 0.0}
+            extra = {"label_smoothing": 0.1 if kind.endswith("smoothing") else 0.0}
+            if kind.startswith("class_weight"):
+                extra["class_weight"] = class_weight
 
         def run():
             hidden.grad = weight.grad = bias.grad = None
@@ -49,7 +50,7 @@ def main():
                                     **extra).backward()
         return run
 
-    # bias: with ∂bias (True) and frozen (False); class weights: one configuration.
+    # bias: with ∂bias (True) and frozen (False); the other kinds: one configuration.
     variants = (True, False) if kind == "bias" else (True,)
     results = []
     print(f"N={n} H={h} V={v} budget {budget_mib} MiB, {kind}, on {torch.cuda.get_device_name()}")

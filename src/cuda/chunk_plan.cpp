@@ -219,8 +219,9 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   plan.schedule = accumulator > 0 ? Schedule::row_chunks_accumulated : Schedule::row_chunks;
   const int64_t rows = std::max<int64_t>(request.rows, 0);
   const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
+  // Padding and the extra bytes of up to two buffers.
   const std::size_t reserved = reserved_bytes(request, gemm) + align_up(accumulator) +
-                               2 * kWorkspaceAlignment;  // padding of up to two buffers
+                               2 * (kWorkspaceAlignment + request.chunk_buffer_extra_bytes);
   const std::size_t available =
       request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
   const int64_t max_rows_one_buffer =
@@ -234,7 +235,8 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   plan.chunk_rows = rows == 0 ? 0 : balanced_rows(rows, max_rows);
   plan.chunk_count = count_of(rows, plan.chunk_rows);
   const int64_t buffer_rows = std::max<int64_t>(plan.chunk_rows, kMinimumChunkRows);
-  plan.logits_buffer_bytes = static_cast<std::size_t>(buffer_rows) * per_row;
+  plan.logits_buffer_bytes =
+      static_cast<std::size_t>(buffer_rows) * per_row + request.chunk_buffer_extra_bytes;
   plan.total_bytes =
       chunk_region_bytes(plan) + reserved_bytes(request, gemm) + align_up(accumulator);
 

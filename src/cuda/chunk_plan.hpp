@@ -32,6 +32,9 @@ struct ChunkRequest {
   // Bytes per chunk row beside its logits in the chunk buffer (linear_ce's per-row reference
   // path: its tile sums and scaled rows, linear_reference.cuh), in every buffer.
   std::size_t chunk_row_scratch_bytes = 0;
+  // Bytes of every chunk buffer beyond its rows (the reference path's rank-1 rows of label
+  // smoothing); row-chunk schedules only.
+  std::size_t chunk_buffer_extra_bytes = 0;
   // ∂W is wanted (any dtype): over several row chunks it is re-read and re-written per chunk.
   bool weight_gradient = false;
   // ∂W is wanted in a 16-bit dtype: accumulating it over several row chunks needs fp32 (V×H, or
@@ -104,7 +107,9 @@ struct ChunkPlan {
   int64_t chunk_rows = 0;   // rows per full-vocabulary chunk (the last chunk may be shorter)
   int64_t chunk_count = 0;  // ceil(N / chunk_rows); 0 when N = 0
   int buffer_count = 1;     // 1, or 2 when overlapping
-  std::size_t logits_buffer_bytes = 0;  // one buffer: chunk_rows × V × element × buffers_per_row
+  // One buffer: chunk_rows × (V × element × buffers_per_row + per-row scratch), plus the
+  // request's chunk_buffer_extra_bytes in the row-chunk schedules.
+  std::size_t logits_buffer_bytes = 0;
   // vocabulary_blocks only. A block is block_columns columns of ∂W; its gradient is formed in
   // tiles of tile_rows rows (all N rows when they fit, then ∂W of the block is one product
   // written straight into the output).

@@ -39,6 +39,7 @@
 #include "cuda/linear_block_pass.hpp"
 #include "cuda/linear_ce_plan.hpp"
 #include "cuda/linear_reference.cuh"
+#include "cuda/weighted_row_sum.cuh"
 #include "cuda/linear_streams.hpp"
 #include "cuda/linear_support.hpp"
 
@@ -131,8 +132,10 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.budget_bytes = options.workspace_budget;
   request.fixed_bytes = row_scratch_bytes(rows) + grad_record_bytes(rows);
   if (wants.reference_row_bytes > 0) {
-    request.fixed_bytes += reference_fixed_bytes(rows);
+    const bool smoothing = options.ce.label_smoothing != 0;
+    request.fixed_bytes += reference_fixed_bytes(rows, hidden, smoothing);
     request.chunk_row_scratch_bytes = wants.reference_row_bytes;
+    request.chunk_buffer_extra_bytes = reference_buffer_extra_bytes(vocab, hidden, smoothing);
   }
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.overlap = wants.gradients && linear_overlap_enabled();
@@ -501,12 +504,29 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   float* reference_scale = nullptr;
   float* reference_targets = nullptr;
   int32_t* reference_fallback = nullptr;
+  // Label smoothing on the reference path (linear_reference.cuh): k_n and Σ w·x̃ per row, w̄, U and
+  // their partials.
+  const bool reference_smoothing = reference.on && call.options.ce.label_smoothing != 0;
+  float* reference_uniform = nullptr;
+  float* reference_smoothing_sums = nullptr;
+  float* reference_weight_sum = nullptr;
+  float* reference_hidden_sum = nullptr;
+  float* reference_sum_partials = nullptr;
   if (reference.on) {  // reference_fixed_bytes
     const std::size_t row_floats = align_up(static_cast<std::size_t>(rows) * sizeof(float));
     reference_scale = static_cast<float*>(carver.take(row_floats));
     reference_targets = static_cast<float*>(carver.take(row_floats));
     reference_fallback = static_cast<int32_t*>(
         carver.take(align_up(static_cast<std::size_t>(rows + 1) * sizeof(int32_t))));
+    if (reference_smoothing) {
+      const std::size_t hidden_floats = static_cast<std::size_t>(hidden) * sizeof(float);
+      reference_uniform = static_cast<float*>(carver.take(row_floats));
+      reference_smoothing_sums = static_cast<float*>(carver.take(row_floats));
+      reference_weight_sum = static_cast<float*>(carver.take(hidden_floats));
+      reference_hidden_sum = static_cast<float*>(carver.take(hidden_floats));
+      reference_sum_partials =
+          static_cast<float*>(carver.take(weighted_row_sum_scratch_bytes(hidden)));
+    }
   }
   if (blocked && stats && stats->lse.present()) saved_lse = static_cast<float*>(stats->lse.data);
   const bool entropy_grad = call.entropy.present();
@@ -681,14 +701,21 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     part.weight = weight;
     part.records = records + first;
     part.scratch = static_cast<char*>(buffer_of(chunk)) +
-                   align_up(static_cast<std::size_t>(chunk_rows) *
-                            static_cast<std::size_t>(vocab) * logits_element);
+                   reference_scratch_offset(chunk_rows, vocab, logits_element,
+                                            reference_smoothing);
     part.hidden_product = reference.hidden_product_in_weight_grad
                               ? static_cast<float*>(grads.weight.data)
                               : static_cast<float*>(part.scratch);
     part.scale = reference_scale + first;
     part.target_logits = reference_targets + first;
     part.fallback = reference_fallback;
+    if (reference_smoothing) {
+      part.uniform = reference_uniform + first;
+      part.smoothing_sums = reference_smoothing_sums + first;
+      part.weight_sum = reference_weight_sum;
+      part.hidden_sum = reference_hidden_sum;
+      part.sum_partials = reference_sum_partials;
+    }
     part.grads = &grads;
     part.sums = &sums;
     part.first_row = first;

@@ -10,6 +10,7 @@
 #include "cuda/fused_grad.cuh"
 #include "cuda/fused_stats.hpp"
 #include "cuda/linear_ce_plan.hpp"
+#include "cuda/weighted_row_sum.cuh"
 
 namespace xent::cuda {
 namespace {
@@ -37,18 +38,35 @@ __device__ __forceinline__ float rounded(float x) {
   return load_float(store_float<S>(x));
 }
 
-// a·b over `length` columns of two 16-bit rows in fp32, by one warp (all lanes get it); 16-byte
-// loads when both rows and the length allow them.
-template <class S>
-__device__ float warp_dot(const S* a, const S* b, int64_t length, bool vectors) {
+// Eight consecutive values as floats from 16-byte aligned storage: one 16-byte load of a 16-bit
+// row, two of an fp32 one.
+template <class T>
+__device__ __forceinline__ void load_eight(const T* p, float (&out)[8]) {
+  const Vector<T> v = unpack<T>(*reinterpret_cast<const uint4*>(p));
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = v.value[j];
+}
+template <>
+__device__ __forceinline__ void load_eight<float>(const float* p, float (&out)[8]) {
+  const float4 lo = *reinterpret_cast<const float4*>(p);
+  const float4 hi = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+  out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+}
+
+// a·b over `length` columns of a 16-bit row and a 16-bit or fp32 one, in fp32, by one warp (all
+// lanes get it); 16-byte loads when both rows and the length allow them.
+template <class A, class B>
+__device__ float warp_dot(const A* a, const B* b, int64_t length, bool vectors) {
   float sum = 0.0f;
   const int lane = lane_id();
   if (vectors) {
     for (int64_t k = 8 * lane; k < length; k += 8 * 32) {
-      const Vector<S> x = unpack<S>(*reinterpret_cast<const uint4*>(a + k));
-      const Vector<S> y = unpack<S>(*reinterpret_cast<const uint4*>(b + k));
+      float x[8], y[8];
+      load_eight(a + k, x);
+      load_eight(b + k, y);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum = fmaf(x.value[j], y.value[j], sum);
+      for (int j = 0; j < 8; ++j) sum = fmaf(x[j], y[j], sum);
     }
   } else {
     for (int64_t k = lane; k < length; k += 32) sum = fmaf(load_float(a[k]), load_float(b[k]), sum);
@@ -83,6 +101,10 @@ struct RowParams {
   float* target_logits = nullptr;
   float* scale = nullptr;
   int32_t* fallback = nullptr;
+  // Label smoothing (ReferenceChunk's; null without it).
+  const float* weight_sum = nullptr;
+  float* uniform = nullptr;
+  float* smoothing_sums = nullptr;
 };
 
 // Step 1: each row's record: the reference r = x̃ of its target (rounded as the product rounds
@@ -125,14 +147,17 @@ __device__ void write_row_outputs(const CeRowsArgs& a, int64_t row, float loss, 
   if (a.logprob) a.logprob[row] = logprob;
 }
 
-// The §1 loss parts of a valid row with an in-range target from its lse and target logit x̃_y,
-// written out (as the ce row kernel writes them).
+// The §1 loss parts of a valid row with an in-range target from its lse, target logit x̃_y and,
+// with label smoothing, Σ_i w_i·x̃_i, written out (as the ce row kernel writes them).
 __device__ void write_valid_row(const CeRowsArgs& a, const common::CeConstants<float>& c,
-                                int64_t row, int64_t target, float lse, float target_logit) {
+                                int64_t row, int64_t target, float lse, float target_logit,
+                                float smoothing_sum) {
   const float row_weight = a.row_weight ? a.row_weight[row] : 1.0f;
   const float target_weight = a.options.class_weight ? a.options.class_weight[target] : 1.0f;
-  const auto parts =
-      common::ce_row_loss(c, common::RowStats<float>{}, lse, target_logit, target_weight);
+  common::RowStats<float> sums;
+  sums.sum_logits = smoothing_sum;
+  sums.sum_weighted_logits = smoothing_sum;
+  const auto parts = common::ce_row_loss(c, sums, lse, target_logit, target_weight);
   write_row_outputs(a, row, row_weight * parts.loss, row_weight * parts.z_loss, lse,
                     target_logit - lse);
 }
@@ -150,19 +175,27 @@ __device__ common::CeGradRow<float> row_gradient(const CeRowsArgs& a,
                              base * a.totals->z_factor * a.grad_scale);
 }
 
-// `scale`: 1, the fallback writing the exact gradient; 0 for an ignored row, whose E row it
-// writes as zeros.
+// A row's s_n and, with label smoothing, k_n.
+__device__ void set_row_scales(const RowParams& p, int64_t row, float scale, float uniform) {
+  p.scale[row] = scale;
+  if (p.uniform) p.uniform[row] = uniform;
+}
+
+// `scale`: 1, the fallback writing the exact gradient (label smoothing's term with it, so k_n is
+// 0); 0 for an ignored row, whose E row it writes as zeros.
 __device__ void to_fallback(const RowParams& p, int64_t row, float scale = 1.0f) {
   const int slot = atomicAdd(p.fallback, 1);
   p.fallback[1 + slot] = static_cast<int32_t>(row);
-  p.scale[row] = scale;
+  set_row_scales(p, row, scale, 0.0f);
 }
 
 // Step 3, one warp per row: Σ of the tile sums (a fixed order), lse = r + ln Σ, the row's
-// outputs, s_n and E'_y = g_y / s_n over the target's column; rows outside the path's range to
-// the fallback list.
+// outputs, s_n (and k_n) and E'_y = g_y / s_n over the target's column; rows outside the path's
+// range to the fallback list. With label smoothing the row's Σ_i w_i·x̃_i = a·(h_n·w̄), kept for
+// the fallback too.
 template <class S>
-__global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const RowParams p) {
+__global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const Operands o,
+                                                                         const RowParams p) {
   const CeRowsArgs& a = p.rows;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= a.rows) return;  // per warp
@@ -173,14 +206,21 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const R
   const float* partials = p.partials + row * p.tiles;
   for (int64_t t = lane_id(); t < p.tiles; t += 32) sum += partials[t];
   sum = warp_sum(sum);
+  float smoothing_sum = 0.0f;
+  if (p.weight_sum != nullptr && valid && in_range) {  // per warp
+    smoothing_sum = a.options.logit_scale *
+                    warp_dot(static_cast<const S*>(o.hidden) + row * o.hidden_stride,
+                             p.weight_sum, o.hidden_size, o.vectors);
+  }
   if (lane_id() != 0) return;
+  if (p.smoothing_sums) p.smoothing_sums[row] = smoothing_sum;
   if (!valid) {
     using Ignored = common::IgnoredRow<float>;
     write_row_outputs(a, row, Ignored::loss, Ignored::loss, Ignored::lse, Ignored::logprob);
     // Its reference is +∞: its E row is 0 unless a logit was NaN or +∞ (then so is Σ), which
     // the fallback writes as zeros, the gradient of an ignored row (SPEC §1).
     if (sum == 0.0f) {
-      p.scale[row] = 0.0f;
+      set_row_scales(p, row, 0.0f, 0.0f);
     } else {
       to_fallback(p, row, 0.0f);
     }
@@ -197,12 +237,15 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const R
   const float lse = reference + logf(sum);
   const float x_target = p.target_logits[row];
   const float target_logit = c.transform.value(x_target);
-  write_valid_row(a, c, row, target, lse, target_logit);
+  write_valid_row(a, c, row, target, lse, target_logit, smoothing_sum);
   const common::CeGradRow<float> grad = row_gradient(a, c, row, target, lse);
-  // The target term subtracted in fp32 from p_y formed in fp32, as the row kernel keeps p_y − 1.
+  // The target term subtracted in fp32 from p_y formed in fp32, as the row kernel keeps p_y − 1;
+  // label smoothing's uniform term is k_n's (over every column, the target's included).
+  common::CeGradRow<float> without_uniform = grad;
+  without_uniform.smoothing_coef = 0.0f;
+  const float slope = c.transform.slope(x_target);
   const float p_target = expf(target_logit - lse);
-  const float g_target =
-      common::ce_grad_from_prob(grad, p_target, c.transform.slope(x_target), true, 1.0f);
+  const float g_target = common::ce_grad_from_prob(without_uniform, p_target, slope, true, 1.0f);
   const float s = grad.prob_coef * expf(reference - lse);
   const float e_target = s != 0.0f ? g_target / s : 0.0f;
   const bool representable = s != 0.0f ? fabsf(e_target) < 1e37f : g_target == 0.0f;
@@ -210,7 +253,7 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const R
     to_fallback(p, row);
     return;
   }
-  p.scale[row] = s;
+  set_row_scales(p, row, s, grad.smoothing_coef * slope);
   static_cast<S*>(const_cast<void*>(a.logits))[row * a.row_stride + target] =
       store_float<S>(e_target);
 }
@@ -298,7 +341,8 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
       row_lse = lse;
       if (in_range) {
         const float target_logit = c.transform.value(p.target_logits[row]);
-        if (split == 0) write_valid_row(a, c, row, target, lse, target_logit);
+        const float smoothing_sum = p.smoothing_sums ? p.smoothing_sums[row] : 0.0f;
+        if (split == 0) write_valid_row(a, c, row, target, lse, target_logit, smoothing_sum);
         row_grad = row_gradient(a, c, row, target, lse);
       } else if (split == 0) {
         // As the row kernel: the row's lse, a NaN loss and logprob.
@@ -314,8 +358,9 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
       if (in_range) {
         const float x = load_float(out[column]);
         const float prob = expf(c.transform.value(x) - row_lse);
+        const float weight = a.options.class_weight ? a.options.class_weight[column] : 1.0f;
         g = common::ce_grad_from_prob(row_grad, prob, c.transform.slope(x), column == target,
-                                      1.0f);
+                                      weight);
       }
       out[column] = store_float<S>(g);
     }
@@ -323,15 +368,19 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
   }
 }
 
-// ∂h rows = s ⊙ D, D the fp32 product E'·W of the chunk.
+// ∂h rows = s ⊙ D − k ⊗ w̄, D the fp32 product E'·W of the chunk (the second term with label
+// smoothing only: uniform and weight_sum null without it).
 template <class Out>
 __global__ void scale_product_rows_kernel(const float* product, int64_t rows, int64_t cols,
-                                          const float* scale, Out* out, int64_t out_stride) {
+                                          const float* scale, const float* uniform,
+                                          const float* weight_sum, Out* out, int64_t out_stride) {
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / cols, col = i % cols;
-    out[row * out_stride + col] = store_float<Out>(scale[row] * product[i]);
+    float value = scale[row] * product[i];
+    if (uniform != nullptr) value = fmaf(-uniform[row], weight_sum[col], value);
+    out[row * out_stride + col] = store_float<Out>(value);
   }
 }
 
@@ -348,22 +397,46 @@ __global__ void scale_hidden_rows_kernel(const S* hidden, int64_t stride, int64_
 }
 
 void scale_product_rows(const float* product, int64_t rows, int64_t cols, const float* scale,
-                        const TensorView& out, cudaStream_t stream) {
+                        const float* uniform, const float* weight_sum, const TensorView& out,
+                        cudaStream_t stream) {
   const int blocks = elementwise_blocks(rows * cols);
+  auto launch = [&](auto* typed) {
+    scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
+        product, rows, cols, scale, uniform, weight_sum, typed, out.row_stride);
+  };
   switch (out.dtype) {
-    case DType::f32:
-      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
-          product, rows, cols, scale, static_cast<float*>(out.data), out.row_stride);
-      break;
-    case DType::bf16:
-      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
-          product, rows, cols, scale, static_cast<bf16_t*>(out.data), out.row_stride);
-      break;
-    default:
-      scale_product_rows_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(
-          product, rows, cols, scale, static_cast<f16_t*>(out.data), out.row_stride);
+    case DType::f32: launch(static_cast<float*>(out.data)); break;
+    case DType::bf16: launch(static_cast<bf16_t*>(out.data)); break;
+    default: launch(static_cast<f16_t*>(out.data));
   }
   XENT_CUDA_CHECK_LAUNCH();
+}
+
+// Label smoothing's kUniformRows rows of the chunk's ∂W product (linear_reference.cuh): after the
+// chunk's E rows, (w_hi, w_hi, w_lo, 0, …) over V columns; after its scaled h rows, (−U_hi, −U_lo,
+// −U_hi, 0, …) over H columns. Their product adds −w_i·U to ∂W_i but for w_lo·U_lo (2^-16 of it).
+template <class S>
+__global__ void uniform_rows_kernel(const float* class_weight, int64_t vocab, S* exps,
+                                    int64_t exps_stride, const float* hidden_sum, int64_t hidden,
+                                    S* scaled) {
+  const int64_t total = kUniformRows * (vocab + hidden);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i < kUniformRows * vocab) {
+      const int64_t row = i / vocab, column = i % vocab;
+      const float w = class_weight ? class_weight[column] : 1.0f;
+      const float high = load_float(store_float<S>(w));
+      const float value = row < 2 ? high : (row == 2 ? w - high : 0.0f);
+      exps[row * exps_stride + column] = store_float<S>(value);
+    } else {
+      const int64_t j = i - kUniformRows * vocab;
+      const int64_t row = j / hidden, column = j % hidden;
+      const float u = -hidden_sum[column];
+      const float high = load_float(store_float<S>(u));
+      const float value = row == 0 || row == 2 ? high : (row == 1 ? u - high : 0.0f);
+      scaled[row * hidden + column] = store_float<S>(value);
+    }
+  }
 }
 
 template <class S>
@@ -388,6 +461,17 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
   params.target_logits = chunk.target_logits;
   params.scale = chunk.scale;
   params.fallback = chunk.fallback;
+  const bool smoothing = chunk.uniform != nullptr;
+  if (smoothing) {
+    params.weight_sum = chunk.weight_sum;
+    params.uniform = chunk.uniform;
+    params.smoothing_sums = chunk.smoothing_sums;
+    // w̄ = Σ_i w_i·W_i, once per call, before the first finish reads it.
+    if (chunk.first_chunk) {
+      weighted_row_sum(chunk.weight.data, chunk.weight.dtype, vocab, hidden, chunk.weight.stride,
+                       a.options.class_weight, chunk.sum_partials, chunk.weight_sum, stream);
+    }
+  }
 
   const int row_blocks = warp_blocks(rows);
   reference_records_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(operands, params);
@@ -414,7 +498,7 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
   product.target_logits = chunk.target_logits;
   if (!fused_grad_product(product, stream)) return false;
 
-  reference_finish_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(params);
+  reference_finish_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(operands, params);
   XENT_CUDA_CHECK_LAUNCH();
   int device = 0;
   XENT_CUDA_CHECK(cudaGetDevice(&device));
@@ -432,8 +516,8 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
     hidden_product.b = chunk.weight;
     hidden_product.c = GemmMatrix{chunk.hidden_product, DType::f32, rows, hidden, hidden};
     gemm(hidden_product, chunk.gemm_scratch, stream);
-    scale_product_rows(chunk.hidden_product, rows, hidden, chunk.scale,
-                          view_rows(grads.hidden, chunk.first_row, rows), stream);
+    scale_product_rows(chunk.hidden_product, rows, hidden, chunk.scale, chunk.uniform,
+                       chunk.weight_sum, view_rows(grads.hidden, chunk.first_row, rows), stream);
   }
   const GradientSums& sums = *chunk.sums;
   if (sums.weight) {
@@ -442,10 +526,25 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
         static_cast<const S*>(chunk.hidden_rows.data), chunk.hidden_rows.stride, rows, hidden,
         chunk.scale, scaled);
     XENT_CUDA_CHECK_LAUNCH();
+    // With label smoothing, K grows by its kUniformRows rows (after the scaled rows, which the ∂h
+    // product's fp32 rows in the scratch no longer need).
+    const int64_t k_rows = smoothing ? rows + kUniformRows : rows;
+    if (smoothing) {
+      weighted_row_sum(chunk.hidden_rows.data, chunk.hidden_rows.dtype, rows, hidden,
+                       chunk.hidden_rows.stride, chunk.uniform, chunk.sum_partials,
+                       chunk.hidden_sum, stream);
+      S* exps_rows = static_cast<S*>(const_cast<void*>(a.logits)) + rows * a.row_stride;
+      uniform_rows_kernel<<<elementwise_blocks(kUniformRows * (vocab + hidden)),
+                            kElementwiseThreads, 0, stream>>>(a.options.class_weight, vocab,
+                                                              exps_rows, a.row_stride,
+                                                              chunk.hidden_sum, hidden,
+                                                              scaled + rows * hidden);
+      XENT_CUDA_CHECK_LAUNCH();
+    }
     GemmProduct weight_product;
-    weight_product.a = exps;
+    weight_product.a = GemmMatrix{a.logits, chunk.hidden_rows.dtype, k_rows, vocab, a.row_stride};
     weight_product.a_transposed = true;
-    weight_product.b = GemmMatrix{scaled, chunk.hidden_rows.dtype, rows, hidden, hidden};
+    weight_product.b = GemmMatrix{scaled, chunk.hidden_rows.dtype, k_rows, hidden, hidden};
     weight_product.c = GemmMatrix{sums.weight, sums.weight_dtype, chunk.weight.rows,
                                   chunk.weight.cols, sums.weight_stride};
     weight_product.beta = chunk.first_chunk && !sums.weight_added ? 0.0f : 1.0f;
@@ -457,7 +556,8 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
 }  // namespace
 
 bool reference_options_eligible(const CeOptions& options, const CeStats* stats) {
-  if (options.label_smoothing != 0) return false;
+  // With a softcap smoothing's uniform term carries each element's slope: not rank 1.
+  if (options.label_smoothing != 0 && options.softcap.has_value()) return false;
   if (stats == nullptr) return true;
   return !stats->entropy.present() && !stats->argmax.present() && !stats->accuracy.present();
 }
@@ -480,9 +580,30 @@ std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
   return row + kWorkspaceAlignment;
 }
 
-std::size_t reference_fixed_bytes(int64_t rows) {
+std::size_t reference_fixed_bytes(int64_t rows, int64_t hidden, bool smoothing) {
   const std::size_t n = static_cast<std::size_t>(std::max<int64_t>(rows, 0));
-  return 2 * align_up(n * sizeof(float)) + align_up((n + 1) * sizeof(int32_t));
+  const std::size_t row_floats = align_up(n * sizeof(float));
+  std::size_t bytes = 2 * row_floats + align_up((n + 1) * sizeof(int32_t));
+  if (smoothing) {  // k_n and Σ w·x̃ per row; w̄, U and their partials
+    const std::size_t h = static_cast<std::size_t>(std::max<int64_t>(hidden, 0));
+    bytes += 2 * row_floats + 2 * align_up(h * sizeof(float)) +
+             weighted_row_sum_scratch_bytes(hidden);
+  }
+  return bytes;
+}
+
+std::size_t reference_buffer_extra_bytes(int64_t vocab, int64_t hidden, bool smoothing) {
+  if (!smoothing) return 0;
+  const std::size_t element = 2;  // the path's 16-bit operands
+  return align_up(static_cast<std::size_t>(kUniformRows * vocab) * element) +
+         align_up(static_cast<std::size_t>(kUniformRows * hidden) * element) +
+         2 * kWorkspaceAlignment;
+}
+
+std::size_t reference_scratch_offset(int64_t chunk_rows, int64_t vocab, std::size_t element,
+                                     bool smoothing) {
+  const int64_t rows = chunk_rows + (smoothing ? kUniformRows : 0);
+  return align_up(static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab) * element);
 }
 
 bool reference_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {

@@ -15,10 +15,20 @@
 // by two fallback kernels on the CUDA cores (its logits, its statistics, its exact gradient with
 // s_n = 1): slow, and only for such rows; nothing synchronises with the host.
 //
-// Options: every one of SPEC §1 but label smoothing (its uniform term is not a per-row factor);
-// statistics: lse and logprob, not entropy, argmax or accuracy; operands as the fused products
-// take them (fused_operands_eligible) but without a bias (its ∂bias = Σ_n s_n·E'_n would be one
-// more pass over E'); the row-chunk schedules with one chunk buffer.
+// Label smoothing without a softcap: its uniform term of the gradient, −k_n·w_i with
+// k_n = c_n·(ε/V)·a (a the logit scale, w ≡ 1 unweighted), is not a factor of E but it is rank 1.
+// So E' and s_n carry every other term, and
+//   ∂h_n = s_n·(E'·W)_n − k_n·w̄,  w̄ = Σ_i w_i·W_i (fp32, once per call; weighted_row_sum.cuh),
+//   ∂W_i += Σ_n E'_ni·s_n·h_n − w_i·U,  U = Σ_n k_n·h_n over the chunk's rows,
+// the last term as kUniformRows more rows of the chunk's ∂W product: E rows (w_hi, w_hi, w_lo)
+// beside B rows (−U_hi, −U_lo, −U_hi), hi/lo the 16-bit value and its 16-bit remainder, so the
+// term keeps ≈ 16 significant bits and costs no pass over ∂W. The loss's Σ_i w_i·x̃_i is
+// a·(h_n·w̄). With a softcap the term carries each element's slope: not rank 1, not taken.
+//
+// Options: every one of SPEC §1 (label smoothing without a softcap); statistics: lse and logprob,
+// not entropy, argmax or accuracy; operands as the fused products take them
+// (fused_operands_eligible) but without a bias (its ∂bias = Σ_n s_n·E'_n would be one more pass
+// over E'); the row-chunk schedules with one chunk buffer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +51,10 @@ constexpr float kMaxReferenceSum = 1.1420073898156842e26f;  // e^60
 // Columns of the fallback's slices of a row (each a work item of its kernels).
 constexpr int kReferenceFallbackSplit = 16;
 
+// Rows that extend a chunk's ∂W product by label smoothing's uniform term (three used; eight
+// keep K on the products' 8-row grid of 16-byte loads).
+constexpr int64_t kUniformRows = 8;
+
 // Whether a call with these options and requested statistics may take the reference path (not
 // the operands, the plan or the switch). XENT_CUDA_REFERENCE=0 turns the path off, =1 (the
 // default) takes it wherever it may run.
@@ -54,14 +68,22 @@ bool reference_path_enabled();
 // and 256 bytes that keep the scratch 256-byte aligned.
 std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
                                       bool hidden_product_in_scratch);
-// Bytes of the per-row arrays for all rows (scales, target logits, the fallback's row list).
-std::size_t reference_fixed_bytes(int64_t rows);
+// Bytes of the per-row arrays for all rows (scales, target logits, the fallback's row list) and,
+// with label smoothing, its per-row and H-long arrays (k_n, Σ w·x̃, w̄, U, their partials).
+std::size_t reference_fixed_bytes(int64_t rows, int64_t hidden, bool smoothing);
+// Bytes of the chunk buffer beyond its rows with label smoothing (kUniformRows rows of V after the
+// chunk's E rows and of H after its scaled h rows, with their alignment), else 0.
+std::size_t reference_buffer_extra_bytes(int64_t vocab, int64_t hidden, bool smoothing);
+// Where the path's scratch starts in a chunk buffer of `chunk_rows` rows of V elements.
+std::size_t reference_scratch_offset(int64_t chunk_rows, int64_t vocab, std::size_t element,
+                                     bool smoothing);
 
 struct ReferenceChunk {
   // The chunk as the ce row kernel would take it: logits is the chunk buffer (row stride V), which
   // receives E; target, row weights, upstream gradients, options, totals and the per-row outputs
   // (row_loss, row_z_loss, row_total, lse, logprob) as there. grad and grad_scale as there too
   // (grad is only checked to be the buffer).
+  // With label smoothing the buffer holds kUniformRows rows of V after the chunk's rows.
   CeRowsArgs rows;
   GemmMatrix hidden_rows;  // h of the chunk's rows
   GemmMatrix weight;       // W [V, H]
@@ -71,6 +93,14 @@ struct ReferenceChunk {
   float* scale = nullptr;           // [rows] of the chunk
   float* target_logits = nullptr;   // [rows] of the chunk
   int32_t* fallback = nullptr;      // [rows + 1]: a count, then chunk rows
+  // Label smoothing (null without it): k_n and Σ_i w_i·x̃_i of the chunk's rows (k_n = 0 for the
+  // fallback's rows, whose exact gradient has the term), w̄ (formed by the first chunk), U, and
+  // weighted_row_sum's partials.
+  float* uniform = nullptr;
+  float* smoothing_sums = nullptr;
+  float* weight_sum = nullptr;
+  float* hidden_sum = nullptr;
+  float* sum_partials = nullptr;
   // The gradients: ∂h rows [first_row, first_row + rows) of grads.hidden, ∂W into sums.weight
   // (accumulate_chunk_gradients' rules).
   const LinearGradients* grads = nullptr;

@@ -7,8 +7,9 @@
 // rows whose loss is far beyond what e^(x̃ − r) holds (the fallback kernels), against the float64
 // reference with outputs NaN-poisoned before the run. Each case asserts which path ran through the
 // process-wide count of reference chunks (linear_ce_plan.hpp): the path where it must run, not
-// where it must not (label smoothing, entropy or argmax asked for, fp16, a bias, the
-// XENT_CUDA_REFERENCE=0 switch). Off compute capability 9.0 the path assertions are skipped and
+// where it must not (label smoothing with a softcap, entropy or argmax asked for, fp16, a bias,
+// the XENT_CUDA_REFERENCE=0 switch). Label smoothing without a softcap runs on the path with its
+// uniform term in rank-1 form (w̄, and kUniformRows more rows of the ∂W product). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the row kernel.
 #include <cuda_runtime.h>
 
@@ -194,6 +195,8 @@ std::string shape_case_name(const ::testing::TestParamInfo<ShapeCase>& info) {
 }
 
 constexpr unsigned kReferenceOptions = kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;
+// Every option with label smoothing, which the path takes without a softcap.
+constexpr unsigned kSmoothingOptions = (kReferenceOptions & ~kSoftcap) | kSmoothing;
 
 // V = 7 (one partial column tile), 129 and 4099 (residue tiles), 32003 (126 tiles); N = 77 and
 // 1000 (a residue row tile); H = 8 (one 16-byte row), 136 and 1032 (a K residue).
@@ -204,7 +207,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ShapeCase{77, 1032, 4099, kReferenceOptions, Reduction::none},
                       ShapeCase{300, 136, 4099, 0, Reduction::mean},
                       ShapeCase{1000, 64, 32003, kReferenceOptions, Reduction::mean},
-                      ShapeCase{77, 136, 32003, kSoftcap | kLogitScale, Reduction::none}),
+                      ShapeCase{77, 136, 32003, kSoftcap | kLogitScale, Reduction::none},
+                      ShapeCase{77, 8, 7, kSmoothing, Reduction::sum},
+                      ShapeCase{1000, 136, 129, kSmoothingOptions, Reduction::mean},
+                      ShapeCase{77, 1032, 4099, kSmoothingOptions, Reduction::none},
+                      ShapeCase{1000, 64, 32003, kSmoothing | kClassWeight, Reduction::sum}),
     shape_case_name);
 
 // Every option the path takes alone and all together, every reduction, at a shape with residues
@@ -227,7 +234,9 @@ TEST_P(CudaReferenceOptions, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Options, CudaReferenceOptions,
     ::testing::Combine(::testing::Values(0u, kZLoss, kSoftcap, kLogitScale, kClassWeight,
-                                         kRowWeight, kReferenceOptions),
+                                         kRowWeight, kReferenceOptions, kSmoothing,
+                                         kSmoothing | kClassWeight, kSmoothing | kLogitScale,
+                                         kSmoothingOptions),
                        ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
     [](const auto& info) {
       return ce_options_label(std::get<0>(info.param)) + "_" +
@@ -294,9 +303,43 @@ INSTANTIATE_TEST_SUITE_P(
                       c.reference_switch = "0";
                       c.expected = false;
                     })},
-        SpecialCase{"label_smoothing", special([](ReferenceCase& c) {
-                      c.options = kSmoothing;
+        SpecialCase{"label_smoothing_softcap", special([](ReferenceCase& c) {
+                      c.options = kSmoothing | kSoftcap;
                       c.expected = false;
+                    })},
+        // Label smoothing where the rank-1 rows meet each other part of the path: the fallback's
+        // exact rows (k_n = 0), an ignored row of NaN (out of U), the fp32 accumulator over
+        // chunks, an fp32 ∂W, no ∂h, the backward without lse.
+        SpecialCase{"smoothing_huge_losses", special([](ReferenceCase& c) {
+                      c.logits_sd = 40.0;
+                      c.options = kSmoothingOptions;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"smoothing_nan_ignored_row", special([](ReferenceCase& c) {
+                      c.nan_ignored_row = true;
+                      c.options = kSmoothing | kClassWeight;
+                    })},
+        SpecialCase{"smoothing_nan_row_none", special([](ReferenceCase& c) {
+                      c.nan_row = true;
+                      c.options = kSmoothing;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"smoothing_several_chunks", special([](ReferenceCase& c) {
+                      c.budget = std::size_t{3} << 20;
+                      c.options = kSmoothingOptions;
+                    })},
+        SpecialCase{"smoothing_fp32_weight_grad", special([](ReferenceCase& c) {
+                      c.fp32_weight_grad = true;
+                      c.options = kSmoothing | kClassWeight;
+                    })},
+        SpecialCase{"smoothing_no_hidden_grad", special([](ReferenceCase& c) {
+                      c.want_hidden = false;
+                      c.options = kSmoothing;
+                    })},
+        SpecialCase{"smoothing_backward_without_lse", special([](ReferenceCase& c) {
+                      c.backward = true;
+                      c.reduction = Reduction::none;
+                      c.options = kSmoothingOptions;
                     })},
         SpecialCase{"entropy_asked", special([](ReferenceCase& c) {
                       c.entropy = true;
