@@ -57,6 +57,11 @@ struct FusedGradProduct {
   float* partials = nullptr;
   int64_t partial_stride = 0;
   float* target_logits = nullptr;
+  // The reference form with the row statistics (entropy, argmax): three more arrays shaped as
+  // `partials`, one after the other from here (rows · partial_stride elements each): per row and
+  // tile Σ e^(x̃ − r)·(x̃ − r), the largest x̃ and its column of V (int32; the first NaN, else the
+  // first of the largest, as RowStats), or null.
+  float* statistic_partials = nullptr;
 };
 
 // Whether this build holds the sm_90a kernel.

@@ -5,8 +5,9 @@
 //
 // Compiled for sm_90a with the CUTLASS headers only (CMakeLists.txt); elsewhere a stub whose
 // fused_grad_product_built() is false. Kernels for bf16 and f16, each in the gradient form plain
-// and with per-column terms (GradForm), and the reference form in bf16; the options, the
-// transform and the entropy term are run-time values resolved once per tile.
+// and with per-column terms (GradForm), and the reference form in bf16, plain and with the row
+// statistics; the options, the transform and the entropy term are run-time values resolved once
+// per tile.
 #include "cuda/fused_grad.cuh"
 #include "cuda/linear_ce_plan.hpp"
 
@@ -50,6 +51,10 @@ struct GradEpilogueParams {
   float* partials = nullptr;
   int64_t partial_stride = 0;
   float* target_logits = nullptr;
+  // Its statistics form's Σ e^(x̃ − r)·(x̃ − r), max x̃ and that column, beside `partials`.
+  float* shift_partials = nullptr;
+  float* max_partials = nullptr;
+  int32_t* argmax_partials = nullptr;
 };
 
 // The 8 16-bit values of a staged chunk as floats.
@@ -87,12 +92,15 @@ CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
 // epilogues and spilled (176 bytes of stack), which doubled the product's time at H = 768. The
 // gradient form with per-column terms (class weights under smoothing, a bias): in the plain
 // kernel as compile-time variants they left its code unchanged, yet it measured +1 % (64 MiB)
-// and +5.7 % (512 MiB) of kernel time at (32768, 768, 128256) under ncu (decision 100).
-enum class GradForm { gradient, gradient_columns, reference };
+// and +5.7 % (512 MiB) of kernel time at (32768, 768, 128256) under ncu (decision 100). The
+// reference form with the row statistics (entropy, argmax) likewise, so the plain one carries
+// none of their registers.
+enum class GradForm { gradient, gradient_columns, reference, reference_statistics };
 
 template <class S, GradForm kForm>
 class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
-  static constexpr bool kReference = kForm == GradForm::reference;
+  static constexpr bool kStatistics = kForm == GradForm::reference_statistics;
+  static constexpr bool kReference = kForm == GradForm::reference || kStatistics;
   static constexpr bool kColumns = kForm == GradForm::gradient_columns;
 
  public:
@@ -148,7 +156,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const int own = own_of(at), per_warp = rows_per_warp(own);
     const int first = per_warp * at.warp;  // the warp's first row in the epilogue warps' list
     const int count = max(0, min(per_warp, others_in(own, at.rows - at.row0) - first));
-    form_prefetched<kReference ? kReferenceRows : kGradientRows>(
+    form_prefetched<kReference && !kStatistics ? kReferenceRows : kGradientRows>(
         at, shared.tile, shared.records[at.warp], count, others_row(own, first), own);
   }
 
@@ -377,7 +385,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // eight rows' chains of latencies interleave on a warp that is alone on its scheduler.
   static constexpr int kReferenceRows = 2 * kRowsAtOnce;
   // The gradient form keeps four: eight measured +2.8 % of kernel time at 64 MiB and
-  // (32768, 768, 128256) (decision 92), its rows' records being twice the reference's.
+  // (32768, 768, 128256) (decision 92), its rows' records being twice the reference's. So does
+  // the statistics form, whose three more sums per row would not fit eight rows' registers.
   static constexpr int kGradientRows = kRowsAtOnce;
   template <bool kVectors, int kRows, class Transform>
   CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
@@ -389,6 +398,9 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     auto tile_row = [&](int r) { return group_row(r, row_i, second); };
     float value[kRows][8];
     float sum[kRows];
+    // The statistics form's per-row Σ p·(x̃ − r), largest x̃ and its column (V's).
+    float shift[kRows], best[kRows];
+    int best_column[kRows];
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
     // In 32 bits: a record's target is a 32-bit integer (CeGradRecord), and so is a column.
     const int first_column = static_cast<int>(a.first_column) + at.col0;
@@ -408,25 +420,99 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       }
       const float scaled_reference = record.coefs.x * kLog2e;  // the record's lse slot
       sum[r] = 0.0f;
+      if constexpr (kStatistics) {
+        shift[r] = 0.0f;
+        best[r] = -INFINITY;
+        best_column[r] = -1;
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 8; ++k) {
         const float x = value[r][k];
-        const float p = fast_exp2(fmaf(transform.value(x), kLog2e, -scaled_reference));
+        const float v = transform.value(x);
+        const float p = fast_exp2(fmaf(v, kLog2e, -scaled_reference));
         // Columns past the product's last (a ragged last tile) hold x of zero-filled W rows.
-        if (kVectors || column + k < at.cols) sum[r] += p;
+        if (kVectors || column + k < at.cols) {
+          sum[r] += p;
+          if constexpr (kStatistics) {
+            // p = 0 where v is −∞ or the reference +∞: no term (0·∞ would be NaN).
+            if (p > 0.0f) shift[r] = fmaf(p, v - record.coefs.x, shift[r]);
+            // The lane's columns ascend: the first NaN, else the first of the largest.
+            if (best_column[r] < 0 || v > best[r] || (v != v && best[r] == best[r])) {
+              best[r] = v;
+              best_column[r] = first_column + 8 * at.lane + k;
+            }
+          }
+        }
         value[r][k] = p * transform.slope(x);
       }
     }
     // The warp's Σ of each row: lanes kLanesPerRow·r .. of row r end with it (sum_of_rows).
     constexpr int kLanesPerRow = 32 / kRows;
     const float row_sum = sum_of_rows(sum, at.lane);
+    float row_shift = 0.0f, row_best = 0.0f;
+    int row_best_column = -1;
+    if constexpr (kStatistics) {
+      row_shift = sum_of_rows(shift, at.lane);
+      best_of_rows(best, best_column, at.lane, row_best, row_best_column);
+    }
     const int r = at.lane / kLanesPerRow;
     if (at.lane % kLanesPerRow == 0 && i + r < count) {
       const int64_t tile_index = (a.first_column + at.col0) / Tile::kColumns;
-      a.partials[static_cast<int64_t>(at.row0 + tile_row(r)) * a.partial_stride + tile_index] =
-          row_sum;
+      const int64_t at_row =
+          static_cast<int64_t>(at.row0 + tile_row(r)) * a.partial_stride + tile_index;
+      a.partials[at_row] = row_sum;
+      if constexpr (kStatistics) {
+        a.shift_partials[at_row] = row_shift;
+        a.max_partials[at_row] = row_best;
+        a.argmax_partials[at_row] = row_best_column;
+      }
     }
     store_rows<kVectors, kRows>(at, value, row_i, i, count, second);
+  }
+
+  // Whether (other, other_column) wins over (best, column) as RowStats::merge decides: the first
+  // NaN, else the larger, else the lower column; a column of −1 is no value.
+  CUTLASS_DEVICE static bool wins(float other, int other_column, float best, int column) {
+    const bool nan = best != best, other_nan = other != other;
+    return other_column >= 0 &&
+           (column < 0 || (other_nan && (!nan || other_column < column)) ||
+            (!nan && (other > best || (other == best && other_column < column))));
+  }
+
+  // The warp's largest value of each row and its column, in the lanes sum_of_rows leaves each
+  // row's sum in, by the same exchanges.
+  template <int kRows>
+  CUTLASS_DEVICE static void best_of_rows(const float (&best)[kRows], const int (&column)[kRows],
+                                          int lane, float& row_best, int& row_column) {
+    float part[kRows];
+    int part_column[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) part[r] = best[r], part_column[r] = column[r];
+    auto take = [](float& into, int& into_column, float other, int other_column) {
+      if (wins(other, other_column, into, into_column)) into = other, into_column = other_column;
+    };
+    int offset = 16;
+    CUTLASS_PRAGMA_UNROLL
+    for (int kept = kRows / 2; kept >= 1; kept /= 2, offset /= 2) {
+      const bool upper = (lane & offset) != 0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kept; ++j) {
+        float keep = upper ? part[j + kept] : part[j];
+        int keep_column = upper ? part_column[j + kept] : part_column[j];
+        const float give = upper ? part[j] : part[j + kept];
+        const int give_column = upper ? part_column[j] : part_column[j + kept];
+        take(keep, keep_column, __shfl_xor_sync(~0u, give, offset),
+             __shfl_xor_sync(~0u, give_column, offset));
+        part[j] = keep, part_column[j] = keep_column;
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (; offset > 0; offset /= 2) {
+      take(part[0], part_column[0], __shfl_xor_sync(~0u, part[0], offset),
+           __shfl_xor_sync(~0u, part_column[0], offset));
+    }
+    row_best = part[0];
+    row_column = part_column[0];
   }
 
   // The warp's Σ of each of 2, 4 or 8 rows in 5, 6 or 9 shuffles where butterflies take 10, 20
@@ -521,6 +607,12 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.partials = p.partials;
   epilogue.partial_stride = p.partial_stride;
   epilogue.target_logits = p.target_logits;
+  if (p.statistic_partials != nullptr) {
+    const int64_t plane = p.rows * p.partial_stride;
+    epilogue.shift_partials = p.statistic_partials;
+    epilogue.max_partials = p.statistic_partials + plane;
+    epilogue.argmax_partials = reinterpret_cast<int32_t*>(p.statistic_partials + 2 * plane);
+  }
   if (p.partials != nullptr &&
       (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr ||
        p.bias != nullptr)) {
@@ -533,6 +625,11 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   if (p.partials != nullptr) {
     // The reference path takes bf16 only (linear_reference.cuh): no f16 kernel is built for it.
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      if (p.statistic_partials != nullptr) {
+        return fused::launch<Element, GradEpilogue<Element, GradForm::reference_statistics>,
+                             fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
+                                                         kDependentLaunch);
+      }
       return fused::launch<Element, GradEpilogue<Element, GradForm::reference>,
                            fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
                                                        kDependentLaunch);

@@ -231,18 +231,21 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
                   plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
               bytes = std::max(bytes, plan.chunks.total_bytes);
               // A bf16 step may take the per-row reference path where its scratch (with the ∂h
-              // product in it or in the ∂W output) fits beside the same chunks.
+              // product in it or in the ∂W output, and with the statistics form's sums at the
+              // hidden sizes that take it) fits beside the same chunks.
               const Schedule schedule = plan.chunks.schedule;
               const bool row_chunks = schedule == Schedule::row_chunks ||
                                       schedule == Schedule::row_chunks_accumulated;
+              if (!with_gradients || dtype != DType::bf16 || !row_chunks) continue;
               for (const bool product_in_scratch : {false, true}) {
-                if (!with_gradients || dtype != DType::bf16 || !row_chunks) break;
-                wants.reference_row_bytes =
-                    reference_chunk_row_bytes(vocab, hidden, product_in_scratch);
-                const LinearCePlan with_scratch =
-                    plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
-                if (reference_plan_accepted(plan, with_scratch)) {
-                  bytes = std::max(bytes, with_scratch.chunks.total_bytes);
+                for (const bool row_statistics : choices(reference_statistics_preferred(hidden))) {
+                  wants.reference_row_bytes = reference_chunk_row_bytes(
+                      vocab, hidden, product_in_scratch, row_statistics);
+                  const LinearCePlan with_scratch =
+                      plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+                  if (reference_plan_accepted(plan, with_scratch)) {
+                    bytes = std::max(bytes, with_scratch.chunks.total_bytes);
+                  }
                 }
               }
             }
@@ -799,7 +802,8 @@ std::atomic<int64_t> schedule_runs[4];
 // Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
 // its plan aside from the path's scratch: gradients formed in this call (not a backward that
 // brings the forward's lse, which takes the fused gradient product from it, nor an entropy
-// gradient), options and statistics the path forms, no logits cache, bf16 operands the fused
+// gradient), options the path forms, statistics where its statistics form is preferred, no
+// logits cache, bf16 operands the fused
 // products take and no bias (16-bit logits: the plan's schedule and chunks are
 // reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
@@ -808,7 +812,9 @@ bool reference_candidate(const LinearCeCall& call) {
   return want_grad && reference_path_enabled() && !call.entropy.present() &&
          !(call.op == OpCode::linear_ce_backward && call.lse.present()) &&
          !call.options.logits_cache.present() && !call.options.fp32_logits &&
-         !call.bias.present() && reference_options_eligible(call.options.ce, call.stats) &&
+         !call.bias.present() && reference_options_eligible(call.options.ce) &&
+         (!reference_statistics_wanted(call.stats) ||
+          reference_statistics_preferred(call.hidden.cols)) &&
          call.hidden.dtype == DType::bf16 &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
@@ -847,9 +853,10 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
     reference.hidden_product_in_weight_grad = hidden_product_fits_weight_grad(call);
     const LinearCePlan with_scratch = plan_for_gradients(
         rows, hidden, vocab, dtype, call.options, call.grads, statistics,
-        reference_chunk_row_bytes(vocab, hidden,
-                                  call.grads.hidden.present() &&
-                                      !reference.hidden_product_in_weight_grad));
+        reference_chunk_row_bytes(
+            vocab, hidden,
+            call.grads.hidden.present() && !reference.hidden_product_in_weight_grad,
+            reference_statistics_wanted(call.stats)));
     reference.on = reference_plan_accepted(plan, with_scratch);
     if (reference.on) plan = with_scratch;
   }

@@ -97,7 +97,12 @@ struct RowParams {
   CeGradRecord* records = nullptr;
   const float* partials = nullptr;  // [rows, tiles]
   int64_t tiles = 0;
-  float* slice_stats = nullptr;     // the fallback's: [rows, 2 · kReferenceFallbackSplit]
+  // The statistics form's (FusedGradProduct::statistic_partials): [rows, tiles] each, or null.
+  const float* shift_partials = nullptr;
+  const float* max_partials = nullptr;
+  const int32_t* argmax_partials = nullptr;
+  // The fallback's: [rows, kSliceFields · kReferenceFallbackSplit].
+  float* slice_stats = nullptr;
   float* target_logits = nullptr;
   float* scale = nullptr;
   int32_t* fallback = nullptr;
@@ -145,6 +150,23 @@ __device__ void write_row_outputs(const CeRowsArgs& a, int64_t row, float loss, 
   if (a.row_total) a.row_total[row] = loss + z;
   if (a.lse) a.lse[row] = lse;
   if (a.logprob) a.logprob[row] = logprob;
+}
+
+// The entropy, argmax and accuracy outputs of a row, where asked for.
+__device__ void write_row_statistics(const CeRowsArgs& a, int64_t row, float entropy,
+                                     int64_t argmax, bool correct) {
+  if (a.entropy) a.entropy[row] = entropy;
+  if (a.argmax) a.argmax[row] = argmax;
+  if (a.row_correct) a.row_correct[row] = correct ? 1.0f : 0.0f;
+}
+
+// Whether (other, other_column) wins over (best, column) as RowStats::merge decides: the first
+// NaN, else the larger, else the lower column; a column of −1 is no value.
+__device__ __forceinline__ bool wins(float other, int other_column, float best, int column) {
+  const bool nan = best != best, other_nan = other != other;
+  return other_column >= 0 &&
+         (column < 0 || (other_nan && (!nan || other_column < column)) ||
+          (!nan && (other > best || (other == best && other_column < column))));
 }
 
 // The §1 loss parts of a valid row with an in-range target from its lse, target logit x̃_y and,
@@ -206,6 +228,26 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
   const float* partials = p.partials + row * p.tiles;
   for (int64_t t = lane_id(); t < p.tiles; t += 32) sum += partials[t];
   sum = warp_sum(sum);
+  // The statistics form's tiles: Σ e^(x̃ − r)·(x̃ − r) (a fixed order) and the largest x̃ with
+  // its column (a total order, so any order of merging gives the same).
+  const bool statistics = p.shift_partials != nullptr;
+  float shift = 0.0f, best = 0.0f;
+  int best_column = -1;
+  if (statistics) {  // per warp
+    const int64_t at = row * p.tiles;
+    for (int64_t t = lane_id(); t < p.tiles; t += 32) {
+      shift += p.shift_partials[at + t];
+      const float other = p.max_partials[at + t];
+      const int other_column = p.argmax_partials[at + t];
+      if (wins(other, other_column, best, best_column)) best = other, best_column = other_column;
+    }
+    shift = warp_sum(shift);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(~0u, best, offset);
+      const int other_column = __shfl_xor_sync(~0u, best_column, offset);
+      if (wins(other, other_column, best, best_column)) best = other, best_column = other_column;
+    }
+  }
   float smoothing_sum = 0.0f;
   if (p.weight_sum != nullptr && valid && in_range) {  // per warp
     smoothing_sum = a.options.logit_scale *
@@ -217,6 +259,7 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
   if (!valid) {
     using Ignored = common::IgnoredRow<float>;
     write_row_outputs(a, row, Ignored::loss, Ignored::loss, Ignored::lse, Ignored::logprob);
+    write_row_statistics(a, row, Ignored::entropy, Ignored::argmax, false);
     // Its reference is +∞: its E row is 0 unless a logit was NaN or +∞ (then so is Σ), which
     // the fallback writes as zeros, the gradient of an ignored row (SPEC §1).
     if (sum == 0.0f) {
@@ -254,6 +297,10 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
     return;
   }
   set_row_scales(p, row, s, grad.smoothing_coef * slope);
+  // H = lse − Σ p·x̃ = ln Σ − Σ e^(x̃ − r)·(x̃ − r) / Σ, in the reference's frame as RowStats keeps
+  // it in the max's (no cancellation against lse).
+  if (statistics) write_row_statistics(a, row, logf(sum) - shift / sum, best_column,
+                                       best_column == target);
   static_cast<S*>(const_cast<void*>(a.logits))[row * a.row_stride + target] =
       store_float<S>(e_target);
 }
@@ -298,9 +345,11 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_logits_kernel(const Op
     if (threadIdx.x == 0) {
       common::RowStats<float> merged = warp_stats[0];
       for (int w = 1; w < kWarpsPerBlock; ++w) merged.merge(warp_stats[w]);
-      float* out = p.slice_stats + row * 2 * kReferenceFallbackSplit + 2 * split;
+      float* out = p.slice_stats + (row * kReferenceFallbackSplit + split) * kSliceFields;
       out[0] = merged.max;
       out[1] = merged.sum_exp;
+      out[2] = merged.sum_exp_shift;
+      out[3] = __int_as_float(static_cast<int32_t>(merged.argmax));
     }
     __syncthreads();  // warp_stats is rewritten by the next item
   }
@@ -325,20 +374,22 @@ __global__ void __launch_bounds__(kBlockThreads) fallback_grad_kernel(const RowP
     const bool valid = target != a.options.ignore_index;
     const bool in_range = valid && target >= 0 && target < a.vocab;
     if (threadIdx.x == 0 && valid) {
-      // The splits' (max, Σ e^(x̃ − max)) merged in split order; a NaN max stays NaN.
-      const float* slices = p.slice_stats + row * 2 * kReferenceFallbackSplit;
-      float max = -INFINITY;
+      // The splits' statistics merged in split order (a NaN max stays NaN).
+      const float* slices = p.slice_stats + row * kReferenceFallbackSplit * kSliceFields;
+      common::RowStats<float> stats;
       for (int j = 0; j < kReferenceFallbackSplit; ++j) {
-        const float m = slices[2 * j];
-        if (m > max || m != m) max = m;
-        if (max != max) break;
+        common::RowStats<float> slice;
+        slice.max = slices[kSliceFields * j];
+        slice.sum_exp = slices[kSliceFields * j + 1];
+        slice.sum_exp_shift = slices[kSliceFields * j + 2];
+        slice.argmax = __float_as_int(slices[kSliceFields * j + 3]);
+        stats.merge(slice);
       }
-      float sum = 0.0f;
-      for (int j = 0; j < kReferenceFallbackSplit; ++j) {
-        if (slices[2 * j + 1] > 0.0f) sum += slices[2 * j + 1] * expf(slices[2 * j] - max);
-      }
-      const float lse = max + logf(sum);
+      const float lse = stats.lse();
       row_lse = lse;
+      if (split == 0) {
+        write_row_statistics(a, row, stats.entropy(), stats.argmax, stats.argmax == target);
+      }
       if (in_range) {
         const float target_logit = c.transform.value(p.target_logits[row]);
         const float smoothing_sum = p.smoothing_sums ? p.smoothing_sums[row] : 0.0f;
@@ -457,6 +508,15 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
   params.records = chunk.records;
   params.tiles = (vocab + kFusedTileColumns - 1) / kFusedTileColumns;
   params.partials = static_cast<const float*>(chunk.scratch);
+  // The statistics form's partials after the sums (reference_chunk_row_bytes).
+  float* statistic_partials = nullptr;
+  if (a.entropy != nullptr || a.argmax != nullptr || a.row_correct != nullptr) {
+    statistic_partials = static_cast<float*>(chunk.scratch) + rows * params.tiles;
+    const int64_t plane = rows * params.tiles;
+    params.shift_partials = statistic_partials;
+    params.max_partials = statistic_partials + plane;
+    params.argmax_partials = reinterpret_cast<const int32_t*>(statistic_partials + 2 * plane);
+  }
   params.slice_stats = static_cast<float*>(chunk.scratch);
   params.target_logits = chunk.target_logits;
   params.scale = chunk.scale;
@@ -496,6 +556,7 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
   product.partials = static_cast<float*>(chunk.scratch);
   product.partial_stride = params.tiles;
   product.target_logits = chunk.target_logits;
+  product.statistic_partials = statistic_partials;
   if (!fused_grad_product(product, stream)) return false;
 
   reference_finish_kernel<S><<<row_blocks, kBlockThreads, 0, stream>>>(operands, params);
@@ -555,11 +616,14 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
 
 }  // namespace
 
-bool reference_options_eligible(const CeOptions& options, const CeStats* stats) {
+bool reference_options_eligible(const CeOptions& options) {
   // With a softcap smoothing's uniform term carries each element's slope: not rank 1.
-  if (options.label_smoothing != 0 && options.softcap.has_value()) return false;
-  if (stats == nullptr) return true;
-  return !stats->entropy.present() && !stats->argmax.present() && !stats->accuracy.present();
+  return options.label_smoothing == 0 || !options.softcap.has_value();
+}
+
+bool reference_statistics_wanted(const CeStats* stats) {
+  return stats != nullptr &&
+         (stats->entropy.present() || stats->argmax.present() || stats->accuracy.present());
 }
 
 bool reference_path_enabled() {
@@ -567,13 +631,20 @@ bool reference_path_enabled() {
   return !(knob != nullptr && std::strcmp(knob, "0") == 0);
 }
 
+bool reference_statistics_preferred(int64_t hidden) {
+  const char* knob = std::getenv("XENT_CUDA_REFERENCE");  // read per call: tests switch it
+  return hidden >= kReferenceStatisticsMinHidden ||
+         (knob != nullptr && std::strcmp(knob, "all") == 0);
+}
+
 std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
-                                      bool hidden_product_in_scratch) {
+                                      bool hidden_product_in_scratch, bool statistics) {
   const std::size_t tiles =
       static_cast<std::size_t>((vocab + kFusedTileColumns - 1) / kFusedTileColumns);
-  std::size_t row = std::max<std::size_t>(tiles * sizeof(float),
+  const std::size_t tile_sums = statistics ? 4 : 1;  // Σ; and Σ·(x̃ − r), max, argmax
+  std::size_t row = std::max<std::size_t>(tile_sums * tiles * sizeof(float),
                                           static_cast<std::size_t>(hidden) * 2);
-  row = std::max<std::size_t>(row, 2 * kReferenceFallbackSplit * sizeof(float));
+  row = std::max<std::size_t>(row, kSliceFields * kReferenceFallbackSplit * sizeof(float));
   if (hidden_product_in_scratch) {
     row = std::max<std::size_t>(row, static_cast<std::size_t>(hidden) * sizeof(float));
   }

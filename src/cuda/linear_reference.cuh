@@ -25,8 +25,13 @@
 // term keeps ≈ 16 significant bits and costs no pass over ∂W. The loss's Σ_i w_i·x̃_i is
 // a·(h_n·w̄). With a softcap the term carries each element's slope: not rank 1, not taken.
 //
-// Options: every one of SPEC §1 (label smoothing without a softcap); statistics: lse and logprob,
-// not entropy, argmax or accuracy; operands as the fused products take them
+// Statistics: lse and logprob from the finish; entropy, argmax and accuracy from the product's
+// statistics form, which also writes per row and tile Σ e^(x̃ − r)·(x̃ − r) and the largest x̃
+// with its column (H = ln Σ − Σ e^(x̃ − r)·(x̃ − r) / Σ, RowStats's shifted form with r for the
+// max).
+//
+// Options: every one of SPEC §1 (label smoothing without a softcap); operands as the fused
+// products take them
 // (fused_operands_eligible) but without a bias (its ∂bias = Σ_n s_n·E'_n would be one more pass
 // over E'); the row-chunk schedules with one chunk buffer.
 #pragma once
@@ -39,6 +44,7 @@
 #include "cuda/ce_rows.cuh"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_block_grad.cuh"
+#include "cuda/linear_ce_plan.hpp"
 #include "cuda/linear_support.hpp"
 
 namespace xent::cuda {
@@ -48,26 +54,34 @@ namespace xent::cuda {
 // normal 16-bit number for any |h| ≥ 1e-6 at prob_coef ≥ 1e-6.
 constexpr float kMaxReferenceSum = 1.1420073898156842e26f;  // e^60
 
-// Columns of the fallback's slices of a row (each a work item of its kernels).
+// Columns of the fallback's slices of a row (each a work item of its kernels), and the floats
+// each keeps: max, Σ e^(x̃ − max), Σ e^(x̃ − max)·(x̃ − max), argmax (RowStats).
 constexpr int kReferenceFallbackSplit = 16;
+constexpr int kSliceFields = 4;
 
 // Rows that extend a chunk's ∂W product by label smoothing's uniform term (three used; eight
 // keep K on the products' 8-row grid of 16-byte loads).
 constexpr int64_t kUniformRows = 8;
 
-// Whether a call with these options and requested statistics may take the reference path (not
-// the operands, the plan or the switch). XENT_CUDA_REFERENCE=0 turns the path off, =1 (the
-// default) takes it wherever it may run.
-bool reference_options_eligible(const CeOptions& options, const CeStats* stats);
+// Whether a call with these options may take the reference path (not the operands, the plan or
+// the switch). XENT_CUDA_REFERENCE=0 turns the path off, =1 (the default) takes it wherever it
+// may run (the statistics form where it is preferred), =all the statistics form at every H.
+bool reference_options_eligible(const CeOptions& options);
+// Whether the call asks for entropy, argmax or accuracy (the product's statistics form).
+bool reference_statistics_wanted(const CeStats* stats);
+// Whether such a call with hidden size H takes the statistics form (kReferenceStatisticsMinHidden,
+// linear_ce_plan.hpp).
+bool reference_statistics_preferred(int64_t hidden);
 bool reference_path_enabled();
 
 // Bytes per chunk row of the path's scratch, beside the chunk's 16-bit exponentials in the
-// chunk buffer: per row the larger of the tile sums, the 16-bit scaled h row, the fallback's
-// slice statistics and, when it is kept there, the fp32 ∂h product row (else it lies in the ∂W
-// output, which holds nothing yet when a 16-bit ∂W is written once or summed in the workspace),
-// and 256 bytes that keep the scratch 256-byte aligned.
+// chunk buffer: per row the larger of the tile sums (four per tile with the statistics), the
+// 16-bit scaled h row, the fallback's slice statistics and, when it is kept there, the fp32 ∂h
+// product row (else it lies in the ∂W output, which holds nothing yet when a 16-bit ∂W is
+// written once or summed in the workspace), and 256 bytes that keep the scratch 256-byte
+// aligned.
 std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
-                                      bool hidden_product_in_scratch);
+                                      bool hidden_product_in_scratch, bool statistics);
 // Bytes of the per-row arrays for all rows (scales, target logits, the fallback's row list) and,
 // with label smoothing, its per-row and H-long arrays (k_n, Σ w·x̃, w̄, U, their partials).
 std::size_t reference_fixed_bytes(int64_t rows, int64_t hidden, bool smoothing);

@@ -7,9 +7,11 @@
 // rows whose loss is far beyond what e^(x̃ − r) holds (the fallback kernels), against the float64
 // reference with outputs NaN-poisoned before the run. Each case asserts which path ran through the
 // process-wide count of reference chunks (linear_ce_plan.hpp): the path where it must run, not
-// where it must not (label smoothing with a softcap, entropy or argmax asked for, fp16, a bias,
-// the XENT_CUDA_REFERENCE=0 switch). Label smoothing without a softcap runs on the path with its
-// uniform term in rank-1 form (w̄, and kUniformRows more rows of the ∂W product). Off compute capability 9.0 the path assertions are skipped and
+// where it must not (label smoothing with a softcap, fp16, a bias, the XENT_CUDA_REFERENCE=0
+// switch). Label smoothing without a softcap runs on the path with its uniform term in rank-1
+// form (w̄, and kUniformRows more rows of the ∂W product); entropy, argmax and accuracy asked for
+// run the product's statistics form (from kReferenceStatisticsMinHidden on, or everywhere with
+// XENT_CUDA_REFERENCE=all, which the statistics cases set). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the row kernel.
 #include <cuda_runtime.h>
 
@@ -40,7 +42,9 @@ struct ReferenceCase {
   bool fp32_weight_grad = false;
   bool want_hidden = true;
   bool backward = false;  // linear_ce_backward without lse instead of the forward with gradients
-  bool entropy = false;   // ask the forward for the entropy too (the path does not form it)
+  // Ask the forward for entropy, argmax and accuracy too; below kReferenceStatisticsMinHidden
+  // they take the path only with XENT_CUDA_REFERENCE=all.
+  bool statistics = false;
   const char* reference_switch = nullptr;  // XENT_CUDA_REFERENCE for the call, or unset
   std::size_t budget = 0;                  // 0: the default workspace budget
   bool expected = true;                    // the path must run (on compute capability 9.0)
@@ -81,12 +85,13 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   const DType stat = result_dtype(c.dtype);
   Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
   Tensor lse = Tensor::vector(stat, rows), logprob = Tensor::vector(stat, rows),
-         entropy = Tensor::vector(stat, rows), z_value = loss_tensor(c.reduction, rows, c.dtype);
+         entropy = Tensor::vector(stat, rows), z_value = loss_tensor(c.reduction, rows, c.dtype),
+         argmax = Tensor::vector(DType::i64, rows), accuracy = Tensor::scalar(stat);
   Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, c.hidden) : Tensor();
   Tensor grad_weight = Tensor::matrix(weight_grad_dtype, vocab, c.hidden);
   Tensor grad_bias = c.bias ? Tensor::vector(c.dtype, vocab) : Tensor();
-  for (Tensor* t : {&loss, &lse, &logprob, &entropy, &z_value, &grad_hidden, &grad_weight,
-                    &grad_bias}) {
+  for (Tensor* t : {&loss, &lse, &logprob, &entropy, &z_value, &argmax, &accuracy, &grad_hidden,
+                    &grad_weight, &grad_bias}) {
     if (t->present()) t->poison();
   }
   const LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
@@ -104,7 +109,11 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
     out.stats.lse = lse.view();
     out.stats.logprob = logprob.view();
     out.stats.z_loss_value = z_value.view();
-    if (c.entropy) out.stats.entropy = entropy.view();
+    if (c.statistics) {
+      out.stats.entropy = entropy.view();
+      out.stats.argmax = argmax.view();
+      out.stats.accuracy = accuracy.view();
+    }
     out.grads = grads;
     linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
                       out, grad_output.view(), scratch.workspace());
@@ -143,7 +152,16 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
     }
     check_stat("lse", lse, ref.lse, torch.lse, nan_row);
     check_stat("logprob", logprob, ref.logprob, torch.logprob, nan_row);
-    if (c.entropy) check_stat("entropy", entropy, ref.entropy, torch.entropy, nan_row);
+    if (c.statistics) {
+      check_stat("entropy", entropy, ref.entropy, torch.entropy, nan_row);
+      const std::vector<double> entropy_out = entropy.download();
+      for (int64_t n = 0; n < rows; ++n) {
+        if (target[n] == -100) EXPECT_EQ(entropy_out[n], 0.0) << "entropy of ignored row " << n;
+      }
+      // x̃ of 16-bit logits tie with float64's within 2e-2.
+      check_argmax_accuracy(argmax.download_integers(), accuracy.download()[0], target, -100,
+                            logits, setup.spec, ref, nan_row, 2e-2);
+    }
   }
   if (grad_hidden.present()) {
     const std::vector<double> r = without_row(ref_grads.hidden.values, c.hidden, nan_row);
@@ -341,10 +359,73 @@ INSTANTIATE_TEST_SUITE_P(
                       c.reduction = Reduction::none;
                       c.options = kSmoothingOptions;
                     })},
-        SpecialCase{"entropy_asked", special([](ReferenceCase& c) {
-                      c.entropy = true;
+        // Entropy, argmax and accuracy from the statistics form: its tiles, the fallback's rows,
+        // a NaN row, ignored rows, several chunks, with every option the path takes.
+        SpecialCase{"statistics", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                    })},
+        SpecialCase{"statistics_all_options", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.options = kReferenceOptions;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"statistics_smoothing", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.options = kSmoothingOptions;
+                    })},
+        SpecialCase{"statistics_huge_losses", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.logits_sd = 40.0;
+                      c.options = kSoftcap | kLogitScale;
+                    })},
+        SpecialCase{"statistics_nan_row", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.nan_row = true;
+                      c.reduction = Reduction::none;
+                    })},
+        SpecialCase{"statistics_several_chunks", special([](ReferenceCase& c) {
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.budget = std::size_t{3} << 20;
+                    })},
+        // Below kReferenceStatisticsMinHidden the default keeps the row kernel for them; from
+        // it on the default takes the statistics form.
+        SpecialCase{"statistics_small_hidden_default", special([](ReferenceCase& c) {
+                      c.statistics = true;
                       c.expected = false;
                     })},
+        SpecialCase{"statistics_large_hidden_default", [] {
+                      ReferenceCase c;
+                      c.rows = 77;
+                      c.hidden = cuda::kReferenceStatisticsMinHidden;
+                      c.vocab = 1031;
+                      c.statistics = true;
+                      return c;
+                    }()},
+        SpecialCase{"statistics_narrow", [] {
+                      ReferenceCase c;
+                      c.rows = 77;
+                      c.hidden = 8;
+                      c.vocab = 7;
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      return c;
+                    }()},
+        SpecialCase{"statistics_wide", [] {
+                      ReferenceCase c;
+                      c.rows = 1000;
+                      c.hidden = 64;
+                      c.vocab = 32003;
+                      c.statistics = true;
+                      c.reference_switch = "all";
+                      c.options = kZLoss | kClassWeight;
+                      return c;
+                    }()},
         SpecialCase{"bias", special([](ReferenceCase& c) {
                       c.bias = true;
                       c.expected = false;

@@ -160,26 +160,10 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     if (!loss_all_nan) {
       check_stat("z_loss_value", z_value, ref.z_loss_value, torch.z_loss_value, loss_skip);
     }
-    const std::vector<int64_t> arg = argmax.download_integers();
-    int64_t valid = 0, correct = 0;
     // Logits formed by fp32 products (rounded to bf16/fp16 in chunks) tie within this.
     const double tie = half ? 2e-2 : 1e-4;
-    for (int64_t n = 0; n < rows; ++n) {
-      if (target[n] == -100) {
-        EXPECT_EQ(arg[n], -1) << "argmax of ignored row " << n;
-        continue;
-      }
-      ++valid;
-      if (n == nan_row) continue;
-      ASSERT_TRUE(arg[n] >= 0 && arg[n] < vocab) << "argmax row " << n << " = " << arg[n];
-      correct += arg[n] == target[n];
-      const double chosen = ce_transformed(setup.spec, logits.at(n, arg[n]));
-      EXPECT_LE(std::abs(chosen - ref.transformed_max[n]), tie * (1 + std::abs(chosen)))
-          << "argmax row " << n << ": got " << arg[n] << ", expected " << ref.argmax[n];
-    }
-    if (nan_row < 0) {
-      EXPECT_NEAR(accuracy.download()[0], valid ? double(correct) / double(valid) : 0.0, 1e-6);
-    }
+    check_argmax_accuracy(argmax.download_integers(), accuracy.download()[0], target, -100,
+                          logits, setup.spec, ref, nan_row, tie);
   }
 
   if (logits_cache.present()) {

@@ -25,6 +25,30 @@ reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const 
   return g;
 }
 
+void check_argmax_accuracy(const std::vector<int64_t>& argmax, double accuracy,
+                           const std::vector<int64_t>& target, int64_t ignore_index,
+                           const Matrix& logits, const reference::CeSpec& spec,
+                           const reference::CeResult& ref, int64_t skip_row, double tie) {
+  const int64_t rows = static_cast<int64_t>(target.size()), vocab = logits.cols;
+  int64_t valid = 0, correct = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    if (target[n] == ignore_index) {
+      EXPECT_EQ(argmax[n], -1) << "argmax of ignored row " << n;
+      continue;
+    }
+    ++valid;
+    if (n == skip_row) continue;
+    ASSERT_TRUE(argmax[n] >= 0 && argmax[n] < vocab) << "argmax row " << n << " = " << argmax[n];
+    correct += argmax[n] == target[n];
+    const double chosen = ce_transformed(spec, logits.at(n, argmax[n]));
+    EXPECT_LE(std::abs(chosen - ref.transformed_max[n]), tie * (1 + std::abs(chosen)))
+        << "argmax row " << n << ": got " << argmax[n] << ", expected " << ref.argmax[n];
+  }
+  if (skip_row < 0) {
+    EXPECT_NEAR(accuracy, valid ? double(correct) / double(valid) : 0.0, 1e-6);
+  }
+}
+
 std::string linear_case_label(int64_t rows, int64_t hidden, int64_t vocab, unsigned options,
                               Reduction reduction) {
   return "N" + std::to_string(rows) + "_H" + std::to_string(hidden) + "_V" +

@@ -30,6 +30,15 @@ reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const 
 std::string linear_case_label(int64_t rows, int64_t hidden, int64_t vocab, unsigned options,
                               Reduction reduction);
 
+// The argmax and accuracy outputs of a linear step against the float64 reference: −1 for ignored
+// rows, else a column whose x̃ (softcap(a·x) of `logits`) is within `tie` (relative) of the row's
+// largest, and the accuracy those columns give (not checked with a NaN row, whose argmax is
+// any; skip_row −1 for none).
+void check_argmax_accuracy(const std::vector<int64_t>& argmax, double accuracy,
+                           const std::vector<int64_t>& target, int64_t ignore_index,
+                           const Matrix& logits, const reference::CeSpec& spec,
+                           const reference::CeResult& ref, int64_t skip_row, double tie);
+
 // Chunk budgets, measured by the op: the smallest budget it accepts (found by doubling from
 // 1 KiB), then multiples of it.
 enum class Budget { default_budget, smallest, several_chunks, uneven_chunks };
