@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""A linear_cross_entropy step with a per-column term (forward + backward through autograd) on the
+"""A linear_cross_entropy step with a per-column term or the row statistics (forward + backward
+through autograd) on the
 fused Hopper products and on the cuBLASLt path (XENT_CUDA_FUSED_STATS=0, XENT_CUDA_FUSED_GRAD=0
 and XENT_CUDA_REFERENCE=0, read per call), interleaved in one process: what the fused products'
 per-column terms cost or save. KIND: bias (default: with ∂bias and with the bias frozen),
-class_weight, class_weight_smoothing or smoothing (ε = 0.1). Prints each configuration's median and
+class_weight, class_weight_smoothing or smoothing (ε = 0.1), statistics (return_stats=True:
+entropy, argmax and accuracy besides the loss), or plain (none of them). Prints each configuration's median and
 p20–p80 of CALLS steps (CUDA events) per round, and writes them as JSON when given a path.
 Run: PYTHONPATH=python python3 scripts/probes/column_terms_step.py N H V BUDGET_MIB [CALLS [JSON [KIND]]]
 """
@@ -17,7 +19,7 @@ import xent.functional as XF
 from call_drift import call_times
 
 SWITCHES = ("XENT_CUDA_FUSED_STATS", "XENT_CUDA_FUSED_GRAD", "XENT_CUDA_REFERENCE")
-KINDS = ("bias", "class_weight", "class_weight_smoothing", "smoothing")
+KINDS = ("bias", "class_weight", "class_weight_smoothing", "smoothing", "statistics", "plain")
 
 
 def main():
@@ -39,6 +41,10 @@ def main():
     def step(variant):
         if kind == "bias":
             extra = {"bias": bias if variant else frozen}
+        elif kind == "statistics":
+            extra = {"return_stats": True}
+        elif kind == "plain":
+            extra = {}
         else:
             extra = {"label_smoothing": 0.1 if kind.endswith("smoothing") else 0.0}
             if kind.startswith("class_weight"):
@@ -46,8 +52,9 @@ def main():
 
         def run():
             hidden.grad = weight.grad = bias.grad = None
-            XF.linear_cross_entropy(hidden, weight, target, workspace_bytes=budget_mib << 20,
-                                    **extra).backward()
+            out = XF.linear_cross_entropy(hidden, weight, target,
+                                          workspace_bytes=budget_mib << 20, **extra)
+            (out.loss if kind == "statistics" else out).backward()
         return run
 
     # bias: with ∂bias (True) and frozen (False); the other kinds: one configuration.

@@ -668,9 +668,11 @@ ChunkPlan choose_plan(const ChunkRequest& request) {
 
 // A plan is a function of its request alone, and a training run repeats the same few calls (and
 // their size queries), while the scan of every block width where the fused gradient's waves are
-// priced takes ≈ 0.1 ms: the most recent plans are kept.
+// priced takes ≈ 0.1 ms: the most recent plans are kept. Enough of them for every request of a
+// few calls' size queries (each asks for tens of plans: every gradient dtype, schedule (d) and
+// the reference path's scratch), where 32 were overwritten within one query (decision 105).
 ChunkPlan plan_chunks(const ChunkRequest& request) {
-  constexpr std::size_t kRecentPlans = 32;
+  constexpr std::size_t kRecentPlans = 256;
   static std::mutex mutex;
   static std::deque<std::pair<ChunkRequest, ChunkPlan>> recent;
   {
