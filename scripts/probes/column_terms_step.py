@@ -5,7 +5,9 @@ fused Hopper products and on the cuBLASLt path (XENT_CUDA_FUSED_STATS=0, XENT_CU
 and XENT_CUDA_REFERENCE=0, read per call), interleaved in one process: what the fused products'
 per-column terms cost or save. KIND: bias (default: with ∂bias and with the bias frozen),
 class_weight, class_weight_smoothing or smoothing (ε = 0.1), statistics (return_stats=True:
-entropy, argmax and accuracy besides the loss), or plain (none of them). Prints each configuration's median and
+entropy, argmax and accuracy besides the loss; statistics_all: the same with
+XENT_CUDA_REFERENCE=all on the fused side, the reference path's statistics form at every H), or
+plain (none of them). Prints each configuration's median and
 p20–p80 of CALLS steps (CUDA events) per round, and writes them as JSON when given a path.
 Run: PYTHONPATH=python python3 scripts/probes/column_terms_step.py N H V BUDGET_MIB [CALLS [JSON [KIND]]]
 """
@@ -19,7 +21,8 @@ import xent.functional as XF
 from call_drift import call_times
 
 SWITCHES = ("XENT_CUDA_FUSED_STATS", "XENT_CUDA_FUSED_GRAD", "XENT_CUDA_REFERENCE")
-KINDS = ("bias", "class_weight", "class_weight_smoothing", "smoothing", "statistics", "plain")
+KINDS = ("bias", "class_weight", "class_weight_smoothing", "smoothing", "statistics",
+         "statistics_all", "plain")
 
 
 def main():
@@ -41,7 +44,7 @@ def main():
     def step(variant):
         if kind == "bias":
             extra = {"bias": bias if variant else frozen}
-        elif kind == "statistics":
+        elif kind.startswith("statistics"):
             extra = {"return_stats": True}
         elif kind == "plain":
             extra = {}
@@ -54,7 +57,7 @@ def main():
             hidden.grad = weight.grad = bias.grad = None
             out = XF.linear_cross_entropy(hidden, weight, target,
                                           workspace_bytes=budget_mib << 20, **extra)
-            (out.loss if kind == "statistics" else out).backward()
+            (out.loss if kind.startswith("statistics") else out).backward()
         return run
 
     # bias: with ∂bias (True) and frozen (False); the other kinds: one configuration.
@@ -69,6 +72,8 @@ def main():
                         os.environ[name] = "0"
                     else:
                         os.environ.pop(name, None)
+                if path == "fused" and kind == "statistics_all":
+                    os.environ["XENT_CUDA_REFERENCE"] = "all"
                 run = step(variant)
                 for _ in range(3):
                     run()
