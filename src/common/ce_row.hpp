@@ -25,6 +25,17 @@ struct Transform {
   }
 };
 
+// Whether (other, other_index) takes over from (value, index) as a row's argmax when two parts
+// of the row are merged: the first NaN, else the larger, else the lower index (torch.argmax's
+// order, whatever the order of merging); an index below 0 holds nothing.
+template <class T, class I>
+XENT_HD bool argmax_wins(T other, I other_index, T value, I index) {
+  const bool nan = value != value, other_nan = other != other;
+  return other_index >= 0 &&
+         (index < 0 || (other_nan && (!nan || other_index < index)) ||
+          (!nan && (other > value || (other == value && other_index < index))));
+}
+
 // Online statistics of one row of transformed logits v_i = x̃_i. sum_exp and sum_exp_shift are
 // kept relative to the running max m: S = Σ e^(v−m), P = Σ e^(v−m)·(v−m). Keeping P in shifted
 // form avoids the cancellation of lse − Σ p·v when the entropy is small next to lse.
@@ -66,10 +77,7 @@ struct RowStats {
     sum_logits += other.sum_logits;
     sum_weighted_logits += other.sum_weighted_logits;
     const bool self_nan = max != max, other_nan = other.max != other.max;
-    const bool other_wins =
-        other.argmax >= 0 &&
-        (argmax < 0 || (other_nan && (!self_nan || other.argmax < argmax)) ||
-         (!self_nan && (other.max > max || (other.max == max && other.argmax < argmax))));
+    const bool other_wins = argmax_wins(other.max, other.argmax, max, argmax);
     if (other.sum_exp == 0 && !other_nan) {
       // nothing to add
     } else if (sum_exp == 0 && !self_nan) {

@@ -470,15 +470,6 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     store_rows<kVectors, kRows>(at, value, row_i, i, count, second);
   }
 
-  // Whether (other, other_column) wins over (best, column) as RowStats::merge decides: the first
-  // NaN, else the larger, else the lower column; a column of −1 is no value.
-  CUTLASS_DEVICE static bool wins(float other, int other_column, float best, int column) {
-    const bool nan = best != best, other_nan = other != other;
-    return other_column >= 0 &&
-           (column < 0 || (other_nan && (!nan || other_column < column)) ||
-            (!nan && (other > best || (other == best && other_column < column))));
-  }
-
   // The warp's largest value of each row and its column, in the lanes sum_of_rows leaves each
   // row's sum in, by the same exchanges.
   template <int kRows>
@@ -489,7 +480,9 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) part[r] = best[r], part_column[r] = column[r];
     auto take = [](float& into, int& into_column, float other, int other_column) {
-      if (wins(other, other_column, into, into_column)) into = other, into_column = other_column;
+      if (common::argmax_wins(other, other_column, into, into_column)) {
+        into = other, into_column = other_column;
+      }
     };
     int offset = 16;
     CUTLASS_PRAGMA_UNROLL

@@ -160,15 +160,6 @@ __device__ void write_row_statistics(const CeRowsArgs& a, int64_t row, float ent
   if (a.row_correct) a.row_correct[row] = correct ? 1.0f : 0.0f;
 }
 
-// Whether (other, other_column) wins over (best, column) as RowStats::merge decides: the first
-// NaN, else the larger, else the lower column; a column of −1 is no value.
-__device__ __forceinline__ bool wins(float other, int other_column, float best, int column) {
-  const bool nan = best != best, other_nan = other != other;
-  return other_column >= 0 &&
-         (column < 0 || (other_nan && (!nan || other_column < column)) ||
-          (!nan && (other > best || (other == best && other_column < column))));
-}
-
 // The §1 loss parts of a valid row with an in-range target from its lse, target logit x̃_y and,
 // with label smoothing, Σ_i w_i·x̃_i, written out (as the ce row kernel writes them).
 __device__ void write_valid_row(const CeRowsArgs& a, const common::CeConstants<float>& c,
@@ -239,13 +230,17 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
       shift += p.shift_partials[at + t];
       const float other = p.max_partials[at + t];
       const int other_column = p.argmax_partials[at + t];
-      if (wins(other, other_column, best, best_column)) best = other, best_column = other_column;
+      if (common::argmax_wins(other, other_column, best, best_column)) {
+        best = other, best_column = other_column;
+      }
     }
     shift = warp_sum(shift);
     for (int offset = 16; offset > 0; offset /= 2) {
       const float other = __shfl_xor_sync(~0u, best, offset);
       const int other_column = __shfl_xor_sync(~0u, best_column, offset);
-      if (wins(other, other_column, best, best_column)) best = other, best_column = other_column;
+      if (common::argmax_wins(other, other_column, best, best_column)) {
+        best = other, best_column = other_column;
+      }
     }
   }
   float smoothing_sum = 0.0f;
