@@ -615,28 +615,27 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
                                  p.rows,   p.columns,       p.hidden_size};
   // A 16-bit staged tile would round fp32 chunk logits: the caller's cuBLASLt path takes those.
   if (!p.rounded_logits) return false;
+  // Each form a kernel of its own (GradForm), launched alike.
+  auto launch_form = [&](auto form) {
+    return fused::launch<Element, GradEpilogue<Element, decltype(form)::value>,
+                         fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
+                                                     kDependentLaunch);
+  };
+  using Form = GradForm;
   if (p.partials != nullptr) {
     // The reference path takes bf16 only (linear_reference.cuh): no f16 kernel is built for it.
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       if (p.statistic_partials != nullptr) {
-        return fused::launch<Element, GradEpilogue<Element, GradForm::reference_statistics>,
-                             fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
-                                                         kDependentLaunch);
+        return launch_form(std::integral_constant<Form, Form::reference_statistics>{});
       }
-      return fused::launch<Element, GradEpilogue<Element, GradForm::reference>,
-                           fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
-                                                       kDependentLaunch);
+      return launch_form(std::integral_constant<Form, Form::reference>{});
     }
     return false;
   }
   if (p.class_weight != nullptr || p.bias != nullptr) {
-    return fused::launch<Element, GradEpilogue<Element, GradForm::gradient_columns>,
-                         fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
-                                                     kDependentLaunch);
+    return launch_form(std::integral_constant<Form, Form::gradient_columns>{});
   }
-  return fused::launch<Element, GradEpilogue<Element, GradForm::gradient>,
-                       fused::EpilogueWarpsKernel>(operands, epilogue, "linear_ce", stream,
-                                                   kDependentLaunch);
+  return launch_form(std::integral_constant<Form, Form::gradient>{});
 }
 
 }  // namespace

@@ -156,7 +156,9 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
       check_stat("entropy", entropy, ref.entropy, torch.entropy, nan_row);
       const std::vector<double> entropy_out = entropy.download();
       for (int64_t n = 0; n < rows; ++n) {
-        if (target[n] == -100) EXPECT_EQ(entropy_out[n], 0.0) << "entropy of ignored row " << n;
+        if (target[n] == -100) {
+          EXPECT_EQ(entropy_out[n], 0.0) << "entropy of ignored row " << n;
+        }
       }
       // x̃ of 16-bit logits tie with float64's within 2e-2.
       check_argmax_accuracy(argmax.download_integers(), accuracy.download()[0], target, -100,
@@ -284,6 +286,14 @@ ReferenceCase special(void (*change)(ReferenceCase&)) {
   return c;
 }
 
+// special() asking for entropy, argmax and accuracy, with the statistics form taken at every H.
+ReferenceCase statistics_special(void (*change)(ReferenceCase&)) {
+  ReferenceCase c = special(change);
+  c.statistics = true;
+  c.reference_switch = "all";
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, CudaReferenceSpecial,
     ::testing::Values(
@@ -361,36 +371,23 @@ INSTANTIATE_TEST_SUITE_P(
                     })},
         // Entropy, argmax and accuracy from the statistics form: its tiles, the fallback's rows,
         // a NaN row, ignored rows, several chunks, with every option the path takes.
-        SpecialCase{"statistics", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
-                    })},
-        SpecialCase{"statistics_all_options", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
+        SpecialCase{"statistics", statistics_special([](ReferenceCase&) {})},
+        SpecialCase{"statistics_all_options", statistics_special([](ReferenceCase& c) {
                       c.options = kReferenceOptions;
                       c.reduction = Reduction::none;
                     })},
-        SpecialCase{"statistics_smoothing", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
+        SpecialCase{"statistics_smoothing", statistics_special([](ReferenceCase& c) {
                       c.options = kSmoothingOptions;
                     })},
-        SpecialCase{"statistics_huge_losses", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
+        SpecialCase{"statistics_huge_losses", statistics_special([](ReferenceCase& c) {
                       c.logits_sd = 40.0;
                       c.options = kSoftcap | kLogitScale;
                     })},
-        SpecialCase{"statistics_nan_row", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
+        SpecialCase{"statistics_nan_row", statistics_special([](ReferenceCase& c) {
                       c.nan_row = true;
                       c.reduction = Reduction::none;
                     })},
-        SpecialCase{"statistics_several_chunks", special([](ReferenceCase& c) {
-                      c.statistics = true;
-                      c.reference_switch = "all";
+        SpecialCase{"statistics_several_chunks", statistics_special([](ReferenceCase& c) {
                       c.budget = std::size_t{3} << 20;
                     })},
         // Below kReferenceStatisticsMinHidden the default keeps the row kernel for them; from
@@ -407,25 +404,17 @@ INSTANTIATE_TEST_SUITE_P(
                       c.statistics = true;
                       return c;
                     }()},
-        SpecialCase{"statistics_narrow", [] {
-                      ReferenceCase c;
+        SpecialCase{"statistics_narrow", statistics_special([](ReferenceCase& c) {
                       c.rows = 77;
                       c.hidden = 8;
                       c.vocab = 7;
-                      c.statistics = true;
-                      c.reference_switch = "all";
-                      return c;
-                    }()},
-        SpecialCase{"statistics_wide", [] {
-                      ReferenceCase c;
+                    })},
+        SpecialCase{"statistics_wide", statistics_special([](ReferenceCase& c) {
                       c.rows = 1000;
                       c.hidden = 64;
                       c.vocab = 32003;
-                      c.statistics = true;
-                      c.reference_switch = "all";
                       c.options = kZLoss | kClassWeight;
-                      return c;
-                    }()},
+                    })},
         SpecialCase{"bias", special([](ReferenceCase& c) {
                       c.bias = true;
                       c.expected = false;
