@@ -31,6 +31,7 @@
 // Included only by translation units compiled for sm_90a with the CUTLASS headers.
 #pragma once
 
+#include <cute/arch/copy_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/fused_product.cuh"
@@ -51,6 +52,14 @@ struct StagedTile {
   // The 8 values of row `row`, columns 8·chunk .. 8·chunk + 7, as one 16-byte word.
   CUTLASS_DEVICE uint4 chunk(int row, int chunk) const {
     return *reinterpret_cast<const uint4*>(values + row * kColumns + ((chunk ^ (row & 7)) << 3));
+  }
+  // chunk(first + r, chunk) for a group's first row `first`, a multiple of 4, and r < 4 known at
+  // compile time: then (first + r) % 8 = (first % 8) | r, and the XOR splits into a part per
+  // group and a constant per row.
+  CUTLASS_DEVICE uint4 group_chunk(int first, int r, int chunk) const {
+    const int group_chunk = chunk ^ (first & 4);
+    return *reinterpret_cast<const uint4*>(values + (first + r) * kColumns +
+                                           ((group_chunk ^ r) << 3));
   }
   alignas(128) Element values[kRows * kColumns];
   // The hand-over of `values` between the consumers and the epilogue warps (the kernel below):
@@ -278,14 +287,17 @@ struct EpilogueWarpsKernel : Base {
 #endif
   }
 
-  // The consumer thread's accumulators, rounded to Element, into the staged tile: pairs of
-  // adjacent columns as one 4-byte store each. Pair c of a row (values 2c, 2c + 1) lies at
-  // columns 8c + first + {0, 1} (AccumulatorRows: first = column_of(0) < 8), i.e. in 16-byte
-  // chunk c, whose place in the row is c ^ (row % 8) (Tile::offset). Pairs with the same c % 8
-  // share that XOR, so each row needs 8 addresses and every store is one of them plus a
-  // constant: 1 integer instruction per 8 stores, where offset() per store compiled to ~5 (the
-  // compiler cannot see that first < 8), which made the staging ≈ 40 % of the consumers'
-  // instructions outside the mainloop (decision 87).
+  // The consumer thread's accumulators, rounded to Element, into the staged tile by stmatrix:
+  // one instruction stores four 8 × 8 matrices of 16-bit values, each row of one at an address
+  // a lane gives, and the wgmma layout is the matrices' register layout (thread t holds row
+  // t / 4, columns 2·(t % 4) + {0, 1} of each 8-column chunk c, in its rows 16q + t / 4 and
+  // 16q + 8 + t / 4 for consumer warp q). A matrix row is 8 values of one row: one 16-byte chunk
+  // of the staged tile, so the tile's layout stays as it is. Sixteen stores per thread where 4-byte
+  // stores took 64 (decision 107). Lane l gives row l % 8 of matrix l / 8: matrices 0 and 1 are
+  // chunk c of the warp's two row halves, 2 and 3 chunk c + 1, so its row is 16q + 8·((l / 8) % 2)
+  // + l % 8 and its chunk (c + l / 16) ^ (l % 8), which for even c is c ^ k with k = (l / 16) ^
+  // (l % 8) < 8: 8·(c / 8) + ((c % 8) ^ k). Each lane forms 4 addresses (c % 8 = 0, 2, 4, 6), and
+  // every store is one of them plus 128 bytes per 8 chunks.
   // With `bias` (a bias for the tile's columns from V's column bias_first, bias_columns of them
   // inside the product) each value gets its column's bias before its one rounding.
   template <class Accumulators>
@@ -301,26 +313,32 @@ struct EpilogueWarpsKernel : Base {
     constexpr int kPairs = Rows::kValues / 2;
     auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
     const Tensor coords = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-    const int first = Rows::column_of(coords, 0);
+    float value[Rows::kRows][Rows::kValues];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Rows::kRows; ++r) {
-      const int row = Rows::row_of(coords, r);
-      Element* row_start = tile.values + row * Tile::kColumns + first;
-      float value[Rows::kValues];
-      Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[k] = x; });
+      Rows::for_each_value(coords, accumulators, r, [&](int k, int, float x) { value[r][k] = x; });
       if (bias.values != nullptr) {
         Rows::for_each_value(coords, accumulators, r, [&](int k, int col, float) {
-          if (col < bias_columns) value[k] += bias[bias_first + col];
+          if (col < bias_columns) value[r][k] += bias[bias_first + col];
         });
       }
+    }
+    const int lane = mma_thread % cutlass::NumThreadsPerWarp;
+    const int row = 16 * (mma_thread / cutlass::NumThreadsPerWarp) + 8 * ((lane >> 3) & 1) +
+                    (lane & 7);
+    const int k = (lane >> 4) ^ (lane & 7);
+    Element* const row_start = tile.values + row * Tile::kColumns;
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < 8; e += 2) {
+      Element* const chunk_e = row_start + ((e ^ k) << 3);  // chunk c = e + 8i: + 64·i values
       CUTLASS_PRAGMA_UNROLL
-      for (int m = 0; m < 8; ++m) {
-        Element* chunk_m = row_start + ((m ^ (row & 7)) << 3);  // pair c = m + 8i: + 64·i
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = m; c < kPairs; c += 8) {
-          *reinterpret_cast<uint32_t*>(chunk_m + (c - m) * 8) =
-              round_pair<Element>(value[2 * c], value[2 * c + 1]);
-        }
+      for (int c = e; c < kPairs; c += 8) {
+        cute::SM90_U32x4_STSM_N::copy(
+            round_pair<Element>(value[0][2 * c], value[0][2 * c + 1]),
+            round_pair<Element>(value[1][2 * c], value[1][2 * c + 1]),
+            round_pair<Element>(value[0][2 * c + 2], value[0][2 * c + 3]),
+            round_pair<Element>(value[1][2 * c + 2], value[1][2 * c + 3]),
+            *reinterpret_cast<cute::uint128_t*>(chunk_e + (c - e) * 8));
       }
     }
   }

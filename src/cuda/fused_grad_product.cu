@@ -264,12 +264,15 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       if constexpr (kReference) {
         walk([&](auto rows, int row, int second, int i) {
           constexpr int kRows = decltype(rows)::value;
+          // Groups of eight lie within the list (walk takes them while it has eight); of four,
+          // the last may run past it.
+          constexpr bool kFull = kRows != kRowsAtOnce;
           if (vectors) {
-            reference_rows_at_once<true, kRows>(at, tile, records, transform, row, second, i,
-                                                count);
+            reference_rows_at_once<true, kRows, kFull>(at, tile, records, transform, row, second,
+                                                       i, count);
           } else {
-            reference_rows_at_once<false, kRows>(at, tile, records, transform, row, second, i,
-                                                 count);
+            reference_rows_at_once<false, kRows, kFull>(at, tile, records, transform, row,
+                                                        second, i, count);
           }
         });
       } else {
@@ -388,7 +391,11 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // (32768, 768, 128256) (decision 92), its rows' records being twice the reference's. So does
   // the statistics form, whose three more sums per row would not fit eight rows' registers.
   static constexpr int kGradientRows = kRowsAtOnce;
-  template <bool kVectors, int kRows, class Transform>
+  // kFull: entries i .. i + kRows − 1 all lie in the list (i + kRows <= count), so no row
+  // repeats the last and none goes unstored: each row's record, tile row and staged chunk are
+  // then a constant offset from its group's (StagedTile::group_chunk), where the general form
+  // spent ≈ 15 instructions a row on them (decision 107).
+  template <bool kVectors, int kRows, bool kFull = false, class Transform>
   CUTLASS_DEVICE void reference_rows_at_once(const fused::TileAt& at, const Tile& tile,
                                              const CeGradRecord* records,
                                              const Transform& transform, int row_i, int second,
@@ -396,6 +403,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     static_assert(kRows == kRowsAtOnce || kRows == 2 * kRowsAtOnce, "one or two groups");
     const GradEpilogueParams& a = params_;
     auto tile_row = [&](int r) { return group_row(r, row_i, second); };
+    auto in_list = [&](int r) { return kFull || i + r < count; };
     float value[kRows][8];
     float sum[kRows];
     // The statistics form's per-row Σ p·(x̃ − r), largest x̃ and its column (V's).
@@ -406,15 +414,23 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     const int first_column = static_cast<int>(a.first_column) + at.col0;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
+      // A row past the last repeats it, unstored.
+      const int within = kFull ? i + r : min(i + r, count - 1);
       const CeGradRecord& record = records[within];
-      unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+      if constexpr (kFull) {
+        unpack_chunk<S>(r < kRowsAtOnce ? tile.group_chunk(row_i, r, at.lane)
+                                        : tile.group_chunk(second, r - kRowsAtOnce, at.lane),
+                        value[r]);
+      } else {
+        unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+      }
       // The target's logit read back from the staged tile by the lane that holds it: picking it
       // out of value[r] by a run-time index put the array in local memory (spills, decision 85).
       // Rows outside the path may store theirs too: the finish reads it only for rows inside.
+      // The lane's columns are 8·lane .. 8·lane + 7 of the tile, so one unsigned compare tests
+      // both that the target lies in the tile and that it is the lane's.
       const int target = __float_as_int(record.more.x) - first_column;
-      if (static_cast<unsigned>(target) < static_cast<unsigned>(Tile::kColumns) &&
-          (target >> 3) == at.lane && i + r < count) {
+      if (static_cast<unsigned>(target - 8 * at.lane) < 8u && in_list(r)) {
         a.target_logits[at.row0 + tile_row(r)] =
             static_cast<float>(tile.values[Tile::offset(tile_row(r), target)]);
       }
@@ -456,7 +472,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       best_of_rows(best, best_column, at.lane, row_best, row_best_column);
     }
     const int r = at.lane / kLanesPerRow;
-    if (at.lane % kLanesPerRow == 0 && i + r < count) {
+    if (at.lane % kLanesPerRow == 0 && in_list(r)) {
       const int64_t tile_index = (a.first_column + at.col0) / Tile::kColumns;
       const int64_t at_row =
           static_cast<int64_t>(at.row0 + tile_row(r)) * a.partial_stride + tile_index;
@@ -467,7 +483,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
         a.argmax_partials[at_row] = row_best_column;
       }
     }
-    store_rows<kVectors, kRows>(at, value, row_i, i, count, second);
+    store_rows<kVectors, kRows>(at, value, row_i, kFull ? 0 : i, kFull ? kRows : count, second);
   }
 
   // The warp's largest value of each row and its column, in the lanes sum_of_rows leaves each
@@ -542,12 +558,17 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     using P = fused::Packed<S>;
     const GradEpilogueParams& a = params_;
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
+    // Each group's first row once; its rows at constant multiples of the stride after it.
+    auto* const grad = static_cast<typename P::One*>(a.grad) + column;
+    auto* const group_i = grad + static_cast<int64_t>(at.row0 + row_i) * a.grad_stride;
+    auto* const group_second =
+        kRows > kRowsAtOnce ? grad + static_cast<int64_t>(at.row0 + second) * a.grad_stride
+                            : group_i;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       if (i + r >= count) break;
-      auto* out = static_cast<typename P::One*>(a.grad) +
-                  static_cast<int64_t>(at.row0 + group_row(r, row_i, second)) * a.grad_stride +
-                  column;
+      auto* out = r < kRowsAtOnce ? group_i + r * a.grad_stride
+                                  : group_second + (r - kRowsAtOnce) * a.grad_stride;
       if constexpr (kVectors) {
         uint32_t w[4];
         CUTLASS_PRAGMA_UNROLL
