@@ -264,15 +264,24 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       if constexpr (kReference) {
         walk([&](auto rows, int row, int second, int i) {
           constexpr int kRows = decltype(rows)::value;
-          // Groups of eight lie within the list (walk takes them while it has eight); of four,
-          // the last may run past it.
-          constexpr bool kFull = kRows != kRowsAtOnce;
-          if (vectors) {
-            reference_rows_at_once<true, kRows, kFull>(at, tile, records, transform, row, second,
-                                                       i, count);
+          auto form = [&](auto full) {
+            constexpr bool kFull = decltype(full)::value;
+            if (vectors) {
+              reference_rows_at_once<true, kRows, kFull>(at, tile, records, transform, row,
+                                                         second, i, count);
+            } else {
+              reference_rows_at_once<false, kRows, kFull>(at, tile, records, transform, row,
+                                                          second, i, count);
+            }
+          };
+          // Groups of eight lie within the list (walk takes them while it has eight); a group
+          // of four does unless it is the list's last and runs past it.
+          if constexpr (kRows != kRowsAtOnce) {
+            form(std::true_type{});
+          } else if (i + kRows <= count) {
+            form(std::true_type{});
           } else {
-            reference_rows_at_once<false, kRows, kFull>(at, tile, records, transform, row,
-                                                        second, i, count);
+            form(std::false_type{});
           }
         });
       } else {
@@ -430,7 +439,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       // The lane's columns are 8·lane .. 8·lane + 7 of the tile, so one unsigned compare tests
       // both that the target lies in the tile and that it is the lane's.
       const int target = __float_as_int(record.more.x) - first_column;
-      if (static_cast<unsigned>(target - 8 * at.lane) < 8u && in_list(r)) {
+      if (static_cast<unsigned>(target) - 8u * static_cast<unsigned>(at.lane) < 8u &&
+          in_list(r)) {
         a.target_logits[at.row0 + tile_row(r)] =
             static_cast<float>(tile.values[Tile::offset(tile_row(r), target)]);
       }
