@@ -70,6 +70,25 @@ struct StagedTile {
   uint64_t full, empty;
 };
 
+// The 8 16-bit values of a staged chunk as floats.
+template <class S>
+CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<S, cutlass::bfloat16_t>) {
+      value[2 * i] = __uint_as_float(words[i] << 16);
+      value[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      __half2 pair;
+      memcpy(&pair, &words[i], sizeof pair);
+      const float2 both = __half22float2(pair);
+      value[2 * i] = both.x;
+      value[2 * i + 1] = both.y;
+    }
+  }
+}
+
 // (a, b) as one 4-byte word of a pair of S.
 template <class S>
 CUTLASS_DEVICE uint32_t round_pair(float a, float b) {

@@ -57,25 +57,6 @@ struct GradEpilogueParams {
   int32_t* argmax_partials = nullptr;
 };
 
-// The 8 16-bit values of a staged chunk as floats.
-template <class S>
-CUTLASS_DEVICE void unpack_chunk(const uint4& chunk, float (&value)[8]) {
-  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<S, cutlass::bfloat16_t>) {
-      value[2 * i] = __uint_as_float(words[i] << 16);
-      value[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    } else {
-      __half2 pair;
-      memcpy(&pair, &words[i], sizeof pair);
-      const float2 both = __half22float2(pair);
-      value[2 * i] = both.x;
-      value[2 * i + 1] = both.y;
-    }
-  }
-}
-
 // The gradient epilogue on the epilogue warps (fused_epilogue_kernel.cuh): the consumers stage
 // each tile's x, rounded to S, in shared memory. The tile's rows are split: each consumer warp
 // forms the first own_of(tile) of the 16 rows it staged (own_rows, 0 unless forced; most of them
@@ -337,7 +318,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRows; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
-      unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+      fused::unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
     }
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -427,11 +408,11 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const int within = kFull ? i + r : min(i + r, count - 1);
       const CeGradRecord& record = records[within];
       if constexpr (kFull) {
-        unpack_chunk<S>(r < kRowsAtOnce ? tile.group_chunk(row_i, r, at.lane)
+        fused::unpack_chunk<S>(r < kRowsAtOnce ? tile.group_chunk(row_i, r, at.lane)
                                         : tile.group_chunk(second, r - kRowsAtOnce, at.lane),
                         value[r]);
       } else {
-        unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+        fused::unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
       }
       // The target's logit read back from the staged tile by the lane that holds it: picking it
       // out of value[r] by a run-time index put the array in local memory (spills, decision 85).

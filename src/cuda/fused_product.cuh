@@ -243,13 +243,16 @@ struct Product {
 // product's time without them; the results are then wrong), =2 only the gradient epilogue's;
 // XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
 // replace the order above (0: the swizzle of least padding, the default);
-// XENT_CUDA_FUSED_PDL=0 launches the kernels that allow it without programmatic dependent launch.
+// XENT_CUDA_FUSED_PDL=0 launches the kernels that allow it without programmatic dependent launch;
+// XENT_CUDA_FUSED_STATS_WARPS=0 keeps the statistics product's epilogue on its consumers even for
+// rounded logits (fused_stats_product.cu, decision 112).
 struct Measurement {
   bool skip_statistics = false;
   bool skip_gradient = false;
   char raster = 'm';
   int swizzle = 0;
   bool dependent_launch = true;
+  bool statistics_warps = true;
 };
 inline const Measurement& measurement() {
   static const Measurement m = [] {
@@ -266,6 +269,8 @@ inline const Measurement& measurement() {
     if (swizzle != nullptr) m.swizzle = std::max(0, std::atoi(swizzle));
     const char* pdl = std::getenv("XENT_CUDA_FUSED_PDL");
     m.dependent_launch = !(pdl != nullptr && pdl[0] == '0');
+    const char* warps = std::getenv("XENT_CUDA_FUSED_STATS_WARPS");
+    m.statistics_warps = !(warps != nullptr && warps[0] == '0');
     return m;
   }();
   return m;

@@ -1,11 +1,14 @@
 // The fused statistics product (fused_stats.hpp): x = h·Wᵀ by the persistent, warp-specialised
-// CUTLASS sm_90a kernel of fused_product.cuh, whose epilogue reduces each accumulator tile to
-// per-row tile partials in registers and quad shuffles: the logits never leave the SM.
+// CUTLASS sm_90a kernel of fused_product.cuh, whose epilogue reduces each tile to per-row tile
+// partials: the logits never leave the SM. Statistics of x rounded to the operands' dtype (the
+// default) take the epilogue warps of fused_epilogue_kernel.cuh (StatsWarpsEpilogue), those of
+// the fp32 products the consumers' registers and quad shuffles (StatsEpilogue).
 //
 // This translation unit alone is compiled for sm_90a (wgmma has no sm_90 or portable form; see
 // CMakeLists.txt); built for anything else, or without the CUTLASS headers, it is a stub whose
-// fused_stats_product_built() is false. Four kernels: bf16 and f16, each plain and with
-// per-column terms (a bias, class weights); softcap, scale and the target are runtime values.
+// fused_stats_product_built() is false. Eight kernels: the two epilogues for bf16 and f16, each
+// plain and with per-column terms (a bias, class weights); softcap, scale and the target are
+// runtime values.
 #include "cuda/fused_stats.hpp"
 
 #if defined(XENT_FUSED_SM90A)
@@ -13,6 +16,7 @@
 #include <cfloat>
 
 #include "common/ce_row.hpp"
+#include "cuda/fused_epilogue_kernel.cuh"
 #include "cuda/fused_product.cuh"
 #include "cuda/row_slice.cuh"
 #include "cuda/row_stats.cuh"
@@ -139,6 +143,18 @@ CUTLASS_DEVICE void quad_merge_lean(common::RowStats<float>& stats) {
   stats.sum_exp = sum;
 }
 
+// A tile partial of row `row` (kTilePartialWidth floats, FusedTileColumn's order), as 24 bytes on
+// a 256-byte aligned base: three aligned 8-byte stores.
+CUTLASS_DEVICE void store_partial(const StatsEpilogueParams& p, int row, int n_block,
+                                  const common::RowStats<float>& stats, float target_logit) {
+  float* record = p.partials + (static_cast<int64_t>(row) * p.tiles + n_block) * kTilePartialWidth;
+  reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
+  reinterpret_cast<float2*>(record)[1] = make_float2(stats.sum_exp_shift, stats.sum_logits);
+  reinterpret_cast<float2*>(record)[2] = make_float2(
+      common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
+      target_logit);
+}
+
 // The statistics epilogue: called once per output tile by each consumer thread with its
 // accumulators (fused::OperatorEpilogue).
 // kColumns: the kernel that takes per-column terms (a bias, class weights in the smoothing sum);
@@ -249,22 +265,186 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
         for (int offset = 2; offset > 0; offset >>= 1) {
           target_logit += __shfl_down_sync(0xffffffffu, target_logit, offset);
         }
-        if (quad_leader && row < rows) {
-          float* record =
-              params_.partials + (static_cast<int64_t>(row) * params_.tiles + n_block) *
-                                     kTilePartialWidth;
-          // 24-byte records on a 256-byte aligned base: three aligned 8-byte stores.
-          reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
-          reinterpret_cast<float2*>(record)[1] =
-              make_float2(stats.sum_exp_shift, stats.sum_logits);
-          reinterpret_cast<float2*>(record)[2] = make_float2(
-              common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
-              target_logit);
-        }
+        if (quad_leader && row < rows) store_partial(params_, row, n_block, stats, target_logit);
       }
     });
   }
 };
+// The statistics epilogue on warps of their own (fused_epilogue_kernel.cuh), for statistics of x
+// rounded to the operands' dtype (FusedStatsProduct::rounded_logits, which the staged tile is):
+// the consumers stage each tile (a bias added before its one rounding) and go on to the next
+// tile's mainloop, while the three epilogue warps reduce the staged rows to tile partials.
+// StatsEpilogue runs the same reduction on the consumers after each mainloop, while the tensor
+// cores wait: 34 % over the bare product at H = 768 (decision 109). A quarter-warp per row, two
+// rows a quarter and eight a warp per pass: lane q of a row's eight reads chunks q, q + 8, q + 16
+// and q + 24 (32 values), the lean or exact per-value code of StatsEpilogue runs on them, and
+// three levels of xor-shuffles merge the row, each shuffle serving four rows; a row per warp (8
+// values a lane, five levels per merge) measured 2.2 × slower than the consumers (decision 111),
+// this form 1–8 % faster than them (decision 112). Unrounded statistics keep StatsEpilogue.
+template <class S, bool kColumns>
+class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
+ public:
+  using OperatorEpilogue::OperatorEpilogue;
+  using Element = S;
+  using Tile = fused::StagedTile<S>;
+  struct SharedStorage {
+    Tile tile;
+  };
+  using TensorStorage = SharedStorage;
+  static constexpr int kLanesPerRow = 8, kRowsAtOnce = 32 / kLanesPerRow, kRowsPerLane = 2;
+  static constexpr int kChunksPerLane = Tile::kColumns / 8 / kLanesPerRow;  // 16-byte chunks
+  static constexpr int kValues = 8 * kChunksPerLane;                          // a lane's, per row
+  // Each epilogue warp's rows of a tile: a third, rounded up to whole groups of four (at most 64:
+  // the two prefetched targets a lane holds). Passes start at multiples of 8 entries, so none
+  // straddles the two halves.
+  static constexpr int kRowsPerWarp =
+      ((Tile::kRows + fused::kEpilogueWarps - 1) / fused::kEpilogueWarps + kRowsAtOnce - 1) /
+      kRowsAtOnce * kRowsAtOnce;
+  static_assert(kRowsPerWarp <= 64 && 32 % (kRowsAtOnce * kRowsPerLane) == 0,
+                "two targets per lane; a pass's entries in one half");
+
+  CUTLASS_DEVICE bool skipped() const { return params_.skip; }
+  // A bias joins each value before the consumers round it (x rounded once, fused_product.cuh);
+  // the product spans the vocabulary from column 0.
+  CUTLASS_DEVICE fused::HalfVector staged_bias(int64_t& first) const {
+    first = 0;
+    return kColumns ? params_.bias : fused::HalfVector{};
+  }
+  // The consumers form no rows themselves.
+  CUTLASS_DEVICE bool shares(const fused::TileAt&) const { return false; }
+  CUTLASS_DEVICE void prepare_own(const fused::TileAt&) {}
+  CUTLASS_DEVICE void own_rows(const fused::TileAt&, SharedStorage&) const {}
+
+  // The targets of the warp's rows, before the tile is waited for: lane i holds those of its
+  // entries i and 32 + i, as a column of this product or −1 (none: ignored, or out of range).
+  CUTLASS_DEVICE void prepare(const fused::TileAt& at) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int row = at.row0 + kRowsPerWarp * at.warp + 32 * half + at.lane;
+      int64_t y = -1;
+      if (32 * half + at.lane < kRowsPerWarp && row < at.rows) {
+        y = params_.target_int64 ? __ldg(static_cast<const int64_t*>(params_.target) + row)
+                                 : __ldg(static_cast<const int32_t*>(params_.target) + row);
+      }
+      target_[half] = y >= 0 && y < at.cols ? static_cast<int>(y) : -1;
+    }
+  }
+
+  CUTLASS_DEVICE void rows(const fused::TileAt& at, SharedStorage& shared) const {
+    const int first = kRowsPerWarp * at.warp;  // the warp's first row of the tile
+    const int count = max(0, min(kRowsPerWarp, min(at.rows - at.row0, Tile::kRows) - first));
+    common::Transform<float> row_transform;
+    row_transform.scale = params_.logit_scale;
+    row_transform.softcap = params_.softcap;
+    with_transform(row_transform, [&](const auto& transform) {
+      for (int i = 0; i < count; i += kRowsAtOnce * kRowsPerLane) {
+        form_rows(at, shared.tile, transform, first, i, count);
+      }
+    });
+  }
+
+ private:
+  // Entries i .. i + 7 of the warp's list, two per quarter-warp (entries i + g and i + 4 + g for
+  // quarter g; those past count repeat the last, unstored): their chains of latencies interleave
+  // on a warp that is alone on its scheduler.
+  template <class Transform>
+  CUTLASS_DEVICE void form_rows(const fused::TileAt& at, const Tile& tile,
+                                const Transform& transform, int first, int i, int count) const {
+    const StatsEpilogueParams& p = params_;
+    const int group = at.lane / kLanesPerRow, q = at.lane % kLanesPerRow;
+    // Value k of the lane is column 8·(q + 8·(k / 8)) + k % 8 of the tile.
+    auto column_of = [&](int k) { return at.col0 + 8 * (q + kLanesPerRow * (k / 8)) + k % 8; };
+    // The vocabulary's last, partial tile checks columns per value (exact_row_stats).
+    const bool whole_tile = at.col0 + Tile::kColumns <= at.cols;
+    const float* class_weight = kColumns ? p.class_weight : nullptr;
+    int entry[kRowsPerLane];
+    float value[kRowsPerLane][kValues];
+    common::RowStats<float> stats[kRowsPerLane];
+    bool lean[kRowsPerLane];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRowsPerLane; ++j) {
+      entry[j] = min(i + kRowsAtOnce * j + group, count - 1);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        float part[8];
+        fused::unpack_chunk<S>(tile.chunk(first + entry[j], q + kLanesPerRow * c), part);
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 8; ++k) value[j][8 * c + k] = transform.value(part[k]);
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRowsPerLane; ++j) {
+      lean[j] = false;
+      if (whole_tile) {
+        int where = 0;
+        auto weight_of = [&](int k) { return __ldg(class_weight + column_of(k)); };
+        if (!p.extras) {
+          lean[j] = lean_row_stats<false, false>(value[j], stats[j], where, weight_of);
+        } else if (class_weight != nullptr) {
+          lean[j] = lean_row_stats<true, true>(value[j], stats[j], where, weight_of);
+        } else {
+          lean[j] = lean_row_stats<true, false>(value[j], stats[j], where, weight_of);
+        }
+        stats[j].argmax = p.extras ? column_of(where) : at.col0;  // col0: never read
+      }
+      if (!lean[j]) {
+        auto for_each_value = [&](auto&& f) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < kValues; ++k) f(k, column_of(k), value[j][k]);
+        };
+        exact_row_stats(value[j], for_each_value, at.cols, class_weight, stats[j]);
+      }
+    }
+    // Each row's eight parts, merged within its quarter-warp: lean parts without extras by the
+    // butterflies of their max and rescaled sums (one ex2 a lane), any other by RowStats's merge
+    // (its NaN, ±Inf and argmax rules) into the quarter's first lane.
+    if (__all_sync(~0u, lean[0] && lean[kRowsPerLane - 1]) && !p.extras) {
+      float m[kRowsPerLane], sum[kRowsPerLane];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRowsPerLane; ++j) m[j] = stats[j].max;
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kRowsPerLane; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(~0u, m[j], offset));
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRowsPerLane; ++j) {
+        sum[j] = stats[j].sum_exp * fast_exp2((stats[j].max - m[j]) * kLog2e);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kRowsPerLane; ++j) sum[j] += __shfl_xor_sync(~0u, sum[j], offset);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRowsPerLane; ++j) stats[j].max = m[j], stats[j].sum_exp = sum[j];
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kRowsPerLane; ++j) stats[j].merge(shuffle_down(stats[j], offset));
+      }
+    }
+    // Each row's target, from the lane that prefetched it (the pass's entries lie in one half),
+    // and its value read back from the staged tile (x̃_y where y is one of the tile's columns).
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRowsPerLane; ++j) {
+      const int y =
+          __shfl_sync(~0u, i < 32 ? target_[0] : target_[1], entry[j] % 32) - at.col0;
+      if (q != 0 || i + kRowsAtOnce * j + group >= count) continue;
+      float target_logit = 0.0f;
+      if (y >= 0 && y < Tile::kColumns) {
+        target_logit = transform.value(
+            static_cast<float>(tile.values[Tile::offset(first + entry[j], y)]));
+      }
+      store_partial(p, at.row0 + first + entry[j], at.col0 / Tile::kColumns, stats[j],
+                    target_logit);
+    }
+  }
+
+  int target_[2] = {-1, -1};
+};
+
 static_assert(kTileMax == 0 && kTileSumExp == 1 && kTileSumExpShift == 2 && kTileSumLogits == 3 &&
                   kTileArgmax == 4 && kTileTargetLogit == 5 && kTilePartialWidth == 6,
               "the epilogue's stores follow the FusedTileColumn order");
@@ -285,7 +465,17 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
                                 p.rows,   p.vocab,         p.hidden_size};
-  if (epilogue.class_weight != nullptr || epilogue.bias.values != nullptr) {
+  const bool columns = epilogue.class_weight != nullptr || epilogue.bias.values != nullptr;
+  // The staged tile is x rounded as these statistics ask.
+  if (p.rounded_logits && fused::measurement().statistics_warps) {
+    return columns ? fused::launch<Element, StatsWarpsEpilogue<Element, true>,
+                                   fused::EpilogueWarpsKernel>(operands, epilogue,
+                                                               "linear_ce_forward", stream)
+                   : fused::launch<Element, StatsWarpsEpilogue<Element, false>,
+                                   fused::EpilogueWarpsKernel>(operands, epilogue,
+                                                               "linear_ce_forward", stream);
+  }
+  if (columns) {
     return fused::launch<Element, StatsEpilogue<true>>(operands, epilogue, "linear_ce_forward",
                                                        stream);
   }
