@@ -183,12 +183,15 @@ class Timer:
 
 
 def selected_suite_cases(args) -> List[dict]:
-    """The cases of args.suite that --labels (label prefixes) and --distribution (of the linear_ce
-    cases; the others stay) keep."""
+    """The cases of args.suite that --labels (label prefixes; one ending in "$" names a whole
+    label) and --distribution (of the linear_ce cases; the others stay) keep."""
     cases = suite_cases(args.suite)
     if args.labels:
-        wanted = tuple(args.labels.split(","))
-        cases = [case for case in cases if case["label"].startswith(wanted)]
+        wanted = args.labels.split(",")
+        prefixes = tuple(label for label in wanted if not label.endswith("$"))
+        whole = {label[:-1] for label in wanted if label.endswith("$")}
+        cases = [case for case in cases
+                 if case["label"] in whole or (prefixes and case["label"].startswith(prefixes))]
     if args.distribution:
         cases = [case for case in cases if case["op"] != "linear_ce" or
                  case.get("distribution", "random") == args.distribution]
@@ -637,7 +640,8 @@ def parse_args(argv=None):
     parser.add_argument("--errors", action="store_true",
                         help="linear_ce: gradient errors against float64 (slow)")
     parser.add_argument("--labels", help="comma list: run only suite cases whose label "
-                                         "starts with one of these")
+                                         "starts with one of these (or is one, written with a "
+                                         "trailing $: 'perf-linear$')")
     parser.add_argument("--impls", default=",".join(IMPLS),
                         help="comma list of " + ", ".join(IMPLS))
     parser.add_argument("--repeat", type=int)

@@ -48,6 +48,18 @@ def test_distribution_selects_from_a_suite(distribution):
     assert len(compare_torch.selected_suite_cases(args)) == 2 * len(compare_torch.LINEAR_SHAPES)
 
 
+def test_a_label_with_a_dollar_is_matched_whole():
+    """'perf-linear$' keeps the default-budget rows alone, not every label it begins."""
+    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels", "perf-linear$"])
+    cases = compare_torch.selected_suite_cases(args)
+    assert {c["label"] for c in cases} == {"perf-linear"}
+    assert len(cases) == 2 * len(compare_torch.LINEAR_SHAPES)
+    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels",
+                                     "perf-linear$,perf-linear 64 MiB"])
+    assert {c["label"] for c in compare_torch.selected_suite_cases(args)} == {
+        "perf-linear", "perf-linear 64 MiB"}
+
+
 @pytest.mark.parametrize("flag", [["--budget-mib", "64"], ["--weight", "fp32"]])
 def test_single_shape_flags_refused_with_a_suite(flag, capsys):
     with pytest.raises(SystemExit):
