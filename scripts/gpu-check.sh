@@ -129,12 +129,17 @@ fi
 if [[ -d .whl ]] && ! step_skipped torch; then
   # Anchors travel as wheels (no network on a GPU machine); QuACK's large DSL library as an
   # archive, .whl/cutlass-dsl-libs.tar.xz (its libs-core and libs-cu13 wheels unpacked and
-  # re-compressed to about half the size), unpacked into the same folder.
-  mkdir -p /tmp/anchors
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/anchors .whl/*.whl \
+  # re-compressed to about half the size), unpacked into the same folder. The folder is named
+  # site-packages on purpose: QuACK fingerprints every function its epilogues reach unless the
+  # function's file lies under a site-packages (or dist-packages) folder, and the DSL's own
+  # functions then fail it ("epilogue fn depends on <Logger CUTE_DSL> ... no fail-closed
+  # semantic key"; the failure once seen with DSL 4.8.1, on a ContextVar, is the same message).
+  ANCHORS=/tmp/anchors/site-packages
+  mkdir -p "$ANCHORS"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$ANCHORS" .whl/*.whl \
     >"$OUT/anchors.log" 2>&1 || echo "anchor wheels: install failed (see anchors.log)"
-  [[ -f .whl/cutlass-dsl-libs.tar.xz ]] && tar xJf .whl/cutlass-dsl-libs.tar.xz -C /tmp/anchors
-  export PYTHONPATH="/tmp/anchors:/tmp/anchors/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
+  [[ -f .whl/cutlass-dsl-libs.tar.xz ]] && tar xJf .whl/cutlass-dsl-libs.tar.xz -C "$ANCHORS"
+  export PYTHONPATH="$ANCHORS:$ANCHORS/nvidia_cutlass_dsl/dsl_packages:${PYTHONPATH:-}"
 fi
 if [[ -f tools/compare_torch.py ]]; then
   # shellcheck disable=SC2086
