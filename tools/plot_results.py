@@ -10,7 +10,7 @@ successful forward + backward measurements, and draws for each GPU (device name)
                                the records have one N per shape)
 
 Implementations: xent, naive (xent-bench's materialised form), eager, compile (torch.compile),
-liger, cce — whichever the records hold. With --markdown it also prints the table README.md
+liger, cce, quack — whichever the records hold. With --markdown it also prints the table README.md
 shows. Usage: plot_results.py [--results DIR] [--out DIR] [--markdown]
 """
 
@@ -34,10 +34,12 @@ IMPL_STYLE = {  # one colour and marker per implementation, the same in every pi
     "cce": ("#ff7f0e", "v"),
     "cce_exact": ("#8c564b", "<"),
     "xent_torch": ("#e377c2", "P"),
+    "quack": ("#17becf", "*"),
 }
 IMPL_LABEL = {"xent": "xent", "naive": "naive (materialised)", "eager": "torch eager",
               "compile": "torch.compile", "liger": "Liger-Kernel", "cce": "Cut Cross-Entropy",
-              "cce_exact": "Cut Cross-Entropy (exact)", "xent_torch": "xent (Python)"}
+              "cce_exact": "Cut Cross-Entropy (exact)", "xent_torch": "xent (Python)",
+              "quack": "QuACK"}
 
 
 def load_records(results_dir: str) -> list:
