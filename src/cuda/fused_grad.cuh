@@ -52,8 +52,9 @@ struct FusedGradProduct {
   // place of its lse, with coefficients (1, 0, 0), so the product writes e^(x̃ − r)·slope. With
   // `partials` it also writes, per row and per 256-column tile of the block, the tile's
   // Σ e^(x̃ − r) (before the slope) at partials[row · partial_stride + tile] (0 for ignored rows),
-  // and the raw 16-bit-rounded logit of each row's target at target_logits[row] (by the tile that
-  // holds it). Not with `entropy`.
+  // and the raw logit of each row's target at target_logits[row] (by the tile that holds it).
+  // This form forms x̃ from x rounded to f16 whatever `dtype` (decision 114), so r must be rounded
+  // so too. Not with `entropy`.
   float* partials = nullptr;
   int64_t partial_stride = 0;
   float* target_logits = nullptr;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace xent::cuda {
 namespace {
@@ -86,8 +87,12 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
 
  public:
   using OperatorEpilogue::OperatorEpilogue;
-  using Element = S;
-  using Tile = fused::StagedTile<S>;
+  // The staged tile's type (the consumers' hand-over, not an output): f16 for the reference
+  // forms, whose every value comes from it (11 significant bits of x where bf16 keeps 8, at the
+  // same cost; decision 114), S for the gradient forms, whose records' lse came from logits
+  // rounded to S (the cuBLASLt path's or the statistics product's).
+  using Element = std::conditional_t<kReference, cutlass::half_t, S>;
+  using Tile = fused::StagedTile<Element>;
   static constexpr int kConsumerWarps = 8, kWarpRows = Tile::kRows / kConsumerWarps;
   // On a CTA's last tile no mainloop follows, so the consumers take 12 of their 16 rows (the
   // epilogue warps 32 rows, as many groups of kRowsAtOnce each as a consumer warp's 12).
@@ -318,7 +323,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
     for (int r = 0; r < kRows; ++r) {
       const int within = min(i + r, count - 1);  // a row past the last repeats it, unstored
       block_row[r] = block_row_of(records[within], a.first_column + at.col0);
-      fused::unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+      fused::unpack_chunk<Element>(tile.chunk(tile_row(within - i), at.lane), value[r]);
     }
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -408,11 +413,12 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       const int within = kFull ? i + r : min(i + r, count - 1);
       const CeGradRecord& record = records[within];
       if constexpr (kFull) {
-        fused::unpack_chunk<S>(r < kRowsAtOnce ? tile.group_chunk(row_i, r, at.lane)
-                                        : tile.group_chunk(second, r - kRowsAtOnce, at.lane),
-                        value[r]);
+        fused::unpack_chunk<Element>(r < kRowsAtOnce
+                                         ? tile.group_chunk(row_i, r, at.lane)
+                                         : tile.group_chunk(second, r - kRowsAtOnce, at.lane),
+                                     value[r]);
       } else {
-        fused::unpack_chunk<S>(tile.chunk(tile_row(within - i), at.lane), value[r]);
+        fused::unpack_chunk<Element>(tile.chunk(tile_row(within - i), at.lane), value[r]);
       }
       // The target's logit read back from the staged tile by the lane that holds it: picking it
       // out of value[r] by a run-time index put the array in local memory (spills, decision 85).

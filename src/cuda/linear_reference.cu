@@ -32,11 +32,17 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// x rounded to the operands' 16-bit dtype, as the products' staged tiles and 16-bit logits are.
+// x rounded to the 16-bit dtype S (the fallback's logits: the operands' dtype, as 16-bit logits
+// are stored).
 template <class S>
 __device__ __forceinline__ float rounded(float x) {
   return load_float(store_float<S>(x));
 }
+
+// The dtype the fused product stages x in for this path (fused_grad.cuh, decision 114): f16, 11
+// significant bits where bf16 keeps 8. The reference r is rounded so too, so that the target's
+// own term e^(x̃_y − r) is 1 but for the products' different orders of summation.
+using StagedLogit = f16_t;
 
 // Eight consecutive values as floats from 16-byte aligned storage: one 16-byte load of a 16-bit
 // row, two of an fp32 one.
@@ -112,9 +118,9 @@ struct RowParams {
   float* smoothing_sums = nullptr;
 };
 
-// Step 1: each row's record: the reference r = x̃ of its target (rounded as the product rounds
-// x) in place of the lse, coefficients (1, 0, 0), its target and state. Also empties the
-// fallback list of the chunk.
+// Step 1: each row's record: the reference r = x̃ of its target (rounded as the product stages
+// x: StagedLogit) in place of the lse, coefficients (1, 0, 0), its target and state. Also
+// empties the fallback list of the chunk.
 template <class S>
 __global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const Operands o,
                                                                           const RowParams p) {
@@ -137,7 +143,7 @@ __global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const 
     common::Transform<float> transform;
     transform.scale = a.options.logit_scale;
     transform.softcap = a.options.softcap;
-    r.grad.lse = transform.value(rounded<S>(logit_of<S>(o, row, target)));
+    r.grad.lse = transform.value(rounded<StagedLogit>(logit_of<S>(o, row, target)));
   }
   if (lane_id() == 0) p.records[row] = grad_record_of(r);
 }
@@ -264,9 +270,11 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
     }
     return;
   }
-  // NaN fails the comparison too. A target outside [0, V) leaves an E row of NaN and no sum;
-  // the fallback gives it the row kernel's statistics.
-  if (!in_range || !(sum < kMaxReferenceSum)) {
+  // NaN fails the comparisons too. A target outside [0, V) leaves an E row of NaN and no sum;
+  // the fallback gives it the row kernel's statistics. A Σ below kMinReferenceSum lacks even the
+  // target's own term (≈ 1): its logit staged as −∞ beyond f16's range (the fallback's bf16
+  // logits hold it).
+  if (!in_range || !(sum < kMaxReferenceSum) || !(sum >= kMinReferenceSum)) {
     to_fallback(p, row);
     return;
   }
@@ -308,7 +316,7 @@ __device__ __forceinline__ void split_columns(int64_t vocab, int split, int64_t&
 }
 
 // Fallback, pass 1 (work items: listed row × split, over a fixed grid; none: the grid exits):
-// the split's logits by warp dot products, rounded as the product rounds them, written raw over
+// the split's logits by warp dot products, rounded to the operands' dtype, written raw over
 // the row's E, and the split's (max, Σ e^(x̃ − max)) into slice_stats; the target's raw logit.
 template <class S>
 __global__ void __launch_bounds__(kBlockThreads) fallback_logits_kernel(const Operands o,

@@ -4,14 +4,17 @@
 //      records of the fused product with r_n in place of the lse and coefficients (1, 0, 0));
 //   2. the fused gradient product (fused_grad.cuh, its reference form) writes
 //      E = e^(x̃ − r)·slope in 16 bits over the chunk buffer, and per row and 256-column tile
-//      Σ e^(x̃ − r), and the target's logit: the logits are never written;
+//      Σ e^(x̃ − r), and the target's logit: the logits are never written, and x̃ is formed
+//      from x rounded to f16 (11 significant bits; bf16's 8 were most of the gradients' error
+//      against float64, decision 114), r likewise;
 //   3. the finish: lse = r + ln Σ, the row's loss and statistics, and its gradient as
 //      s_n·E'_n, s_n = prob_coef·e^(r − lse), E' being E with the target column set to
 //      g_y / s_n (the §1 target term kept exact as the row kernel keeps it);
 //   4. ∂h = s ⊙ (E'·W) (cuBLASLt into fp32 scratch, scaled once into ∂h) and
 //      ∂W += E'ᵀ·(s ⊙ h) (h scaled per row into a 16-bit copy; cuBLASLt as in every schedule).
 // A row whose Σ is not below kMaxReferenceSum (a loss above ≈ 60 nats, where E could overflow
-// 16 bits or the products' fp32 sums) or whose target lies outside [0, V) is formed again in full
+// 16 bits or the products' fp32 sums) or below kMinReferenceSum (a logit past f16's range), or
+// whose target lies outside [0, V), is formed again in full
 // by two fallback kernels on the CUDA cores (its logits, its statistics, its exact gradient with
 // s_n = 1): slow, and only for such rows; nothing synchronises with the host.
 //
@@ -53,6 +56,9 @@ namespace xent::cuda {
 // the ∂h product's fp32 sums far from overflow, and s_n ≥ prob_coef·e^-60, where s_n·h stays a
 // normal 16-bit number for any |h| ≥ 1e-6 at prob_coef ≥ 1e-6.
 constexpr float kMaxReferenceSum = 1.1420073898156842e26f;  // e^60
+// Σ below which a row takes the fallback too: its target's own term e^(x̃_y − r) ≈ 1 is missing
+// (a logit past f16's range, in which the product stages x: decision 114).
+constexpr float kMinReferenceSum = 8.7565107626965203e-27f;  // e^-60
 
 // Columns of the fallback's slices of a row (each a work item of its kernels), and the floats
 // each keeps: max, Σ e^(x̃ − max), Σ e^(x̃ − max)·(x̃ − max), argmax (RowStats).
