@@ -663,13 +663,14 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   };
 
   // A backward that brings the forward's lse forms each chunk's gradient with the fused gradient
-  // product where eligible (fused_grad.cuh): no logits written, no row kernel, the gradient in
-  // the operand dtype (row stride V) for the products.
+  // product where eligible (fused_grad.cuh) and the reference path does not run: no logits
+  // written, no row kernel, the gradient in the operand dtype (row stride V) for the products.
   CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr, scratch,
                          totals, row_options, per_row_upstream, read_cache};
   fused_pass.lse = static_cast<const float*>(call.lse.data);
   fused_pass.records = records;
-  const bool fused_chunks = call.op == OpCode::linear_ce_backward && call.lse.present() &&
+  const bool fused_chunks = !reference.on && call.op == OpCode::linear_ce_backward &&
+                            call.lse.present() &&
                             chunk_grad && plan.chunks.buffer_count == 1 &&
                             fused_gradient_eligible(call, read_cache);
   if (fused_chunks) {
@@ -800,17 +801,16 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
 std::atomic<int64_t> schedule_runs[4];
 
 // Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
-// its plan aside from the path's scratch: gradients formed in this call (not a backward that
-// brings the forward's lse, which takes the fused gradient product from it, nor an entropy
+// its plan aside from the path's scratch: gradients formed in this call (a backward that brings
+// the forward's lse forms its own, as the row kernel does: the path stages x in f16, decision
+// 114, and a forward's lse from it must not meet logits rounded otherwise; not an entropy
 // gradient), options the path forms, statistics where its statistics form is preferred, no
-// logits cache, bf16 operands the fused
-// products take and no bias (16-bit logits: the plan's schedule and chunks are
-// reference_plan_accepted's).
+// logits cache, bf16 operands the fused products take and no bias (16-bit logits: the plan's
+// schedule and chunks are reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
   const LinearGradients& grads = call.grads;
   const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
   return want_grad && reference_path_enabled() && !call.entropy.present() &&
-         !(call.op == OpCode::linear_ce_backward && call.lse.present()) &&
          !call.options.logits_cache.present() && !call.options.fp32_logits &&
          !call.bias.present() && reference_options_eligible(call.options.ce) &&
          (!reference_statistics_wanted(call.stats) ||

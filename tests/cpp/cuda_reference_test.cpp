@@ -39,9 +39,16 @@ struct ReferenceCase {
   // Row 4 of h holds a NaN, an ignored row (make_targets ignores rows n % 5 == 4): its gradient
   // is 0 all the same, through the fallback (its reference is +∞, its E row NaN).
   bool nan_ignored_row = false;
+  // Row 5 of h scaled by this power of two (0: none): its logits then pass f16's range, in
+  // which the product stages x, and the row must come out of the fallback (decision 114).
+  double scaled_row = 0;
   bool fp32_weight_grad = false;
   bool want_hidden = true;
   bool backward = false;  // linear_ce_backward without lse instead of the forward with gradients
+  // The backward is given an lse (float64's, rounded to fp32): the path forms its own and must
+  // still run, so that a forward's lse and a backward's logits never come from different
+  // roundings of x (decision 114).
+  bool backward_lse = false;
   // Ask the forward for entropy, argmax and accuracy too; below kReferenceStatisticsMinHidden
   // they take the path only with XENT_CUDA_REFERENCE=all.
   bool statistics = false;
@@ -58,6 +65,9 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   const int64_t nan_ignored_row = c.nan_ignored_row ? 4 : -1;
   if (nan_ignored_row >= 0) {
     layer.hidden.at(nan_ignored_row, 1) = std::numeric_limits<double>::quiet_NaN();
+  }
+  if (c.scaled_row > 0) {
+    for (int64_t k = 0; k < c.hidden; ++k) layer.hidden.at(5, k) *= c.scaled_row;
   }
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
   CeSetup setup = make_ce_setup(c.options, c.reduction, -100, rows, vocab, rng);
@@ -101,8 +111,9 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
       linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), true));
   const int64_t before = cuda::reference_chunk_count();
   if (c.backward) {
-    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), {},
-                       grad_output.view(), options, grads, scratch.workspace());
+    const Tensor given_lse = c.backward_lse ? Tensor::of(ref.lse, DType::f32) : Tensor();
+    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
+                       given_lse.view(), grad_output.view(), options, grads, scratch.workspace());
   } else {
     LinearCeOutputs out;
     out.loss = loss.view();
@@ -304,6 +315,12 @@ INSTANTIATE_TEST_SUITE_P(
                       c.options = kReferenceOptions;
                       c.reduction = Reduction::none;
                     })},
+        // One row's logits of ≈ ±10⁵, past f16's range (the staged tile's): through the fallback.
+        SpecialCase{"beyond_f16_range", special([](ReferenceCase& c) { c.scaled_row = 32768; })},
+        SpecialCase{"beyond_f16_range_statistics", statistics_special([](ReferenceCase& c) {
+                      c.scaled_row = 32768;
+                      c.options = kReferenceOptions;
+                    })},
         SpecialCase{"nan_row", special([](ReferenceCase& c) { c.nan_row = true; })},
         SpecialCase{"nan_row_none", special([](ReferenceCase& c) {
                       c.nan_row = true;
@@ -317,6 +334,12 @@ INSTANTIATE_TEST_SUITE_P(
         SpecialCase{"fp32_weight_grad",
                     special([](ReferenceCase& c) { c.fp32_weight_grad = true; })},
         SpecialCase{"no_hidden_grad", special([](ReferenceCase& c) { c.want_hidden = false; })},
+        SpecialCase{"backward_with_lse", special([](ReferenceCase& c) {
+                      c.backward = true;
+                      c.backward_lse = true;
+                      c.reduction = Reduction::none;
+                      c.options = kReferenceOptions;
+                    })},
         SpecialCase{"backward_without_lse", special([](ReferenceCase& c) {
                       c.backward = true;
                       c.reduction = Reduction::none;

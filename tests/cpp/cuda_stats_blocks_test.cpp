@@ -36,7 +36,8 @@ enum class Blocks { one, several, row_tiles };
 
 // Which blocked schedule, and how its blocks form their gradients.
 // chunks_fused: the row-chunk schedules ((a), (b)), whose backward with the forward's lse forms
-// each chunk's gradient with the fused gradient product.
+// each chunk's gradient with the fused gradient product (the per-row reference path switched
+// off, XENT_CUDA_REFERENCE=0, which would otherwise take both calls: cuda_reference_test.cpp).
 // *_sums_in_dW: (d) with its fp32 ∂h sums in the last rows of the ∂W output (chunk_plan.hpp
 // HiddenSums), whose blocks write ∂W after ∂h; the plain (d) variants keep them in the workspace.
 enum class Variant {
@@ -96,6 +97,7 @@ struct ForcedVariant {
     setenv("XENT_CUDA_HIDDEN_SUMS", sums_in_weight_grad(v) ? "weight_grad" : "workspace", 1);
     setenv("XENT_CUDA_HIDDEN_SUMS_HEAD", sums_in_hidden_grad(v, hidden) ? "1" : "0", 1);
     if (dtype == DType::f16) setenv("XENT_CUDA_HIDDEN_SUMS_STAGED", "3", 1);
+    if (v == Variant::chunks_fused) setenv("XENT_CUDA_REFERENCE", "0", 1);
   }
   ~ForcedVariant() {
     unsetenv("XENT_CUDA_FUSED_STATS");
@@ -103,6 +105,7 @@ struct ForcedVariant {
     unsetenv("XENT_CUDA_HIDDEN_SUMS");
     unsetenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
     unsetenv("XENT_CUDA_HIDDEN_SUMS_STAGED");
+    unsetenv("XENT_CUDA_REFERENCE");
   }
 };
 
