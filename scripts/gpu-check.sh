@@ -10,7 +10,8 @@
 # copied: a copy's git metadata can be older than its files (records once named a stale commit).
 # Environment: GPU_CHECK_SKIP="cpu,racecheck,..." skips steps by name; GPU_CHECK_DEADLINE=SECONDS
 # caps the whole run (steps are cut to fit); JOBS sets build parallelism; GPU_CHECK_GTEST_FILTER
-# runs the GPU test binary with that gtest filter instead of every ctest "gpu" case;
+# runs the GPU test binary with that gtest filter instead of every ctest "gpu" case, in
+# GPU_CHECK_SHARDS (default 8) shards side by side;
 # GPU_CHECK_BENCH_SUITES="perf-ce perf-distill" runs those xent-bench suites (default: perf), one
 # JSON each (bench-SUITE.json); GPU_CHECK_TORCH_ARGS="--suite perf-ce" sets compare_torch.py's
 # arguments (default: its PERF.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
@@ -80,7 +81,10 @@ step cpu 900 ctest --test-dir "$BUILD" -L cpu -j "$JOBS" --timeout 600 --output-
 # GPU test processes share the one GPU; a few at a time keeps memory and contexts in bounds.
 GPU_TESTS="$BUILD/tests/cpp/xent_gpu_tests"
 if [[ -n "${GPU_CHECK_GTEST_FILTER:-}" ]]; then
-  step gpu 900 "$GPU_TESTS" --gtest_filter="$GPU_CHECK_GTEST_FILTER" --gtest_brief=1
+  # In shards side by side (GPU_CHECK_SHARDS, default 8): the suites' float64 references are
+  # CPU-bound, so one process leaves the GPU and the other cores waiting.
+  step gpu 900 scripts/gtest-shards.sh "$GPU_TESTS" "$GPU_CHECK_GTEST_FILTER" \
+    "${GPU_CHECK_SHARDS:-8}" "$OUT/gpu-shards"
 else
   step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
 fi
