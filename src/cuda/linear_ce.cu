@@ -670,8 +670,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   fused_pass.lse = static_cast<const float*>(call.lse.data);
   fused_pass.records = records;
   const bool fused_chunks = !reference.on && call.op == OpCode::linear_ce_backward &&
-                            call.lse.present() &&
-                            chunk_grad && plan.chunks.buffer_count == 1 &&
+                            call.lse.present() && chunk_grad && plan.chunks.buffer_count == 1 &&
                             fused_gradient_eligible(call, read_cache);
   if (fused_chunks) {
     form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
