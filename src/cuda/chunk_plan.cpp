@@ -105,6 +105,14 @@ constexpr double kSplitProductSeconds = 30e-6;
 // 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
 constexpr double kBlocksModelBias = 1.05;
 
+// What the per-row reference path's epilogue (ChunkRequest::gradient_in_product) costs over its
+// product, in passes over the chunk logits: ≈ 1.5 ms over 4.2 G logits at H = 768 on an H100
+// (docs/perf-notes.md decision 107), about half of a pass at the model's bandwidth, less at
+// larger H. Priced as the row kernel's two passes before, the model chose (d) at (32768, 768,
+// 128256) with 632 MiB, where the reference path's 37 row chunks measured 9 % faster (decision
+// 115).
+constexpr double kReferenceEpiloguePasses = 0.5;
+
 std::size_t gemm_workspace_for(std::size_t budget) {
   const std::size_t share = std::min(kGemmWorkspaceBytes, budget / 16);
   return share / kWorkspaceAlignment * kWorkspaceAlignment;
@@ -246,7 +254,10 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   // accumulator or in an fp32 output alike.
   const bool accumulates =
       (request.weight_gradient || request.weight_accumulator) && plan.chunk_count > 1;
-  plan.predicted_ms = products * m.product_ms + (request.logits_buffers_per_row + 1) * m.pass_ms +
+  const double row_passes = request.gradient_in_product
+                                ? kReferenceEpiloguePasses
+                                : static_cast<double>(request.logits_buffers_per_row + 1);
+  plan.predicted_ms = products * m.product_ms + row_passes * m.pass_ms +
                       (accumulates ? plan.chunk_count * m.acc_ms : 0.0) +
                       reread_ms(m, products, plan.chunk_count, 0, 0) +
                       plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;

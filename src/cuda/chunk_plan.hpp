@@ -35,6 +35,10 @@ struct ChunkRequest {
   // Bytes of every chunk buffer beyond its rows (the reference path's rank-1 rows of label
   // smoothing); row-chunk schedules only.
   std::size_t chunk_buffer_extra_bytes = 0;
+  // The row chunks' gradient is formed in the logits product's epilogue (linear_ce's per-row
+  // reference path, linear_reference.cuh): no row kernel reads and rewrites the chunk logits, and
+  // the row-chunk schedules are priced with the epilogue's cost instead (kReferenceEpiloguePasses).
+  bool gradient_in_product = false;
   // ∂W is wanted (any dtype): over several row chunks it is re-read and re-written per chunk.
   bool weight_gradient = false;
   // ∂W is wanted in a 16-bit dtype: accumulating it over several row chunks needs fp32 (V×H, or

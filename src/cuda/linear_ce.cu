@@ -82,6 +82,9 @@ struct PlanWants {
   HiddenSumsScratch sums_scratch;
   // The per-row reference path's bytes per chunk row (linear_reference.cuh), or 0.
   std::size_t reference_row_bytes = 0;
+  // The call's row chunks may take that path (reference_candidate): they are priced without the
+  // row kernel (ChunkRequest::gradient_in_product).
+  bool reference_priced = false;
 };
 
 // XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
@@ -122,6 +125,13 @@ void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOption
   request.multiprocessors = multiprocessors;
 }
 
+// XENT_CUDA_PLAN_REFERENCE=0 prices every row chunk with the row kernel, as before decision 115
+// (measurements); the reference path itself still runs where the plan allows it.
+bool reference_pricing_enabled() {
+  const char* knob = std::getenv("XENT_CUDA_PLAN_REFERENCE");
+  return knob == nullptr || knob[0] != '0';
+}
+
 LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                             const LinearCeOptions& options, const PlanWants& wants) {
   ChunkRequest request;
@@ -138,6 +148,8 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
     request.chunk_buffer_extra_bytes = reference_buffer_extra_bytes(vocab, hidden, smoothing);
   }
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
+  request.gradient_in_product =
+      wants.gradients && wants.reference_priced && reference_pricing_enabled();
   request.overlap = wants.gradients && linear_overlap_enabled();
   request.weight_gradient = wants.gradients && wants.weight;
   request.weight_accumulator = request.weight_gradient && wants.weight_accumulator;
@@ -160,7 +172,8 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
 // fp32 one (accumulate_weight's buffer included) is accumulated in place.
 LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                 const LinearCeOptions& options, const LinearGradients& grads,
-                                bool statistics, std::size_t reference_row_bytes = 0) {
+                                bool statistics, bool reference_priced,
+                                std::size_t reference_row_bytes = 0) {
   PlanWants wants;
   wants.weight = grads.weight.present();
   wants.hidden = grads.hidden.present();
@@ -171,6 +184,7 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
   wants.statistics = statistics;
   wants.sums_scratch = hidden_sums_scratch(grads);
   wants.reference_row_bytes = reference_row_bytes;
+  wants.reference_priced = reference_priced;
   return plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
 }
 
@@ -186,12 +200,24 @@ bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_
          with_scratch.chunks.buffer_count == 1;
 }
 
+// Whether a call of this dtype, options and gradients may form its row chunks by the per-row
+// reference path, as far as its plan's inputs show (reference_candidate adds what only the call
+// shows): its row chunks are then priced without the row kernel (PlanWants::reference_priced).
+bool reference_path_possible(DType dtype, const LinearCeOptions& options, const LinearGradients& grads) {
+  const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
+  return want_grad && reference_path_enabled() && !options.logits_cache.present() &&
+         !options.fp32_logits && !grads.bias.present() && reference_options_eligible(options.ce) &&
+         dtype == DType::bf16;
+}
+
 }  // namespace
 
 ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                const LinearCeOptions& options, const LinearGradients& grads,
                                bool statistics_product) {
-  return plan_for_gradients(rows, hidden, vocab, dtype, options, grads, statistics_product).chunks;
+  return plan_for_gradients(rows, hidden, vocab, dtype, options, grads, statistics_product,
+                            reference_path_possible(dtype, options, grads))
+      .chunks;
 }
 
 std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
@@ -208,6 +234,28 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   // every plan costs the planner's scan of block widths).
   auto choices = [](bool possible) {
     return possible ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  };
+  // A plan's bytes, and where a bf16 step may take the per-row reference path, its scratch (with
+  // the ∂h product in it or in the ∂W output, and with the statistics form's sums at the hidden
+  // sizes that take it) beside the same chunks.
+  auto consider = [&](PlanWants wants) {
+    const LinearCePlan plan = plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+    bytes = std::max(bytes, plan.chunks.total_bytes);
+    const Schedule schedule = plan.chunks.schedule;
+    const bool row_chunks =
+        schedule == Schedule::row_chunks || schedule == Schedule::row_chunks_accumulated;
+    if (!with_gradients || dtype != DType::bf16 || !row_chunks) return;
+    for (const bool product_in_scratch : {false, true}) {
+      for (const bool row_statistics : choices(reference_statistics_preferred(hidden))) {
+        wants.reference_row_bytes =
+            reference_chunk_row_bytes(vocab, hidden, product_in_scratch, row_statistics);
+        const LinearCePlan with_scratch =
+            plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
+        if (reference_plan_accepted(plan, with_scratch)) {
+          bytes = std::max(bytes, with_scratch.chunks.total_bytes);
+        }
+      }
+    }
   };
   for (const bool weight : {false, true}) {
     for (const bool weight_16_bit : choices(half && weight)) {
@@ -227,26 +275,11 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
                 wants.sums_scratch =
                     contiguous_hidden_sums_scratch(rows, hidden, vocab, weight_16_bit, half);
               }
-              const LinearCePlan plan =
-                  plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
-              bytes = std::max(bytes, plan.chunks.total_bytes);
-              // A bf16 step may take the per-row reference path where its scratch (with the ∂h
-              // product in it or in the ∂W output, and with the statistics form's sums at the
-              // hidden sizes that take it) fits beside the same chunks.
-              const Schedule schedule = plan.chunks.schedule;
-              const bool row_chunks = schedule == Schedule::row_chunks ||
-                                      schedule == Schedule::row_chunks_accumulated;
-              if (!with_gradients || dtype != DType::bf16 || !row_chunks) continue;
-              for (const bool product_in_scratch : {false, true}) {
-                for (const bool row_statistics : choices(reference_statistics_preferred(hidden))) {
-                  wants.reference_row_bytes = reference_chunk_row_bytes(
-                      vocab, hidden, product_in_scratch, row_statistics);
-                  const LinearCePlan with_scratch =
-                      plan_linear_ce(rows, hidden, vocab, dtype, options, wants);
-                  if (reference_plan_accepted(plan, with_scratch)) {
-                    bytes = std::max(bytes, with_scratch.chunks.total_bytes);
-                  }
-                }
+              consider(wants);
+              // Row chunks priced as the per-row reference path (reference_path_possible).
+              if (with_gradients && dtype == DType::bf16 && !bias && reference_path_enabled()) {
+                wants.reference_priced = true;
+                consider(wants);
               }
             }
           }
@@ -807,14 +840,11 @@ std::atomic<int64_t> schedule_runs[4];
 // logits cache, bf16 operands the fused products take and no bias (16-bit logits: the plan's
 // schedule and chunks are reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
-  const LinearGradients& grads = call.grads;
-  const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
-  return want_grad && reference_path_enabled() && !call.entropy.present() &&
-         !call.options.logits_cache.present() && !call.options.fp32_logits &&
-         !call.bias.present() && reference_options_eligible(call.options.ce) &&
+  return reference_path_possible(call.hidden.dtype, call.options, call.grads) &&
+         !call.entropy.present() &&
+         !call.bias.present() &&
          (!reference_statistics_wanted(call.stats) ||
           reference_statistics_preferred(call.hidden.cols)) &&
-         call.hidden.dtype == DType::bf16 &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
 
@@ -832,15 +862,17 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
   const bool statistics = fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
-  LinearCePlan plan =
-      plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, statistics);
+  const bool candidate = reference_candidate(call);
+  LinearCePlan plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads,
+                                         statistics, candidate);
   if (plan.chunks.schedule == Schedule::statistics_blocks) {
     if (run_statistics_blocks(call, plan, workspace, stream)) {
       schedule_runs[static_cast<int>(Schedule::statistics_blocks)].fetch_add(1);
       return;
     }
     // The fused product declined these operands: the cuBLASLt schedules.
-    plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, false);
+    plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, false,
+                              candidate);
   }
   if (!plan.chunks.fits_budget) {
     throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
@@ -848,10 +880,10 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   // The per-row reference path where its scratch fits beside the same chunks
   // (reference_plan_accepted).
   ReferenceUse reference;
-  if (reference_candidate(call)) {
+  if (candidate) {
     reference.hidden_product_in_weight_grad = hidden_product_fits_weight_grad(call);
     const LinearCePlan with_scratch = plan_for_gradients(
-        rows, hidden, vocab, dtype, call.options, call.grads, statistics,
+        rows, hidden, vocab, dtype, call.options, call.grads, statistics, true,
         reference_chunk_row_bytes(
             vocab, hidden,
             call.grads.hidden.present() && !reference.hidden_product_in_weight_grad,

@@ -404,6 +404,41 @@ TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
   }
 }
 
+TEST(ChunkPlan, RowChunksWithTheGradientInTheProductArePricedWithoutTheRowKernel) {
+  // linear_ce's per-row reference path forms the chunk gradient in the logits product's epilogue:
+  // its row chunks pay half a pass over N×V where the row kernel's read and write cost two.
+  // At (32768, 768, 128256) with 632 MiB (the ∂W accumulator + 256 MiB) that makes 37 row chunks
+  // cheaper than (d), as measured (decision 115: 41.6 against 45.7 ms on an H100).
+  ChunkRequest request = statistics_request(32768, 768, 128256, 632 * kMiB);
+  const ChunkPlan blocks = plan_chunks(request);
+  EXPECT_EQ(blocks.schedule, Schedule::statistics_blocks);
+  request.gradient_in_product = true;
+  const ChunkPlan reference = plan_chunks(request);
+  EXPECT_EQ(reference.schedule, Schedule::row_chunks_accumulated);
+  EXPECT_EQ(reference.chunk_count, 37);
+  EXPECT_LT(reference.predicted_ms, blocks.predicted_ms);
+  // The same row chunks priced either way differ by 1.5 passes over N×V, nothing else.
+  request.statistics_product = false;
+  request.gradient_in_product = false;
+  const ChunkPlan row_kernel = plan_chunks(request);
+  ASSERT_EQ(row_kernel.schedule, Schedule::row_chunks_accumulated);
+  ASSERT_EQ(row_kernel.chunk_count, reference.chunk_count);
+  const double pass_ms = 32768.0 * 128256 * 2 / 3e12 * 1e3;
+  EXPECT_NEAR(row_kernel.predicted_ms - reference.predicted_ms, 1.5 * pass_ms, 0.01);
+  // The default budget's plans do not move: one chunk at the first two shapes, three at the last.
+  for (const auto& [rows, hidden, vocab, chunks] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}, int64_t{1}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}, int64_t{1}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}, int64_t{3})}) {
+    SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab);
+    ChunkRequest at_default = statistics_request(rows, hidden, vocab, 4096 * kMiB);
+    at_default.gradient_in_product = true;
+    const ChunkPlan plan = plan_chunks(at_default);
+    EXPECT_NE(plan.schedule, Schedule::statistics_blocks);
+    EXPECT_EQ(plan.chunk_count, chunks);
+  }
+}
+
 TEST(ChunkPlan, StatisticsBlocksNeedTheirHiddenAccumulator) {
   // 64 MiB holds none of the three ∂h accumulators (128 / 72 / 96 MiB): without the ∂W output
   // to hold them (next test), (c) stays, even when asked for (d).

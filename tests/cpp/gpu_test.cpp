@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "linear_check.hpp"
 
@@ -144,7 +145,10 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
   LinearCeOptions options;
   options.ce.reduction = Reduction::none;
   // Two runs: the default budget, and a small one that forces many chunks. Their fp32 ∂W must
-  // agree to accumulation-order rounding.
+  // agree to accumulation-order rounding, so both form the gradient from bf16-rounded logits: the
+  // per-row reference path (which 512 MiB takes since decision 115) stages them in f16, whose
+  // ∂W differs from the blocked schedule's by ≈ 3e-3 (each is checked against float64 elsewhere).
+  setenv("XENT_CUDA_REFERENCE", "0", 1);
   std::vector<std::vector<double>> grad_weights;
   std::vector<double> loss_values, grad_hidden_values;
   for (const std::size_t budget : {std::size_t{512} << 20, std::size_t{48} << 20}) {
@@ -166,6 +170,7 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
       grad_hidden_values = grad_hidden.download();
     }
   }
+  unsetenv("XENT_CUDA_REFERENCE");
   EXPECT_TRUE(close("grads.weight, small budget against default", grad_weights[1],
                     grad_weights[0], 1e-4));
 
