@@ -55,15 +55,23 @@ def progress(message: str) -> None:
     print(f"[compare_torch] {message}", file=sys.stderr, flush=True)
 
 
-def git_commit() -> str:
+def git_commit(repo: str = REPO) -> str:
+    """The commit the measured code is, "<sha>-dirty" when tracked files differ from it (a record
+    of uncommitted code must not pass for the commit's)."""
     # A copy of the tree without .git (a GPU machine gets the files only) names it through the
     # environment.
     if os.environ.get("XENT_COMMIT"):
         return os.environ["XENT_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+        out = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
                              text=True, check=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        commit = out.stdout.strip()
+        if not commit:
+            return "unknown"
+        status = subprocess.run(["git", "-C", repo, "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                check=True, timeout=30)
+        return commit + ("-dirty" if status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

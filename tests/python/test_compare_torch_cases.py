@@ -122,3 +122,28 @@ def test_floor_flops_count_the_products_the_floor_times():
     assert compare_torch.gemm_floor_flops(dict(shape, op="linear_ce", mode="fwd")) == one
     assert compare_torch.gemm_floor_flops(dict(shape, op="linear_distill", mode="fwdbwd")) == 4 * one
     assert compare_torch.gemm_floor_flops(dict(shape, op="ce", mode="fwdbwd")) is None
+
+
+def test_records_name_uncommitted_code_dirty(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    monkeypatch.delenv("XENT_COMMIT", raising=False)
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert compare_torch.git_commit(str(tmp_path)) == head
+    (tmp_path / "untracked.txt").write_text("not part of the code")
+    assert compare_torch.git_commit(str(tmp_path)) == head
+    (tmp_path / "a.txt").write_text("two")
+    assert compare_torch.git_commit(str(tmp_path)) == head + "-dirty"
+    monkeypatch.setenv("XENT_COMMIT", "named")
+    assert compare_torch.git_commit(str(tmp_path)) == "named"
