@@ -109,8 +109,8 @@ constexpr double kBlocksModelBias = 1.05;
 // product, in passes over the chunk logits: ≈ 1.5 ms over 4.2 G logits at H = 768 on an H100
 // (docs/perf-notes.md decision 107), about half of a pass at the model's bandwidth, less at
 // larger H. Priced as the row kernel's two passes before, the model chose (d) at (32768, 768,
-// 128256) with 632 MiB, where the reference path's 37 row chunks measured 9 % faster (decision
-// 115).
+// 128256) with 632 MiB, where the reference path's 37 row chunks measured 9–11 % faster
+// (decision 115).
 constexpr double kReferenceEpiloguePasses = 0.5;
 
 std::size_t gemm_workspace_for(std::size_t budget) {

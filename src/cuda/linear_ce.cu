@@ -203,7 +203,8 @@ bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_
 // Whether a call of this dtype, options and gradients may form its row chunks by the per-row
 // reference path, as far as its plan's inputs show (reference_candidate adds what only the call
 // shows): its row chunks are then priced without the row kernel (PlanWants::reference_priced).
-bool reference_path_possible(DType dtype, const LinearCeOptions& options, const LinearGradients& grads) {
+bool reference_path_possible(DType dtype, const LinearCeOptions& options,
+                             const LinearGradients& grads) {
   const bool want_grad = grads.hidden.present() || grads.weight.present() || grads.bias.present();
   return want_grad && reference_path_enabled() && !options.logits_cache.present() &&
          !options.fp32_logits && !grads.bias.present() && reference_options_eligible(options.ce) &&
@@ -841,8 +842,7 @@ std::atomic<int64_t> schedule_runs[4];
 // schedule and chunks are reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
   return reference_path_possible(call.hidden.dtype, call.options, call.grads) &&
-         !call.entropy.present() &&
-         !call.bias.present() &&
+         !call.entropy.present() && !call.bias.present() &&
          (!reference_statistics_wanted(call.stats) ||
           reference_statistics_preferred(call.hidden.cols)) &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
