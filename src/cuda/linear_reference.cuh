@@ -14,9 +14,9 @@
 //      ∂W += E'ᵀ·(s ⊙ h) (h scaled per row into a 16-bit copy; cuBLASLt as in every schedule).
 // A row whose Σ is not below kMaxReferenceSum (a loss above ≈ 60 nats, where E could overflow
 // 16 bits or the products' fp32 sums) or below kMinReferenceSum (a logit past f16's range), or
-// whose target lies outside [0, V), is formed again in full
-// by two fallback kernels on the CUDA cores (its logits, its statistics, its exact gradient with
-// s_n = 1): slow, and only for such rows; nothing synchronises with the host.
+// whose target lies outside [0, V), is formed again in full by two fallback kernels on the CUDA
+// cores (its logits, its statistics, its exact gradient with s_n = 1): slow, and only for such
+// rows; nothing synchronises with the host.
 //
 // Label smoothing without a softcap: its uniform term of the gradient, −k_n·w_i with
 // k_n = c_n·(ε/V)·a (a the logit scale, w ≡ 1 unweighted), is not a factor of E but it is rank 1.
