@@ -3,7 +3,7 @@
 # compute capabilities; each gets a cubin (SASS), and the highest also gets PTX in its portable
 # form (90a -> compute_90), which the driver compiles for GPUs newer than any listed.
 #
-# 90 is the lowest: the row kernels (src/cuda/row_slice.cuh) hold a row in a thread-block
+# 90 is the lowest: the row kernels (src/cuda/rows/row_slice.cuh) hold a row in a thread-block
 # cluster's shared memory, fill it with cp.async.bulk on mbarriers and exchange statistics through
 # distributed shared memory, all sm_90 features with no sm_80 form. The default, 90, gives the
 # sm_90 cubin that H100/H200 run and compute_90 PTX for later GPUs; 90a adds nothing these

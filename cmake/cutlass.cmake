@@ -1,4 +1,4 @@
-# CUTLASS / CuTe C++ headers for the tensor-core kernels of our own (src/cuda/fused_stats_product.cu).
+# CUTLASS / CuTe C++ headers for the tensor-core kernels of our own (src/cuda/sm90/fused_stats_product.cu).
 # Header-only, from the PyPI wheel `nvidia-cutlass` (cutlass_library/source/include). The version is
 # pinned here and only here: scripts/deps.sh reads it from this line to fetch the wheel into
 # third_party/cutlass-<version>/include (ignored by git).

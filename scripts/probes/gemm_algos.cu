@@ -1,6 +1,6 @@
 // Times every algorithm cuBLASLt's heuristic offers for the products of linear_ce's schedules, to
-// see what the first choice (the one src/cuda/gemm.cu takes) leaves on the table. Products are
-// given in xent's row-major terms, as src/cuda/gemm.hpp states them:
+// see what the first choice (the one src/cuda/core/gemm.cu takes) leaves on the table. Products are
+// given in xent's row-major terms, as src/cuda/core/gemm.hpp states them:
 //   name:M,N,K,a_transposed,b_transposed,c_dtype(bf16|f32),beta,workspace_mib
 // Run:
 //   nvcc -std=c++17 -arch=sm_90a -o /tmp/gemm_algos scripts/probes/gemm_algos.cu -lcublasLt

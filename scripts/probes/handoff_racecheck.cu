@@ -1,6 +1,6 @@
 // What compute-sanitizer's racecheck makes of a shared-memory hand-over between warps, alone and
 // provably ordered, in the two forms a kernel can use (the fused gradient's kernel,
-// src/cuda/fused_epilogue_kernel.cuh): warps 0-1 store a tile, signal `full` and wait on `empty`
+// src/cuda/sm90/fused_epilogue_kernel.cuh): warps 0-1 store a tile, signal `full` and wait on `empty`
 // before the next store; warps 2-3 signal `empty`, wait on `full` and read the tile. Every read
 // is checked against its round on the host.
 //   named:    bar.arrive on one side, bar.sync on the other (named barriers)

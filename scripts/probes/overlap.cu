@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(256) stream_pass(uint4* a, const uint4* b, lon
   if (acc == 12345.f) sink[blockIdx.x] = acc;
 }
 
-// Row-major C[M,N] = op(A)·op(B), as src/cuda/gemm.cu states it to cuBLASLt.
+// Row-major C[M,N] = op(A)·op(B), as src/cuda/core/gemm.cu states it to cuBLASLt.
 struct Product {
   cublasLtMatmulDesc_t desc{};
   cublasLtMatrixLayout_t la{}, lb{}, lc{};

@@ -1,6 +1,6 @@
 // The CUDA chunk planner is plain C++: its budget arithmetic and chunk choices are checked here,
 // on the CPU, for the PERF.md shapes and for budgets down to a single row.
-#include "cuda/chunk_plan.hpp"
+#include "cuda/plan/chunk_plan.hpp"
 
 #include <gtest/gtest.h>
 

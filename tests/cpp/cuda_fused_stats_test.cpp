@@ -15,7 +15,7 @@
 #include <string>
 #include <tuple>
 
-#include "cuda/fused_stats.hpp"
+#include "cuda/sm90/fused_stats.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
 

@@ -1,4 +1,4 @@
-// GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/gemm.cu, perf-notes decision
+// GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/core/gemm.cu, perf-notes decision
 // 58): the first call of a configuration that writes its output over times the heuristic's
 // candidates in place and keeps the fastest, by default where the inner dimension is short
 // (K ≤ 1024). What must hold whatever is chosen: the result of that first call is the product
@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda/gemm.hpp"
+#include "cuda/core/gemm.hpp"
 #include "support.hpp"
 
 namespace xent::test {

@@ -1,4 +1,4 @@
-// GPU-only cases of linear_ce's per-row reference path (src/cuda/linear_reference.cu): a training
+// GPU-only cases of linear_ce's per-row reference path (src/cuda/linear/linear_reference.cu): a training
 // step (linear_ce_forward with gradients, or linear_ce_backward without the forward's lse) of bf16
 // operands on a compute capability 9.0 device forms each row chunk's gradient as s_n·E with
 // E = e^(x̃ − r_n) written by the fused gradient product, r_n the row's target logit. Odd shapes
@@ -21,7 +21,7 @@
 #include <string>
 #include <tuple>
 
-#include "cuda/linear_ce_plan.hpp"
+#include "cuda/plan/linear_ce_plan.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
 

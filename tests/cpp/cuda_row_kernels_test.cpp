@@ -1,4 +1,4 @@
-// GPU-only cases aimed at the paths of the CUDA row kernels (src/cuda/row_slice.cuh) that the
+// GPU-only cases aimed at the paths of the CUDA row kernels (src/cuda/rows/row_slice.cuh) that the
 // shared suites, built on small rows, never reach: rows split over clusters of 2, 4 and 8 CTAs,
 // slices that fill a whole multiprocessor, rows too long for shared memory (read twice), unaligned
 // rows (scalar path), and odd tails after the last 16-byte vector. Same harness and tolerances as
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ce_check.hpp"
-#include "cuda/row_kernel_counts.hpp"
+#include "cuda/rows/row_kernel_counts.hpp"
 #include "distill_check.hpp"
 
 namespace xent::test {

@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/linear_ce_plan.hpp"
+#include "cuda/plan/linear_ce_plan.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
 

@@ -11,8 +11,8 @@
 
 #include "linear_check.hpp"
 #if XENT_TEST_ON_GPU
-#include "cuda/linear_ce_plan.hpp"
-#include "cuda/linear_distill_plan.hpp"
+#include "cuda/plan/linear_ce_plan.hpp"
+#include "cuda/plan/linear_distill_plan.hpp"
 #else
 #include "cpu/linear_plan.hpp"
 #endif

@@ -6,7 +6,7 @@
 
 #include "linear_check.hpp"
 #if XENT_TEST_ON_GPU
-#include "cuda/linear_distill_plan.hpp"
+#include "cuda/plan/linear_distill_plan.hpp"
 #endif
 
 namespace xent::test {
@@ -130,7 +130,7 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   // 300 for fp32 teacher logits of a bf16 student, reverse_kl).
   const bool half = is_half(p.dtype);
   // The CUDA backend converts teacher logits of another dtype into the chunk dtype of the student
-  // (src/cuda/linear_distill.cu), so there the op does round them, and so does its model.
+  // (src/cuda/linear/linear_distill.cu), so there the op does round them, and so does its model.
   const DType torch_teacher_dtype =
       p.teacher_as_logits && !on_gpu() ? p.teacher_logits_dtype : p.dtype;
   const reference::DistillResult torch =

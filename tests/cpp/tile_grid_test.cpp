@@ -1,4 +1,4 @@
-// The fused products' tile grid (src/cuda/tile_grid.hpp): the tiles CUTLASS's persistent
+// The fused products' tile grid (src/cuda/sm90/tile_grid.hpp): the tiles CUTLASS's persistent
 // scheduler hands out under each swizzle, the swizzle of least padding, and the statistics
 // product's row chunks.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "cuda/tile_grid.hpp"
+#include "cuda/sm90/tile_grid.hpp"
 
 namespace xent::cuda {
 namespace {

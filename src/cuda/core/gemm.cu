@@ -1,0 +1,403 @@
+// cuBLASLt products of the fused linear losses. A row-major C[M,N] = op(A)·op(B) is the column-
+// major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ, so cuBLAS sees B's storage as its first operand and A's as its
+// second, with no copies: h·Wᵀ becomes the "TN" form, the fastest for tensor cores.
+#include "cuda/core/gemm.hpp"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/core/device.cuh"
+
+namespace xent::cuda {
+
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(ErrorKind::runtime, std::string("cuBLASLt error in ") + call + ": status " +
+                                      std::to_string(static_cast<int>(status)));
+}
+#define XENT_CUBLAS_CHECK(call) check_cublas((call), #call)
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default:
+      throw Error(ErrorKind::runtime, std::string("gemm: dtype ") + dtype_name(dtype) +
+                                          " has no matrix-product path");
+  }
+}
+
+// Largest power of two (up to 256) dividing the address: cuBLASLt's heuristic must be told, or
+// it may pick a kernel that assumes 256-byte aligned operands.
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// How many of the heuristic's answers a configuration keeps, and so may time (decision 58).
+constexpr int kCandidates = 8;
+// Below this many flops a product is not timed: its candidates differ by less than the noise.
+constexpr double kTuneMinFlops = 1073741824.0;
+// By default only products with an inner dimension up to this are timed. Their time goes largely
+// to writing the output, where the candidates differ by 10–15 % and the fastest alone is the
+// fastest in the call (the logits product at H = 768: the call −2.4 to −4.2 %). With a long
+// inner dimension they differ by less than what timing one alone misjudges on a GPU at its power
+// limit: the candidates chosen so at H = 2304 and 4096 measured −2 to +4 % in the call
+// (perf-notes, decision 58).
+constexpr int64_t kTuneMaxInner = 1024;
+// A candidate replaces the heuristic's first answer only when this much faster, so candidates
+// within the run-to-run noise do not flip the choice between processes.
+constexpr float kTuneMargin = 0.98f;
+
+// One cached product configuration: descriptors, the heuristic's candidates and the one in use.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+  cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
+  int candidate_count = 0;
+  int chosen = 0;
+  bool tuned = false;  // timed, or never to be timed (switched off, one candidate, too small,
+                       // or an inner dimension beyond the default's limit)
+  bool has_bias = false;
+  ~Plan() {
+    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<int, cublasLtHandle_t> handles;  // per device
+  std::map<std::string, std::unique_ptr<Plan>> plans;
+};
+
+Cache& cache() {
+  static Cache* instance = new Cache();  // never destroyed: handles outlive static teardown order
+  return *instance;
+}
+
+cublasLtHandle_t handle_for(Cache& c, int device) {
+  auto found = c.handles.find(device);
+  if (found != c.handles.end()) return found->second;
+  cublasLtHandle_t handle = nullptr;
+  XENT_CUBLAS_CHECK(cublasLtCreate(&handle));
+  c.handles.emplace(device, handle);
+  return handle;
+}
+
+// The product in cuBLAS's terms (column-major, first operand = our B).
+struct ColumnMajorProduct {
+  int64_t m, n, k;
+  cublasOperation_t trans_first, trans_second;
+  const GemmMatrix* first;   // our B
+  const GemmMatrix* second;  // our A
+};
+
+ColumnMajorProduct to_column_major(const GemmProduct& p) {
+  ColumnMajorProduct cm{};
+  cm.m = p.c.cols;
+  cm.n = p.c.rows;
+  cm.k = p.a_transposed ? p.a.rows : p.a.cols;
+  // Our row-major B[K,N] read column-major is already op(B)ᵀ: no transpose; B stored [N,K]
+  // (b_transposed) needs one. The same holds for A.
+  cm.trans_first = p.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cm.trans_second = p.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cm.first = &p.b;
+  cm.second = &p.a;
+  return cm;
+}
+
+std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& cm,
+                   std::size_t workspace_bytes) {
+  return std::to_string(device) + ':' + std::to_string(cm.m) + ',' + std::to_string(cm.n) + ',' +
+         std::to_string(cm.k) + ':' + std::to_string(cm.trans_first) +
+         std::to_string(cm.trans_second) + ':' + std::to_string(static_cast<int>(p.a.dtype)) +
+         std::to_string(static_cast<int>(p.b.dtype)) + std::to_string(static_cast<int>(p.c.dtype)) +
+         ':' + std::to_string(p.a.stride) + ',' + std::to_string(p.b.stride) + ',' +
+         std::to_string(p.c.stride) + ':' + std::to_string(alignment_of(p.a.data)) + ',' +
+         std::to_string(alignment_of(p.b.data)) + ',' + std::to_string(alignment_of(p.c.data)) +
+         ':' + (p.bias ? std::to_string(alignment_of(p.bias)) : std::string("-")) + ':' +
+         std::to_string(workspace_bytes);
+}
+
+// XENT_CUDA_GEMM_TUNING: "0" keeps the heuristic's first answer for every product (the same
+// algorithm in every process), "all" times every product large enough, anything else (the
+// default) only products whose inner dimension is short (kTuneMaxInner). XENT_CUDA_GEMM_TUNING_LOG=1
+// prints each timing to stderr. Read as each configuration is first met, so tests can switch them.
+enum class Tuning { off, short_inner, all };
+Tuning tuning_mode() {
+  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING");
+  const std::string value = knob != nullptr ? knob : "";
+  return value == "0" ? Tuning::off : value == "all" ? Tuning::all : Tuning::short_inner;
+}
+bool tuning_logged() {
+  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING_LOG");
+  return knob != nullptr && std::string(knob) == "1";
+}
+
+// XENT_CUDA_GEMM_REDUCTION=any lets the heuristic reduce split-K partials in a 16-bit output
+// again (measurement only; see make_plan).
+bool fp32_reductions_only() {
+  static const bool only = [] {
+    const char* knob = std::getenv("XENT_CUDA_GEMM_REDUCTION");
+    return !(knob != nullptr && std::string(knob) == "any");
+  }();
+  return only;
+}
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
+                                const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
+  auto plan = std::make_unique<Plan>();
+  // fp32 operands use CUBLAS_COMPUTE_32F, which never rounds to TF32 (SPEC §6: TF32 off).
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                   &cm.trans_first, sizeof cm.trans_first));
+  XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                   &cm.trans_second, sizeof cm.trans_second));
+  // The bias epilogue for an fp32 c only: a 16-bit c starts as the bias rows and the product
+  // adds into it (gemm(), fill_bias), because cuBLASLt's epilogue for a bf16 c rounds the
+  // logits twice (measured: 1.6-1.8 x the entropy error of logits rounded once, decision 90).
+  if (p.bias && p.c.dtype == DType::f32) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof epilogue));
+    const cudaDataType_t bias_type = cuda_type(p.a.dtype);
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    plan->has_bias = true;
+  }
+  const GemmMatrix& first = *cm.first;
+  const GemmMatrix& second = *cm.second;
+  // A stored row-major [rows, cols] is column-major [cols, rows] with ld = stride.
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, cuda_type(first.dtype),
+                                               first.cols, first.rows, first.stride));
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, cuda_type(second.dtype),
+                                               second.cols, second.rows, second.stride));
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, cuda_type(p.c.dtype), p.c.cols,
+                                               p.c.rows, p.c.stride));
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  XENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t max_workspace = workspace_bytes;
+  const uint32_t align_first = alignment_of(first.data), align_second = alignment_of(second.data),
+                 align_c = alignment_of(p.c.data);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &max_workspace, sizeof max_workspace);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                       &align_first, sizeof align_first);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                       &align_second, sizeof align_second);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                       &align_c, sizeof align_c);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                       &align_c, sizeof align_c);
+  // Split-K partial sums only in fp32 (the workspace), never in a 16-bit output: with a small
+  // workspace the heuristic otherwise took split-K kernels that reduce in the output type (or in
+  // place in it), rounding each partial to bf16; the chunked ∂h = G·W (K = V) then measured
+  // 0.0055–0.0060 relative error against float64 where one bf16 rounding gives 0.0037–0.0047
+  // (GPU suite, N = 300, H = 72, V = 4099 at a 2 MiB budget).
+  if (p.c.dtype != DType::f32 && fp32_reductions_only()) {
+    const uint32_t fp32_reductions =
+        CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                         &fp32_reductions, sizeof fp32_reductions);
+  }
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c, plan->layout_c,
+      preference, kCandidates, plan->candidates, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  plan->candidate_count = found;
+  const double flops = 2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) *
+                       static_cast<double>(cm.k);
+  const Tuning mode = tuning_mode();
+  plan->tuned = found == 1 || flops < kTuneMinFlops || mode == Tuning::off ||
+                (mode == Tuning::short_inner && cm.k > kTuneMaxInner);
+  return plan;
+}
+
+cublasStatus_t run_product(cublasLtHandle_t handle, const Plan& plan, int candidate,
+                           const GemmProduct& product, const ColumnMajorProduct& cm,
+                           GemmScratch scratch, cudaStream_t stream) {
+  const cublasLtMatmulHeuristicResult_t& algo = plan.candidates[candidate];
+  return cublasLtMatmul(handle, plan.desc, &product.alpha, cm.first->data, plan.layout_a,
+                        cm.second->data, plan.layout_b, &product.beta, product.c.data,
+                        plan.layout_c, const_cast<void*>(product.c.data), plan.layout_c,
+                        &algo.algo, scratch.data, algo.workspaceSize, stream);
+}
+
+// Times every candidate on the product's own operands and keeps the fastest (decision 58). Only
+// for a product that writes its output over (beta = 0): the candidates' outputs are then
+// overwritten by the call that follows. Not while the stream is captured into a CUDA graph,
+// where the events cannot be waited on; the next uncaptured call tunes instead.
+void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
+          const ColumnMajorProduct& cm, GemmScratch scratch, cudaStream_t stream) {
+  // beta first: an accumulating call of an untimed configuration returns without an API call.
+  if (product.beta != 0.0f) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  XENT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  const int count = plan.candidate_count;
+  constexpr int kRounds = 3;
+  // Events per (round, candidate), recorded back to back: one host wait for all of them.
+  const int event_count = kRounds * count + 1;
+  cudaEvent_t events[kRounds * kCandidates + 1] = {};
+  for (int e = 0; e < event_count; ++e) XENT_CUDA_CHECK(cudaEventCreate(&events[e]));
+  bool runs[kCandidates] = {};
+  for (int i = 0; i < count; ++i) {  // untimed round: clocks, caches, and who can run at all
+    runs[i] = run_product(handle, plan, i, product, cm, scratch, stream) == CUBLAS_STATUS_SUCCESS;
+  }
+  XENT_CUDA_CHECK(cudaEventRecord(events[0], stream));
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < count; ++i) {
+      if (runs[i]) run_product(handle, plan, i, product, cm, scratch, stream);
+      XENT_CUDA_CHECK(cudaEventRecord(events[1 + round * count + i], stream));
+    }
+  }
+  XENT_CUDA_CHECK(cudaEventSynchronize(events[event_count - 1]));
+  float best[kCandidates] = {};
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < count; ++i) {
+      float ms = 0.0f;
+      XENT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[round * count + i],
+                                           events[1 + round * count + i]));
+      best[i] = round == 0 ? ms : std::min(best[i], ms);
+    }
+  }
+  for (int e = 0; e < event_count; ++e) cudaEventDestroy(events[e]);
+  int fastest = -1;
+  for (int i = 0; i < count; ++i) {
+    if (runs[i] && (fastest < 0 || best[i] < best[fastest])) fastest = i;
+  }
+  plan.tuned = true;
+  if (fastest < 0) return;  // none runs: the call below reports the heuristic's first
+  plan.chosen = runs[0] && best[fastest] > kTuneMargin * best[0] ? 0 : fastest;
+  if (tuning_logged()) {
+    std::string line = "xent gemm " + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
+                       std::to_string(cm.k) + " (column-major m, n, k), ms:";
+    for (int i = 0; i < count; ++i) {
+      line += ' ' + (runs[i] ? std::to_string(best[i]) : std::string("-"));
+    }
+    std::fprintf(stderr, "%s; chosen %d\n", line.c_str(), plan.chosen);
+  }
+}
+
+// The bias of a product without cuBLASLt's bias epilogue (a 16-bit c, or no algorithm with it):
+// c is filled with the bias rows and the product adds into it (beta = 1), so every value is
+// rounded to c's dtype once, as PyTorch's float64 model of SPEC §6 rounds it. (Adding the bias
+// in a pass after the product, as before, rounded twice.)
+template <class C, class B>
+__global__ void fill_bias_kernel(C* c, int64_t rows, int64_t cols, int64_t stride, const B* bias) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    c[row * stride + col] = store_float<C>(load_float(bias[col]));
+  }
+}
+
+template <class B>
+void fill_bias_to(const GemmMatrix& c, const B* bias, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((c.rows * c.cols + threads - 1) / threads, 65536);
+  void* data = const_cast<void*>(c.data);
+  switch (c.dtype) {
+    case DType::f32:
+      fill_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<float*>(data), c.rows, c.cols,
+                                                       c.stride, bias);
+      break;
+    case DType::bf16:
+      fill_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<bf16_t*>(data), c.rows, c.cols,
+                                                       c.stride, bias);
+      break;
+    default:
+      fill_bias_kernel<<<blocks, threads, 0, stream>>>(static_cast<f16_t*>(data), c.rows, c.cols,
+                                                       c.stride, bias);
+  }
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+void fill_bias(const GemmMatrix& c, const void* bias, DType bias_dtype, cudaStream_t stream) {
+  if (c.rows == 0 || c.cols == 0) return;
+  switch (bias_dtype) {
+    case DType::f32: fill_bias_to(c, static_cast<const float*>(bias), stream); break;
+    case DType::bf16: fill_bias_to(c, static_cast<const bf16_t*>(bias), stream); break;
+    default: fill_bias_to(c, static_cast<const f16_t*>(bias), stream);
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) {
+  const ColumnMajorProduct cm = to_column_major(product);
+  if (cm.m == 0 || cm.n == 0) return;
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const cublasLtHandle_t handle = handle_for(c, device);
+
+  GemmProduct effective = product;
+  std::string key = key_of(device, effective, cm, scratch.bytes);
+  auto found = c.plans.find(key);
+  if (found == c.plans.end()) {
+    std::unique_ptr<Plan> plan = make_plan(handle, effective, cm, scratch.bytes);
+    if (!plan && effective.bias) {
+      // No fused-bias kernel for this combination: the plain product onto c filled with the
+      // bias (below).
+      effective.bias = nullptr;
+      plan = make_plan(handle, effective, cm, scratch.bytes);
+    }
+    if (!plan) {
+      throw Error(ErrorKind::runtime,
+                  "gemm: cuBLASLt offers no algorithm for " + key + " (device:m,n,k:...)");
+    }
+    found = c.plans.emplace(key, std::move(plan)).first;
+  }
+  Plan& plan = *found->second;
+  if (plan.has_bias) {
+    XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &product.bias, sizeof product.bias));
+  }
+  if (!plan.tuned) tune(handle, plan, product, cm, scratch, stream);
+  if (product.bias && !plan.has_bias) {
+    // c = the bias rows, then c += the product (after tune(), whose candidates write c over).
+    fill_bias(product.c, product.bias, product.a.dtype, stream);
+    GemmProduct onto = product;
+    onto.bias = nullptr;
+    onto.beta = 1.0f;
+    XENT_CUBLAS_CHECK(run_product(handle, plan, plan.chosen, onto, cm, scratch, stream));
+    return;
+  }
+  XENT_CUBLAS_CHECK(run_product(handle, plan, plan.chosen, product, cm, scratch, stream));
+}
+
+GemmPlanState gemm_plan_state(const GemmProduct& product, GemmScratch scratch) {
+  const ColumnMajorProduct cm = to_column_major(product);
+  int device = 0;
+  XENT_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto found = c.plans.find(key_of(device, product, cm, scratch.bytes));
+  if (found == c.plans.end()) return {};
+  const Plan& plan = *found->second;
+  return {true, plan.candidate_count, plan.chosen, plan.tuned};
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,702 @@
+// Chunk planner. Cost model (bf16 operands; H100 SXM / H200 figures measured on this project's
+// devices: dense bf16 products P ≈ 650–790 TFLOP/s, HBM B ≈ 3.0–4.2 TB/s; ridge P/B ≈ 200 FLOP/B).
+// The model below uses P = 700 TFLOP/s and B = 3.0 TB/s for every memory-bound pass.
+//
+// Per row chunk of R rows the op runs three products and one memory-bound row kernel:
+//   logits  L = h·Wᵀ       2·R·V·H FLOP, writes R·V logits (2 B each)   intensity ≈ H FLOP/B
+//   ∂h      = G·W          2·R·V·H FLOP, reads R·V gradients            intensity ≈ H FLOP/B
+//   ∂W     += Gᵀ·h         2·R·V·H FLOP, reads AND writes an fp32 V×H accumulator: 8·V·H bytes
+//   row kernel             reads and writes R·V logits: 4·R·V bytes, no matrix work
+// The ∂W accumulator traffic does not shrink with R: its intensity is R/4 FLOP/B, compute-bound
+// only for R ≥ 4·P/B ≈ 800 rows, and measured on an H200 (docs/perf-notes.md) closer to additive
+// than hidden: 2·R·V·H / P + 8·V·H / B per chunk. Hence large chunks, balanced, on the 128-row
+// product tile.
+//
+// Memory. workspace_budget bounds ALL extra memory of the op (PERF.md), including the fp32 ∂W
+// accumulator of a 16-bit weight gradient, which alone is V·H·4 bytes: 2004 MiB at (V, H) =
+// (128256, 4096), 2250 MiB at (256000, 2304), 376 MiB at (128256, 768), i.e. more than the 512 MiB
+// default for two PERF.md shapes. Three schedules, cheapest that fits (predicted_ms):
+//   (a) row_chunks: no accumulator — ∂W not wanted, fp32 ∂W (accumulated in place), or a single
+//       chunk whose one ∂W product writes the 16-bit output directly. 3 products.
+//   (b) row_chunks_accumulated: (a) plus the V×H fp32 accumulator; chunks get what is left.
+//       3 products + chunk_count × 8·V·H / B accumulator traffic.
+//   (c) vocabulary_blocks: pass 1 = row chunks as in (a) forming loss, statistics, lse, ∂h = G·W
+//       and ∂bias, but no ∂W; pass 2 = for each block of vocabulary columns, the logits of the
+//       block again (h·W_blockᵀ), the gradient of the block elementwise from the saved lse, and
+//       ∂W_block = G_blockᵀ·h. When all N rows of a block tile fit (N·block·2 bytes), ∂W of the
+//       block is ONE product written straight into the output: no accumulator at all; otherwise
+//       tiles of rows accumulate into a block×H fp32 accumulator. 4 products + one more
+//       read+write pass over N×V. (∂h is formed in pass 1, where rows are whole, so unlike a
+//       blocks-first order it needs no fp32 N×H accumulator and no accumulation across blocks.)
+//       Distillation takes the same shape: pass 1 saves per row lse_s, lse_t, the row sums of
+//       its gradient (Σ p_s·u, tvd's side sums) and the hard term's lse (32 bytes), pass 2 forms
+//       the block's student logits (and the teacher's, when it comes as hidden + weight) and its
+//       gradient elementwise. 2·(1 or 2) + 2 products and 2·(buffers + 1) passes over N×V.
+//       (Before, pass 2 recomputed whole row chunks per block: block_count × (1 or 2) + 2
+//       products, measured 6.04 F at 512 MiB for (8192, 4096, 128256) with a teacher product.)
+// Predicted, bf16, fwd+bwd (t_p = 2·N·V·H / P; row pass = 4·N·V / B; acc pass = 8·V·H / B):
+//   (8192, 4096, 128256): t_p 12.3 ms, row pass 1.4 ms, acc pass 1.4 ms.
+//     512 MiB: (b) cannot fit (2004 MiB accumulator) → (c): 4·t_p + 2 row passes ≈ 52 ms (1.41×F
+//     with F = 3·t_p). 4 GiB: all rows in one chunk (2004 MiB of logits) → (a): ≈ 38 ms (1.04×F).
+//   (32768, 768, 128256): t_p 9.2 ms, row pass 5.6 ms, acc pass 0.26 ms.
+//     512 MiB: (b) leaves ~100 MiB of chunks → R ≈ 400, 82 chunks × 0.26 ms = +21 ms ≈ 54 ms;
+//     (c) ≈ 4·t_p + 2·5.6 ≈ 48 ms → (c). 1 GiB: (b) R ≈ 2500, 14 chunks ≈ 37 ms → (b).
+//   64 MiB, every PERF.md shape → (c), still with all N rows per block tile (no accumulator).
+// Measured on an H200 (docs/perf-notes.md, xent-bench): (c) at 512 MiB 55.8 / 65.3 / 54.2 ms for
+// the three shapes (1.51 / 1.57 / 1.90 F; the model says 52.2 / 61.2 / 48.8), (b) at 1 GiB for
+// (32768, 768, 128256) 39.2 ms (model 37.3), (a) one chunk at 4 GiB 38.7 ms (model 38.3).
+// fp32 ∂W: (a) accumulates in place at no memory cost, but over many small chunks the in-place
+// traffic (chunk_count × 8·V·H / B) is priced too, and (c) may win (it did at 64 MiB: 170 → 83 ms
+// for (8192, 2304, 256000)).
+//
+// Operands read again: every row chunk (and row tile of a block) re-reads W, every vocabulary
+// block re-reads h; a product of a few hundred rows sits near the ridge, where that traffic is
+// not hidden. Priced at a flat kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s
+// 121–241-row chunks re-read W twice each and ran 26–55 % above the model without it).
+// Distillation's (d) has no fused product: its first pass forms the student's and teacher's logits
+// block by block (all N rows, or large row tiles, per product) and folds each block's records
+// into one per row (linear_distill_records.cuh): priced as those products and the record
+// kernel's read of both tiles, twice for jsd and tvd, whose sums need the global lse first. Where
+// (c)'s row chunks are a few hundred rows or fewer (small budgets), their products re-read both
+// weights per chunk, and (d) wins (docs/perf-notes.md decision 64).
+// (d) keeps its fp32 N×H ∂h sums in the workspace or, when the call's ∂W output is written over,
+// in the last N·H·4 bytes of ∂W (HiddenSums): the blocks that reach them form their gradient a
+// second time, for ∂W after ∂h is written, but the workspace holds the block tile alone, which is
+// what lets (d) run at 64 MiB.
+//
+// The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: ≈ 18 % of the product time
+// at H = 768, 3 % at H = 4096 when run back to back; a second stream hides it at the price of a
+// second chunk buffer. The planner grants that overlap only when asked (linear_streams.hpp: off by
+// default, it measured −5 % to +2 %) and the halved chunk stays above kEfficientRows.
+#include "cuda/plan/chunk_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <initializer_list>
+#include <mutex>
+
+namespace xent::cuda {
+
+namespace {
+
+// Rows per chunk below which the ∂W accumulation stops being compute-bound (4·P/B, see above).
+constexpr int64_t kEfficientRows = 1024;
+// Row tile of the products: chunk boundaries on multiples of it keep every tile full.
+constexpr int64_t kTileRows = 128;
+// Narrowest vocabulary block worth a product launch (and the column grid of block widths).
+constexpr int64_t kMinimumBlockColumns = 128;
+// cuBLASLt scratch: the 32 MiB NVIDIA recommends on Hopper, or a sixteenth of a smaller budget.
+// The ∂h product of a chunk is short and deep (H × R output, K = V), where split-K kernels that
+// need scratch of H·R floats per split are the fast ones; starving them costs more than the rows
+// the scratch takes from the chunk (32 MiB = 64 rows of V = 128256 logits).
+constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
+
+// Cost model constants (see the top of this file).
+constexpr double kProductFlops = 700e12;
+constexpr double kBandwidth = 3.0e12;
+constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small tiles pay it)
+// A product split in two along its rows, beyond the launch: the second one's partial last wave.
+// Fitted on an H100 at 64 MiB (docs/perf-notes.md decision 52), where splitting every block's ∂h
+// product in two cost ≈ 10–50 µs per block.
+constexpr double kSplitProductSeconds = 30e-6;
+// How much more the model underprices (c) than (d), measured on an H200 at the three PERF.md
+// shapes at 512 MiB (docs/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
+// 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
+constexpr double kBlocksModelBias = 1.05;
+
+// What the per-row reference path's epilogue (ChunkRequest::gradient_in_product) costs over its
+// product, in passes over the chunk logits: ≈ 1.5 ms over 4.2 G logits at H = 768 on an H100
+// (docs/perf-notes.md decision 107), about half of a pass at the model's bandwidth, less at
+// larger H. Priced as the row kernel's two passes before, the model chose (d) at (32768, 768,
+// 128256) with 632 MiB, where the reference path's 37 row chunks measured 9–11 % faster
+// (decision 115).
+constexpr double kReferenceEpiloguePasses = 0.5;
+
+std::size_t gemm_workspace_for(std::size_t budget) {
+  const std::size_t share = std::min(kGemmWorkspaceBytes, budget / 16);
+  return share / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
+  return static_cast<std::size_t>(request.vocab) * request.logits_element_bytes *
+             static_cast<std::size_t>(std::max(1, request.logits_buffers_per_row)) +
+         request.chunk_row_scratch_bytes;
+}
+
+// Rows per chunk: the fewest chunks the row limit allows, evened out, on the 128-row tile grid
+// when chunks are large enough for tiles to matter: rounded up when that still fits, else down
+// when that loses at most an eighth of the rows (one more, shorter chunk), else on a grid of 8.
+// Measured: the logits product of 1928-row chunks ran at 565 TFLOP/s, of 1664-row chunks at 664
+// (docs/perf-notes.md): partial tiles cost more than a short last chunk.
+int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
+  const int64_t count = (total_rows + max_rows - 1) / max_rows;
+  const int64_t rows = (total_rows + count - 1) / count;
+  if (rows >= kTileRows) {
+    const int64_t up = (rows + kTileRows - 1) / kTileRows * kTileRows;
+    if (up <= max_rows) return std::min(up, total_rows);
+    const int64_t down = max_rows / kTileRows * kTileRows;
+    if (8 * down >= 7 * max_rows) return down;
+  }
+  const int64_t up8 = (rows + 7) / 8 * 8;
+  return up8 <= max_rows ? std::min(up8, total_rows) : rows;
+}
+
+// Columns per vocabulary block: balanced like rows, on a grid of 256 columns for wide blocks (the
+// product tiles) and of 8 at least (16-byte rows of 16-bit values, so vector loads and cuBLASLt's
+// aligned kernels apply to every block). Measured: odd block widths (28445, 6751 columns) made
+// the blocked schedule 3× slower than aligned ones (docs/perf-notes.md).
+int64_t balanced_columns(int64_t vocab, int64_t max_columns) {
+  if (max_columns >= vocab) return vocab;  // one block: its width needs no grid
+  const int64_t count = (vocab + max_columns - 1) / max_columns;
+  const int64_t columns = (vocab + count - 1) / count;
+  const int64_t grid = columns >= 1024 ? 256 : 8;
+  const int64_t up = (columns + grid - 1) / grid * grid;
+  if (up <= max_columns) return std::min(up, vocab);
+  if (max_columns >= grid) return max_columns / grid * grid;
+  return std::min(columns, vocab);
+}
+
+// Rows of `row_bytes` each that fit in `bytes` (at least one: the smallest plan).
+int64_t rows_within(std::size_t bytes, std::size_t row_bytes) {
+  return std::max<int64_t>(kMinimumChunkRows, static_cast<int64_t>(bytes / row_bytes));
+}
+
+int64_t count_of(int64_t total, int64_t per) { return per > 0 ? (total + per - 1) / per : 0; }
+
+struct Model {
+  double product_ms;  // one full product 2·N·V·H
+  double pass_ms;     // one read (or write) of N×V chunk logits
+  double acc_ms;      // one read + write of a V×H fp32 accumulator
+  // One more read of an operand that a product of a chunk (block, tile) shares with the others:
+  // W (V×H) for row chunks and row tiles, h (N×H) for vocabulary blocks; priced at the share of
+  // its traffic that the products do not hide (kRereadShare).
+  double weight_reread_ms;
+  double hidden_reread_ms;
+};
+
+// The share of a re-read operand's traffic that shows in the time: fitted on an H100 at 64 MiB
+// (docs/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
+// 121–241 rows and ran 0.6–1.0 × that traffic above the model without it.
+constexpr double kRereadShare = 0.6;
+// A block's ∂W product split over row tiles adds each tile into the fp32 block accumulator, a
+// narrow output (block × H; our guess, not profiled: cuBLASLt does not split it over K as it
+// may the whole-row product): priced as that product's time once more for every tile after the
+// first. Fitted on an
+// H200 at (32768, 768, 128256) (decision 49), where blocks of 3 row tiles ran 9 % slower than
+// whole-row blocks that the model without it priced alike.
+double row_tiles_ms(const Model& m, int64_t tiles) {
+  return tiles > 1 ? m.product_ms * static_cast<double>(tiles - 1) / static_cast<double>(tiles)
+                   : 0.0;
+}
+
+Model model_of(const ChunkRequest& r) {
+  const double nvh = static_cast<double>(r.rows) * r.vocab * r.hidden;
+  const double nv = static_cast<double>(r.rows) * r.vocab * r.logits_element_bytes;
+  // The operands' element size is not in the request: the logits' stands in (the same, except
+  // with fp32_logits over 16-bit operands, where re-reads are priced double).
+  const double operand = static_cast<double>(r.logits_element_bytes);
+  return {2 * nvh / kProductFlops * 1e3, nv / kBandwidth * 1e3,
+          8.0 * r.vocab * r.hidden / kBandwidth * 1e3,
+          kRereadShare * r.vocab * r.hidden * operand / kBandwidth * 1e3,
+          kRereadShare * r.rows * r.hidden * operand / kBandwidth * 1e3};
+}
+
+// What a plan's products pay for operands read more than once: `products` products per chunk
+// re-read W over chunk_count row chunks; per block, h over block_count blocks, and W_block over
+// tile_count row tiles.
+double reread_ms(const Model& m, double products, int64_t chunks, int64_t blocks, int64_t tiles) {
+  const double extra_chunks = static_cast<double>(std::max<int64_t>(chunks - 1, 0));
+  const double extra_blocks = static_cast<double>(std::max<int64_t>(blocks - 1, 0));
+  const double extra_tiles = static_cast<double>(std::max<int64_t>(tiles - 1, 0));
+  return products * ((extra_chunks + extra_tiles) * m.weight_reread_ms +
+                     extra_blocks * m.hidden_reread_ms);
+}
+
+// Bytes reserved before any chunk buffer.
+std::size_t reserved_bytes(const ChunkRequest& request, std::size_t gemm) {
+  return gemm + align_up(request.fixed_bytes) + align_up(request.bias_accumulator_bytes);
+}
+
+ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::size_t accumulator) {
+  ChunkPlan plan;
+  plan.gemm_workspace_bytes = gemm;
+  plan.fixed_bytes = request.fixed_bytes;
+  plan.bias_accumulator_bytes = request.bias_accumulator_bytes;
+  plan.accumulator_bytes = accumulator;
+  plan.schedule = accumulator > 0 ? Schedule::row_chunks_accumulated : Schedule::row_chunks;
+  const int64_t rows = std::max<int64_t>(request.rows, 0);
+  const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
+  // Padding and the extra bytes of up to two buffers.
+  const std::size_t reserved = reserved_bytes(request, gemm) + align_up(accumulator) +
+                               2 * (kWorkspaceAlignment + request.chunk_buffer_extra_bytes);
+  const std::size_t available =
+      request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
+  const int64_t max_rows_one_buffer =
+      std::max<int64_t>(kMinimumChunkRows, static_cast<int64_t>(available / per_row));
+  // Overlap only pays when both halves still keep ∂W compute-bound and there are two chunks.
+  const int64_t max_rows_two_buffers = max_rows_one_buffer / 2;
+  const bool overlap = request.overlap && max_rows_two_buffers >= kEfficientRows &&
+                       rows > max_rows_two_buffers;
+  plan.buffer_count = overlap ? 2 : 1;
+  const int64_t max_rows = overlap ? max_rows_two_buffers : max_rows_one_buffer;
+  plan.chunk_rows = rows == 0 ? 0 : balanced_rows(rows, max_rows);
+  plan.chunk_count = count_of(rows, plan.chunk_rows);
+  const int64_t buffer_rows = std::max<int64_t>(plan.chunk_rows, kMinimumChunkRows);
+  plan.logits_buffer_bytes =
+      static_cast<std::size_t>(buffer_rows) * per_row + request.chunk_buffer_extra_bytes;
+  plan.total_bytes =
+      chunk_region_bytes(plan) + reserved_bytes(request, gemm) + align_up(accumulator);
+
+  const Model m = model_of(request);
+  const int products = request.products_per_logits_chunk + 2;
+  // ∂W over several chunks re-reads and re-writes V×H fp32 per chunk, in the workspace
+  // accumulator or in an fp32 output alike.
+  const bool accumulates =
+      (request.weight_gradient || request.weight_accumulator) && plan.chunk_count > 1;
+  const double row_passes = request.gradient_in_product
+                                ? kReferenceEpiloguePasses
+                                : static_cast<double>(request.logits_buffers_per_row + 1);
+  plan.predicted_ms = products * m.product_ms + row_passes * m.pass_ms +
+                      (accumulates ? plan.chunk_count * m.acc_ms : 0.0) +
+                      reread_ms(m, products, plan.chunk_count, 0, 0) +
+                      plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;
+  return plan;
+}
+
+// The fused gradient product's idle share of its last waves over (d)'s pass 2 (ChunkRequest::
+// gradient_tile_rows): each launch, one row tile of one block, runs ceil(tiles / SMs) waves of a
+// tile per multiprocessor, and the blocks from deferred_first on run twice. A wave slot is priced
+// at the product's time over its ideal waves (all N × V tiles / SMs). Measured on an H200 at
+// 64 MiB (docs/perf-notes.md decision 93): blocks of 13 tiles × 64 row tiles (6.3 waves, 7 run)
+// took 27.1 µs a slot against the reference form's 26.3 µs a tile in launches of 64,000 tiles.
+double gradient_waves_ms(const ChunkRequest& r, const Model& m, const ChunkPlan& plan,
+                         int64_t deferred_first_block) {
+  const int64_t tile_rows = r.gradient_tile_rows, tile_columns = r.gradient_tile_columns;
+  if (tile_rows <= 0 || tile_columns <= 0 || r.multiprocessors <= 0 || r.rows <= 0 ||
+      plan.block_count <= 0 || plan.tile_count <= 0) {
+    return 0.0;
+  }
+  const double sms = r.multiprocessors;
+  auto idle = [&](int64_t rows, int64_t columns) {  // empty slots of one launch, in waves
+    const double waves =
+        static_cast<double>(count_of(rows, tile_rows) * count_of(columns, tile_columns)) / sms;
+    return std::ceil(waves) - waves;
+  };
+  const int64_t last_rows = r.rows - (plan.tile_count - 1) * plan.tile_rows;
+  auto block_idle = [&](int64_t columns) {
+    return static_cast<double>(plan.tile_count - 1) * idle(plan.tile_rows, columns) +
+           idle(last_rows, columns);
+  };
+  const double full = block_idle(plan.block_columns);
+  const double last = block_idle(r.vocab - (plan.block_count - 1) * plan.block_columns);
+  const int64_t deferred = plan.block_count - deferred_first_block;
+  const double waves = static_cast<double>(plan.block_count - 1) * full + last +
+                       (deferred > 0 ? static_cast<double>(deferred - 1) * full + last : 0.0);
+  const double all_tiles = static_cast<double>(count_of(r.rows, tile_rows)) *
+                           static_cast<double>(count_of(r.vocab, tile_columns));
+  return waves * m.product_ms * sms / all_tiles;
+}
+
+// Schedule (c) with blocks of `max_columns` columns (before balancing).
+ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns) {
+  ChunkPlan plan;
+  plan.schedule = Schedule::vocabulary_blocks;
+  plan.gemm_workspace_bytes = gemm;
+  plan.fixed_bytes = request.fixed_bytes;
+  plan.bias_accumulator_bytes = request.bias_accumulator_bytes;
+  const int64_t rows = std::max<int64_t>(request.rows, 1);
+  const std::size_t element = request.logits_element_bytes;
+  const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
+  plan.block_columns = balanced_columns(request.vocab, std::max<int64_t>(max_columns, 1));
+  plan.block_count = count_of(request.vocab, plan.block_columns);
+  const std::size_t block_accumulator = align_up(static_cast<std::size_t>(plan.block_columns) *
+                                                 static_cast<std::size_t>(request.hidden) * 4);
+  plan.lse_bytes = align_up(static_cast<std::size_t>(rows) * request.saved_row_bytes);
+  const std::size_t reserved =
+      reserved_bytes(request, gemm) + plan.lse_bytes + 2 * kWorkspaceAlignment;
+  const std::size_t available =
+      request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
+  const Model m = model_of(request);
+
+  // An fp32 ∂W accumulates in place: a block accumulator only for a 16-bit one.
+  const std::size_t needed_accumulator = request.weight_accumulator ? block_accumulator : 0;
+  plan.chunk_rows = balanced_rows(rows, rows_within(available, per_row));
+  plan.chunk_count = count_of(rows, plan.chunk_rows);
+  plan.logits_buffer_bytes = static_cast<std::size_t>(plan.chunk_rows) * per_row;
+  // A tile holds block columns of every logits buffer of a row (student, and teacher when it is
+  // formed or converted), each buffer starting on the workspace alignment.
+  const int buffers = std::max(1, request.logits_buffers_per_row);
+  const std::size_t tile_row_bytes =
+      static_cast<std::size_t>(plan.block_columns) * element * static_cast<std::size_t>(buffers);
+  const std::size_t tile_padding = static_cast<std::size_t>(buffers) * kWorkspaceAlignment;
+  if (static_cast<std::size_t>(rows) * tile_row_bytes + tile_padding <= available) {
+    plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
+  } else {
+    plan.accumulator_bytes = needed_accumulator;
+    const std::size_t reserved_for_tiles = needed_accumulator + tile_padding - kWorkspaceAlignment;
+    const std::size_t for_tiles =
+        available > reserved_for_tiles ? available - reserved_for_tiles : 0;
+    plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
+  }
+  plan.tile_count = count_of(rows, plan.tile_rows);
+  const std::size_t one_tile =
+      static_cast<std::size_t>(plan.tile_rows) * static_cast<std::size_t>(plan.block_columns) *
+      element;
+  plan.tile_buffer_bytes =
+      buffers > 1 ? align_up(one_tile) * static_cast<std::size_t>(buffers - 1) + one_tile
+                  : one_tile;
+  // Per pass: the logits products (1, or 2 with a teacher product) and one more (∂h in pass 1,
+  // ∂W in pass 2); the row kernel and the block kernel each read every logits buffer and write
+  // the gradient once.
+  const int products = request.products_per_logits_chunk + 1;
+  const int launches = request.products_per_logits_chunk + 2;
+  plan.predicted_ms = 2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
+                      gradient_waves_ms(request, m, plan, plan.block_count) +
+                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                      reread_ms(m, products, plan.chunk_count, 0, 0) +
+                      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+                      row_tiles_ms(m, plan.tile_count) +
+                      (launches * plan.chunk_count +
+                       launches * plan.block_count * plan.tile_count) *
+                          kLaunchSeconds * 1e3;
+  if (request.rows == 0) plan.chunk_count = plan.tile_count = 0;
+  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
+  return plan;
+}
+
+// Where (d)'s fp32 ∂h sums would start in the ∂W output (the last 16-byte aligned bytes of it),
+// or nothing when ∂W cannot hold them. The first `head_rows` rows' sums are elsewhere (in the ∂h
+// output), so ∂W holds the other rows' only.
+struct HiddenSumsInWeightGrad {
+  bool fits = false;
+  std::size_t offset = 0;   // bytes into ∂W
+  int64_t first_row = 0;    // the first row of ∂W they reach
+};
+
+HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request,
+                                                  int64_t head_rows = 0) {
+  HiddenSumsInWeightGrad place;
+  const int64_t rows = std::max<int64_t>(request.rows - head_rows, 0);
+  const std::size_t sums = static_cast<std::size_t>(rows) *
+                           static_cast<std::size_t>(std::max<int64_t>(request.hidden, 0)) * 4;
+  if (!request.hidden_gradient || request.weight_grad_row_bytes == 0 ||
+      request.weight_grad_bytes < sums) {
+    return place;
+  }
+  place.fits = true;
+  place.offset = (request.weight_grad_bytes - sums) / 16 * 16;
+  place.first_row = static_cast<int64_t>(place.offset / request.weight_grad_row_bytes);
+  return place;
+}
+
+// Rows whose fp32 sums the ∂h output can hold (its bytes / 4H, at most N; whole row tiles when
+// the blocks have several, so that no tile's ∂h product straddles the two places), when the
+// chunk region can stage one such row for the in-place narrowing (in_place_narrowing_ranges);
+// else 0.
+int64_t hidden_sums_head_rows(const ChunkRequest& request, const ChunkPlan& plan) {
+  if (request.hidden <= 0 || request.rows <= 0 ||
+      request.hidden_sums_head == HiddenSumsHead::never) {
+    return 0;
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(request.hidden) * 4;
+  if (chunk_region_bytes(plan) < row_bytes) return 0;
+  int64_t rows = std::min<int64_t>(request.rows,
+                                   static_cast<int64_t>(request.hidden_grad_bytes / row_bytes));
+  if (plan.tile_count > 1 && plan.tile_rows > 0) rows = rows / plan.tile_rows * plan.tile_rows;
+  return rows;
+}
+
+// The share of V in blocks from `deferred_first_block` on.
+double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
+                      int64_t deferred_first_block) {
+  const int64_t blocks = plan.block_count - deferred_first_block;
+  return request.vocab > 0 ? static_cast<double>(std::min(request.vocab,
+                                                          blocks * plan.block_columns)) /
+                                 static_cast<double>(request.vocab)
+                           : 0.0;
+}
+
+// Schedule (d): the (c) block shape for these columns, with pass 1 replaced by the fused
+// statistics product (its partials share the chunk region with the tiles) and ∂h summed over the
+// blocks in an fp32 N×H accumulator: in the chunk region after the tile and the block
+// accumulator, or (in_weight_grad) in the last rows of the ∂W output, which leaves the region to
+// the tiles but makes the blocks that reach those rows form their gradient twice (once for ∂h,
+// once for ∂W after ∂h is written). Priced as 4 products (the fused one measured within 0–5 % of
+// a cuBLASLt product, docs/perf-notes.md decisions 41, 43), the block gradient's read and write
+// of N×V, the ∂h accumulator's read and write per block after the first (8·N·H bytes), and the
+// deferred blocks' second logits product and gradient.
+ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
+                                int64_t max_columns, bool in_weight_grad) {
+  ChunkRequest blocks_only = request;
+  const HiddenSumsInWeightGrad place = hidden_sums_in_weight_grad(request);
+  in_weight_grad = in_weight_grad && place.fits;
+  const std::size_t hidden_accumulator =
+      request.hidden_gradient && !in_weight_grad
+          ? align_up(static_cast<std::size_t>(std::max<int64_t>(request.rows, 1)) *
+                     static_cast<std::size_t>(request.hidden) * 4)
+          : 0;
+  // The (c) plan of the room left beside the ∂h accumulator and pass 1's records: its pass 1 is
+  // not run.
+  const std::size_t records = align_up(request.statistics_records_bytes);
+  const std::size_t beside = hidden_accumulator + records;
+  blocks_only.budget_bytes = request.budget_bytes > beside ? request.budget_bytes - beside : 0;
+  ChunkPlan plan = block_plan(blocks_only, gemm, max_columns);
+  plan.schedule = Schedule::statistics_blocks;
+  plan.chunk_rows = plan.chunk_count = 0;
+  plan.logits_buffer_bytes = 0;
+  plan.hidden_accumulator_bytes = hidden_accumulator;
+  plan.statistics_bytes = align_up(request.statistics_bytes);
+  plan.statistics_records_bytes = records;
+  plan.deferred_first_block = plan.block_count;
+  const Model m = model_of(request);
+  // A block's logits and gradient: its logits products (the teacher's too, for distillation), the
+  // gradient kernel's read of every logits buffer and its write of the gradient.
+  const int buffers = std::max(1, request.logits_buffers_per_row);
+  const double block_logits_ms =
+      request.products_per_logits_chunk * m.product_ms + (buffers + 1) * m.pass_ms;
+  double split_ms = 0;  // the ∂h products split at the head's last row
+  if (in_weight_grad) {
+    auto deferred_first = [&](const HiddenSumsInWeightGrad& sums) {
+      return std::min(plan.block_count, sums.first_row / std::max<int64_t>(plan.block_columns, 1));
+    };
+    // The first rows' sums in the ∂h output where it can hold them: the rest reach fewer rows of
+    // ∂W, so fewer blocks are deferred. A tile across the head's last row then forms its ∂h in
+    // two products: planned, taken where the blocks no longer deferred are worth more; forced
+    // (tests), taken unpriced, so that it does not steer the block shape.
+    int64_t head_rows = hidden_sums_head_rows(request, plan);
+    HiddenSumsInWeightGrad sums = hidden_sums_in_weight_grad(request, head_rows);
+    if (head_rows > 0 && request.hidden_sums_head == HiddenSumsHead::planned) {
+      const bool straddles = head_rows < request.rows &&
+                             (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
+      const double head_split_ms =
+          straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
+      const double spared_ms = (deferred_share(request, plan, deferred_first(place)) -
+                                deferred_share(request, plan, deferred_first(sums))) *
+                               block_logits_ms;
+      if (spared_ms > head_split_ms) {
+        split_ms = head_split_ms;
+      } else {
+        head_rows = 0;
+        sums = place;
+      }
+    }
+    plan.hidden_sums_in_weight_grad = true;
+    plan.hidden_sums_head_rows = head_rows;
+    plan.hidden_sums_offset = sums.offset;
+    plan.deferred_first_block = deferred_first(sums);
+  }
+  const double accumulate_hidden_ms =
+      request.hidden_gradient ? 8.0 * request.rows * request.hidden / kBandwidth * 1e3 : 0.0;
+  const bool weight = request.weight_gradient || request.weight_accumulator;
+  const int pass_two_products = (weight ? 1 : 0) + (request.hidden_gradient ? 1 : 0);
+  const double products = request.statistics_products + pass_two_products;
+  // Per tile: logits, block gradient, ∂W, ∂h (pass 1's launches are few beside them).
+  const int launches = request.products_per_logits_chunk + 1 + pass_two_products;
+  const int64_t deferred_blocks = plan.block_count - plan.deferred_first_block;
+  plan.predicted_ms = products * m.product_ms + block_logits_ms +
+                      request.statistics_passes * m.pass_ms +
+                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+                      (plan.block_count - 1) * accumulate_hidden_ms +
+                      deferred_share(request, plan, plan.deferred_first_block) * block_logits_ms +
+                      split_ms + gradient_waves_ms(request, m, plan, plan.deferred_first_block) +
+                      reread_ms(m, products + request.products_per_logits_chunk, 0,
+                                plan.block_count, plan.tile_count) +
+                      row_tiles_ms(m, plan.tile_count) +
+                      launches * (plan.block_count + deferred_blocks) * plan.tile_count *
+                          kLaunchSeconds * 1e3;
+  if (request.rows == 0) plan.tile_count = 0;
+  plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes +
+                     plan.statistics_records_bytes;
+  return plan;
+}
+
+// Whether `plan` (fitting the budget or not: `fits`) is preferred to `best` (`best_fits`): a
+// fitting plan to one that does not fit, then the faster; between plans that do not fit, the
+// smaller.
+bool preferred(const ChunkPlan& plan, bool fits, const ChunkPlan& best, bool best_fits) {
+  if (fits != best_fits) return fits;
+  return fits ? plan.predicted_ms < best.predicted_ms : plan.total_bytes < best.total_bytes;
+}
+
+// The cheapest plan of `plan_for(columns)` over block widths from all of V down to
+// kMinimumBlockColumns (with whole_rows_only, a plan fits only when its blocks hold all N rows).
+template <class PlanFor>
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
+                                 bool whole_rows_only) {
+  auto fits = [&](const ChunkPlan& plan) {
+    return plan.total_bytes <= request.budget_bytes && (!whole_rows_only || plan.tile_count <= 1);
+  };
+  ChunkPlan best;
+  bool have = false;
+  auto consider = [&](int64_t columns) {
+    const ChunkPlan plan = plan_for(columns);
+    if (!have || preferred(plan, fits(plan), best, fits(best))) {
+      best = plan;
+      have = true;
+    }
+  };
+  // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
+  // cost changes smoothly with the block width, but the widest block that fits matters at small
+  // budgets (a scan in steps of half left a quarter of 64 MiB unused). Where the fused gradient's
+  // waves are priced the cost is not smooth in the width (a tile more or less per block moves a
+  // launch's last wave), so every count is tried while blocks span four tiles or more: then every
+  // width on the tile grid comes from some count (balanced_columns rounds the count's width down
+  // to the grid where rounding up would pass it).
+  const int64_t grid = request.gradient_tile_columns;
+  const bool waves = grid > 0 && request.multiprocessors > 0;
+  for (int64_t blocks = 1;;) {
+    const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
+    consider(columns);
+    if (columns <= kMinimumBlockColumns || columns <= 1) break;
+    blocks = blocks < 8 || (waves && columns >= 4 * grid) ? blocks + 1 : blocks * 9 / 8;
+  }
+  return best;
+}
+
+// The best block widths; with request.whole_row_blocks, among blocks of all N rows where such a
+// plan fits.
+template <class PlanFor>
+ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
+  if (request.whole_row_blocks) {
+    const ChunkPlan whole = best_over_block_widths(request, plan_for, true);
+    if (whole.total_bytes <= request.budget_bytes && whole.tile_count <= 1) return whole;
+  }
+  return best_over_block_widths(request, plan_for, false);
+}
+
+ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  return best_block_widths(
+      request, [&](int64_t columns) { return block_plan(request, gemm, columns); });
+}
+
+// The better of (d)'s two places for its ∂h sums (or the one asked for): fitting first, then
+// predicted time.
+ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  auto best_for = [&](bool in_weight_grad) {
+    return best_block_widths(request, [&](int64_t columns) {
+      return statistics_block_plan(request, gemm, columns, in_weight_grad);
+    });
+  };
+  const bool can_use_weight_grad = hidden_sums_in_weight_grad(request).fits;
+  if (request.hidden_sums == HiddenSums::workspace || !can_use_weight_grad) return best_for(false);
+  const ChunkPlan in_weight_grad = best_for(true);
+  if (request.hidden_sums == HiddenSums::weight_grad) return in_weight_grad;
+  const ChunkPlan in_workspace = best_for(false);
+  const bool workspace_fits = in_workspace.total_bytes <= request.budget_bytes;
+  return preferred(in_weight_grad, in_weight_grad.total_bytes <= request.budget_bytes,
+                   in_workspace, workspace_fits)
+             ? in_weight_grad
+             : in_workspace;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> in_place_narrowing_ranges(int64_t staged, int64_t rows) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (staged <= 0) return ranges;  // nothing staged: row 0 would overlap itself
+  for (int64_t first = staged; first < rows;) {
+    const int64_t last = std::min(rows, 2 * first);
+    ranges.emplace_back(first, last);
+    first = last;
+  }
+  return ranges;
+}
+
+std::size_t chunk_region_bytes(const ChunkPlan& plan) {
+  const std::size_t chunks = align_up(plan.logits_buffer_bytes) * plan.buffer_count;
+  switch (plan.schedule) {
+    case Schedule::vocabulary_blocks:
+      return std::max(chunks, align_up(plan.tile_buffer_bytes) + align_up(plan.accumulator_bytes));
+    case Schedule::statistics_blocks:
+      return std::max(plan.statistics_bytes, align_up(plan.tile_buffer_bytes) +
+                                                 align_up(plan.accumulator_bytes) +
+                                                 plan.hidden_accumulator_bytes);
+    default:
+      return chunks;
+  }
+}
+
+std::size_t minimum_budget_bytes(const ChunkRequest& request) {
+  ChunkRequest smallest = request;
+  smallest.budget_bytes = 0;
+  smallest.overlap = false;
+  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
+  ChunkPlan plan = row_chunk_plan(smallest, gemm, 0);
+  if (request.weight_accumulator && request.rows > 1) plan = best_block_plan(smallest, gemm);
+  return plan.total_bytes;
+}
+
+namespace {
+
+ChunkPlan choose_plan(const ChunkRequest& request) {
+  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
+  const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
+  ChunkPlan plan = plain;
+  const bool weight = request.weight_gradient || request.weight_accumulator;
+  if (weight && plain.chunk_count > 1) {
+    // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
+    // place (the plain plan), which may still lose to blocks when chunks are small.
+    const std::size_t accumulator =
+        request.weight_accumulator ? align_up(static_cast<std::size_t>(request.vocab) *
+                                              static_cast<std::size_t>(request.hidden) * 4)
+                                   : 0;
+    const ChunkPlan accumulated = row_chunk_plan(request, gemm, accumulator);
+    const ChunkPlan blocked = best_block_plan(request, gemm);
+    const bool accumulated_fits = accumulated.total_bytes <= request.budget_bytes;
+    const bool blocked_fits = blocked.total_bytes <= request.budget_bytes;
+    if (accumulated_fits && (!blocked_fits || accumulated.predicted_ms <= blocked.predicted_ms)) {
+      plan = accumulated;
+    } else if (blocked_fits || blocked.total_bytes < accumulated.total_bytes) {
+      plan = blocked;
+    } else {
+      plan = accumulated;
+    }
+  }
+  // (d) when the call can form its statistics without logits and (d) fits: when predicted faster
+  // than the plan above, against (c) with the model's measured bias (below), and whenever asked
+  // to (then even where one chunk would do).
+  if (request.statistics_product && weight && request.rows > 0 &&
+      (plain.chunk_count > 1 || request.prefer_statistics)) {
+    const ChunkPlan statistics = best_statistics_block_plan(request, gemm);
+    const bool plan_fits = plan.total_bytes <= request.budget_bytes;
+    const double bias = plan.schedule == Schedule::vocabulary_blocks ? kBlocksModelBias : 1.0;
+    if (statistics.total_bytes <= request.budget_bytes &&
+        (request.prefer_statistics || !plan_fits ||
+         statistics.predicted_ms < bias * plan.predicted_ms)) {
+      plan = statistics;
+    }
+  }
+  plan.fits_budget = plan.total_bytes <= request.budget_bytes;
+  if (request.rows <= 0) {
+    plan.fits_budget = true;
+    plan.chunk_rows = plan.chunk_count = 0;
+  }
+  return plan;
+}
+
+}  // namespace
+
+// A plan is a function of its request alone, and a training run repeats the same few calls (and
+// their size queries), while the scan of every block width where the fused gradient's waves are
+// priced takes ≈ 0.1 ms: the most recent plans are kept. Enough of them for every request of a
+// few calls' size queries (each asks for tens of plans: every gradient dtype, schedule (d) and
+// the reference path's scratch), where 32 were overwritten within one query (decision 105).
+ChunkPlan plan_chunks(const ChunkRequest& request) {
+  constexpr std::size_t kRecentPlans = 256;
+  static std::mutex mutex;
+  static std::deque<std::pair<ChunkRequest, ChunkPlan>> recent;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [seen, plan] : recent) {
+      if (seen == request) return plan;
+    }
+  }
+  const ChunkPlan plan = choose_plan(request);
+  const std::lock_guard<std::mutex> lock(mutex);
+  recent.emplace_front(request, plan);
+  if (recent.size() > kRecentPlans) recent.pop_back();
+  return plan;
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,338 @@
+// The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
+// from HBM once, statistics, loss, optional outputs and the gradient from the staged copy (a
+// forward without gradient streams its slices: nothing reads them twice). Semantics come from
+// src/common/ce_row.hpp; this file only moves data.
+#include <cstdlib>
+
+#include "cuda/rows/ce_device.cuh"
+#include "cuda/rows/ce_rows.cuh"
+#include "cuda/rows/row_slice.cuh"
+#include "cuda/rows/row_stats.cuh"
+
+namespace xent::cuda {
+namespace {
+
+using common::CeConstants;
+using common::CeGradRow;
+using common::RowStats;
+
+struct CeKernelParams {
+  CeRowsArgs args;
+  int cluster;
+  int64_t slice_elements;
+  bool staged;
+  bool deep_stream;  // streamed sweeps keep several loads in flight per thread
+  bool lean_sums;    // the statistics skip the sums no output reads (decision 37)
+  bool logits_vector_ok;
+  bool grad_vector_ok;
+};
+
+// What a CTA contributes to its row: statistics of its slice and x̃_y when y falls in it.
+struct CePartial {
+  RowStats<float> stats;
+  float target_logit;
+};
+
+// The row-wide values every CTA of the cluster needs for the gradient sweep.
+struct CeRowShared {
+  CePartial merged;
+  CeGradRow<float> grad_row;
+};
+
+template <class S>
+__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
+  constexpr int kVec = kVectorElements<S>;
+  Vector<S> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.value[k] = value;
+  const int64_t vectors = (length + kVec - 1) / kVec;
+  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+    store_vector(grad, j, length, vector_ok, v);
+  }
+}
+
+// Writes ∂loss/∂x of a slice from its staged (or re-read) logits. The class weight of a column
+// enters only through label smoothing (kWeighted: weighted and ε > 0).
+template <bool kWeighted, class S, class Transform>
+__device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Transform& transform,
+                                              const CeGradRow<float>& row,
+                                              int target_in_slice, const float* class_weight,
+                                              S* grad, bool grad_vector_ok) {
+  constexpr int kVec = kVectorElements<S>;
+  const int vectors = static_cast<int>(slice.vectors());
+  // p = 2^(x̃·log2(e) − lse·log2(e)): one fused multiply-add per element (see fast_exp2).
+  const float scaled_lse = row.lse * kLog2e;
+  // Only one vector of the row holds the target: the others skip the per-column comparison.
+  const int target_vector = target_in_slice >= 0 ? target_in_slice / kVec : -1;
+  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
+    const Vector<S> x = slice.reload(j);  // this thread waited on its piece in the first sweep
+    Vector<S> g;
+    float w[kVec];
+    if (kWeighted) {
+      load_class_weights(class_weight, slice.begin + int64_t{j} * kVec,
+                         (j + 1) * kVec <= slice.length, slice.length - j * kVec, w);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) w[k] = 1.0f;
+    }
+    auto element = [&](int k, bool is_target) {
+      float value, slope;
+      value_and_slope(transform, x.value[k], value, slope);
+      const float p = fast_exp2(fmaf(value, kLog2e, -scaled_lse));
+      return common::ce_grad_from_prob(row, p, slope, is_target, w[k]);
+    };
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) g.value[k] = element(k, false);
+    if (j == target_vector) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (j * kVec + k == target_in_slice) g.value[k] = element(k, true);
+      }
+    }
+    store_vector(grad, j, slice.length, grad_vector_ok, g);
+  }
+}
+
+// At most 48 registers (5 CTAs of 256 threads): short rows run CTAs of 64-128 threads with small
+// slices, and 76 registers (what nvcc chose unbounded) held those to 6 CTAs per multiprocessor.
+// Only the softcap + class-weight gradient loop spills (one 4-byte slot).
+template <class S>
+__global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelParams p) {
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
+  __shared__ uint64_t barriers[kMaxPieces];
+  __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
+  __shared__ SharedStorage<CePartial[kMaxCluster]> slot_storage;
+  __shared__ SharedStorage<CeRowShared> row_shared_storage;
+  RowStats<float>* warp_scratch = warp_scratch_storage.get();
+  CePartial* slots = slot_storage.get();
+  CeRowShared& row_shared = row_shared_storage.get();
+
+  cluster_arrive_started(p.cluster);
+  const CeRowsArgs& a = p.args;
+  const CeRowOptions& o = a.options;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.cluster));
+  const int64_t row = blockIdx.x / static_cast<unsigned>(p.cluster);
+  const int64_t begin = rank * p.slice_elements;
+  const int64_t length =
+      begin < a.vocab ? (a.vocab - begin < p.slice_elements ? a.vocab - begin : p.slice_elements)
+                      : 0;
+  const int64_t target = read_target(a.target, a.target_dtype, row);
+  const bool valid = target != o.ignore_index;
+  const bool in_range = target >= 0 && target < a.vocab;
+  const bool want_gradient = a.grad != nullptr;
+  S* grad = want_gradient ? static_cast<S*>(a.grad) + row * a.grad_row_stride + begin : nullptr;
+
+  // An ignored row reads nothing: no loss, no statistics (common::IgnoredRow), a zero gradient.
+  // Every CTA of its cluster leaves here alike, so none waits at a cluster barrier.
+  if (!valid) {
+    using Ignored = common::IgnoredRow<float>;
+    if (rank == 0) {
+      if (a.row_loss) a.row_loss[row] = Ignored::loss;
+      if (a.row_z_loss) a.row_z_loss[row] = Ignored::loss;
+      if (a.row_total) a.row_total[row] = Ignored::loss;
+      if (a.row_correct) a.row_correct[row] = 0.0f;
+      if (a.lse) a.lse[row] = Ignored::lse;
+      if (a.logprob) a.logprob[row] = Ignored::logprob;
+      if (a.entropy) a.entropy[row] = Ignored::entropy;
+      if (a.argmax) a.argmax[row] = Ignored::argmax;
+    }
+    if (want_gradient) write_constant_row(grad, length, p.grad_vector_ok, 0.0f);
+    // Every CTA waits for the pre-pass before it exits, so the end of this grid implies its end.
+    wait_for_previous_grid();
+    return;
+  }
+
+  const S* row_logits = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
+  const RowSlice<S> slice =
+      p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
+                             reinterpret_cast<S*>(dynamic_shared), barriers)
+               : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
+
+  // The batch totals are read only after the sweep below: with after_totals the pre-pass that
+  // forms them may still run beside this grid's first CTAs.
+  CeConstants<float> c = make_ce_constants(o, a.vocab, nullptr);
+  const float* class_weight = o.class_weight;
+  // Entropy and label smoothing need the extra sums; plain rows skip them.
+  const bool entropy = a.entropy != nullptr;
+  const bool full = entropy || c.smoothing > 0;
+  // The argmax is tracked only for the outputs that report it.
+  const bool want_argmax = a.row_correct != nullptr || a.argmax != nullptr;
+  RowStats<float> stats;
+  with_transform(c.transform, [&](const auto& transform) {
+    if (want_argmax) {
+      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy,
+                                                 p.lean_sums)
+                   : slice_row_stats<false, true>(slice, transform, class_weight);
+    } else {
+      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy,
+                                                  p.lean_sums)
+                   : slice_row_stats<false, false>(slice, transform, class_weight);
+    }
+  });
+
+  wait_for_previous_grid();
+  c.class_weight_sum = a.totals->class_weight_sum;
+
+  CePartial mine;
+  mine.stats = block_merge(stats, warp_scratch);
+  mine.target_logit = 0.0f;
+  if (threadIdx.x == 0 && in_range && target >= begin && target < begin + length) {
+    mine.target_logit = c.transform.value(slice.element(target - begin));
+  }
+  cluster_exchange(mine, slots, &row_shared.merged, p.cluster, ClusterPhase::first_exchange,
+                   [](CePartial& into, const CePartial& other) {
+                     into.stats.merge(other.stats);
+                     into.target_logit += other.target_logit;  // one rank holds y, others add 0
+                   });
+
+  const RowStats<float>& row_stats = row_shared.merged.stats;
+  if (threadIdx.x == 0) {
+    const float lse = row_stats.lse();
+    if (rank == 0) {
+      if (a.entropy) a.entropy[row] = row_stats.entropy();
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      float loss = quiet_nan(), z = quiet_nan(), logprob = quiet_nan();
+      if (in_range) {
+        const float target_logit = row_shared.merged.target_logit;
+        const float target_weight = class_weight ? class_weight[target] : 1.0f;
+        const auto parts = common::ce_row_loss(c, row_stats, lse, target_logit, target_weight);
+        loss = r * parts.loss;
+        z = r * parts.z_loss;
+        logprob = target_logit - lse;
+      }
+      if (a.row_loss) a.row_loss[row] = loss;
+      if (a.row_z_loss) a.row_z_loss[row] = z;
+      if (a.row_total) a.row_total[row] = loss + z;
+      if (a.row_correct) a.row_correct[row] = row_stats.argmax == target ? 1.0f : 0.0f;
+      if (a.lse) a.lse[row] = lse;
+      if (a.logprob) a.logprob[row] = logprob;
+      if (a.argmax) a.argmax[row] = row_stats.argmax;
+    }
+    if (want_gradient && in_range) {
+      const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+      const float r = a.row_weight ? a.row_weight[row] : 1.0f;
+      const float target_weight = class_weight ? class_weight[target] : 1.0f;
+      const float base = upstream * r;
+      row_shared.grad_row =
+          common::ce_grad_row(c, lse, target, target_weight,
+                              base * a.totals->loss_factor * a.grad_scale,
+                              base * a.totals->z_factor * a.grad_scale);
+    }
+  }
+  __syncthreads();
+
+  if (want_gradient) {
+    if (!in_range) {
+      write_constant_row(grad, length, p.grad_vector_ok, quiet_nan());
+    } else {
+      const CeGradRow<float> grad_row = row_shared.grad_row;
+      const int target_in_slice =  // -1 when y lies in another CTA's slice
+          target >= begin && target < begin + length ? static_cast<int>(target - begin) : -1;
+      const bool weighted = class_weight != nullptr && c.smoothing > 0;
+      with_transform(c.transform, [&](const auto& transform) {
+        if (weighted) {
+          ce_grad_sweep<true>(slice, transform, grad_row, target_in_slice, class_weight, grad,
+                              p.grad_vector_ok);
+        } else {
+          ce_grad_sweep<false>(slice, transform, grad_row, target_in_slice, nullptr, grad,
+                               p.grad_vector_ok);
+        }
+      });
+    }
+  }
+}
+
+// The A/B switches below: on unless the environment variable starts with `off` (read once each).
+bool switch_on(const char* name, char off) {
+  const char* text = std::getenv(name);
+  return !(text != nullptr && text[0] == off);
+}
+
+// Without a gradient each element is read once, so the shared-memory copy only adds the staging
+// latency and holds the multiprocessor to three CTAs (shared-memory bound); streamed slices read
+// HBM directly and run five CTAs (register bound). Measured on the H200 (docs/perf-notes.md,
+// decision 15): no-grad 16384 × 32768 / 131072 / 262144 bf16 from 0.61 / 0.50 / 0.45 to
+// 0.66 / 0.58 / 0.54 of copy bandwidth, and with four loads in flight per thread (v6) to
+// 0.85 / 0.87 / 0.80. XENT_CUDA_STREAM_FORWARD=0 (read once) restores the staged forward, for
+// measurements.
+// XENT_CUDA_STREAM_DEPTH=1 keeps one load in flight per thread in streamed sweeps (v5), for A/B
+// runs; the default keeps four (slice_row_stats, v6).
+bool deep_stream() {
+  static const bool on = switch_on("XENT_CUDA_STREAM_DEPTH", '1');
+  return on;
+}
+
+// XENT_CUDA_OVERLAP_TOTALS=0 launches the row kernel after the pre-pass the ordinary way (for A/B
+// runs of decision 33, docs/perf-notes.md).
+bool overlap_totals() {
+  static const bool on = switch_on("XENT_CUDA_OVERLAP_TOTALS", '0');
+  return on;
+}
+
+// XENT_CUDA_LEAN_SUMS=0 forms the entropy's and the class-weighted sums of label smoothing even
+// when nothing reads them (A/B runs of decision 37).
+bool lean_sums() {
+  static const bool on = switch_on("XENT_CUDA_LEAN_SUMS", '0');
+  return on;
+}
+
+bool stream_forward() {
+  static const bool on = switch_on("XENT_CUDA_STREAM_FORWARD", '0');
+  return on;
+}
+
+}  // namespace
+
+// XENT_CUDA_OVERLAP_REDUCE=0 launches the finishing reductions the ordinary way (device.cuh,
+// launch_finishing_kernel; A/B runs of decision 39).
+bool overlap_reduce() {
+  static const bool on = switch_on("XENT_CUDA_OVERLAP_REDUCE", '0');
+  return on;
+}
+
+CeRowOptions ce_row_options(const CeOptions& options) {
+  CeRowOptions o;
+  o.ignore_index = options.ignore_index;
+  o.reduction = options.reduction;
+  o.label_smoothing = static_cast<float>(options.label_smoothing);
+  o.z_loss = static_cast<float>(options.z_loss);
+  o.softcap = options.softcap ? static_cast<float>(*options.softcap) : 0.0f;
+  o.logit_scale = static_cast<float>(options.logit_scale);
+  o.class_weight = options.class_weight.present()
+                       ? static_cast<const float*>(options.class_weight.data)
+                       : nullptr;
+  return o;
+}
+
+void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  const std::size_t element = dtype_size(args.dtype);
+  const SlicePlan plan = args.grad == nullptr && stream_forward()
+                            ? plan_streamed_row_slices(args.vocab, element)
+                            : plan_row_slices(args.vocab, element, 1);
+  CeKernelParams p{};
+  p.args = args;
+  p.cluster = plan.cluster;
+  p.slice_elements = plan.slice_elements;
+  p.staged = plan.staged;
+  p.deep_stream = deep_stream();
+  p.lean_sums = lean_sums();
+  p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
+  p.grad_vector_ok =
+      args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
+  const bool overlap = args.after_totals && overlap_totals();
+  auto launch = [&](auto kernel) {
+    launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
+  };
+  switch (args.dtype) {
+    case DType::f32: launch(ce_rows_kernel<float>); break;
+    case DType::bf16: launch(ce_rows_kernel<bf16_t>); break;
+    case DType::f16: launch(ce_rows_kernel<f16_t>); break;
+    default:
+      throw Error(ErrorKind::invalid_argument,
+                  std::string("ce_rows: logits dtype unsupported on CUDA: got ") +
+                      dtype_name(args.dtype) + "; expected float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace xent::cuda
