@@ -1,5 +1,5 @@
 // The CUDA chunk planner is plain C++: its budget arithmetic and chunk choices are checked here,
-// on the CPU, for the PERF.md shapes and for budgets down to a single row.
+// on the CPU, for the docs/performance.md shapes and for budgets down to a single row.
 #include "cuda/plan/chunk_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -181,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
                        ::testing::Values(64, 512, 1024, 4096)));
 
-// The schedule choices the cost model predicts (chunk_plan.cpp) for the PERF.md shapes.
+// The schedule choices the cost model predicts (chunk_plan.cpp) for the docs/performance.md shapes.
 TEST(ChunkPlan, AccumulatorLargerThanTheBudgetGivesVocabularyBlocks) {
   // (8192, 4096, 128256): the V×H fp32 accumulator alone is 2004 MiB.
   const ChunkPlan plan = plan_chunks(training_request(8192, 4096, 128256, 512 * kMiB));
@@ -227,7 +227,7 @@ TEST(ChunkPlan, DistillationBlocksFormBlockGradientsFromRowStatistics) {
   EXPECT_NEAR(plan.predicted_ms,
               6 * product_ms + 6 * pass_ms + blocks_reread_ms(plan, 3, 8192, 4096, 128256), 1.0);
   // Against the 4 products the op cannot avoid: about 1.7, where recomputing whole rows per
-  // block took 6 (docs/perf-notes.md).
+  // block took 6 (docs/archive/perf-notes.md).
   EXPECT_LT(plan.predicted_ms, 1.8 * 4 * product_ms);
   // With teacher logits (one buffer, no teacher product): 4 products and 4 passes, as for ce.
   ChunkRequest logits = training_request(8192, 4096, 128256, 512 * kMiB);
@@ -369,7 +369,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(64, 256, 512, 1024)));
 
 TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
-  // At 512 MiB every PERF.md shape holds its ∂h accumulator (128 / 72 / 96 MiB) and blocks of
+  // At 512 MiB every docs/performance.md shape holds its ∂h accumulator (128 / 72 / 96 MiB) and blocks of
   // all rows: 4 products and 2 passes over N×V, against (c)'s 4 products and 4 passes.
   for (const auto& [rows, hidden, vocab] :
        {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
@@ -492,10 +492,10 @@ void expect_sums_after_written_blocks(const ChunkPlan& plan, const ChunkRequest&
 }
 
 TEST(ChunkPlan, StatisticsBlocksKeepHiddenSumsInTheWeightGradient) {
-  // At 64 MiB the three PERF.md shapes take (d) with the sums in the last 2N rows of ∂W (and at
+  // At 64 MiB the three docs/performance.md shapes take (d) with the sums in the last 2N rows of ∂W (and at
   // 128 MiB the first two): the workspace holds the block tile alone, and the model prefers it
   // to (c), whose small row chunks re-read W twice each (measured 1.69 / 1.74 / 2.46 F against
-  // (c)'s 1.88 / 2.44 / 2.56 at 64 MiB, docs/perf-notes.md decision 49). At 128 MiB the third
+  // (c)'s 1.88 / 2.44 / 2.56 at 64 MiB, docs/archive/perf-notes.md decision 49). At 128 MiB the third
   // shape measured within 4 % either way, and the model keeps (c).
   for (const auto& [rows, hidden, vocab] :
        {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
@@ -547,7 +547,7 @@ double idle_waves(const ChunkPlan& plan, const ChunkRequest& request, int sms) {
 
 TEST(ChunkPlan, FusedGradientWavesAreCountedAndSteerTheBlockWidth) {
   // At 64 MiB (8192, 4096, 128256) took 39 blocks of 3328 columns: 64 × 13 tiles a launch, 6.3
-  // waves on 132 multiprocessors, of which 7 run (docs/perf-notes.md decision 94). Priced, the
+  // waves on 132 multiprocessors, of which 7 run (docs/archive/perf-notes.md decision 94). Priced, the
   // planner tries every width on the 256-column grid (3584 came from no block count before) and
   // takes blocks with fewer empty slots; unpriced (no tile given), the plan is as before.
   const ChunkRequest unpriced = with_weight_grad_output(
@@ -685,7 +685,7 @@ TEST(ChunkPlan, HiddenSumsOfTheFirstRowsInTheHiddenGradientHalveTheDeferredBlock
   // ∂W then holds the others', which reach half as many of its rows, and about half as many
   // blocks wait for ∂h. The planner takes it where the blocks spared outweigh splitting each
   // block's ∂h product at the head's last row: at (32768, 768, 128256), whose blocks have row
-  // tiles that end there (measured −6.4 % at 64 MiB, docs/perf-notes.md decision 52); not at the
+  // tiles that end there (measured −6.4 % at 64 MiB, docs/archive/perf-notes.md decision 52); not at the
   // other two, whose whole-row blocks would split every ∂h product to spare 3 blocks.
   for (const auto& [rows, hidden, vocab] :
        {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
@@ -772,17 +772,6 @@ TEST(ChunkPlan, SmallestTrainingPlanReportsItsOwnBytes) {
   EXPECT_FALSE(below.fits_budget);
   EXPECT_GT(below.total_bytes, request.budget_bytes);
   expect_covers_rows(below, 37);
-}
-
-TEST(ChunkPlan, OverlapOnlyWhenHalvedChunksStayEfficient) {
-  ChunkRequest request = request_for(32768, 768, 128256, 1024 * kMiB);
-  request.overlap = true;
-  const ChunkPlan large = plan_chunks(request);  // 1 GiB: two buffers of >= 1024 rows fit
-  EXPECT_EQ(large.buffer_count, 2);
-  EXPECT_GE(large.chunk_rows, 1024);
-  EXPECT_LE(large.total_bytes, request.budget_bytes);
-  request.budget_bytes = 64 * kMiB;  // 64 MiB: halving would starve the ∂W product
-  EXPECT_EQ(plan_chunks(request).buffer_count, 1);
 }
 
 TEST(ChunkPlan, TeacherLogitsDoubleThePerRowCost) {

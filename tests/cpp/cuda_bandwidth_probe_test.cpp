@@ -1,5 +1,5 @@
 // A bandwidth probe of the CUDA ce and distill kernels against a device-to-device copy measured
-// in the same process (PERF.md's ratio), for kernel work between full xent-bench runs. Disabled
+// in the same process (docs/performance.md's ratio), for kernel work between full xent-bench runs. Disabled
 // by default (it needs ~15 GiB and a few seconds); scripts/gpu-check.sh runs it with
 // --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'. It checks nothing but that
 // the ops run; the numbers are printed as a table.
@@ -81,7 +81,7 @@ TEST(CudaRowKernels, DISABLED_BandwidthProbe) {
   std::printf("copy: %.3f ms, B = %.0f GB/s\n", copy_ms, copy_bw / 1e9);
   std::printf("%-34s %8s %10s %8s\n", "case", "ms", "GB/s", "of B");
 
-  // PERF.md's rows, then a small vocabulary and a small batch (no cliff there either).
+  // docs/performance.md's rows, then a small vocabulary and a small batch (no cliff there either).
   for (const auto& [rows, vocab] :
        {std::pair<int64_t, int64_t>{16384, 32768}, std::pair<int64_t, int64_t>{16384, 131072},
         std::pair<int64_t, int64_t>{16384, 262144}, std::pair<int64_t, int64_t>{65536, 4096},

@@ -5,9 +5,10 @@
 // fp16, every option the path takes, every reduction and statistic, against the float64
 // reference, with outputs NaN-poisoned before the run. Each case also asserts which path ran,
 // through the process-wide count of fused forwards (fused_stats.hpp): the fused path where it
-// must run, the cuBLASLt path where it must not (unaligned rows, the XENT_CUDA_FUSED_STATS=0
+// must run, the cuBLASLt path where it must not (unaligned rows, the fused_statistics = off
 // switch). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the fallback.
+#include <optional>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "cuda/sm90/fused_stats.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -31,10 +33,10 @@ struct FusedCase {
   unsigned options = 0;
   Reduction reduction = Reduction::mean;
   bool bias = false;
-  // XENT_CUDA_FUSED_STATS for the call: "1" takes the fused path whenever the call is eligible
-  // (so every option reaches the epilogue), "0" never, "" leaves the policy of
+  // The test hook's fused_statistics for the call: on takes the fused path whenever the call is
+  // eligible (so every option reaches the epilogue), off never, planned leaves the policy of
   // fused_stats_preferred to choose.
-  const char* fused_switch = "1";
+  cuda::Forced fused_switch = cuda::Forced::on;
   std::size_t budget = 0;  // 0: the default workspace budget
   // false: only the loss, lse, logprob and z-loss value are asked for, so (without label
   // smoothing) the product forms max and Σe alone (the lean epilogue without extras).
@@ -74,7 +76,8 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
                z_value.view()};
   if (!c.all_stats) out.stats.entropy = out.stats.argmax = out.stats.accuracy = TensorView();
 
-  if (c.fused_switch[0] != 0) setenv("XENT_CUDA_FUSED_STATS", c.fused_switch, 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->fused_statistics = c.fused_switch;
   const Scratch scratch(
       linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), false));
   const int64_t before = cuda::fused_stats_forward_count();
@@ -82,7 +85,7 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
                     {}, scratch.workspace());
   finish();
   const int64_t ran = cuda::fused_stats_forward_count() - before;
-  unsetenv("XENT_CUDA_FUSED_STATS");
+  hook.reset();
   if (device_is_sm90()) {
     EXPECT_EQ(ran, c.expected == Path::fused ? 1 : 0)
         << (c.expected == Path::fused ? "the fused statistics product did not run"
@@ -150,7 +153,7 @@ std::string fused_case_name(const ::testing::TestParamInfo<FusedShapeCase>& info
   return short_name(dtype) + "_" + linear_case_label(rows, hidden, vocab, options, reduction);
 }
 
-// Every option of SPEC §1: class weights too (w_y and W in the merge, Σ w·x̃ in the epilogue
+// Every option of docs/semantics.md §1: class weights too (w_y and W in the merge, Σ w·x̃ in the epilogue
 // where label smoothing needs it).
 constexpr unsigned kFusedOptions = kAllCeOptions;
 
@@ -283,14 +286,15 @@ TEST_P(CudaFusedStatsNonFinite, MatchesCublasLtPath) {
       out.stats.entropy = entropy.view();
       out.stats.argmax = argmax.view();
     }
-    setenv("XENT_CUDA_FUSED_STATS", fused ? "1" : "0", 1);
+    std::optional<HookScope> hook(std::in_place);
+    (*hook)->fused_statistics = fused ? cuda::Forced::on : cuda::Forced::off;
     const Scratch scratch(
         linear_ce_workspace_size(rows, hidden, vocab, dtype, options, test_device(), false));
     const int64_t before = cuda::fused_stats_forward_count();
     linear_ce_forward(hidden_t.view(), weight_t.view(), {}, target_t.view(), options, out, {},
                       scratch.workspace());
     finish();
-    unsetenv("XENT_CUDA_FUSED_STATS");
+    hook.reset();
     if (fused && device_is_sm90()) {
       EXPECT_EQ(cuda::fused_stats_forward_count() - before, 1) << "the fused path did not run";
     }
@@ -369,7 +373,7 @@ TEST_P(CudaFusedStatsPolicy, MatchesReference) {
   require_device();
   XENT_TEST_RNG(rng);
   FusedCase c;
-  c.fused_switch = "";
+  c.fused_switch = cuda::Forced::planned;
   c.rows = 1000;
   c.hidden = 64;
   c.vocab = 4099;  // 17 column tiles: 408 bytes of partials per row; logits 8.2 MB in bf16
@@ -426,11 +430,12 @@ TEST(CudaFusedStatsErrors, OutOfRangeTargetFlagged) {
   out.loss = loss.view();
   const Scratch scratch(
       linear_ce_workspace_size(rows, hidden, vocab, DType::bf16, options, test_device(), false));
-  setenv("XENT_CUDA_FUSED_STATS", "1", 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->fused_statistics = cuda::Forced::on;
   const int64_t before = cuda::fused_stats_forward_count();
   linear_ce_forward(hidden_t.view(), weight_t.view(), {}, target_t.view(), options, out, {},
                     scratch.workspace());
-  unsetenv("XENT_CUDA_FUSED_STATS");
+  hook.reset();
   if (device_is_sm90()) {
     EXPECT_EQ(cuda::fused_stats_forward_count() - before, 1) << "the fused path did not run";
   }
@@ -468,7 +473,7 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
   c.expected = Path::fallback;
   switch (GetParam()) {
     case Decline::unaligned_hidden_rows: c.hidden = 67; break;  // 134-byte rows: no TMA stride
-    case Decline::switched_off: c.fused_switch = "0"; break;
+    case Decline::switched_off: c.fused_switch = cuda::Forced::off; break;
   }
   check_fused_forward(c, rng);
 }

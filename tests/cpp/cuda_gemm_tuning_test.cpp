@@ -1,11 +1,11 @@
-// GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/core/gemm.cu, perf-notes decision
+// GPU-only cases of the cuBLASLt products' algorithm choice (src/cuda/core/gemm.cu, docs/archive/perf-notes.md decision
 // 58): the first call of a configuration that writes its output over times the heuristic's
 // candidates in place and keeps the fastest, by default where the inner dimension is short
 // (K ≤ 1024). What must hold whatever is chosen: the result of that first call is the product
 // (the candidates' outputs are overwritten), an accumulating first call adds into its output once
 // (it is not timed, so nothing runs on it twice), a call captured into a CUDA graph is not timed;
-// small products, long inner dimensions (unless XENT_CUDA_GEMM_TUNING=all) and
-// XENT_CUDA_GEMM_TUNING=0 keep the heuristic's first answer. Each case uses a shape of its own,
+// small products, long inner dimensions (unless the test hook times all) and
+// the test hook's gemm_tuning = off keep the heuristic's first answer. Each case uses a shape of its own,
 // so the process-wide cache meets it fresh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 
 #include "cuda/core/gemm.hpp"
 #include "support.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -103,12 +104,6 @@ struct ProductCase {
 // 2·M·N·K ≥ 2^30 flops with N ≥ 520 and K at the default's limit: timed by default.
 constexpr int64_t kM = 1100, kK = 1024;
 
-// Sets an environment variable for a scope (the choice is read as a configuration is first met).
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-};
 
 TEST(CudaGemmTuning, WrittenOverProductIsTimedAndExact) {
   require_device();
@@ -181,7 +176,8 @@ TEST(CudaGemmTuning, SmallProductsLongInnerDimensionsAndTheSwitchKeepTheFirstAns
   expect_first_answer(small);
   ProductCase long_inner(rng, 1000, 560, kK + 8);  // K > 1024: not timed by default
   expect_first_answer(long_inner);
-  ScopedEnv off("XENT_CUDA_GEMM_TUNING", "0");
+  HookScope hook;  // the choice is read as a configuration is first met
+  hook->gemm_tuning = cuda::GemmTuning::off;
   ProductCase switched_off(rng, kM, 552, kK);
   expect_first_answer(switched_off);
 }
@@ -189,8 +185,8 @@ TEST(CudaGemmTuning, SmallProductsLongInnerDimensionsAndTheSwitchKeepTheFirstAns
 TEST(CudaGemmTuning, AllTimesLongInnerDimensions) {
   require_device();
   XENT_TEST_RNG(rng);
-  ScopedEnv all("XENT_CUDA_GEMM_TUNING", "all");
-  ScopedEnv log("XENT_CUDA_GEMM_TUNING_LOG", "1");
+  HookScope hook;
+  hook->gemm_tuning = cuda::GemmTuning::all;
   ProductCase t(rng, 1000, 568, kK + 8);
   const cuda::GemmPlanState state = t.run_written_over();
   ASSERT_TRUE(state.cached);

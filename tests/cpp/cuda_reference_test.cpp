@@ -7,12 +7,13 @@
 // rows whose loss is far beyond what e^(x̃ − r) holds (the fallback kernels), against the float64
 // reference with outputs NaN-poisoned before the run. Each case asserts which path ran through the
 // process-wide count of reference chunks (linear_ce_plan.hpp): the path where it must run, not
-// where it must not (label smoothing with a softcap, fp16, a bias, the XENT_CUDA_REFERENCE=0
-// switch). Label smoothing without a softcap runs on the path with its uniform term in rank-1
+// where it must not (label smoothing with a softcap, fp16, a bias, the test hook's
+// reference_path = off). Label smoothing without a softcap runs on the path with its uniform term in rank-1
 // form (w̄, and kUniformRows more rows of the ∂W product); entropy, argmax and accuracy asked for
 // run the product's statistics form (from kReferenceStatisticsMinHidden on, or everywhere with
-// XENT_CUDA_REFERENCE=all, which the statistics cases set). Off compute capability 9.0 the path assertions are skipped and
+// the test hook's reference_path = on, which the statistics cases set). Off compute capability 9.0 the path assertions are skipped and
 // the numerical checks run on the row kernel.
+#include <optional>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "cuda/plan/linear_ce_plan.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -50,9 +52,9 @@ struct ReferenceCase {
   // roundings of x (decision 114).
   bool backward_lse = false;
   // Ask the forward for entropy, argmax and accuracy too; below kReferenceStatisticsMinHidden
-  // they take the path only with XENT_CUDA_REFERENCE=all.
+  // they take the path only with the test hook's reference_path = on.
   bool statistics = false;
-  const char* reference_switch = nullptr;  // XENT_CUDA_REFERENCE for the call, or unset
+  cuda::Forced reference_path = cuda::Forced::planned;  // the test hook's, for the call
   std::size_t budget = 0;                  // 0: the default workspace budget
   bool expected = true;                    // the path must run (on compute capability 9.0)
 };
@@ -106,7 +108,8 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   }
   const LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
 
-  if (c.reference_switch != nullptr) setenv("XENT_CUDA_REFERENCE", c.reference_switch, 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->reference_path = c.reference_path;
   const Scratch scratch(
       linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), true));
   const int64_t before = cuda::reference_chunk_count();
@@ -131,7 +134,7 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   }
   finish();
   const int64_t ran = cuda::reference_chunk_count() - before;
-  unsetenv("XENT_CUDA_REFERENCE");
+  hook.reset();
   if (device_is_sm90()) {
     if (c.expected) {
       EXPECT_GT(ran, 0) << "the reference path did not run";
@@ -301,7 +304,7 @@ ReferenceCase special(void (*change)(ReferenceCase&)) {
 ReferenceCase statistics_special(void (*change)(ReferenceCase&)) {
   ReferenceCase c = special(change);
   c.statistics = true;
-  c.reference_switch = "all";
+  c.reference_path = cuda::Forced::on;
   return c;
 }
 
@@ -351,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(
                       c.options = kZLoss | kRowWeight;
                     })},
         SpecialCase{"switch_off", special([](ReferenceCase& c) {
-                      c.reference_switch = "0";
+                      c.reference_path = cuda::Forced::off;
                       c.expected = false;
                     })},
         SpecialCase{"label_smoothing_softcap", special([](ReferenceCase& c) {

@@ -2,7 +2,8 @@
 // shared suites, built on small rows, never reach: rows split over clusters of 2, 4 and 8 CTAs,
 // slices that fill a whole multiprocessor, rows too long for shared memory (read twice), unaligned
 // rows (scalar path), and odd tails after the last 16-byte vector. Same harness and tolerances as
-// the shared suites (float64 reference of SPEC.md).
+// the shared suites (float64 reference of docs/semantics.md).
+#include <optional>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "ce_check.hpp"
 #include "cuda/rows/row_kernel_counts.hpp"
 #include "distill_check.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -62,7 +64,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Batches with more rows than the GPU holds CTAs at once, so multiprocessors run many CTAs one
 // after another: (dtype, vocab, rows, options, in place, NaN row). Every fifth row is ignored.
 // 4099 bf16 columns make unaligned rows (thread copies instead of bulk copies); 40000 → clusters
-// of 2; 131079 → clusters of 8. Full 64 KiB staged slices, the PERF.md rows' plan: bf16 32768
+// of 2; 131079 → clusters of 8. Full 64 KiB staged slices, the docs/performance.md rows' plan: bf16 32768
 // (one CTA), f16 65531 and f32 32768 (two).
 using CeManyRowsCase = std::tuple<DType, int64_t, int64_t, unsigned, bool, bool>;
 
@@ -119,10 +121,11 @@ TEST_P(CudaDistillRowKernel, MatchesReference) {
   problem.options = options;
   problem.reduction = Reduction::mean;
   // The row kernel's paths: rows without a hard term would take the two passes by default.
-  setenv("XENT_CUDA_DISTILL_TWO_PASS", "0", 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->distill_two_pass = cuda::Forced::off;
   const int64_t wide_before = cuda::distill_rows_wide_cluster_launches();
   check_distill(problem, rng);
-  unsetenv("XENT_CUDA_DISTILL_TWO_PASS");
+  hook.reset();
   // Two bf16 inputs of 200003 columns: 100 KB slices in a cluster of 8, so Hopper takes 16.
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, test_device().index), cudaSuccess);
@@ -155,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Rows without a hard term take two passes (three for jsd and tvd; distill_two_pass.cuh:
 // streamed statistics with the loss, the sums, then the elementwise gradient);
-// XENT_CUDA_DISTILL_TWO_PASS=0 keeps them on the row kernel. Every case runs both ways: (dtype,
+// The test hook keeps them on the row kernel. Every case runs both ways: (dtype,
 // vocab, kind, options, reduction, in place, NaN row, row padding, two-pass). Streamed slices of
 // up to 128 KiB of each row: bf16 70000 and 200003 → clusters of 2 and 4, a short last slice;
 // fp32 300007 → 8 CTAs of 37504 columns; 4099 → one CTA; padded rows → the scalar path. The
@@ -185,11 +188,12 @@ TEST_P(CudaDistillTwoPass, MatchesReference) {
   // The weighted hard-term cases (class and row weights, smoothing: the full ce statistics in
   // pass 1) at the first hard case of each kind: odd vocabularies.
   problem.hard_weights = (options & kHardAndSoft) != 0 && vocab % 2 == 1;
-  setenv("XENT_CUDA_DISTILL_TWO_PASS", two_pass ? "1" : "0", 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->distill_two_pass = two_pass ? cuda::Forced::planned : cuda::Forced::off;
   const int64_t before = cuda::distill_two_pass_launches();
   check_distill(problem, rng);
   const int64_t after = cuda::distill_two_pass_launches();
-  unsetenv("XENT_CUDA_DISTILL_TWO_PASS");
+  hook.reset();
   const bool three_passes = kind == DistillKind::jsd || kind == DistillKind::tvd;
   const bool applies = two_pass && !(three_passes && (options & kHardAndSoft) != 0);
   if (applies) {

@@ -4,10 +4,10 @@
 // summed over the blocks in an fp32 accumulator — and (c), vocabulary_blocks, whose first pass
 // forms them from row chunks of cuBLASLt logits. Each block's gradient comes from the fused
 // gradient product (fused_grad.cuh) or from cuBLASLt logits and the elementwise block kernel
-// (XENT_CUDA_FUSED_GRAD=0; =1 forces the fused product whatever the hidden size); every case
+// (the test hook's fused_gradient: off, or on whatever the hidden size); every case
 // runs in all four combinations, and (d) also with its ∂h sums in the ∂W output and the ∂h output
-// (XENT_CUDA_HIDDEN_SUMS=weight_grad; plain (d) forces =workspace). XENT_CUDA_FUSED_STATS=1
-// makes every eligible call take (d) whenever it fits the budget, =0 never. Each case asserts the
+// (hidden_sums = weight_grad; plain (d) forces workspace). fused_statistics = on
+// makes every eligible call take (d) whenever it fits the budget, off never. Each case asserts the
 // schedule and the gradient path it asked for ran (process-wide counts) on compute capability 9.0,
 // and checks the loss, lse and every gradient against the float64 reference with outputs
 // NaN-poisoned before the run: forward with gradients, backward with and without the forward's
@@ -25,6 +25,7 @@
 #include "cuda/plan/linear_ce_plan.hpp"
 #include "gpu_support.hpp"
 #include "linear_check.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -37,7 +38,7 @@ enum class Blocks { one, several, row_tiles };
 // Which blocked schedule, and how its blocks form their gradients.
 // chunks_fused: the row-chunk schedules ((a), (b)), whose backward with the forward's lse forms
 // each chunk's gradient with the fused gradient product (the per-row reference path switched
-// off, XENT_CUDA_REFERENCE=0, which would otherwise take both calls: cuda_reference_test.cpp).
+// off through the test hook, which would otherwise take both calls: cuda_reference_test.cpp).
 // *_sums_in_dW: (d) with its fp32 ∂h sums in the last rows of the ∂W output (chunk_plan.hpp
 // HiddenSums), whose blocks write ∂W after ∂h; the plain (d) variants keep them in the workspace.
 enum class Variant {
@@ -50,7 +51,7 @@ enum class Variant {
   statistics_cublaslt_sums_in_dW
 };
 
-// A grid case's options may carry this bit beside SPEC §1's (ce_check.hpp): the layer has a bias
+// A grid case's options may carry this bit beside docs/semantics.md §1's (ce_check.hpp): the layer has a bias
 // (in the operands' dtype), and ∂bias is wanted: (c) forms it in its first pass, (d) from its
 // blocks' gradients, the row-chunk schedules from each chunk's.
 constexpr unsigned kBiasBit = 1u << 16;
@@ -59,7 +60,7 @@ struct StatsBlocksCase {
   Variant variant = Variant::statistics_fused;
   DType dtype = DType::bf16;
   int64_t rows = 300, hidden = 72, vocab = 4099;
-  unsigned options = 0;  // SPEC §1's bits, and kBiasBit
+  unsigned options = 0;  // docs/semantics.md §1's bits, and kBiasBit
   Reduction reduction = Reduction::mean;
   WeightGrad weight = WeightGrad::same_dtype;
   bool want_hidden = true;
@@ -82,31 +83,27 @@ bool row_chunks(const cuda::ChunkPlan& plan) {
          plan.schedule == cuda::Schedule::row_chunks_accumulated;
 }
 
-// Sets XENT_CUDA_FUSED_STATS (1 for (d), 0 for (c)), XENT_CUDA_FUSED_GRAD and
-// XENT_CUDA_HIDDEN_SUMS for the lifetime of a case. With the sums in ∂W, the first N/2 rows'
-// sums are in the ∂h output (XENT_CUDA_HIDDEN_SUMS_HEAD=1) and are narrowed in place at the end:
-// the f16 cases stage 3 rows of them only (XENT_CUDA_HIDDEN_SUMS_STAGED), so the in-place ranges
-// run; the bf16 cases stage all; the case with H = 1032 keeps all the sums in ∂W (HEAD=0).
+// Forces through the test hook, for the lifetime of a case: the fused statistics product (on for
+// (d), off for (c)), the fused gradient product and where (d) keeps its ∂h sums. With the sums in
+// ∂W, the first N/2 rows' sums are in the ∂h output and are narrowed in place at the end: the f16
+// cases stage 3 rows of them only, so the in-place ranges run; the bf16 cases stage all; the case
+// with H = 1032 keeps all the sums in ∂W.
 bool sums_in_hidden_grad(Variant v, int64_t hidden) {
   return sums_in_weight_grad(v) && hidden != 1032;
 }
 struct ForcedVariant {
   ForcedVariant(Variant v, DType dtype, int64_t hidden) {
-    setenv("XENT_CUDA_FUSED_STATS", statistics_schedule(v) ? "1" : "0", 1);
-    setenv("XENT_CUDA_FUSED_GRAD", fused_gradient(v) ? "1" : "0", 1);
-    setenv("XENT_CUDA_HIDDEN_SUMS", sums_in_weight_grad(v) ? "weight_grad" : "workspace", 1);
-    setenv("XENT_CUDA_HIDDEN_SUMS_HEAD", sums_in_hidden_grad(v, hidden) ? "1" : "0", 1);
-    if (dtype == DType::f16) setenv("XENT_CUDA_HIDDEN_SUMS_STAGED", "3", 1);
-    if (v == Variant::chunks_fused) setenv("XENT_CUDA_REFERENCE", "0", 1);
+    using cuda::Forced;
+    hook->fused_statistics = statistics_schedule(v) ? Forced::on : Forced::off;
+    hook->fused_gradient = fused_gradient(v) ? Forced::on : Forced::off;
+    hook->hidden_sums =
+        sums_in_weight_grad(v) ? cuda::HiddenSums::weight_grad : cuda::HiddenSums::workspace;
+    hook->hidden_sums_head = sums_in_hidden_grad(v, hidden) ? cuda::HiddenSumsHead::always
+                                                            : cuda::HiddenSumsHead::never;
+    if (dtype == DType::f16) hook->hidden_sums_staged_rows = 3;
+    if (v == Variant::chunks_fused) hook->reference_path = Forced::off;
   }
-  ~ForcedVariant() {
-    unsetenv("XENT_CUDA_FUSED_STATS");
-    unsetenv("XENT_CUDA_FUSED_GRAD");
-    unsetenv("XENT_CUDA_HIDDEN_SUMS");
-    unsetenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
-    unsetenv("XENT_CUDA_HIDDEN_SUMS_STAGED");
-    unsetenv("XENT_CUDA_REFERENCE");
-  }
+  HookScope hook;
 };
 
 bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant, int64_t hidden) {
@@ -366,7 +363,7 @@ std::string stats_blocks_name(
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
 }
 
-// Every option of SPEC §1 (class weights: w_y in the records, and the lane's columns' weights in
+// Every option of docs/semantics.md §1 (class weights: w_y in the records, and the lane's columns' weights in
 // the fused gradient where label smoothing carries them).
 constexpr unsigned kFusedOptions = kAllCeOptions;
 
@@ -458,16 +455,14 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaStatisticsBlocks, ::testing::ValuesIn(variant
 // The fused gradient's row split between the consumers and the epilogue warps
 // (fused_grad_product.cu) differs between a CTA's last tile and the others, which the grid's
 // shapes (one or two tiles per CTA) barely reach: here ≈ 5 tiles per CTA, with each steady share
-// (XENT_CUDA_FUSED_OWN_ROWS) forced in turn.
+// (the test hook's fused_own_rows) forced in turn.
 TEST(CudaFusedGradientShare, ManyTilesPerCta) {
   require_device();
   XENT_TEST_RNG(rng);
-  struct Unset {
-    ~Unset() { unsetenv("XENT_CUDA_FUSED_OWN_ROWS"); }
-  } unset;
-  for (const char* own : {"0", "4", "8"}) {
-    SCOPED_TRACE(::testing::Message() << "XENT_CUDA_FUSED_OWN_ROWS=" << own);
-    setenv("XENT_CUDA_FUSED_OWN_ROWS", own, 1);
+  HookScope hook;
+  for (const int own : {0, 4, 8}) {
+    SCOPED_TRACE(::testing::Message() << "fused_own_rows=" << own);
+    hook->fused_own_rows = own;
     StatsBlocksCase c;
     c.variant = Variant::statistics_fused;
     std::tie(c.dtype, c.rows, c.hidden, c.vocab, c.options, c.reduction, c.weight, c.want_hidden,

@@ -1,12 +1,14 @@
 // GPU-only cases (xent_gpu_tests): sizes the CPU suite cannot afford (V = 262144 and 500000, a
 // logits tensor past 2^31 elements, linear_ce at N = 65536, V = 256000), and CUDA against the CPU
 // backend of the same binary on identical inputs, for every op.
+#include <optional>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdlib>
 
 #include "linear_check.hpp"
+#include "hook_scope.hpp"
 
 namespace xent::test {
 namespace {
@@ -148,7 +150,8 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
   // agree to accumulation-order rounding, so both form the gradient from bf16-rounded logits: the
   // per-row reference path (which 512 MiB takes since decision 115) stages them in f16, whose
   // ∂W differs from the blocked schedule's by ≈ 3e-3 (each is checked against float64 elsewhere).
-  setenv("XENT_CUDA_REFERENCE", "0", 1);
+  std::optional<HookScope> hook(std::in_place);
+  (*hook)->reference_path = cuda::Forced::off;
   std::vector<std::vector<double>> grad_weights;
   std::vector<double> loss_values, grad_hidden_values;
   for (const std::size_t budget : {std::size_t{512} << 20, std::size_t{48} << 20}) {
@@ -170,7 +173,7 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
       grad_hidden_values = grad_hidden.download();
     }
   }
-  unsetenv("XENT_CUDA_REFERENCE");
+  hook.reset();
   EXPECT_TRUE(close("grads.weight, small budget against default", grad_weights[1],
                     grad_weights[0], 1e-4));
 

@@ -1,4 +1,4 @@
-// linear_distill (SPEC §4): student logits h_s·W_sᵀ against a teacher given as logits or as
+// linear_distill (docs/semantics.md §4): student logits h_s·W_sᵀ against a teacher given as logits or as
 // h_t·W_tᵀ, every kind and option, checked through linear_distill_forward (with and without
 // gradients) and linear_distill_backward; on the GPU also through each vocabulary-blocked
 // schedule, with the outputs poisoned before every gradient call.
@@ -7,6 +7,7 @@
 #include "linear_check.hpp"
 #if XENT_TEST_ON_GPU
 #include "cuda/plan/linear_distill_plan.hpp"
+#include "hook_scope.hpp"
 #endif
 
 namespace xent::test {
@@ -40,24 +41,19 @@ struct LinearDistillProblem {
 };
 
 #if XENT_TEST_ON_GPU
-// The switches that make the planner take (c) or (d), and put (d)'s ∂h sums where the problem
+// The test hook's forcings that make the planner take (c) or (d), and put (d)'s ∂h sums where the problem
 // asks, for the lifetime of a case.
 struct BlockedScheduleSwitches {
   explicit BlockedScheduleSwitches(const LinearDistillProblem& p) {
     if (!p.blocked) return;
-    setenv("XENT_CUDA_DISTILL_STATISTICS", p.statistics ? "1" : "0", 1);
-    setenv("XENT_CUDA_HIDDEN_SUMS", p.sums_in_weight_grad ? "weight_grad" : "workspace", 1);
-    setenv("XENT_CUDA_HIDDEN_SUMS_HEAD", p.sums_head ? "1" : "0", 1);
-    if (p.staged_rows) setenv("XENT_CUDA_HIDDEN_SUMS_STAGED", "3", 1);
+    hook->distill_statistics_blocks = p.statistics ? cuda::Forced::on : cuda::Forced::off;
+    hook->hidden_sums =
+        p.sums_in_weight_grad ? cuda::HiddenSums::weight_grad : cuda::HiddenSums::workspace;
+    hook->hidden_sums_head =
+        p.sums_head ? cuda::HiddenSumsHead::always : cuda::HiddenSumsHead::never;
+    if (p.staged_rows) hook->hidden_sums_staged_rows = 3;
   }
-  ~BlockedScheduleSwitches() {
-    for (const char* name : {"XENT_CUDA_DISTILL_STATISTICS", "XENT_CUDA_HIDDEN_SUMS",
-                             "XENT_CUDA_HIDDEN_SUMS_HEAD", "XENT_CUDA_HIDDEN_SUMS_STAGED"}) {
-      unsetenv(name);
-    }
-  }
-  BlockedScheduleSwitches(const BlockedScheduleSwitches&) = delete;
-  BlockedScheduleSwitches& operator=(const BlockedScheduleSwitches&) = delete;
+  HookScope hook;
 };
 #endif
 

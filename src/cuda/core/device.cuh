@@ -47,10 +47,8 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 
 // Launches a one-CTA finishing kernel (the fixed-order reductions) as a programmatic dependent of
 // the grid before it, so its launch is prepared while that grid runs and it starts as soon as the
-// grid's last CTA exits, instead of after a launch gap (docs/perf-notes.md, decision 39). The
-// kernel must call wait_for_previous_grid before it reads anything. XENT_CUDA_OVERLAP_REDUCE=0
-// launches it the ordinary way (A/B runs).
-bool overlap_reduce();
+// grid's last CTA exits, instead of after a launch gap. The kernel must call
+// wait_for_previous_grid before it reads anything.
 template <class Args>
 void launch_finishing_kernel(void (*kernel)(Args), unsigned threads, const Args& args,
                              cudaStream_t stream) {
@@ -62,7 +60,7 @@ void launch_finishing_kernel(void (*kernel)(Args), unsigned threads, const Args&
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = overlap_reduce() ? 1 : 0;
+  config.numAttrs = 1;
   XENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
 }
 

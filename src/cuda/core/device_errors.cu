@@ -1,4 +1,4 @@
-// The device-side error state for out-of-range targets (SPEC §1: a GPU op cannot read targets
+// The device-side error state for out-of-range targets (docs/semantics.md §1: a GPU op cannot read targets
 // on the host without a synchronisation) and check_errors, which reads and clears it.
 #include <atomic>
 #include <string>

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "cuda/core/device.cuh"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 
@@ -52,11 +53,9 @@ constexpr int kCandidates = 8;
 // Below this many flops a product is not timed: its candidates differ by less than the noise.
 constexpr double kTuneMinFlops = 1073741824.0;
 // By default only products with an inner dimension up to this are timed. Their time goes largely
-// to writing the output, where the candidates differ by 10–15 % and the fastest alone is the
-// fastest in the call (the logits product at H = 768: the call −2.4 to −4.2 %). With a long
-// inner dimension they differ by less than what timing one alone misjudges on a GPU at its power
-// limit: the candidates chosen so at H = 2304 and 4096 measured −2 to +4 % in the call
-// (perf-notes, decision 58).
+// to writing the output, where the candidates differ most and the fastest alone is the fastest in
+// the call. With a long inner dimension they differ by less than what timing one alone misjudges
+// on a GPU at its power limit (docs/archive/perf-notes.md, decision 58).
 constexpr int64_t kTuneMaxInner = 1024;
 // A candidate replaces the heuristic's first answer only when this much faster, so candidates
 // within the run-to-run noise do not flip the choice between processes.
@@ -135,35 +134,22 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
          std::to_string(workspace_bytes);
 }
 
-// XENT_CUDA_GEMM_TUNING: "0" keeps the heuristic's first answer for every product (the same
-// algorithm in every process), "all" times every product large enough, anything else (the
-// default) only products whose inner dimension is short (kTuneMaxInner). XENT_CUDA_GEMM_TUNING_LOG=1
-// prints each timing to stderr. Read as each configuration is first met, so tests can switch them.
+// Which products are timed against the heuristic's other candidates: by default only those whose
+// inner dimension is short (kTuneMaxInner); the tests force none or every product large enough
+// through the test hook. Read as each configuration is first met.
 enum class Tuning { off, short_inner, all };
 Tuning tuning_mode() {
-  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING");
-  const std::string value = knob != nullptr ? knob : "";
-  return value == "0" ? Tuning::off : value == "all" ? Tuning::all : Tuning::short_inner;
-}
-bool tuning_logged() {
-  const char* knob = std::getenv("XENT_CUDA_GEMM_TUNING_LOG");
-  return knob != nullptr && std::string(knob) == "1";
-}
-
-// XENT_CUDA_GEMM_REDUCTION=any lets the heuristic reduce split-K partials in a 16-bit output
-// again (measurement only; see make_plan).
-bool fp32_reductions_only() {
-  static const bool only = [] {
-    const char* knob = std::getenv("XENT_CUDA_GEMM_REDUCTION");
-    return !(knob != nullptr && std::string(knob) == "any");
-  }();
-  return only;
+  switch (test_hook().gemm_tuning) {
+    case GemmTuning::off: return Tuning::off;
+    case GemmTuning::all: return Tuning::all;
+    default: return Tuning::short_inner;
+  }
 }
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
                                 const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
   auto plan = std::make_unique<Plan>();
-  // fp32 operands use CUBLAS_COMPUTE_32F, which never rounds to TF32 (SPEC §6: TF32 off).
+  // fp32 operands use CUBLAS_COMPUTE_32F, which never rounds to TF32 (docs/semantics.md §6: TF32 off).
   XENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                                    &cm.trans_first, sizeof cm.trans_first));
@@ -208,10 +194,9 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
                                        &align_c, sizeof align_c);
   // Split-K partial sums only in fp32 (the workspace), never in a 16-bit output: with a small
   // workspace the heuristic otherwise took split-K kernels that reduce in the output type (or in
-  // place in it), rounding each partial to bf16; the chunked ∂h = G·W (K = V) then measured
-  // 0.0055–0.0060 relative error against float64 where one bf16 rounding gives 0.0037–0.0047
-  // (GPU suite, N = 300, H = 72, V = 4099 at a 2 MiB budget).
-  if (p.c.dtype != DType::f32 && fp32_reductions_only()) {
+  // place in it), rounding each partial to bf16, which put the chunked ∂h = G·W (K = V) well
+  // above one rounding's error against float64.
+  if (p.c.dtype != DType::f32) {
     const uint32_t fp32_reductions =
         CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -288,19 +273,11 @@ void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
   plan.tuned = true;
   if (fastest < 0) return;  // none runs: the call below reports the heuristic's first
   plan.chosen = runs[0] && best[fastest] > kTuneMargin * best[0] ? 0 : fastest;
-  if (tuning_logged()) {
-    std::string line = "xent gemm " + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
-                       std::to_string(cm.k) + " (column-major m, n, k), ms:";
-    for (int i = 0; i < count; ++i) {
-      line += ' ' + (runs[i] ? std::to_string(best[i]) : std::string("-"));
-    }
-    std::fprintf(stderr, "%s; chosen %d\n", line.c_str(), plan.chosen);
-  }
 }
 
 // The bias of a product without cuBLASLt's bias epilogue (a 16-bit c, or no algorithm with it):
 // c is filled with the bias rows and the product adds into it (beta = 1), so every value is
-// rounded to c's dtype once, as PyTorch's float64 model of SPEC §6 rounds it. (Adding the bias
+// rounded to c's dtype once, as PyTorch's float64 model of docs/semantics.md §6 rounds it. (Adding the bias
 // in a pass after the product, as before, rounded twice.)
 template <class C, class B>
 __global__ void fill_bias_kernel(C* c, int64_t rows, int64_t cols, int64_t stride, const B* bias) {

@@ -65,11 +65,11 @@ struct GemmScratch {
 
 // c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. Descriptors, layouts and the
 // algorithm are cached per shape, dtypes, strides, alignment, scratch size and device. For a
-// product with a short inner dimension (K ≤ 1024, ≥ 2^30 flops; every such product with
-// XENT_CUDA_GEMM_TUNING=all) the algorithm is the fastest of the heuristic's candidates, timed
-// on the first call of the configuration that writes c over (beta = 0, outside CUDA graph
-// capture); otherwise, before that, and with XENT_CUDA_GEMM_TUNING=0, the heuristic's first
-// (perf-notes, decision 58). Later calls cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or
+// product with a short inner dimension (K ≤ 1024, ≥ 2^30 flops; every such product when the test
+// hook asks) the algorithm is the fastest of the heuristic's candidates, timed on the first call
+// of the configuration that writes c over (beta = 0, outside CUDA graph capture); otherwise,
+// before that, and when the test hook turns tuning off, the heuristic's first
+// (docs/archive/perf-notes.md, decision 58). Later calls cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or
 // offers no algorithm.
 void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream);
 

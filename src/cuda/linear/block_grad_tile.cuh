@@ -71,7 +71,7 @@ __device__ __forceinline__ RowSegment row_segment(int64_t columns, int64_t segme
   return segment;
 }
 
-// A row without a gradient: zeros for an ignored row, NaN for an out-of-range target (SPEC §1).
+// A row without a gradient: zeros for an ignored row, NaN for an out-of-range target (docs/semantics.md §1).
 template <class S>
 __device__ __forceinline__ void fill_segment(S* grad, int64_t length, bool valid) {
   const S fill = store_float<S>(valid ? quiet_nan() : 0.0f);

@@ -33,7 +33,7 @@ void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream);
 // by the fused gradient product's epilogue (fused_grad.cuh), so both form one gradient.
 struct CeBlockRow {
   bool valid = false;     // the target is not ignore_index
-  bool in_range = false;  // ... and lies in [0, V): else the row is NaN (SPEC §1)
+  bool in_range = false;  // ... and lies in [0, V): else the row is NaN (docs/semantics.md §1)
   common::CeGradRow<float> grad{};
   common::EntropyGradRow<float> entropy{};
   int64_t target_column = 0;  // target − first_column: the block column of y (may lie outside)

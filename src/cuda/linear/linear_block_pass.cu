@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "cuda/linear/linear_support.hpp"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 
@@ -82,10 +83,9 @@ void write_hidden_grad(const BlockPassInputs& pass, const HiddenSumsPlace& sums,
     const std::size_t row_bytes = static_cast<std::size_t>(hidden) * sizeof(float);
     int64_t staged = std::min<int64_t>(
         sums.head_rows, static_cast<int64_t>(chunk_region_bytes(pass.chunks) / row_bytes));
-    // XENT_CUDA_HIDDEN_SUMS_STAGED=k stages at most k (≥ 1) rows, so that the tests' small
-    // shapes run the in-place ranges too. Read per call: tests switch it.
-    if (const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS_STAGED")) {
-      staged = std::clamp<int64_t>(std::atoll(knob), 1, staged);
+    // The tests stage fewer rows so that their small shapes run the in-place ranges too.
+    if (const int64_t limit = test_hook().hidden_sums_staged_rows; limit > 0) {
+      staged = std::clamp<int64_t>(limit, 1, staged);
     }
     XENT_CUDA_CHECK(cudaMemcpyAsync(pass.region, sums.head,
                                     static_cast<std::size_t>(staged) * row_bytes,

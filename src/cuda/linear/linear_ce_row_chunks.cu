@@ -1,4 +1,4 @@
-// Fused linear cross-entropy on CUDA (SPEC.md §2). Per row chunk (chunk_plan.cpp chooses its size):
+// Fused linear cross-entropy on CUDA (docs/semantics.md §2). Per row chunk (chunk_plan.cpp chooses its size):
 //   1. L = h_chunk·Wᵀ (+ bias) by cuBLASLt into the chunk buffer (input dtype, or fp32);
 //   2. the ce row kernel of ce_rows.cuh reads L once, writes per-row loss parts and statistics,
 //      and, when gradients are wanted, G = ∂loss/∂L in place over L, with its final coefficients
@@ -26,7 +26,6 @@
 #include "cuda/core/gemm.hpp"
 #include "cuda/linear/linear_ce_call.hpp"
 #include "cuda/linear/linear_reference.cuh"
-#include "cuda/linear/linear_streams.hpp"
 #include "cuda/linear/linear_support.hpp"
 #include "cuda/linear/weighted_row_sum.cuh"
 #include "cuda/plan/hidden_sums.hpp"
@@ -51,7 +50,6 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
 
   const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks;
   WorkspaceCarver carver(workspace);
-  const std::size_t buffer_stride = align_up(plan.chunks.logits_buffer_bytes);
   void* chunk_buffer = carver.take(chunk_region_bytes(plan.chunks));
   auto* totals = static_cast<CeBatchTotals*>(carver.take(sizeof(CeBatchTotals)));
   const std::size_t row_array = static_cast<std::size_t>(rows) * sizeof(float);
@@ -110,9 +108,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const bool narrow_gradient = plan.logits_dtype != operand_dtype;
 
   const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
-  auto buffer_of = [&](int64_t chunk) -> void* {
-    return static_cast<char*>(chunk_buffer) + (chunk % plan.chunks.buffer_count) * buffer_stride;
-  };
+  auto buffer_of = [&](int64_t) -> void* { return chunk_buffer; };
   auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
   auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
   const std::size_t logits_element = dtype_size(plan.logits_dtype);
@@ -229,7 +225,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   fused_pass.lse = static_cast<const float*>(call.lse.data);
   fused_pass.records = records;
   const bool fused_chunks = !reference.on && call.op == OpCode::linear_ce_backward &&
-                            call.lse.present() && chunk_grad && plan.chunks.buffer_count == 1 &&
+                            call.lse.present() && chunk_grad &&
                             fused_gradient_eligible(call, read_cache);
   if (fused_chunks) {
     form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
@@ -291,37 +287,15 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const bool skip_chunks = entropy_grad && !chunk_grad;
   const int64_t chunks =
       fill_cache ? (rows > 0 ? 1 : 0) : (skip_chunks ? 0 : plan.chunks.chunk_count);
-  if (plan.chunks.buffer_count == 1 || !want_grad || chunks == 0) {
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      if (reference.on && reference_chunk_gradients(chunk)) continue;
-      if (fused_chunks && fused_chunk_gradient(chunk)) {
-        products(chunk, true);
-        continue;
-      }
-      if (!read_cache) form_logits(chunk);
-      row_kernel(chunk, stream);
-      if (chunk_grad) products(chunk, false);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    if (reference.on && reference_chunk_gradients(chunk)) continue;
+    if (fused_chunks && fused_chunk_gradient(chunk)) {
+      products(chunk, true);
+      continue;
     }
-  } else {
-    // Two buffers: the row kernel of chunk i+1 runs on a side stream while chunk i's products run
-    // on the caller's stream. Caller-stream order L(0) L(1) P(0) L(2) P(1) ...; buffer i%2 is
-    // rewritten by L(i+2) only after P(i), which waited for the row kernel of chunk i.
-    SideStream side(stream);
-    if (!read_cache) form_logits(0);
-    side.fork();
-    row_kernel(0, side.stream());
-    side.mark_done();
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const bool has_next = chunk + 1 < chunks;
-      if (has_next && !read_cache) form_logits(chunk + 1);
-      side.wait_done();  // row kernel of `chunk`
-      if (has_next) {
-        side.fork();
-        row_kernel(chunk + 1, side.stream());
-        side.mark_done();
-      }
-      products(chunk, false);
-    }
+    if (!read_cache) form_logits(chunk);
+    row_kernel(chunk, stream);
+    if (chunk_grad) products(chunk, false);
   }
 
   if (blocked && want_weight) {

@@ -1,4 +1,4 @@
-// Fused linear distillation on CUDA (SPEC.md §4). The flow of linear_ce.cu with a teacher beside
+// Fused linear distillation on CUDA (docs/semantics.md §4). The flow of linear_ce.cu with a teacher beside
 // the student: per row chunk, s = h_s·W_sᵀ into the student buffer; the teacher rows are either
 // read where the caller's teacher logits sit, or formed as t = h_t·W_tᵀ into a second buffer (no
 // gradient ever flows to the teacher); the distill row kernel of distill_rows.cuh reads both
@@ -23,16 +23,16 @@
 #include "cuda/plan/linear_distill_plan.hpp"
 #include "cuda/linear/linear_distill_records.cuh"
 #include "cuda/linear/linear_support.hpp"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 
 namespace {
 
-// XENT_CUDA_DISTILL_STATISTICS=1 takes schedule (d) wherever it fits the budget, =0 never
-// (tests, measurements); unset, the planner chooses. Read per call: tests switch it.
+// Schedule (d) forced on wherever it fits the budget, or off (tests); else the planner chooses.
 char statistics_blocks_switch() {
-  const char* knob = std::getenv("XENT_CUDA_DISTILL_STATISTICS");
-  return knob && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "1") == 0) ? knob[0] : 0;
+  const Forced forced = test_hook().distill_statistics_blocks;
+  return forced == Forced::on ? '1' : forced == Forced::off ? '0' : 0;
 }
 
 // teacher_from_hidden: the teacher comes as hidden + weight. teacher_dtype: the dtype of given

@@ -11,6 +11,7 @@
 #include "cuda/sm90/fused_stats.hpp"
 #include "cuda/plan/linear_ce_plan.hpp"
 #include "cuda/linear/weighted_row_sum.cuh"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 namespace {
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
     write_row_outputs(a, row, Ignored::loss, Ignored::loss, Ignored::lse, Ignored::logprob);
     write_row_statistics(a, row, Ignored::entropy, Ignored::argmax, false);
     // Its reference is +∞: its E row is 0 unless a logit was NaN or +∞ (then so is Σ), which
-    // the fallback writes as zeros, the gradient of an ignored row (SPEC §1).
+    // the fallback writes as zeros, the gradient of an ignored row (docs/semantics.md §1).
     if (sum == 0.0f) {
       set_row_scales(p, row, 0.0f, 0.0f);
     } else {
@@ -629,15 +630,10 @@ bool reference_statistics_wanted(const CeStats* stats) {
          (stats->entropy.present() || stats->argmax.present() || stats->accuracy.present());
 }
 
-bool reference_path_enabled() {
-  const char* knob = std::getenv("XENT_CUDA_REFERENCE");  // read per call: tests switch it
-  return !(knob != nullptr && std::strcmp(knob, "0") == 0);
-}
+bool reference_path_enabled() { return test_hook().reference_path != Forced::off; }
 
 bool reference_statistics_preferred(int64_t hidden) {
-  const char* knob = std::getenv("XENT_CUDA_REFERENCE");  // read per call: tests switch it
-  return hidden >= kReferenceStatisticsMinHidden ||
-         (knob != nullptr && std::strcmp(knob, "all") == 0);
+  return hidden >= kReferenceStatisticsMinHidden || test_hook().reference_path == Forced::on;
 }
 
 std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,

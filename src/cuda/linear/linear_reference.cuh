@@ -1,4 +1,4 @@
-// linear_ce's chunk gradient against a per-row reference (docs/perf-notes.md, decisions 84–85):
+// linear_ce's chunk gradient against a per-row reference (docs/archive/perf-notes.md, decisions 84–85):
 // schedules (a) and (b) without the ce row kernel. Per row chunk:
 //   1. r_n = x̃ of row n's target, one dot product per row (reference_records: the gradient
 //      records of the fused product with r_n in place of the lse and coefficients (1, 0, 0));
@@ -33,7 +33,7 @@
 // with its column (H = ln Σ − Σ e^(x̃ − r)·(x̃ − r) / Σ, RowStats's shifted form with r for the
 // max).
 //
-// Options: every one of SPEC §1 (label smoothing without a softcap); operands as the fused
+// Options: every one of docs/semantics.md §1 (label smoothing without a softcap); operands as the fused
 // products take them
 // (fused_operands_eligible) but without a bias (its ∂bias = Σ_n s_n·E'_n would be one more pass
 // over E'); the row-chunk schedules with one chunk buffer.
@@ -70,8 +70,8 @@ constexpr int kSliceFields = 4;
 constexpr int64_t kUniformRows = 8;
 
 // Whether a call with these options may take the reference path (not the operands, the plan or
-// the switch). XENT_CUDA_REFERENCE=0 turns the path off, =1 (the default) takes it wherever it
-// may run (the statistics form where it is preferred), =all the statistics form at every H.
+// the test hook, whose reference_path = off turns the path off and = on takes the statistics
+// form at every H).
 bool reference_options_eligible(const CeOptions& options);
 // Whether the call asks for entropy, argmax or accuracy (the product's statistics form).
 bool reference_statistics_wanted(const CeStats* stats);

@@ -95,7 +95,7 @@ T* offset_rows(const TensorView& view, int64_t first_row) {
                               static_cast<std::size_t>(first_row) * dtype_size(view.dtype));
 }
 
-// A budget below the smallest plan cannot run (SPEC §2 bounds the workspace by it): the op says
+// A budget below the smallest plan cannot run (docs/semantics.md §2 bounds the workspace by it): the op says
 // so in the validation message format, before anything is written.
 [[noreturn]] void throw_budget_too_small(OpCode op, std::size_t budget, std::size_t needed);
 

@@ -1,73 +1,7 @@
-// Chunk planner. Cost model (bf16 operands; H100 SXM / H200 figures measured on this project's
-// devices: dense bf16 products P ≈ 650–790 TFLOP/s, HBM B ≈ 3.0–4.2 TB/s; ridge P/B ≈ 200 FLOP/B).
-// The model below uses P = 700 TFLOP/s and B = 3.0 TB/s for every memory-bound pass.
-//
-// Per row chunk of R rows the op runs three products and one memory-bound row kernel:
-//   logits  L = h·Wᵀ       2·R·V·H FLOP, writes R·V logits (2 B each)   intensity ≈ H FLOP/B
-//   ∂h      = G·W          2·R·V·H FLOP, reads R·V gradients            intensity ≈ H FLOP/B
-//   ∂W     += Gᵀ·h         2·R·V·H FLOP, reads AND writes an fp32 V×H accumulator: 8·V·H bytes
-//   row kernel             reads and writes R·V logits: 4·R·V bytes, no matrix work
-// The ∂W accumulator traffic does not shrink with R: its intensity is R/4 FLOP/B, compute-bound
-// only for R ≥ 4·P/B ≈ 800 rows, and measured on an H200 (docs/perf-notes.md) closer to additive
-// than hidden: 2·R·V·H / P + 8·V·H / B per chunk. Hence large chunks, balanced, on the 128-row
-// product tile.
-//
-// Memory. workspace_budget bounds ALL extra memory of the op (PERF.md), including the fp32 ∂W
-// accumulator of a 16-bit weight gradient, which alone is V·H·4 bytes: 2004 MiB at (V, H) =
-// (128256, 4096), 2250 MiB at (256000, 2304), 376 MiB at (128256, 768), i.e. more than the 512 MiB
-// default for two PERF.md shapes. Three schedules, cheapest that fits (predicted_ms):
-//   (a) row_chunks: no accumulator — ∂W not wanted, fp32 ∂W (accumulated in place), or a single
-//       chunk whose one ∂W product writes the 16-bit output directly. 3 products.
-//   (b) row_chunks_accumulated: (a) plus the V×H fp32 accumulator; chunks get what is left.
-//       3 products + chunk_count × 8·V·H / B accumulator traffic.
-//   (c) vocabulary_blocks: pass 1 = row chunks as in (a) forming loss, statistics, lse, ∂h = G·W
-//       and ∂bias, but no ∂W; pass 2 = for each block of vocabulary columns, the logits of the
-//       block again (h·W_blockᵀ), the gradient of the block elementwise from the saved lse, and
-//       ∂W_block = G_blockᵀ·h. When all N rows of a block tile fit (N·block·2 bytes), ∂W of the
-//       block is ONE product written straight into the output: no accumulator at all; otherwise
-//       tiles of rows accumulate into a block×H fp32 accumulator. 4 products + one more
-//       read+write pass over N×V. (∂h is formed in pass 1, where rows are whole, so unlike a
-//       blocks-first order it needs no fp32 N×H accumulator and no accumulation across blocks.)
-//       Distillation takes the same shape: pass 1 saves per row lse_s, lse_t, the row sums of
-//       its gradient (Σ p_s·u, tvd's side sums) and the hard term's lse (32 bytes), pass 2 forms
-//       the block's student logits (and the teacher's, when it comes as hidden + weight) and its
-//       gradient elementwise. 2·(1 or 2) + 2 products and 2·(buffers + 1) passes over N×V.
-//       (Before, pass 2 recomputed whole row chunks per block: block_count × (1 or 2) + 2
-//       products, measured 6.04 F at 512 MiB for (8192, 4096, 128256) with a teacher product.)
-// Predicted, bf16, fwd+bwd (t_p = 2·N·V·H / P; row pass = 4·N·V / B; acc pass = 8·V·H / B):
-//   (8192, 4096, 128256): t_p 12.3 ms, row pass 1.4 ms, acc pass 1.4 ms.
-//     512 MiB: (b) cannot fit (2004 MiB accumulator) → (c): 4·t_p + 2 row passes ≈ 52 ms (1.41×F
-//     with F = 3·t_p). 4 GiB: all rows in one chunk (2004 MiB of logits) → (a): ≈ 38 ms (1.04×F).
-//   (32768, 768, 128256): t_p 9.2 ms, row pass 5.6 ms, acc pass 0.26 ms.
-//     512 MiB: (b) leaves ~100 MiB of chunks → R ≈ 400, 82 chunks × 0.26 ms = +21 ms ≈ 54 ms;
-//     (c) ≈ 4·t_p + 2·5.6 ≈ 48 ms → (c). 1 GiB: (b) R ≈ 2500, 14 chunks ≈ 37 ms → (b).
-//   64 MiB, every PERF.md shape → (c), still with all N rows per block tile (no accumulator).
-// Measured on an H200 (docs/perf-notes.md, xent-bench): (c) at 512 MiB 55.8 / 65.3 / 54.2 ms for
-// the three shapes (1.51 / 1.57 / 1.90 F; the model says 52.2 / 61.2 / 48.8), (b) at 1 GiB for
-// (32768, 768, 128256) 39.2 ms (model 37.3), (a) one chunk at 4 GiB 38.7 ms (model 38.3).
-// fp32 ∂W: (a) accumulates in place at no memory cost, but over many small chunks the in-place
-// traffic (chunk_count × 8·V·H / B) is priced too, and (c) may win (it did at 64 MiB: 170 → 83 ms
-// for (8192, 2304, 256000)).
-//
-// Operands read again: every row chunk (and row tile of a block) re-reads W, every vocabulary
-// block re-reads h; a product of a few hundred rows sits near the ridge, where that traffic is
-// not hidden. Priced at a flat kRereadShare of it (fitted at 64 MiB on an H100, where (c)'s
-// 121–241-row chunks re-read W twice each and ran 26–55 % above the model without it).
-// Distillation's (d) has no fused product: its first pass forms the student's and teacher's logits
-// block by block (all N rows, or large row tiles, per product) and folds each block's records
-// into one per row (linear_distill_records.cuh): priced as those products and the record
-// kernel's read of both tiles, twice for jsd and tvd, whose sums need the global lse first. Where
-// (c)'s row chunks are a few hundred rows or fewer (small budgets), their products re-read both
-// weights per chunk, and (d) wins (docs/perf-notes.md decision 64).
-// (d) keeps its fp32 N×H ∂h sums in the workspace or, when the call's ∂W output is written over,
-// in the last N·H·4 bytes of ∂W (HiddenSums): the blocks that reach them form their gradient a
-// second time, for ∂W after ∂h is written, but the workspace holds the block tile alone, which is
-// what lets (d) run at 64 MiB.
-//
-// The row kernel costs 4·R·V / B against 6·R·V·H / P for the products: ≈ 18 % of the product time
-// at H = 768, 3 % at H = 4096 when run back to back; a second stream hides it at the price of a
-// second chunk buffer. The planner grants that overlap only when asked (linear_streams.hpp: off by
-// default, it measured −5 % to +2 %) and the halved chunk stays above kEfficientRows.
+// Chunk planner: prices each schedule a call could run (products at P, memory-bound passes at B,
+// the ∂W accumulator's traffic per chunk, operands re-read by small chunks) and takes the
+// cheapest that fits the budget. docs/architecture.md ("The chunk planner") gives the model, the
+// schedules and worked examples; the constants below name what each was fitted to.
 #include "cuda/plan/chunk_plan.hpp"
 
 #include <algorithm>
@@ -97,17 +31,17 @@ constexpr double kProductFlops = 700e12;
 constexpr double kBandwidth = 3.0e12;
 constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small tiles pay it)
 // A product split in two along its rows, beyond the launch: the second one's partial last wave.
-// Fitted on an H100 at 64 MiB (docs/perf-notes.md decision 52), where splitting every block's ∂h
+// Fitted on an H100 at 64 MiB (docs/archive/perf-notes.md decision 52), where splitting every block's ∂h
 // product in two cost ≈ 10–50 µs per block.
 constexpr double kSplitProductSeconds = 30e-6;
-// How much more the model underprices (c) than (d), measured on an H200 at the three PERF.md
-// shapes at 512 MiB (docs/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
+// How much more the model underprices (c) than (d), measured on an H200 at the three docs/performance.md
+// shapes at 512 MiB (docs/archive/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
 // 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
 constexpr double kBlocksModelBias = 1.05;
 
 // What the per-row reference path's epilogue (ChunkRequest::gradient_in_product) costs over its
 // product, in passes over the chunk logits: ≈ 1.5 ms over 4.2 G logits at H = 768 on an H100
-// (docs/perf-notes.md decision 107), about half of a pass at the model's bandwidth, less at
+// (docs/archive/perf-notes.md decision 107), about half of a pass at the model's bandwidth, less at
 // larger H. Priced as the row kernel's two passes before, the model chose (d) at (32768, 768,
 // 128256) with 632 MiB, where the reference path's 37 row chunks measured 9–11 % faster
 // (decision 115).
@@ -128,7 +62,7 @@ std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
 // when chunks are large enough for tiles to matter: rounded up when that still fits, else down
 // when that loses at most an eighth of the rows (one more, shorter chunk), else on a grid of 8.
 // Measured: the logits product of 1928-row chunks ran at 565 TFLOP/s, of 1664-row chunks at 664
-// (docs/perf-notes.md): partial tiles cost more than a short last chunk.
+// (docs/archive/perf-notes.md): partial tiles cost more than a short last chunk.
 int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
   const int64_t count = (total_rows + max_rows - 1) / max_rows;
   const int64_t rows = (total_rows + count - 1) / count;
@@ -145,7 +79,7 @@ int64_t balanced_rows(int64_t total_rows, int64_t max_rows) {
 // Columns per vocabulary block: balanced like rows, on a grid of 256 columns for wide blocks (the
 // product tiles) and of 8 at least (16-byte rows of 16-bit values, so vector loads and cuBLASLt's
 // aligned kernels apply to every block). Measured: odd block widths (28445, 6751 columns) made
-// the blocked schedule 3× slower than aligned ones (docs/perf-notes.md).
+// the blocked schedule 3× slower than aligned ones (docs/archive/perf-notes.md).
 int64_t balanced_columns(int64_t vocab, int64_t max_columns) {
   if (max_columns >= vocab) return vocab;  // one block: its width needs no grid
   const int64_t count = (vocab + max_columns - 1) / max_columns;
@@ -176,7 +110,7 @@ struct Model {
 };
 
 // The share of a re-read operand's traffic that shows in the time: fitted on an H100 at 64 MiB
-// (docs/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
+// (docs/archive/perf-notes.md decision 49), where (c)'s first pass re-reads all of W twice per chunk of
 // 121–241 rows and ran 0.6–1.0 × that traffic above the model without it.
 constexpr double kRereadShare = 0.6;
 // A block's ∂W product split over row tiles adds each tile into the fp32 block accumulator, a
@@ -227,19 +161,14 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   plan.schedule = accumulator > 0 ? Schedule::row_chunks_accumulated : Schedule::row_chunks;
   const int64_t rows = std::max<int64_t>(request.rows, 0);
   const std::size_t per_row = std::max<std::size_t>(bytes_per_chunk_row(request), 1);
-  // Padding and the extra bytes of up to two buffers.
+  // Padding and the buffer's extra bytes, reserved twice over (the margin the plans were tuned with).
   const std::size_t reserved = reserved_bytes(request, gemm) + align_up(accumulator) +
                                2 * (kWorkspaceAlignment + request.chunk_buffer_extra_bytes);
   const std::size_t available =
       request.budget_bytes > reserved ? request.budget_bytes - reserved : 0;
   const int64_t max_rows_one_buffer =
       std::max<int64_t>(kMinimumChunkRows, static_cast<int64_t>(available / per_row));
-  // Overlap only pays when both halves still keep ∂W compute-bound and there are two chunks.
-  const int64_t max_rows_two_buffers = max_rows_one_buffer / 2;
-  const bool overlap = request.overlap && max_rows_two_buffers >= kEfficientRows &&
-                       rows > max_rows_two_buffers;
-  plan.buffer_count = overlap ? 2 : 1;
-  const int64_t max_rows = overlap ? max_rows_two_buffers : max_rows_one_buffer;
+  const int64_t max_rows = max_rows_one_buffer;
   plan.chunk_rows = rows == 0 ? 0 : balanced_rows(rows, max_rows);
   plan.chunk_count = count_of(rows, plan.chunk_rows);
   const int64_t buffer_rows = std::max<int64_t>(plan.chunk_rows, kMinimumChunkRows);
@@ -268,7 +197,7 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
 // gradient_tile_rows): each launch, one row tile of one block, runs ceil(tiles / SMs) waves of a
 // tile per multiprocessor, and the blocks from deferred_first on run twice. A wave slot is priced
 // at the product's time over its ideal waves (all N × V tiles / SMs). Measured on an H200 at
-// 64 MiB (docs/perf-notes.md decision 93): blocks of 13 tiles × 64 row tiles (6.3 waves, 7 run)
+// 64 MiB (docs/archive/perf-notes.md decision 93): blocks of 13 tiles × 64 row tiles (6.3 waves, 7 run)
 // took 27.1 µs a slot against the reference form's 26.3 µs a tile in launches of 64,000 tiles.
 double gradient_waves_ms(const ChunkRequest& r, const Model& m, const ChunkPlan& plan,
                          int64_t deferred_first_block) {
@@ -423,7 +352,7 @@ double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
 // accumulator, or (in_weight_grad) in the last rows of the ∂W output, which leaves the region to
 // the tiles but makes the blocks that reach those rows form their gradient twice (once for ∂h,
 // once for ∂W after ∂h is written). Priced as 4 products (the fused one measured within 0–5 % of
-// a cuBLASLt product, docs/perf-notes.md decisions 41, 43), the block gradient's read and write
+// a cuBLASLt product, docs/archive/perf-notes.md decisions 41, 43), the block gradient's read and write
 // of N×V, the ∂h accumulator's read and write per block after the first (8·N·H bytes), and the
 // deferred blocks' second logits product and gradient.
 ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
@@ -520,12 +449,11 @@ bool preferred(const ChunkPlan& plan, bool fits, const ChunkPlan& best, bool bes
 }
 
 // The cheapest plan of `plan_for(columns)` over block widths from all of V down to
-// kMinimumBlockColumns (with whole_rows_only, a plan fits only when its blocks hold all N rows).
+// kMinimumBlockColumns.
 template <class PlanFor>
-ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
-                                 bool whole_rows_only) {
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
   auto fits = [&](const ChunkPlan& plan) {
-    return plan.total_bytes <= request.budget_bytes && (!whole_rows_only || plan.tile_count <= 1);
+    return plan.total_bytes <= request.budget_bytes;
   };
   ChunkPlan best;
   bool have = false;
@@ -554,15 +482,9 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
   return best;
 }
 
-// The best block widths; with request.whole_row_blocks, among blocks of all N rows where such a
-// plan fits.
 template <class PlanFor>
 ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
-  if (request.whole_row_blocks) {
-    const ChunkPlan whole = best_over_block_widths(request, plan_for, true);
-    if (whole.total_bytes <= request.budget_bytes && whole.tile_count <= 1) return whole;
-  }
-  return best_over_block_widths(request, plan_for, false);
+  return best_over_block_widths(request, plan_for);
 }
 
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
@@ -604,7 +526,7 @@ std::vector<std::pair<int64_t, int64_t>> in_place_narrowing_ranges(int64_t stage
 }
 
 std::size_t chunk_region_bytes(const ChunkPlan& plan) {
-  const std::size_t chunks = align_up(plan.logits_buffer_bytes) * plan.buffer_count;
+  const std::size_t chunks = align_up(plan.logits_buffer_bytes);
   switch (plan.schedule) {
     case Schedule::vocabulary_blocks:
       return std::max(chunks, align_up(plan.tile_buffer_bytes) + align_up(plan.accumulator_bytes));
@@ -620,7 +542,6 @@ std::size_t chunk_region_bytes(const ChunkPlan& plan) {
 std::size_t minimum_budget_bytes(const ChunkRequest& request) {
   ChunkRequest smallest = request;
   smallest.budget_bytes = 0;
-  smallest.overlap = false;
   const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
   ChunkPlan plan = row_chunk_plan(smallest, gemm, 0);
   if (request.weight_accumulator && request.rows > 1) plan = best_block_plan(smallest, gemm);

@@ -50,7 +50,6 @@ struct ChunkRequest {
   // term's lse for distillation (32).
   std::size_t saved_row_bytes = 4;
   int products_per_logits_chunk = 1;  // 2 when the teacher's logits are a product too
-  bool overlap = false;  // two chunk buffers, so one chunk's row kernel runs beside the products
   // Schedule (d), statistics_blocks: the call may form its row statistics with the fused
   // statistics product (fused_stats.hpp, no logits written), or already has them (the forward's
   // lse with an entropy gradient: statistics_bytes 0). statistics_bytes: the least workspace that
@@ -78,8 +77,6 @@ struct ChunkRequest {
   std::size_t hidden_grad_bytes = 0;
   HiddenSums hidden_sums = HiddenSums::planned;
   HiddenSumsHead hidden_sums_head = HiddenSumsHead::planned;
-  // Blocks of all N rows (one row tile) wherever such a plan fits (measurements).
-  bool whole_row_blocks = false;
   // Where (d)'s blocks form their gradient with the fused gradient product (linear_ce on Hopper):
   // its tile (rows × columns) and the device's multiprocessors. Each launch (a block's row tile)
   // runs in waves of one tile per multiprocessor, so a block whose tiles leave its last wave
@@ -110,7 +107,6 @@ struct ChunkPlan {
   Schedule schedule = Schedule::row_chunks;
   int64_t chunk_rows = 0;   // rows per full-vocabulary chunk (the last chunk may be shorter)
   int64_t chunk_count = 0;  // ceil(N / chunk_rows); 0 when N = 0
-  int buffer_count = 1;     // 1, or 2 when overlapping
   // One buffer: chunk_rows × (V × element × buffers_per_row + per-row scratch), plus the
   // request's chunk_buffer_extra_bytes in the row-chunk schedules.
   std::size_t logits_buffer_bytes = 0;

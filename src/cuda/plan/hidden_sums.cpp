@@ -1,7 +1,8 @@
 #include "cuda/plan/hidden_sums.hpp"
 
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
+
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 
@@ -9,19 +10,6 @@ namespace {
 
 bool aligned_16(const void* data) { return reinterpret_cast<std::uintptr_t>(data) % 16 == 0; }
 
-HiddenSums hidden_sums_switch() {
-  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS");
-  if (knob && std::strcmp(knob, "workspace") == 0) return HiddenSums::workspace;
-  if (knob && std::strcmp(knob, "weight_grad") == 0) return HiddenSums::weight_grad;
-  return HiddenSums::planned;
-}
-
-HiddenSumsHead hidden_sums_head_switch() {
-  const char* knob = std::getenv("XENT_CUDA_HIDDEN_SUMS_HEAD");
-  if (knob && std::strcmp(knob, "0") == 0) return HiddenSumsHead::never;
-  if (knob && std::strcmp(knob, "1") == 0) return HiddenSumsHead::always;
-  return HiddenSumsHead::planned;
-}
 
 }  // namespace
 
@@ -58,8 +46,8 @@ void set_hidden_sums_places(ChunkRequest& request, const HiddenSumsScratch& scra
   request.weight_grad_bytes = scratch.weight_grad_bytes;
   request.weight_grad_row_bytes = scratch.weight_grad_row_bytes;
   request.hidden_grad_bytes = scratch.hidden_grad_bytes;
-  request.hidden_sums = hidden_sums_switch();
-  request.hidden_sums_head = hidden_sums_head_switch();
+  request.hidden_sums = test_hook().hidden_sums;
+  request.hidden_sums_head = test_hook().hidden_sums_head;
 }
 
 }  // namespace xent::cuda

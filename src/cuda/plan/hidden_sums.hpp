@@ -30,10 +30,8 @@ HiddenSumsScratch hidden_sums_scratch(const LinearGradients& grads);
 HiddenSumsScratch contiguous_hidden_sums_scratch(int64_t rows, int64_t hidden, int64_t vocab,
                                                  bool weight_16_bit, bool half);
 
-// Sets the request's (d) fields of where its ∂h sums may go: `scratch`, and the places that
-// XENT_CUDA_HIDDEN_SUMS (=workspace or =weight_grad) and XENT_CUDA_HIDDEN_SUMS_HEAD (=0: every
-// sum out of the ∂h output, =1: the first rows' there wherever it holds them) force. Unset, the
-// planner chooses. Read per call: tests switch them.
+// Sets the request's (d) fields of where its ∂h sums may go: `scratch`, and the places that the
+// test hook forces (test_hook.hpp); otherwise the planner chooses.
 void set_hidden_sums_places(ChunkRequest& request, const HiddenSumsScratch& scratch);
 
 }  // namespace xent::cuda

@@ -3,14 +3,11 @@
 // workspace query, which reports the largest plan a call of these sizes may choose.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "api/backend.hpp"
 #include "cuda/linear/linear_block_grad.cuh"
 #include "cuda/linear/linear_reference.cuh"
-#include "cuda/linear/linear_streams.hpp"
 #include "cuda/linear/linear_support.hpp"
 #include "cuda/plan/linear_ce_plan.hpp"
 #include "cuda/plan/linear_ce_planning.hpp"
@@ -22,20 +19,13 @@ namespace xent::cuda {
 
 namespace {
 
-// XENT_CUDA_BLOCK_TILES=0: blocks of all N rows wherever such a plan fits (measurements).
-bool whole_row_blocks_switch() {
-  const char* knob = std::getenv("XENT_CUDA_BLOCK_TILES");
-  return knob && std::strcmp(knob, "0") == 0;
-}
-
 // The fused gradient product's tile and the current device's multiprocessors, so that the planner
 // prices that product's waves (ChunkRequest::gradient_tile_rows), where (d)'s blocks may take it:
 // 16-bit logits, a hidden size it is preferred for, the sm_90a kernel built, a compute
 // capability 9.0 device at hand (the size query and the call then plan alike). Not set without
-// one (CPU builds, tests). XENT_CUDA_PLAN_WAVES=0 plans without them (measurements, tests).
+// one (CPU builds, tests).
 void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOptions& options) {
-  const char* knob = std::getenv("XENT_CUDA_PLAN_WAVES");
-  if ((knob != nullptr && knob[0] == '0') || options.fp32_logits || dtype == DType::f32 ||
+  if (options.fp32_logits || dtype == DType::f32 ||
       !fused_grad_product_built() || !fused_grad_preferred(request.hidden)) {
     return;
   }
@@ -52,13 +42,6 @@ void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOption
   request.gradient_tile_rows = kFusedTileRows;
   request.gradient_tile_columns = kFusedTileColumns;
   request.multiprocessors = multiprocessors;
-}
-
-// XENT_CUDA_PLAN_REFERENCE=0 prices every row chunk with the row kernel, as before decision 115
-// (measurements); the reference path itself still runs where the plan allows it.
-bool reference_pricing_enabled() {
-  const char* knob = std::getenv("XENT_CUDA_PLAN_REFERENCE");
-  return knob == nullptr || knob[0] != '0';
 }
 
 }  // namespace
@@ -86,8 +69,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   }
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.gradient_in_product =
-      wants.gradients && wants.reference_priced && reference_pricing_enabled();
-  request.overlap = wants.gradients && linear_overlap_enabled();
+      wants.gradients && wants.reference_priced;
   request.weight_gradient = wants.gradients && wants.weight;
   request.weight_accumulator = request.weight_gradient && wants.weight_accumulator;
   request.bias_accumulator_bytes =
@@ -97,7 +79,6 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   request.hidden_gradient = wants.gradients && wants.hidden;
   request.prefer_statistics = fused_stats_forced();
   set_hidden_sums_places(request, wants.sums_scratch);
-  request.whole_row_blocks = whole_row_blocks_switch();
   set_gradient_tiles(request, dtype, options);
   LinearCePlan plan;
   plan.chunks = plan_chunks(request);
@@ -131,10 +112,9 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
 bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_scratch) {
   const Schedule schedule = plan.chunks.schedule;
   return (schedule == Schedule::row_chunks || schedule == Schedule::row_chunks_accumulated) &&
-         plan.chunks.buffer_count == 1 && with_scratch.chunks.fits_budget &&
+         with_scratch.chunks.fits_budget &&
          with_scratch.chunks.schedule == schedule &&
-         with_scratch.chunks.chunk_count == plan.chunks.chunk_count &&
-         with_scratch.chunks.buffer_count == 1;
+         with_scratch.chunks.chunk_count == plan.chunks.chunk_count;
 }
 
 // Whether a call of this dtype, options and gradients may form its row chunks by the per-row

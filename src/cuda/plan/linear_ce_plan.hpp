@@ -30,10 +30,9 @@ int64_t reference_chunk_count();
 
 // The hidden size from which a call that asks for entropy, argmax or accuracy takes the reference
 // path's statistics form. Its epilogue (three more sums per row, four rows at a time where the
-// plain form takes eight) sets the product's pace at small H: through Python at 4 GiB on an
-// H100 the step measured +7 % at (32768, 768, 128256) and −1.4 % (within the spread) at
-// (8192, 2304, 256000) against cuBLASLt logits and the row kernel, −4 % at (8192, 4096, 128256)
-// (docs/perf-notes.md, decision 104). XENT_CUDA_REFERENCE=all takes it for every H (tests).
+// plain form takes eight) sets the product's pace at small H, where cuBLASLt logits and the row
+// kernel are faster (docs/archive/perf-notes.md, decision 104). The test hook's reference_path
+// = on takes it at every H.
 constexpr int64_t kReferenceStatisticsMinHidden = 4096;
 
 }  // namespace xent::cuda

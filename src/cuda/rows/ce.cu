@@ -1,4 +1,4 @@
-// Cross-entropy on logits, CUDA backend (SPEC.md §1): the batch pre-pass, the row kernel and the
+// Cross-entropy on logits, CUDA backend (docs/semantics.md §1): the batch pre-pass, the row kernel and the
 // fixed-order reduction of ce_rows.cuh, over a workspace laid out as
 //   [CeBatchTotals | row_loss[N] | row_z_loss[N] | row_correct[N]].
 #include "api/backend.hpp"

@@ -1,4 +1,4 @@
-// The ce backward from a saved lse (SPEC.md §1): with the row statistics known, the gradient is
+// The ce backward from a saved lse (docs/semantics.md §1): with the row statistics known, the gradient is
 // elementwise, so the logits are read once and the gradient written once by a flat grid of
 // tiles (no per-row reduction, no cluster). Per-row coefficients come from common::ce_grad_row.
 #include "cuda/rows/ce_device.cuh"

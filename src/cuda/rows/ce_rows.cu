@@ -1,4 +1,4 @@
-// The CUDA cross-entropy row kernel (SPEC.md §1): one thread-block cluster per row, the row read
+// The CUDA cross-entropy row kernel (docs/semantics.md §1): one thread-block cluster per row, the row read
 // from HBM once, statistics, loss, optional outputs and the gradient from the staged copy (a
 // forward without gradient streams its slices: nothing reads them twice). Semantics come from
 // src/common/ce_row.hpp; this file only moves data.
@@ -22,7 +22,7 @@ struct CeKernelParams {
   int64_t slice_elements;
   bool staged;
   bool deep_stream;  // streamed sweeps keep several loads in flight per thread
-  bool lean_sums;    // the statistics skip the sums no output reads (decision 37)
+  bool lean_sums;    // the statistics skip the sums no output reads
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
@@ -242,53 +242,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   }
 }
 
-// The A/B switches below: on unless the environment variable starts with `off` (read once each).
-bool switch_on(const char* name, char off) {
-  const char* text = std::getenv(name);
-  return !(text != nullptr && text[0] == off);
-}
-
-// Without a gradient each element is read once, so the shared-memory copy only adds the staging
-// latency and holds the multiprocessor to three CTAs (shared-memory bound); streamed slices read
-// HBM directly and run five CTAs (register bound). Measured on the H200 (docs/perf-notes.md,
-// decision 15): no-grad 16384 × 32768 / 131072 / 262144 bf16 from 0.61 / 0.50 / 0.45 to
-// 0.66 / 0.58 / 0.54 of copy bandwidth, and with four loads in flight per thread (v6) to
-// 0.85 / 0.87 / 0.80. XENT_CUDA_STREAM_FORWARD=0 (read once) restores the staged forward, for
-// measurements.
-// XENT_CUDA_STREAM_DEPTH=1 keeps one load in flight per thread in streamed sweeps (v5), for A/B
-// runs; the default keeps four (slice_row_stats, v6).
-bool deep_stream() {
-  static const bool on = switch_on("XENT_CUDA_STREAM_DEPTH", '1');
-  return on;
-}
-
-// XENT_CUDA_OVERLAP_TOTALS=0 launches the row kernel after the pre-pass the ordinary way (for A/B
-// runs of decision 33, docs/perf-notes.md).
-bool overlap_totals() {
-  static const bool on = switch_on("XENT_CUDA_OVERLAP_TOTALS", '0');
-  return on;
-}
-
-// XENT_CUDA_LEAN_SUMS=0 forms the entropy's and the class-weighted sums of label smoothing even
-// when nothing reads them (A/B runs of decision 37).
-bool lean_sums() {
-  static const bool on = switch_on("XENT_CUDA_LEAN_SUMS", '0');
-  return on;
-}
-
-bool stream_forward() {
-  static const bool on = switch_on("XENT_CUDA_STREAM_FORWARD", '0');
-  return on;
-}
-
 }  // namespace
-
-// XENT_CUDA_OVERLAP_REDUCE=0 launches the finishing reductions the ordinary way (device.cuh,
-// launch_finishing_kernel; A/B runs of decision 39).
-bool overlap_reduce() {
-  static const bool on = switch_on("XENT_CUDA_OVERLAP_REDUCE", '0');
-  return on;
-}
 
 CeRowOptions ce_row_options(const CeOptions& options) {
   CeRowOptions o;
@@ -307,20 +261,21 @@ CeRowOptions ce_row_options(const CeOptions& options) {
 void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   if (args.rows <= 0) return;
   const std::size_t element = dtype_size(args.dtype);
-  const SlicePlan plan = args.grad == nullptr && stream_forward()
-                            ? plan_streamed_row_slices(args.vocab, element)
-                            : plan_row_slices(args.vocab, element, 1);
+  // Without a gradient each element is read once: streamed slices read HBM directly and run more
+  // CTAs per multiprocessor than staged ones, which only add the staging latency.
+  const SlicePlan plan = args.grad == nullptr ? plan_streamed_row_slices(args.vocab, element)
+                                              : plan_row_slices(args.vocab, element, 1);
   CeKernelParams p{};
   p.args = args;
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
-  p.deep_stream = deep_stream();
-  p.lean_sums = lean_sums();
+  p.deep_stream = true;
+  p.lean_sums = true;
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
-  const bool overlap = args.after_totals && overlap_totals();
+  const bool overlap = args.after_totals;
   auto launch = [&](auto kernel) {
     launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
   };

@@ -1,4 +1,4 @@
-// Internal entry points of the CUDA cross-entropy row kernel (SPEC.md §1), shared by ce on logits
+// Internal entry points of the CUDA cross-entropy row kernel (docs/semantics.md §1), shared by ce on logits
 // and by the chunked linear_ce, which feeds it chunks of logits it computed itself.
 //
 // A call is three steps, all stream-ordered, no host synchronisation, CUDA-graph capturable:

@@ -1,4 +1,4 @@
-// Distillation on logits, CUDA backend (SPEC.md §3): batch pre-pass (ce_batch_totals, which also
+// Distillation on logits, CUDA backend (docs/semantics.md §3): batch pre-pass (ce_batch_totals, which also
 // gives D and W for the hard-label term), the distill row kernel (or the two passes of
 // distill_two_pass.cuh), and a fixed-order reduction, over a workspace laid out as
 // [CeBatchTotals | row_soft[N] | row_hard_loss[N] | row_hard_z[N] | statistics[N]].

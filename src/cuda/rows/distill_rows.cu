@@ -1,4 +1,4 @@
-// The CUDA distillation row kernel (SPEC.md §3): one cluster per row, student and teacher slices
+// The CUDA distillation row kernel (docs/semantics.md §3): one cluster per row, student and teacher slices
 // staged on chip once, then the sweeps of common/distill_row.hpp over shared memory: statistics;
 // loss terms and the row sums the gradient needs (Σ p_s·u, or tvd's per-side sums); gradient,
 // with the hard-label ce term fused in. forward_kl and soft_ce need no row sum before their

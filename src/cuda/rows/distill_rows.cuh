@@ -1,4 +1,4 @@
-// Internal entry points of the CUDA distillation row kernel (SPEC.md §3), shared by distill on
+// Internal entry points of the CUDA distillation row kernel (docs/semantics.md §3), shared by distill on
 // logits and by the chunked linear_distill, which feeds it chunks of student and teacher logits.
 // The steps mirror ce_rows.cuh: ce_batch_totals over the whole batch (N_valid, and D/W for the
 // hard-label term), distill_rows per chunk (student and teacher rows read from HBM once, the
@@ -212,7 +212,7 @@ __device__ __forceinline__ float distill_soft_coef(const DistillRowOptions& o,
   return upstream * soft_factor;
 }
 
-// Coefficients of the hard-label ce term of a row (SPEC §3: α·CE at the §1 options). `target` is
+// Coefficients of the hard-label ce term of a row (docs/semantics.md §3: α·CE at the §1 options). `target` is
 // in the caller's column numbering; `target_weight` is w_y (1 without class weights).
 __device__ __forceinline__ common::CeGradRow<float> distill_hard_grad_row(
     const DistillRowOptions& o, const common::CeConstants<float>& hc, const CeBatchTotals* totals,

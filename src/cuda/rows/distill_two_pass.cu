@@ -1,4 +1,4 @@
-// Distillation in two or three passes over HBM (docs/perf-notes.md, decisions 70–72), instead
+// Distillation in two or three passes over HBM (docs/archive/perf-notes.md, decisions 70–72), instead
 // of the staged row kernel's one pass with a cluster exchange between its sweeps
 // (distill_rows.cu):
 //   pass 1  distill_pair_statistics_kernel: a cluster of CTAs per row, each streaming its slice of
@@ -29,13 +29,14 @@
 #include "cuda/linear/linear_distill_block_grad.cuh"
 #include "cuda/rows/row_kernel_counts.hpp"
 #include "cuda/rows/row_slice.cuh"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 namespace {
 
 using common::DistillKindCode;
 
-// Rows with the hard-label ce term (SPEC §3: α·CE(s, y) beside σ·distill).
+// Rows with the hard-label ce term (docs/semantics.md §3: α·CE(s, y) beside σ·distill).
 bool with_hard_term(const DistillRowsArgs& args) {
   return args.options.hard_weight != 0.0 && args.target != nullptr;
 }
@@ -154,7 +155,7 @@ struct NoHardTerm {
   __device__ __forceinline__ void add_element(int64_t, float) {}
 };
 
-// The hard-label ce term's statistics of the student slice (SPEC §3: α·CE at the §1 options,
+// The hard-label ce term's statistics of the student slice (docs/semantics.md §3: α·CE at the §1 options,
 // its own transform), formed in the same loop as the pair's, so the student is read once. The
 // columns of `class_weight` (smoothing with class weights) are the row's, from `begin`.
 template <bool kSmoothing, class HardTransform>
@@ -519,12 +520,8 @@ void launch_passes(const PairStatsParams& p, const SlicePlan& plan, cudaStream_t
   }
 }
 
-// XENT_CUDA_DISTILL_TWO_PASS=0 keeps every row on the row kernel (measurements and the tests
-// that run both paths, decision 70); read per call, as the other path switches are.
-bool two_pass_enabled() {
-  const char* knob = std::getenv("XENT_CUDA_DISTILL_TWO_PASS");
-  return !(knob && knob[0] == '0');
-}
+// The tests that run both paths keep every row on the row kernel through the test hook.
+bool two_pass_enabled() { return test_hook().distill_two_pass != Forced::off; }
 
 std::atomic<int64_t> two_pass_launches{0};
 

@@ -1,7 +1,6 @@
 // Host side of the row-slice plan shared by the ce and distill row kernels (row_slice.cuh).
 #include "cuda/rows/row_slice.cuh"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -10,27 +9,13 @@
 namespace xent::cuda {
 
 namespace {
-// A slice size from a tuning knob for measurements (read once; not part of the API), else
-// `fallback`.
-std::size_t bytes_from_env(const char* name, std::size_t fallback) {
-  const char* text = std::getenv(name);
-  const long long value = text ? std::atoll(text) : 0;
-  return value >= 4096 ? static_cast<std::size_t>(value) : fallback;
-}
-// Staged slices: 64 KiB, three CTAs per multiprocessor. XENT_CUDA_SLICE_BYTES overrides it.
-std::size_t shared_slice_bytes() {
-  static const std::size_t bytes = bytes_from_env("XENT_CUDA_SLICE_BYTES", 64 * 1024);
-  return bytes;
-}
+// Staged slices: 64 KiB, three CTAs per multiprocessor.
+constexpr std::size_t shared_slice_bytes() { return 64 * 1024; }
 // Streamed slices (read from HBM, nothing staged) of a forward without gradient: shared memory
 // does not limit them, and fewer CTAs per row cost fewer cluster exchanges. 128 KiB (a 65536-
-// column bf16 row in one CTA, 131072 in a cluster of 2): measured 0.5-0.8 % faster than 256 KiB
-// at 131072 / 262144 columns, the same at 32768 (docs/perf-notes.md, decisions 31 and 32).
-// XENT_CUDA_STREAM_SLICE_BYTES overrides it for measurements.
-std::size_t streamed_slice_bytes() {
-  static const std::size_t bytes = bytes_from_env("XENT_CUDA_STREAM_SLICE_BYTES", 128 * 1024);
-  return bytes;
-}
+// column bf16 row in one CTA, 131072 in a cluster of 2) was the fastest size measured
+// (docs/archive/perf-notes.md, decisions 31 and 32).
+constexpr std::size_t streamed_slice_bytes() { return 128 * 1024; }
 constexpr int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
 
 std::size_t max_shared_per_block() {
@@ -103,12 +88,7 @@ SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
 }
 
 int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes) {
-  static const int limit = [] {
-    const char* text = std::getenv("XENT_CUDA_MAX_CLUSTER");
-    const int value = text ? std::atoi(text) : kMaxNonPortableCluster;
-    return value >= kMaxNonPortableCluster ? kMaxNonPortableCluster : kMaxCluster;
-  }();
-  if (wanted <= kMaxCluster || limit <= kMaxCluster) return kMaxCluster;
+  if (wanted <= kMaxCluster) return kMaxCluster;
   int device = 0;
   XENT_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;

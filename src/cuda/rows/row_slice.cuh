@@ -34,7 +34,7 @@ inline constexpr int kMaxCluster = 8;  // portable cluster size
 // The largest cluster Hopper runs once a kernel allows non-portable sizes. Only the distill
 // kernel takes it (its exchange pulls, so it keeps no slot per rank): two staged inputs of a row
 // of 256000 bf16 columns are 128 KiB slices in a cluster of 8, one CTA per multiprocessor,
-// where 16 gives 64 KiB slices and three (docs/perf-notes.md, decision 65).
+// where 16 gives 64 KiB slices and three (docs/archive/perf-notes.md, decision 65).
 inline constexpr int kMaxNonPortableCluster = 16;
 
 // `inputs` rows are staged per CTA (1 for ce, 2 for distill), each of `element` bytes a column.
@@ -49,7 +49,7 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs,
 // device with `threads` threads and `shared_bytes` of dynamic shared memory per CTA, at most
 // `wanted`: larger than kMaxCluster only where the device reports a whole such cluster fits
 // (cudaOccupancyMaxActiveClusters), after allowing non-portable sizes for the kernel. Cached per
-// kernel, device and size. XENT_CUDA_MAX_CLUSTER=8 keeps the portable limit (measurements).
+// kernel, device and size.
 int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes);
 // The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
 // plan_row_slices' (row_slice.cu says why).
@@ -378,7 +378,7 @@ __device__ __forceinline__ void block_sum(float (&values)[K], float* scratch) {
 // the barrier no CTA touches another's shared memory, so a CTA may leave as soon as it is done:
 // with the former pull (read the other ranks' slots after the barrier) every CTA had to wait at
 // a last cluster barrier for the slowest CTA of the cluster before exiting (ncu: barrier and
-// membar stalls growing with the cluster size, docs/perf-notes.md v6).
+// membar stalls growing with the cluster size, docs/archive/perf-notes.md v6).
 //
 // A CTA may write into another's shared memory only once that CTA has started: the kernel
 // calls cluster_arrive_started() first thing, and the first exchange waits on that phase before

@@ -2,7 +2,7 @@
 //
 // RowStats::add is exact but costs a data-dependent branch, a precise expf and int64 index work
 // per element; at 8 bf16 columns per 16-byte load that made the first ce kernel issue-bound at
-// ~0.2 of copy bandwidth (docs/perf-notes.md). Here the same fields are accumulated per vector:
+// ~0.2 of copy bandwidth (docs/archive/perf-notes.md). Here the same fields are accumulated per vector:
 // the vector's max by an fmaxf tree, one rescale branch per vector (taken a
 // handful of times per row), the shifted exponentials on the ex2 unit, and the vector's sums
 // added pairwise. The fields keep RowStats' meaning, so RowStats::add (for ragged tails and for
@@ -24,14 +24,14 @@ struct IdentityTransform {
 
 // tanh for the softcap, with 1 − tanh² formed alongside (the slope of the chain rule).
 // The precise tanhf plus an IEEE division by s per element, twice per element (statistics and
-// gradient sweeps), made the every-option ce row issue-bound (docs/perf-notes.md, decision 12).
+// gradient sweeps), made the every-option ce row issue-bound (docs/archive/perf-notes.md, decision 12).
 // |x| < 0.6: x + x³·P(x²), P of degree 4 fitted (Lawson minimax) on [0, 0.6]; fp32 Horner
 //   evaluation measured over 2·10⁶ points: ≤ 7.3e-8 relative (< 1 ulp).
 // |x| ≥ 0.6: 1 − 2r with r = 1/(e^(2|x|) + 1) from ex2.approx (≤ 2^-22 relative) and
 //   rcp.approx (≤ 1 ulp); worst case of both errors: ≤ 4.5e-7 relative, ≤ 2.4e-7 absolute on tanh
 //   (below 0.6 the subtraction would cancel, hence the polynomial). 1 − tanh² = 4r(1 − r) there,
 //   which keeps its relative precision where tanh rounds to 1 (1 − t·t would be 0 or noise).
-// NaN stays NaN; ±Inf gives ±1 and a slope of 0. Against SPEC §6 (1e-5 norm-wise on fp32): with a
+// NaN stays NaN; ±Inf gives ±1 and a slope of 0. Against docs/semantics.md §6 (1e-5 norm-wise on fp32): with a
 // softcap s the value s·tanh moves by ≤ 2.4e-7·s absolute, e.g. 7e-6 on one logit at s = 30,
 // i.e. ~7e-6 relative on that p_i before averaging over the row — inside the contract, and the
 // size of the fp32 rounding of s·tanh itself (0.5 ulp of 15 is 1e-6).
@@ -136,7 +136,7 @@ __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
 // stay 0 and cost nothing. Within kFull, `entropy_sum` and `weighted_sum` (uniform per CTA,
 // tested once per vector) skip Σ e·d when no entropy is asked for and Σ w·x̃ without class
 // weights: label smoothing alone then costs one sum per element instead of five operations more
-// (decision 37, docs/perf-notes.md). The skipped fields stay 0.
+// (decision 37, docs/archive/perf-notes.md). The skipped fields stay 0.
 // kArgmax: also track the first column of the max (accuracy, argmax outputs); without it the
 // argmax field is left at the thread's first column and must not be read.
 template <bool kFull, bool kArgmax>
@@ -302,11 +302,10 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
   if (slice.deep_stream && !slice.staged && slice.vector_ok) {
     // Streamed slices (a forward without gradient): four 16-byte loads in flight per thread
     // instead of one. By Little's law a multiprocessor needs ~48 KB in flight to draw its share
-    // of HBM bandwidth (~32 GB/s × ~1.5 µs under load); 1280 threads × 16 B is 20 KB, which held
-    // the streamed forward to 0.62 / 0.58 / 0.54 of copy bandwidth at 16384 × 32K / 128K / 256K
-    // bf16. Measured with four (H200, same run): 0.85 / 0.87 / 0.80. Eight loads need 64
-    // registers (4 CTAs instead of 5) and measured no better (docs/perf-notes.md, v6). The raw
-    // words are held and unpacked at use, so the depth costs 4 registers a load.
+    // of HBM bandwidth (~32 GB/s × ~1.5 µs under load); 1280 threads × 16 B is only 20 KB. Eight
+    // loads need 64 registers (4 CTAs instead of 5) and were no faster than four
+    // (docs/archive/perf-notes.md, v6). The raw words are held and unpacked at use, so the depth
+    // costs 4 registers a load.
     constexpr int kStreamDepth = 4;
     const uint4* words = reinterpret_cast<const uint4*>(slice.global);
     const int stride = static_cast<int>(blockDim.x);

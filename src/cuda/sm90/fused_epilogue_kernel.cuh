@@ -1,7 +1,7 @@
-// A fused product whose epilogue runs on warps of its own (docs/perf-notes.md, decisions 55
+// A fused product whose epilogue runs on warps of its own (docs/archive/perf-notes.md, decisions 55
 // to 57). CUTLASS's cooperative kernel runs each tile's epilogue on the two consumer warpgroups
-// after their mainloop, while the tensor cores wait; with the gradient epilogue that was ≈ 28 % of
-// the kernel at H = 768. Here the consumers only round the tile's accumulators to 16 bits and
+// after their mainloop, while the tensor cores wait: with the gradient epilogue a large share of
+// the kernel at small H. Here the consumers only round the tile's accumulators to 16 bits and
 // store them to shared memory, and go on to the next tile's mainloop; the three warps of the
 // producer warpgroup that CUTLASS's kernel leaves idle read the tile back row by row and run the
 // epilogue beside that mainloop.
@@ -13,7 +13,6 @@
 // The epilogue operator E (fused_grad_product.cu) provides:
 //   Element                the 16-bit type of the staged tile (the operands' type);
 //   SharedStorage          holding `StagedTile<Element> tile` (the builder leaves room for it);
-//   bool skipped() const   no epilogue at all (a measurement switch): nothing is staged;
 //   void prepare(TileAt)   per tile of this CTA, before the tile is waited for (prefetches);
 //   void rows(TileAt, SharedStorage&)  the epilogue of the staged tile, by the 3 epilogue
 //                          warps (TileAt::warp 0–2);
@@ -66,7 +65,7 @@ struct StagedTile {
   // `full` completes a phase once every consumer thread has stored its part of a tile, `empty`
   // once every epilogue thread has read it. mbarriers rather than named barriers' bar.arrive →
   // bar.sync: both order the same and cost the same, but compute-sanitizer's racecheck models
-  // only the mbarrier form (perf-notes, decisions 57, 59 and 60).
+  // only the mbarrier form (docs/archive/perf-notes.md, decisions 57, 59 and 60).
   uint64_t full, empty;
 };
 
@@ -224,7 +223,6 @@ struct EpilogueWarpsKernel : Base {
       return w.M_idx * Tile::kRows < rows && w.N_idx * Tile::kColumns < cols;
     };
     CollectiveEpilogue epilogue(params.epilogue, shared.tensors.epilogue);
-    const bool skipped = epilogue.skipped();
     // Both sides count the tiles handed over: the t-th (from 0) is phase t of `full`, and phase t
     // of `empty` says it was read (a wait names a phase by its parity).
     uint32_t handed = 0;
@@ -244,7 +242,7 @@ struct EpilogueWarpsKernel : Base {
           work = get<0>(scheduler.fetch_next_work(work));
         }
         mainloop.load_tail(pipeline, state);
-      } else if (!skipped) {
+      } else {
         TileAt at;
         at.rows = rows;
         at.cols = cols;
@@ -276,7 +274,7 @@ struct EpilogueWarpsKernel : Base {
         mainloop.mma_tail(pipeline, state, k_tiles);
         state.advance(k_tiles);
         const auto next = get<0>(scheduler.fetch_next_work(work));
-        if (!skipped && holds_x(work)) {
+        if (holds_x(work)) {
           // The staging addresses and the share's setup follow from the thread's index; taken
           // through an opaque copy per tile, they are formed here rather than hoisted out of the
           // loop and kept (or spilled) across the mainloop, whose registers are all taken.

@@ -41,7 +41,7 @@ struct FusedGradProduct {
   // [V] bias in `dtype`, added to x before its one rounding (fused_product.cuh), or null. Not
   // with the reference form.
   const void* bias = nullptr;
-  float logit_scale = 1, softcap = 0;  // SPEC §1 transform (softcap 0: none)
+  float logit_scale = 1, softcap = 0;  // docs/semantics.md §1 transform (softcap 0: none)
   void* grad = nullptr;       // [rows, columns], row stride grad_stride, in `dtype`
   int64_t grad_stride = 0;
   // x rounded to the operands' dtype before the gradient, as the cuBLASLt path's 16-bit logits
@@ -72,23 +72,17 @@ bool fused_grad_product_built();
 // operands or is not built: the caller falls back to the cuBLASLt product and the block kernel.
 bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream);
 
-// Whether a call with hidden size H forms its gradients with the fused product where eligible.
-// Measured against the cuBLASLt product and the elementwise kernel (docs/perf-notes.md): on the
-// H200 (decision 46) at H = 768 −7 % (schedule (d), 512 MiB) and −10 % ((c), 64 MiB), at
-// H = 1536 −3 % (the row-chunk backward of linear_logprobs), at H = 2304 −1.6 % (512 MiB). At
-// H = 4096 it cost +5 % at 64 MiB (H100) while its epilogue held up the tensor cores; with the
-// epilogue on warps of its own (decision 56), on the H200: ±0 % at 64 MiB, −2.9 % at 512 MiB.
-// Above 4096 not measured (a longer mainloop hides the same epilogue better).
-// XENT_CUDA_FUSED_GRAD=1 takes it for every H (tests), =0 never.
+// Whether a call with hidden size H forms its gradients with the fused product where eligible:
+// up to H = 4096 it was faster than the cuBLASLt product and the elementwise kernel, or level;
+// above, not measured (docs/archive/perf-notes.md, decisions 46 and 56). The test hook forces it
+// on for every H, or off.
 constexpr int64_t kFusedGradMaxHidden = 4096;
 bool fused_grad_preferred(int64_t hidden_size);
 
 // How many of the 16 rows each consumer warp stages it forms itself on a CTA's tiles but its
-// last (0, 4 or 8; the epilogue warps form the others, fused_epilogue_kernel.cuh). 0 at every H
-// since the epilogue warps run at the launch's 168 registers (decision 92): at H = 768 a share of
-// 4 had measured −3.7 % (decision 57) while the epilogue warps ran within 88 registers; now 0 is
-// 2–3 % ahead of 4 in both forms, and at H ≥ 2304 the mainloop hides the epilogue warps anyway.
-// XENT_CUDA_FUSED_OWN_ROWS=0|4|8 forces it (tests, measurements).
+// last (0, 4 or 8; the epilogue warps form the others, fused_epilogue_kernel.cuh). 0 at every H:
+// with the epilogue warps at the launch's full register count they keep up alone
+// (docs/archive/perf-notes.md, decision 92). The test hook forces 0, 4 or 8.
 int fused_grad_own_rows();
 
 }  // namespace xent::cuda

@@ -27,6 +27,7 @@ std::atomic<int64_t> fused_grad_launches{0};
 #include "cuda/sm90/fused_epilogue_kernel.cuh"
 #include "cuda/sm90/fused_product.cuh"
 #include "cuda/rows/row_stats.cuh"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 namespace {
@@ -46,8 +47,6 @@ struct GradEpilogueParams {
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
   // epilogue warps take the others): fused_grad_own_rows.
   int own_rows = 0;
-  // Measurement only (fused::Measurement): the product without its epilogue.
-  bool skip = false;
   // The reference form's sums and target logits (FusedGradProduct), or null.
   float* partials = nullptr;
   int64_t partial_stride = 0;
@@ -73,8 +72,7 @@ struct GradEpilogueParams {
 // in one kernel with the gradient form, ptxas allocated registers for the union of both
 // epilogues and spilled (176 bytes of stack), which doubled the product's time at H = 768. The
 // gradient form with per-column terms (class weights under smoothing, a bias): in the plain
-// kernel as compile-time variants they left its code unchanged, yet it measured +1 % (64 MiB)
-// and +5.7 % (512 MiB) of kernel time at (32768, 768, 128256) under ncu (decision 100). The
+// kernel as compile-time variants they left its code unchanged, yet slowed it (decision 100). The
 // reference form with the row statistics (entropy, argmax) likewise, so the plain one carries
 // none of their registers.
 enum class GradForm { gradient, gradient_columns, reference, reference_statistics };
@@ -113,7 +111,6 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   };
   using TensorStorage = SharedStorage;
 
-  CUTLASS_DEVICE bool skipped() const { return params_.skip; }
   // The bias the consumers add before they round the tile (fused_epilogue_kernel.cuh): only in
   // the kernel with per-column terms, whose plain code then carries none of it.
   CUTLASS_DEVICE fused::HalfVector staged_bias(int64_t& first) const {
@@ -358,7 +355,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           if (k == target_k) value[r][k] = target_grad;
         }
       }
-      // An ignored row's gradient is 0, a row with its target outside [0, V) NaN (SPEC §1).
+      // An ignored row's gradient is 0, a row with its target outside [0, V) NaN (docs/semantics.md §1).
       if (!row.valid || !row.in_range) {
         const float fill = row.valid ? quiet_nan() : 0.0f;
         CUTLASS_PRAGMA_UNROLL
@@ -382,8 +379,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // row_i + 3 and second .. second + 3), else four: with the registers of decision 92 the
   // eight rows' chains of latencies interleave on a warp that is alone on its scheduler.
   static constexpr int kReferenceRows = 2 * kRowsAtOnce;
-  // The gradient form keeps four: eight measured +2.8 % of kernel time at 64 MiB and
-  // (32768, 768, 128256) (decision 92), its rows' records being twice the reference's. So does
+  // The gradient form keeps four: eight were slower (decision 92), its rows' records being twice
+  // the reference's. So does
   // the statistics form, whose three more sums per row would not fit eight rows' registers.
   static constexpr int kGradientRows = kRowsAtOnce;
   // kFull: entries i .. i + kRows − 1 all lie in the list (i + kRows <= count), so no row
@@ -614,7 +611,6 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.vectors =
       reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.own_rows = fused_grad_own_rows();
-  epilogue.skip = fused::measurement().skip_gradient;
   epilogue.partials = p.partials;
   epilogue.partial_stride = p.partial_stride;
   epilogue.target_logits = p.target_logits;
@@ -694,18 +690,14 @@ namespace xent::cuda {
 int64_t fused_grad_count() { return fused_grad_launches.load(std::memory_order_relaxed); }
 
 bool fused_grad_preferred(int64_t hidden_size) {
-  const char* knob = std::getenv("XENT_CUDA_FUSED_GRAD");  // read per call: tests switch it
-  if (knob != nullptr && (knob[0] == '0' || knob[0] == '1')) return knob[0] == '1';
+  const Forced forced = test_hook().fused_gradient;
+  if (forced != Forced::planned) return forced == Forced::on;
   return hidden_size <= kFusedGradMaxHidden;
 }
 
 int fused_grad_own_rows() {
-  const char* knob = std::getenv("XENT_CUDA_FUSED_OWN_ROWS");  // read per call: tests switch it
-  if (knob != nullptr && (std::strcmp(knob, "0") == 0 || std::strcmp(knob, "4") == 0 ||
-                          std::strcmp(knob, "8") == 0)) {
-    return std::atoi(knob);
-  }
-  return 0;
+  const int rows = test_hook().fused_own_rows;
+  return rows == 4 || rows == 8 ? rows : 0;
 }
 
 }  // namespace xent::cuda

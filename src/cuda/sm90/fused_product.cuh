@@ -20,7 +20,6 @@
 #include <cutlass/kernel_hardware_info.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/core/device.cuh"
@@ -29,9 +28,8 @@
 namespace xent::cuda::fused {
 
 // Both consumer warpgroups on one 128×256 tile (the cooperative schedule), in clusters of two
-// CTAs on neighbouring row tiles that share each W tile's load (TMA multicast). Measured on the
-// H200 (decision 41): the ping-pong schedule with 64×256 tiles ran slower even without an
-// epilogue; clusters of two ran 0–2 % faster than single CTAs.
+// CTAs on neighbouring row tiles that share each W tile's load (TMA multicast): the ping-pong
+// schedule with 64×256 tiles was slower even without an epilogue (decision 41).
 using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 constexpr int kTileRows = cute::size<0>(TileShape{});
@@ -85,8 +83,8 @@ CUTLASS_DEVICE void round_logits(float (&x)[kN], int round_to) {
   }
 }
 
-// A bias (SPEC §2) in the operands' 16-bit dtype: element i as a float. It is added to the
-// product's fp32 value before that value's one rounding to the operands' dtype (SPEC §6: the
+// A bias (docs/semantics.md §2) in the operands' 16-bit dtype: element i as a float. It is added to the
+// product's fp32 value before that value's one rounding to the operands' dtype (docs/semantics.md §6: the
 // float64 logits rounded once; a second rounding measured 1.6-1.8 × the entropy's error,
 // decision 90): the statistics product adds it in its epilogue, the gradient product's consumers
 // before they stage the tile (fused_epilogue_kernel.cuh).
@@ -234,48 +232,6 @@ struct Product {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-// The persistent scheduler's tile order: along M (consecutive clusters take the next row tiles
-// of one W column block) with a swizzle of 8 (eight column blocks interleaved), measured on the
-// H200 against CUTLASS's heuristic (along M here, swizzle 1) and along N: 1.5–4.4 % faster at the
-// three linear_ce shapes (docs/perf-notes.md, decision 43); a narrower one where 8 would pad the
-// tile grid (tile_grid.hpp: the padded tiles run the mainloop, decision 50).
-// Measurement switches, read once: XENT_CUDA_FUSED_SKIP=1 makes the epilogues return at once (the
-// product's time without them; the results are then wrong), =2 only the gradient epilogue's;
-// XENT_CUDA_FUSED_RASTER=h|m|n (h: CUTLASS's heuristic) and XENT_CUDA_FUSED_SWIZZLE=1|2|4|8
-// replace the order above (0: the swizzle of least padding, the default);
-// XENT_CUDA_FUSED_PDL=0 launches the kernels that allow it without programmatic dependent launch;
-// XENT_CUDA_FUSED_STATS_WARPS=0 keeps the statistics product's epilogue on its consumers even for
-// rounded logits (fused_stats_product.cu, decision 112).
-struct Measurement {
-  bool skip_statistics = false;
-  bool skip_gradient = false;
-  char raster = 'm';
-  int swizzle = 0;
-  bool dependent_launch = true;
-  bool statistics_warps = true;
-};
-inline const Measurement& measurement() {
-  static const Measurement m = [] {
-    Measurement m;
-    const char* skip = std::getenv("XENT_CUDA_FUSED_SKIP");
-    const char* raster = std::getenv("XENT_CUDA_FUSED_RASTER");
-    const char* swizzle = std::getenv("XENT_CUDA_FUSED_SWIZZLE");
-    const char mode = skip != nullptr ? skip[0] : '0';
-    m.skip_statistics = mode == '1';
-    m.skip_gradient = mode == '1' || mode == '2';
-    if (raster != nullptr && (raster[0] == 'h' || raster[0] == 'm' || raster[0] == 'n')) {
-      m.raster = raster[0];
-    }
-    if (swizzle != nullptr) m.swizzle = std::max(0, std::atoi(swizzle));
-    const char* pdl = std::getenv("XENT_CUDA_FUSED_PDL");
-    m.dependent_launch = !(pdl != nullptr && pdl[0] == '0');
-    const char* warps = std::getenv("XENT_CUDA_FUSED_STATS_WARPS");
-    m.statistics_warps = !(warps != nullptr && warps[0] == '0');
-    return m;
-  }();
-  return m;
-}
-
 // The operands of one product x = A·Bᵀ: A [m, k] and B [n, k], row-major with these row strides
 // (elements).
 struct Operands {
@@ -288,7 +244,7 @@ struct Operands {
 
 // Launches the product with epilogue E on `stream`. False (nothing launched) when CUTLASS cannot
 // take these operands; a launch that then fails throws, naming `op`. `dependent_launch`: with
-// programmatic dependent launch (measurement().dependent_launch allowing), for a kernel whose
+// programmatic dependent launch, for a kernel whose
 // every thread that touches global memory first waits for the grids before it (or is ordered
 // after one that did): its CTAs then start, set up and fetch their code while the kernel
 // before it ends, which at 64 MiB's 212 short launches was each launch's ramp (decision 98).
@@ -314,13 +270,15 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
       hw_info};
   using Raster =
       cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
-  if (measurement().raster == 'm') args.scheduler.raster_order = Raster::AlongM;
-  if (measurement().raster == 'n') args.scheduler.raster_order = Raster::AlongN;
+  // The persistent scheduler's tile order: along M (consecutive clusters take the next row tiles
+  // of one W column block) with a swizzle of 8 (eight column blocks interleaved), faster than
+  // CUTLASS's heuristic and than along N (docs/archive/perf-notes.md, decision 43); a narrower one
+  // where 8 would pad the tile grid (tile_grid.hpp: the padded tiles run the mainloop).
+  args.scheduler.raster_order = Raster::AlongM;
   TileGrid grid;  // the kernel's tile and cluster (asserted above)
   grid.rows = p.m;
   grid.columns = p.n;
-  args.scheduler.max_swizzle_size =
-      measurement().swizzle > 0 ? measurement().swizzle : least_padding_swizzle(grid);
+  args.scheduler.max_swizzle_size = least_padding_swizzle(grid);
   Gemm gemm;
   // The persistent scheduler without split-K or stream-K needs no workspace; refuse otherwise
   // rather than allocate behind the caller's back.
@@ -328,7 +286,7 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
   const cutlass::Status status =
-      gemm.run(stream, nullptr, dependent_launch && measurement().dependent_launch);
+      gemm.run(stream, nullptr, dependent_launch);
   XENT_CUDA_CHECK_LAUNCH();
   if (status != cutlass::Status::kSuccess) {
     throw Error(ErrorKind::runtime, std::string(op) + ": a fused product failed to launch");

@@ -24,6 +24,7 @@
 #include "cuda/sm90/fused_stats.hpp"
 #include "cuda/rows/row_slice.cuh"
 #include "cuda/sm90/tile_grid.hpp"
+#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 namespace {
@@ -179,11 +180,10 @@ std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t
 }
 
 namespace {
-// XENT_CUDA_FUSED_STATS: "0" never, "1" whenever the call is eligible, unset: the policy of
-// fused_stats_preferred.
+// Forced off or on (whenever the call is eligible) by the tests; else fused_stats_preferred.
 char fused_switch() {
-  const char* knob = std::getenv("XENT_CUDA_FUSED_STATS");
-  return knob && (knob[0] == '0' || knob[0] == '1') ? knob[0] : 'p';
+  const Forced forced = test_hook().fused_statistics;
+  return forced == Forced::on ? '1' : forced == Forced::off ? '0' : 'p';
 }
 }  // namespace
 

@@ -1,6 +1,6 @@
 // The fused statistics product of linear_ce on Hopper (issue 13, step 1): x = h·Wᵀ on tensor cores
 // whose epilogue never writes the logits; it leaves, per row and per column tile of the product,
-// a tile partial of the row's statistics of x̃ (SPEC §1 transform). fused_stats.cu merges each
+// a tile partial of the row's statistics of x̃ (docs/semantics.md §1 transform). fused_stats.cu merges each
 // row's tile partials into the vocabulary-shard record of common/ce_shard.hpp and finishes them
 // with the vocabulary-parallel merge (ce_shard.cu), so the loss and every statistic come from the
 // code that already turns shard records into outputs.
@@ -81,10 +81,10 @@ std::size_t fused_stats_workspace_bytes(int64_t rows, int64_t vocab, std::size_t
 
 // Whether a no-gradient linear_ce forward with these options may take the fused path, from what
 // the size query sees (dtype, options; not the device, bias, alignment or the outputs asked
-// for). Reads the switch XENT_CUDA_FUSED_STATS (0 disables).
+// for), unless the test hook forces the path off.
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options);
 
-// XENT_CUDA_FUSED_STATS=1: every eligible call takes the fused path (linear_ce's training step
+// Forced on by the test hook: every eligible call takes the fused path (linear_ce's training step
 // included: its statistics_blocks schedule whenever that fits the budget).
 bool fused_stats_forced();
 
@@ -92,17 +92,14 @@ bool fused_stats_forced();
 // requested statistics: label smoothing, entropy, argmax or accuracy.
 bool fused_stats_needs_extras(const CeOptions& options, const CeStats& stats);
 
-// Whether an eligible call takes the fused path (docs/perf-notes.md, decisions 41 and 43, H200,
-// no-gradient forward at (8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256)):
+// Whether an eligible call takes the fused path (docs/archive/perf-notes.md, decisions 41 and 43):
 // - always when the cuBLASLt path would split the rows into several logits chunks (a budget
-//   below N × V logits): the fused product reads W once per ≈ 5,400-row chunk at 64 MiB instead
-//   of once per few hundred rows (measured 0.63–0.87 × the cuBLASLt path there);
+//   below N × V logits): the fused product reads W once per large chunk instead of once per few
+//   hundred rows;
 // - otherwise when its epilogue is the lean one (no entropy, argmax, accuracy, label smoothing
-//   or softcap): with the tile order of decision 43, measured 1.00 / 0.96 / 0.90 × the
-//   cuBLASLt path at the three shapes (0.99 / 0.96 / 0.91 × through Python). With the extras
-//   or a softcap the epilogue costs ≈ 1 ms more (ex2- and issue-bound) and measured
-//   0.99–1.07 ×, so the cuBLASLt path stays.
-// XENT_CUDA_FUSED_STATS=1 takes it whenever eligible, =0 never (measurements, tests).
+//   or softcap), where it is as fast or faster; with the extras or a softcap the epilogue is
+//   bound by its exponentials and the cuBLASLt path stays.
+// The test hook forces it whenever eligible, or never.
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
                            bool logits_chunked);
 

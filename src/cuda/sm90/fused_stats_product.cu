@@ -35,7 +35,6 @@ struct StatsEpilogueParams {
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
   const float* class_weight = nullptr;  // with extras: Σ w·x̃ in place of Σx̃
   fused::HalfVector bias;                // added to x (fused_product.cuh), or none
-  bool skip = false;  // measurement only: the product without its epilogue (fused::Measurement)
   // FusedStatsProduct::rounded_logits: x rounded to the operands' dtype first (1 bf16, 2 f16).
   int round_to = 0;
 };
@@ -46,7 +45,7 @@ struct StatsEpilogueParams {
 // four partial sums. kExtras also forms Σe·(v−m), Σv (entropy, label smoothing) and `where`, the
 // index of the first value equal to the max (argmax, accuracy). About 4 instructions per value
 // without extras, 8 with, against ~30 for the exact per-element path, whose code for 64 values
-// per row, unrolled, also overflowed the instruction cache (decision 41, docs/perf-notes.md).
+// per row, unrolled, also overflowed the instruction cache (decision 41, docs/archive/perf-notes.md).
 // kWeighted (with kExtras): Σ weight_of(k)·v in place of Σv, the weight read per value (it
 // differs per column, and a thread's 64 columns' weights would take 64 registers).
 // False when something is not ordinary (NaN, ±Inf, or a part that is all -inf): the caller then
@@ -183,7 +182,7 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
     // The scheduler pads the tile grid to whole swizzle groups and clusters: tiles past the last
     // column tile (or past the last row: their rows fail `row < rows` below) hold no columns of
     // x and must write nothing (their partial would land in the next row's).
-    if (params_.skip || n_block >= params_.tiles) return;
+    if (n_block >= params_.tiles) return;
     const int row0 = m_block * size<0>(block_shape);
     const int col0 = n_block * size<1>(block_shape);
     // The last column tile of a vocabulary that is not a multiple of the tile holds columns ≥ V
@@ -275,12 +274,12 @@ class StatsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
 // the consumers stage each tile (a bias added before its one rounding) and go on to the next
 // tile's mainloop, while the three epilogue warps reduce the staged rows to tile partials.
 // StatsEpilogue runs the same reduction on the consumers after each mainloop, while the tensor
-// cores wait: 34 % over the bare product at H = 768 (decision 109). A quarter-warp per row, two
-// rows a quarter and eight a warp per pass: lane q of a row's eight reads chunks q, q + 8, q + 16
-// and q + 24 (32 values), the lean or exact per-value code of StatsEpilogue runs on them, and
-// three levels of xor-shuffles merge the row, each shuffle serving four rows; a row per warp (8
-// values a lane, five levels per merge) measured 2.2 × slower than the consumers (decision 111),
-// this form 1–8 % faster than them (decision 112). Unrounded statistics keep StatsEpilogue.
+// cores wait, a large share of the product's time at small H (decision 109). A quarter-warp per
+// row, two rows a quarter and eight a warp per pass: lane q of a row's eight reads chunks q,
+// q + 8, q + 16 and q + 24 (32 values), the lean or exact per-value code of StatsEpilogue runs on
+// them, and three levels of xor-shuffles merge the row, each shuffle serving four rows; a row per
+// warp needed five levels per merge and was slower than the consumers (decisions 111 and 112).
+// Unrounded statistics keep StatsEpilogue.
 template <class S, bool kColumns>
 class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
  public:
@@ -303,7 +302,6 @@ class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
   static_assert(kRowsPerWarp <= 64 && 32 % (kRowsAtOnce * kRowsPerLane) == 0,
                 "two targets per lane; a pass's entries in one half");
 
-  CUTLASS_DEVICE bool skipped() const { return params_.skip; }
   // A bias joins each value before the consumers round it (x rounded once, fused_product.cuh);
   // the product spans the vocabulary from column 0.
   CUTLASS_DEVICE fused::HalfVector staged_bias(int64_t& first) const {
@@ -462,12 +460,11 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.class_weight = p.extras ? p.class_weight : nullptr;
   epilogue.bias = fused::HalfVector{static_cast<const uint16_t*>(p.bias), p.dtype == DType::f16};
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
-  epilogue.skip = fused::measurement().skip_statistics;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
                                 p.rows,   p.vocab,         p.hidden_size};
   const bool columns = epilogue.class_weight != nullptr || epilogue.bias.values != nullptr;
   // The staged tile is x rounded as these statistics ask.
-  if (p.rounded_logits && fused::measurement().statistics_warps) {
+  if (p.rounded_logits) {
     return columns ? fused::launch<Element, StatsWarpsEpilogue<Element, true>,
                                    fused::EpilogueWarpsKernel>(operands, epilogue,
                                                                "linear_ce_forward", stream)

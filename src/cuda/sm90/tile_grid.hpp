@@ -6,7 +6,7 @@
 // along each mode, to whole clusters and then to whole swizzle groups times the cluster. A padded
 // tile runs the whole mainloop on zero-filled loads (only the epilogues skip it), so padding
 // costs product time in proportion: a 19-row-tile chunk under a swizzle of 8 with clusters of
-// two row tiles runs 32 row tiles (docs/perf-notes.md decision 50).
+// two row tiles runs 32 row tiles (docs/archive/perf-notes.md decision 50).
 #pragma once
 
 #include <cstdint>
@@ -50,9 +50,8 @@ constexpr int64_t scheduled_tiles(const TileGrid& g, int max_swizzle) {
 }
 
 // The largest swizzle (8, 4, 2, 1) whose scheduled tiles are within 1/32 of the fewest any
-// swizzle gives: a wide swizzle keeps operand tiles in L2 (decision 43 measured 8 against 1:
-// 1.5–4.4 % faster on full products, where it pads under 1 %), but not at the price of a padded
-// third of a chunk.
+// swizzle gives: a wide swizzle keeps operand tiles in L2 (decision 43), but not at the price of
+// a padded third of a chunk.
 constexpr int least_padding_swizzle(const TileGrid& g) {
   constexpr int kSwizzles[] = {kWidestSwizzle, 4, 2, 1};  // widest first
   int64_t tiles[4] = {};
