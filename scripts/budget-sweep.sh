@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the workspace budget of linear_ce (or, with OP=linear_distill, of linear_distill: forward
 # KL, the teacher as hidden states and head) costs: the full step (forward and backward) through
-# the Python package at the PERF.md shapes, one budget after another, each beside F (the op's
+# the Python package at the docs/performance.md shapes, one budget after another, each beside F (the op's
 # products by torch.matmul, timed in the same process), with the peak extra memory of the step.
 # The budgets default to each shape's fp32 ∂W accumulator + 256 MiB (issue 10's memory row),
 # 1 GiB, 256 MiB and 64 MiB, and the package's own default; WEIGHTS adds an fp32 weight, plain and
@@ -9,7 +9,7 @@
 #
 #   scripts/budget-sweep.sh OUT.json [BUDGETS_MIB...]
 #
-# Environment: OP (linear_ce), SHAPES ("N,H,V N,H,V ..."; default the three PERF.md shapes),
+# Environment: OP (linear_ce), SHAPES ("N,H,V N,H,V ..."; default the three docs/performance.md shapes),
 # WEIGHTS ("bf16 fp32 fp32-autocast"; default bf16; linear_ce only), WARMUP (5), REPEAT (10),
 # DISTRIBUTION (random; linear_ce only). The Python
 # package must be importable (PYTHONPATH=python:tools from the repository root). Every record is

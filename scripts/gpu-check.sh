@@ -4,7 +4,7 @@
 #   configure for the GPU (Hopper: sm_90a), build, ctest (labels cpu and gpu), compute-sanitizer
 #   memcheck and racecheck on a subset of the GPU tests and racecheck on the fused products'
 #   hand-overs, the kernels' bandwidth probe, xent-bench's
-#   PERF.md suite and the PyTorch comparison when they are there.
+#   docs/performance.md suite and the PyTorch comparison when they are there.
 # Usage: scripts/gpu-check.sh OUTDIR      (logs and JSON land in OUTDIR; a summary prints last)
 # Records name the commit from XENT_COMMIT when set, else from git. Set it whenever the tree was
 # copied: a copy's git metadata can be older than its files (records once named a stale commit).
@@ -14,7 +14,7 @@
 # GPU_CHECK_SHARDS (default 8) shards side by side;
 # GPU_CHECK_BENCH_SUITES="perf-ce perf-distill" runs those xent-bench suites (default: perf), one
 # JSON each (bench-SUITE.json); GPU_CHECK_TORCH_ARGS="--suite perf-ce" sets compare_torch.py's
-# arguments (default: its PERF.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
+# arguments (default: its docs/performance.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
 # tests. Anchor libraries (Liger, Cut Cross-Entropy, QuACK) are installed from wheels in .whl/
 # when that folder is there (bench/README.md says how they are fetched).
 # GPU_CHECK_SEED_SWEEP=N sweeps the CPU suite under N seeds (from GPU_CHECK_SEED_FIRST, default 1)
@@ -109,7 +109,7 @@ if command -v compute-sanitizer >/dev/null; then
   # racecheck to finish: one block, a block of several tiles, fp32 ∂W, ≈ 5 tiles per CTA, and the
   # reference form of the gradient product (with and without its fallback kernels). The
   # grid's larger cases take minutes each under racecheck, and some run a cuBLASLt kernel for
-  # which racecheck reports same-value byte writes (docs/perf-notes.md, decision 60).
+  # which racecheck reports same-value byte writes (docs/archive/perf-notes.md, decision 60).
   FUSED_RACECHECK_FILTER="${FUSED_RACECHECK_FILTER:-$(printf 'Grid/CudaStatisticsBlocks.MatchesReference/%s:' \
     d_fused_bf16_N300_H72_V4099_plain_mean_dW_one chunks_fused_bf16_N300_H72_V4099_plain_mean_dW_one \
     d_fused_f16_N1000_H136_V4099_smoothing_zloss_softcap_scale_rowweight_sum_dWfp32_row_tiles \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The vocabulary-parallel check on a machine with 2 or more GPUs (SPEC §5, PERF.md row
+# The vocabulary-parallel check on a machine with 2 or more GPUs (docs/semantics.md §5, docs/performance.md row
 # "vocab-parallel"): builds the PyTorch package for the GPU, runs tests/python/dist_check.py under
 # torchrun over NCCL (correctness on CUDA of ce, linear_ce and distill of every kind, then the
 # timings as JSON: ce, linear_ce, distill at 4096 x 131072), then, if time is left, the sharded

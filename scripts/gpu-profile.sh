@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ncu profile of every PERF.md row: for each row, ONE call of the op (after a first, unprofiled
+# ncu profile of every docs/performance.md row: for each row, ONE call of the op (after a first, unprofiled
 # call) under `ncu --clock-control none`, all of its kernels kept (pre-pass, row kernel, reduce;
 # cuBLASLt GEMMs and block gradients of the fused linear ops), then tools/ncu_summary.py turns
 # the captures into OUTDIR/profile.json (one record per row) and OUTDIR/profile.md (one line per

@@ -2,7 +2,7 @@
 # Runs a googletest binary's tests as SHARDS processes side by side (GTEST_TOTAL_SHARDS /
 # GTEST_SHARD_INDEX). The GPU suites spend most of their time in float64 references on the CPU,
 # so shards sharing one GPU finish several times sooner: 1084 linear_ce tests took 73 s in eight
-# shards where one process had not finished them in 200 s (docs/perf-notes.md, decision 114).
+# shards where one process had not finished them in 200 s (docs/archive/perf-notes.md, decision 114).
 #
 #   scripts/gtest-shards.sh BINARY FILTER [SHARDS] [LOGDIR]
 #

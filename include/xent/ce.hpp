@@ -1,4 +1,4 @@
-// Cross-entropy on logits (SPEC.md §1).
+// Cross-entropy on logits (docs/semantics.md §1).
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-// Distillation losses between student and teacher logits (SPEC.md §3).
+// Distillation losses between student and teacher logits (docs/semantics.md §3).
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-// Vocabulary-parallel distillation (SPEC.md §3 and §5): the pieces a rank runs on its slice
+// Vocabulary-parallel distillation (docs/semantics.md §3 and §5): the pieces a rank runs on its slice
 // [offset, offset + cols) of the vocabulary of student and teacher logits, with no communication
 // in the core. The caller (python/xent/distributed.py) gathers the per-row records between ranks.
 //

@@ -1,4 +1,4 @@
-// Fused linear cross-entropy (SPEC.md §2): the loss of x = h·Wᵀ (+ bias) without holding N×V logits.
+// Fused linear cross-entropy (docs/semantics.md §2): the loss of x = h·Wᵀ (+ bias) without holding N×V logits.
 #pragma once
 
 #include "xent/ce.hpp"

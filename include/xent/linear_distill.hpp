@@ -1,4 +1,4 @@
-// Fused linear distillation (SPEC.md §4): student logits s = h_s·W_sᵀ, teacher given as logits or
+// Fused linear distillation (docs/semantics.md §4): student logits s = h_s·W_sᵀ, teacher given as logits or
 // as t = h_t·W_tᵀ computed chunk by chunk, never holding N×V.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Vocabulary-parallel cross-entropy (SPEC.md §5): the pieces a rank runs on its own slice
+// Vocabulary-parallel cross-entropy (docs/semantics.md §5): the pieces a rank runs on its own slice
 // [offset, offset + cols) of the vocabulary, with no communication library in the core. The
 // caller (python/xent/distributed.py) moves the per-row partial statistics between ranks:
 //

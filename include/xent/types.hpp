@@ -62,7 +62,7 @@ struct Stream {
   void* handle = nullptr;
 };
 
-// invalid_argument: the caller passed something SPEC.md rejects, out-of-range targets reported by
+// invalid_argument: the caller passed something docs/semantics.md rejects, out-of-range targets reported by
 // check_errors included (ValueError in Python); runtime: the environment failed (CUDA error;
 // RuntimeError).
 enum class ErrorKind : int8_t { invalid_argument, runtime };

@@ -211,7 +211,7 @@ void ArgumentChecker::class_weights_valid(const TensorView& class_weight, int64_
 
 void ArgumentChecker::targets_in_range(const TensorView& target, int64_t vocab,
                                        int64_t ignore_index) const {
-  if (!target.present() || !on_cpu()) return;  // on a GPU the kernel flags them (SPEC §1)
+  if (!target.present() || !on_cpu()) return;  // on a GPU the kernel flags them (docs/semantics.md §1)
   for (int64_t n = 0; n < target.rows; ++n) {
     const int64_t y = target.dtype == DType::i32 ? static_cast<const int32_t*>(target.data)[n]
                                                  : static_cast<const int64_t*>(target.data)[n];

@@ -1,4 +1,4 @@
-// Validation of every public entry point (SPEC.md §1–§4 errors). Each function throws
+// Validation of every public entry point (docs/semantics.md §1–§4 errors). Each function throws
 // xent::Error(invalid_argument) with the project's message format before anything is written, so
 // backends receive only arguments they can process.
 #pragma once

@@ -1,4 +1,4 @@
-// Validation of the fused linear ops (SPEC.md §2, §4).
+// Validation of the fused linear ops (docs/semantics.md §2, §4).
 #include "api/backend.hpp"
 #include "api/validate.hpp"
 #include "api/validate_parts.hpp"

@@ -1,4 +1,4 @@
-// The per-row math of cross-entropy (SPEC.md §1), written once for both backends. A backend
+// The per-row math of cross-entropy (docs/semantics.md §1), written once for both backends. A backend
 // streams a row's elements through RowStats (online, mergeable across threads and blocks), turns
 // the finished statistics into the loss with ce_row_loss, and forms each gradient element with
 // ce_grad_element. T is the compute type: float for fp32/bf16/fp16 inputs, double for fp64.
@@ -103,7 +103,7 @@ struct RowStats {
   XENT_HD T entropy() const { return std::log(sum_exp) - sum_exp_shift / sum_exp; }
 };
 
-// What a row outside the loss (target == ignore_index) reports on every backend (SPEC §1): no
+// What a row outside the loss (target == ignore_index) reports on every backend (docs/semantics.md §1): no
 // loss and no statistics. Its entropy is 0 like its lse and logprob, not the entropy of its
 // logits: an ignored row is padding or a prompt token, whose distribution nobody asked about, and
 // a 0 lets `entropy.sum() / n_valid` average over the valid tokens as it does for logprob. It
@@ -143,7 +143,7 @@ XENT_HD CeRowLoss<T> ce_row_loss(const CeConstants<T>& c, const RowStats<T>& sta
   return {loss, c.z_loss * lse * lse};
 }
 
-// Per-row gradient coefficients. `coef` is c_n of SPEC §1 (g·r_n/D, g·r_n or g_n·r_n) and
+// Per-row gradient coefficients. `coef` is c_n of docs/semantics.md §1 (g·r_n/D, g·r_n or g_n·r_n) and
 // `z_coef` the same with N_valid in place of D.
 template <class T>
 struct CeGradRow {
@@ -170,7 +170,7 @@ XENT_HD CeGradRow<T> ce_grad_row(const CeConstants<T>& c, T lse, int64_t target,
 // ∂loss/∂x_i from p_i = exp(x̃_i − lse) and the slope dx̃_i/dx_i, for a backend that forms p its
 // own way (the GPU kernels use the ex2 unit); ce_grad_element below is this with std::exp. The
 // target term is subtracted in T before any rounding, so p_y − 1 keeps its precision when
-// p_y → 1 (SPEC §1).
+// p_y → 1 (docs/semantics.md §1).
 template <class T>
 XENT_HD T ce_grad_before_slope(const CeGradRow<T>& row, T p, bool is_target, T class_weight) {
   T g = row.prob_coef * p - row.smoothing_coef * class_weight;

@@ -1,4 +1,4 @@
-// The per-row math of the distillation losses (SPEC.md §3), written once for both backends.
+// The per-row math of the distillation losses (docs/semantics.md §3), written once for both backends.
 // A row is processed in up to three sweeps over its elements (on the GPU these sweep on-chip
 // data, never HBM again):
 //   1. RowStats of the transformed student and teacher logits -> lse_s, lse_t;
@@ -57,7 +57,7 @@ constexpr XENT_HD bool distill_needs_sum_pu(DistillKindCode kind) {
          kind == DistillKindCode::tvd;
 }
 
-// β = 0 and β = 1 make the JSD exactly 0 (SPEC §3); rounding of log m must not say otherwise.
+// β = 0 and β = 1 make the JSD exactly 0 (docs/semantics.md §3); rounding of log m must not say otherwise.
 template <class T>
 XENT_HD bool distill_is_degenerate(const DistillConstants<T>& c) {
   return c.kind == DistillKindCode::jsd && (c.beta == T(0) || c.beta == T(1));
@@ -107,10 +107,9 @@ XENT_HD T log_mixture(const DistillConstants<T>& c, T log_pt, T log_ps, Math mat
 // constant c0 = −(1−β)·log(1−β) that u takes wherever p_t = 0: (1−β)·(b − log m), b as above,
 // with b − log m formed from |a − b| alone. The gradient does not change (Σ p_s = 1), but against
 // a peaked teacher u ≈ c0 on almost every element, and u − Σ p_s·u was a difference of two values
-// near c0 = 0.35 (β = ½): fp32 lost up to ~1e-5 relative against float64 (a seed failed SPEC
-// §6's 1e-5). Measured from c0 the p_t = 0 elements give exactly 0 and the others small values
-// (a float32 model of a 37 × 1031 row batch with a teacher of sd 30: worst relative error over
-// 200 draws 1.06e-5 before, 2.4e-6 after).
+// near c0 = 0.35 (β = ½): fp32 lost up to ~1e-5 relative against float64, the bound of
+// docs/semantics.md §6. Measured from c0 the p_t = 0 elements give exactly 0 and the others small
+// values.
 template <class T, class Math = StdExpLog>
 XENT_HD T jsd_shifted_u(const DistillConstants<T>& c, T log_pt, T log_ps, Math math = {}) {
   const T a = c.log_beta + log_pt, b = c.log_one_minus_beta + log_ps;

@@ -1,4 +1,4 @@
-// Cross-entropy on logits, CPU backend (SPEC.md §1): rows in parallel with OpenMP, per-row results
+// Cross-entropy on logits, CPU backend (docs/semantics.md §1): rows in parallel with OpenMP, per-row results
 // reduced afterwards in row order so every run gives the same bits.
 #include "api/backend.hpp"
 #include "cpu/ce_rows.hpp"

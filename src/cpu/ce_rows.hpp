@@ -1,4 +1,4 @@
-// Cross-entropy of one row on the CPU (SPEC.md §1): the loss, the statistics and the gradient of a
+// Cross-entropy of one row on the CPU (docs/semantics.md §1): the loss, the statistics and the gradient of a
 // row, from the shared row math of src/common. Used by ce, by the hard-label term of distill and by
 // the chunks of linear_ce, which all differ only in where their rows come from.
 #pragma once
@@ -42,7 +42,7 @@ struct CeCall {
   int64_t vocab = 0;
   Reduction reduction = Reduction::mean;
   // Multipliers turning the upstream gradient into c_n: 1/D and 1/N_valid for mean, 1 otherwise;
-  // 0 when the divisor is 0 (the N_valid = 0 deviation of SPEC §1).
+  // 0 when the divisor is 0 (the N_valid = 0 deviation of docs/semantics.md §1).
   T loss_factor = 1;
   T z_factor = 1;
   double loss_divisor = 0;  // D and N_valid of mean (0: that part of the mean is 0)

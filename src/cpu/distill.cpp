@@ -1,4 +1,4 @@
-// Distillation losses on logits, CPU backend (SPEC.md §3): rows in parallel, per-row losses
+// Distillation losses on logits, CPU backend (docs/semantics.md §3): rows in parallel, per-row losses
 // reduced afterwards in row order.
 #include <vector>
 

@@ -1,4 +1,4 @@
-// Distillation of one row on the CPU (SPEC.md §3), with the optional hard-label CE term on the
+// Distillation of one row on the CPU (docs/semantics.md §3), with the optional hard-label CE term on the
 // student: used by distill on logits and by the chunks of linear_distill.
 #pragma once
 

@@ -17,13 +17,10 @@ namespace {
 // kColumns output columns and packs op(B) for them into strips of kTileColumns; rows of op(A)
 // are packed kTileRows at a time. The kTileRows × kTileColumns tile of C then stays in registers
 // (8 SSE registers for float, the baseline x86-64 target) while k is walked in order, so results
-// do not depend on the thread count. Measured (CPU time, one core, the three products of a
-// 300 × 256 × 5000 linear_ce): 30 / 29 / 29 ms for h·Wᵀ / G·W / Gᵀ·h, against 42 / 31 / 27 ms for
-// the plain dot/axpy loops it replaced; about 60 % of the SSE peak.
+// do not depend on the thread count.
 constexpr int64_t kColumns = 64;
-// Multiply-adds below which a product runs on one thread: ~1.5 ms on one core. Waking the
-// OpenMP team for the small products of a test suite cost more than it saved (the idle threads'
-// spin-wait took 3/4 of the CPU time of the C++ suite on 2 cores).
+// Multiply-adds below which a product runs on one thread (about a millisecond of work): waking
+// the OpenMP team for the small products of a test suite costs more than it saves.
 constexpr int64_t kParallelProductWork = int64_t{1} << 24;
 constexpr int64_t kTileRows = 4;
 constexpr int64_t kTileColumns = 8;

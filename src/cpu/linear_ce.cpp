@@ -1,4 +1,4 @@
-// Fused linear cross-entropy, CPU backend (SPEC.md §2). Rows are processed in chunks sized by the
+// Fused linear cross-entropy, CPU backend (docs/semantics.md §2). Rows are processed in chunks sized by the
 // workspace budget: chunk logits h·Wᵀ (+ bias), the §1 row math on them in place (turning them
 // into G = ∂loss/∂x), then the gradient products. Never more than one chunk of logits exists.
 #include <algorithm>
@@ -101,7 +101,7 @@ void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView b
   const int64_t rows = hidden.rows, vocab = weight.rows;
   const auto counts = count_valid_rows(target, rows, ce.ignore_index, ce.class_weight);
   const auto call = make_ce_call<T>(ce, vocab, counts);
-  // The per-row g_n of `none` is folded into G before the products (SPEC §2: never rescale a
+  // The per-row g_n of `none` is folded into G before the products (docs/semantics.md §2: never rescale a
   // summed ∂W).
   for_each_chunk<S>(hidden, weight, bias, grads, options,
                     options.logits_cache.present() ? CacheUse::read : CacheUse::none, workspace,

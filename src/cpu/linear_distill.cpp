@@ -1,4 +1,4 @@
-// Fused linear distillation, CPU backend (SPEC.md §4): student chunk logits h_s·W_sᵀ, teacher
+// Fused linear distillation, CPU backend (docs/semantics.md §4): student chunk logits h_s·W_sᵀ, teacher
 // chunk logits from the teacher's logits or from h_t·W_tᵀ, the §3 row math on them (turning the
 // student chunk into its gradient in place), then the student's gradient products.
 #include <algorithm>

@@ -122,7 +122,7 @@ class LinearLayer {
 
   // Chunk rows [row0, row0 + rows) of h·Wᵀ + bias into `logits` (rows × V, dense). With
   // `round_logits` each value is rounded to the input dtype, as a framework computing the
-  // logits in that dtype would (SPEC §2).
+  // logits in that dtype would (docs/semantics.md §2).
   void logits(int64_t row0, int64_t rows, T* hidden_copy, T* logits, bool round_logits) const {
     const auto h = as_compute_matrix<T, S>(hidden_, row0, rows, hidden_copy);
     gemm<T>(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data,
@@ -204,9 +204,9 @@ class LinearGradientAccumulator {
   // Adds the products of chunk rows [row0, row0 + rows): G (rows × V, dense) and the layer's
   // hidden chunk (already converted into `hidden_copy` by LinearLayer::logits when needed).
   // G is rounded to the input dtype first (in place): the products take 16-bit operands with
-  // fp32 accumulation (SPEC §2), as the GPU's tensor-core products and PyTorch's bf16 autograd
+  // fp32 accumulation (docs/semantics.md §2), as the GPU's tensor-core products and PyTorch's bf16 autograd
   // do. Keeping G in fp32 was slightly more accurate on average but not bounded by PyTorch's
-  // error: 4-5 % of bf16 cases exceeded it by more than SPEC §6's 1e-3 slack.
+  // error: 4-5 % of bf16 cases exceeded it by more than docs/semantics.md §6's 1e-3 slack.
   void add_chunk(const LinearLayer<S>& layer, int64_t row0, int64_t rows, T* gradient,
                  const T* hidden_copy) {
     if constexpr (!std::is_same_v<S, T>) {

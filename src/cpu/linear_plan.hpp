@@ -1,4 +1,4 @@
-// How the CPU linear ops (SPEC.md §2, §4) split their rows into chunks and lay out their
+// How the CPU linear ops (docs/semantics.md §2, §4) split their rows into chunks and lay out their
 // workspace. Shared with src/api, which validates budgets and workspaces against it.
 #pragma once
 

@@ -14,9 +14,8 @@ using common::bf16_t;
 using common::f16_t;
 
 // Elements of work below which a loop runs on one thread. An OpenMP region costs microseconds
-// on an idle machine but milliseconds on a loaded one (measured on 2 busy cores: a 37 × 1031
-// linear_ce took 0.6 ms on one thread and 40-85 ms on two), and the suites run hundreds of
-// small cases.
+// on an idle machine but milliseconds on a loaded one, and the suites run hundreds of small
+// cases.
 constexpr int64_t kParallelWork = int64_t{1} << 18;
 
 template <class Storage>

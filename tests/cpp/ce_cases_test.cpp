@@ -1,4 +1,4 @@
-// ce on logits (SPEC §1): the special cases, each for every input dtype and reduction: odd and
+// ce on logits (docs/semantics.md §1): the special cases, each for every input dtype and reduction: odd and
 // padded shapes, int32 targets, ignored rows, N = 0, NaN rows, edge targets, in-place gradients.
 #include <algorithm>
 #include <cmath>
@@ -155,7 +155,7 @@ TEST(CeRowIndependence, OtherRowsUnchangedBitForBit) {
   }
 }
 
-// SPEC §1 mean with D = 0 and N_valid > 0: every valid target has class weight 0. The ℓ part is 0
+// docs/semantics.md §1 mean with D = 0 and N_valid > 0: every valid target has class weight 0. The ℓ part is 0
 // (its divisor D is 0, though with smoothing its numerator is not), the z-loss part keeps its own
 // divisor N_valid, and the gradient is the z-loss gradient alone (docs/semantics.md says why).
 class CeMeanZeroTargetWeight : public ::testing::TestWithParam<DType> {

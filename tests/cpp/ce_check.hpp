@@ -10,7 +10,7 @@
 
 namespace xent::test {
 
-// Options of SPEC §1 as bits, so suites can enumerate each option alone and all pairs.
+// Options of docs/semantics.md §1 as bits, so suites can enumerate each option alone and all pairs.
 enum CeOptionBit : unsigned {
   kSmoothing = 1u << 0,
   kZLoss = 1u << 1,

@@ -1,4 +1,4 @@
-// ce on logits (SPEC §1): every option alone and every pair of options, for every reduction and
+// ce on logits (docs/semantics.md §1): every option alone and every pair of options, for every reduction and
 // input dtype, through ce_forward (statistics), ce_forward with the gradient and ce_backward.
 #include "ce_check.hpp"
 

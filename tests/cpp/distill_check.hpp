@@ -8,7 +8,7 @@
 
 namespace xent::test {
 
-// Options of SPEC §3 as bits, so suites can enumerate each alone and all pairs.
+// Options of docs/semantics.md §3 as bits, so suites can enumerate each alone and all pairs.
 enum DistillOptionBit : unsigned {
   kTemperature = 1u << 0,     // T = 2
   kDistillSoftcap = 1u << 1,  // softcap on both student and teacher

@@ -1,4 +1,4 @@
-// distill on logits (SPEC §3): every kind with each option alone and every pair of options, every
+// distill on logits (docs/semantics.md §3): every kind with each option alone and every pair of options, every
 // reduction and dtype; then the special cases (JSD β, ignored rows, N = 0, NaN rows, in place).
 #include "distill_check.hpp"
 

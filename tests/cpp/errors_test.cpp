@@ -1,4 +1,4 @@
-// Every error of SPEC §1–§4: the op throws xent::Error(invalid_argument) whose message names the
+// Every error of docs/semantics.md §1–§4: the op throws xent::Error(invalid_argument) whose message names the
 // argument and shows the offending value, and writes nothing (the poisoned outputs survive).
 #include <cmath>
 #include <functional>
@@ -436,7 +436,7 @@ INSTANTIATE_TEST_SUITE_P(Spec, Errors, ::testing::ValuesIn(error_cases()),
                            return info.param.name;
                          });
 
-// SPEC §1: the CPU rejects an out-of-range target at once; a GPU cannot look without a
+// docs/semantics.md §1: the CPU rejects an out-of-range target at once; a GPU cannot look without a
 // synchronisation, so the row gets a NaN loss and gradient and check_errors reports the same
 // message afterwards.
 TEST(OutOfRangeTarget, RejectedOnCpuFlaggedOnGpu) {

@@ -1,4 +1,4 @@
-// linear_ce (SPEC §2): the loss of x = h·Wᵀ + b with every §1 option, checked through
+// linear_ce (docs/semantics.md §2): the loss of x = h·Wᵀ + b with every §1 option, checked through
 // linear_ce_forward (statistics), linear_ce_forward with gradients and linear_ce_backward, for each
 // option and pair, reduction, dtype, chunk budget and special case.
 #include <cmath>

@@ -1,5 +1,5 @@
 // What the two fused linear suites share: random layers, the PyTorch-at-this-dtype error model of
-// SPEC §6, and chunk budgets that force one, several or uneven chunks.
+// docs/semantics.md §6, and chunk budgets that force one, several or uneven chunks.
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-// Float64 reference of SPEC.md §1–§4: every formula is written the way the spec states it, not the
+// Float64 reference of docs/semantics.md §1–§4: every formula is written the way the spec states it, not the
 // way a fast kernel would arrange it (no online statistics, no shared coefficients).
 #include "reference.hpp"
 

@@ -1,4 +1,4 @@
-// An independent float64 reference of SPEC.md §1–§4, written straight from the formulas of the
+// An independent float64 reference of docs/semantics.md §1–§4, written straight from the formulas of the
 // spec and deliberately sharing no code with src/common or the backends: when both agree, the
 // agreement means something. Everything here is plain loops over dense row-major matrices; speed
 // does not matter at test sizes.

@@ -1,4 +1,4 @@
-// Test support: device storage, dtypes, seeds and the comparison rules of SPEC.md §6.
+// Test support: device storage, dtypes, seeds and the comparison rules of docs/semantics.md §6.
 #include "support.hpp"
 
 #include <cmath>

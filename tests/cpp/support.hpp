@@ -1,6 +1,6 @@
 // What every suite needs: fresh random inputs with the seed in the failure trace, storage in the
 // dtypes the ops take (on the CPU, or on a CUDA device in the GPU test binary), NaN-poisoned
-// outputs so an element the op forgot to write fails, and the tolerances of SPEC.md §6.
+// outputs so an element the op forgot to write fails, and the tolerances of docs/semantics.md §6.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -139,7 +139,7 @@ double norm(const std::vector<double>& v);
 double relative_error(const std::vector<double>& out, const std::vector<double>& ref);
 
 enum class Family { logits, linear };
-// SPEC §6 for outputs in the input dtype (gradients): fp32 1e-5 (logits) / 1e-4 (linear); fp64
+// docs/semantics.md §6 for outputs in the input dtype (gradients): fp32 1e-5 (logits) / 1e-4 (linear); fp64
 // far tighter; bf16/fp16: what PyTorch loses at that dtype (`torch_like` against `ref`) + 1e-3.
 double grad_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);

@@ -1,4 +1,4 @@
-// main() of the test binaries and the seeds of SPEC §6's "fresh random inputs": one seed per run,
+// main() of the test binaries and the seeds of docs/semantics.md §6's "fresh random inputs": one seed per run,
 // printed before anything else, from which every test derives its own, so a failure seen once
 // (in CI, or in a sweep over many seeds) replays exactly.
 #include <cstdlib>

@@ -37,7 +37,7 @@ TEST(TileGrid, ScheduledTilesPadToClustersAndSwizzleGroups) {
 }
 
 TEST(TileGrid, LeastPaddingSwizzle) {
-  // Full products of the PERF.md shapes keep the measured 8 (under 1 % padding).
+  // Full products of the docs/performance.md shapes keep the measured 8 (under 1 % padding).
   EXPECT_EQ(least_padding_swizzle(grid(8192, 128256)), 8);
   EXPECT_EQ(least_padding_swizzle(grid(8192, 256000)), 8);
   EXPECT_EQ(least_padding_swizzle(grid(32768, 128256)), 8);

@@ -63,7 +63,7 @@ void print_help() {
       "  --mode fwd|fwdbwd      forward only, or forward and backward (default fwdbwd)\n"
       "  --repeat K             timed repetitions (default 3 CPU, 50 CUDA)\n"
       "  --warmup K             untimed repetitions first (default 1 CPU, 5 CUDA)\n"
-      "  --suite S              perf-ce|perf-distill|perf-linear|perf: the PERF.md rows (CUDA)\n"
+      "  --suite S              perf-ce|perf-distill|perf-linear|perf: the docs/performance.md rows (CUDA)\n"
       "  --no-naive             skip the naive form (no time, memory or agreement for it)\n"
       "  --profile-one-call     per case, one more xent call between cudaProfilerStart and\n"
       "                         cudaProfilerStop, after the first call and before the timed\n"

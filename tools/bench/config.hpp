@@ -74,7 +74,7 @@ void print_help();
 // Fills config.cases: the suite's rows, or the single case with the device's default shape.
 void resolve_cases(Config& config, DeviceKind device);
 
-// PERF.md rows of a suite (perf-ce, perf-distill, perf-linear, perf); empty for an unknown name.
+// docs/performance.md rows of a suite (perf-ce, perf-distill, perf-linear, perf); empty for an unknown name.
 std::vector<Case> suite_cases(const std::string& name);
 
 }  // namespace xent::bench

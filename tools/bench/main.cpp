@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     }
     device = open_device(config.device);
     if (!config.suite.empty() && device->device().kind != xent::DeviceKind::cuda)
-      throw UsageError{"--suite " + config.suite + ": the PERF.md suites run on CUDA only"};
+      throw UsageError{"--suite " + config.suite + ": the docs/performance.md suites run on CUDA only"};
     resolve_cases(config, device->device().kind);
   } catch (const UsageError& error) {
     std::fprintf(stderr, "xent-bench: %s\n", error.message.c_str());

@@ -1,6 +1,6 @@
 // The naive form every measurement is compared with: the full N×V logits materialised in fp32,
 // a plain softmax cross-entropy (or distillation loss) and its gradient as N×V buffers, products
-// through a plain BLAS call. It is written straight from SPEC.md, independently of src/common, so
+// through a plain BLAS call. It is written straight from docs/semantics.md, independently of src/common, so
 // agreement between the two means something.
 #pragma once
 

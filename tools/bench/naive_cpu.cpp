@@ -1,4 +1,4 @@
-// The naive form on the CPU, written from SPEC.md §1–§4: materialise, then loop over rows.
+// The naive form on the CPU, written from docs/semantics.md §1–§4: materialise, then loop over rows.
 #include <cmath>
 #include <cstring>
 
@@ -95,7 +95,7 @@ naive::CeParams ce_params(const Case& c, const Inputs& in) {
   return p;
 }
 
-// SPEC §1 on materialised logits x (fp32 rows); writes row_* and, when grad != nullptr, ∂/∂x.
+// docs/semantics.md §1 on materialised logits x (fp32 rows); writes row_* and, when grad != nullptr, ∂/∂x.
 void cross_entropy(const Case& c, const Inputs& in, const float* x, const NaiveScratch& s,
                    float* grad, Totals& totals) {
   const int64_t n_rows = c.n, vocab = c.v;
@@ -148,7 +148,7 @@ void cross_entropy(const Case& c, const Inputs& in, const float* x, const NaiveS
   }
 }
 
-// SPEC §3 on materialised student and teacher logits (fp32 rows), temperature 1.
+// docs/semantics.md §3 on materialised student and teacher logits (fp32 rows), temperature 1.
 void distillation(const Case& c, const float* s_logits, const float* t_logits,
                   const NaiveScratch& s, float* grad, const Inputs& in, Totals& totals) {
   const int64_t n_rows = c.n, vocab = c.v;

@@ -1,4 +1,4 @@
-// Element formulas of the naive form, straight from SPEC.md §1 and §3, in double precision so the
+// Element formulas of the naive form, straight from docs/semantics.md §1 and §3, in double precision so the
 // naive result is a sharper reference than any fp32 kernel. Shared by the CPU loops and the CUDA
 // row kernels of the naive form (host and device).
 #pragma once

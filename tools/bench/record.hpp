@@ -1,4 +1,4 @@
-// One measurement: a row of the printed table and one object of the JSON array (PERF.md "What a
+// One measurement: a row of the printed table and one object of the JSON array (docs/performance.md "What a
 // benchmark record holds").
 #pragma once
 

@@ -1,4 +1,4 @@
-// The PERF.md rows as bench cases (bf16, forward + backward unless said).
+// The docs/performance.md rows as bench cases (bf16, forward + backward unless said).
 #include "bench/config.hpp"
 
 namespace xent::bench {
@@ -19,7 +19,7 @@ Case make(Op op, int64_t n, int64_t h, int64_t v, const char* label, Mode mode =
   return c;
 }
 
-// PERF.md's every-option row: label smoothing, z-loss and softcap together, the options
+// docs/performance.md's every-option row: label smoothing, z-loss and softcap together, the options
 // compare_torch.py's row passes too, so the kernel and the Python figures of a row compare
 // (`--options all` adds logit scale, class and row weights).
 OptionSet every_option() {
@@ -43,8 +43,8 @@ void add_ce(std::vector<Case>& cases) {
   Case small_every = make(Op::ce, 262144, 0, 4096, "perf-ce small V every option");
   small_every.options = every_option();
   cases.push_back(small_every);
-  // The seed benchmark's vocabularies (PERF.md "ce, small V"), where a row is too short to
-  // keep a CTA busy (docs/perf-notes.md decision 30: the short-row kernel tried for them).
+  // The seed benchmark's vocabularies (docs/performance.md "ce, small V"), where a row is too short to
+  // keep a CTA busy (docs/archive/perf-notes.md decision 30: the short-row kernel tried for them).
   for (const int64_t v : {1024, 4096, 8192}) {
     cases.push_back(make(Op::ce, 16384, 0, v, "perf-ce small V"));
   }
@@ -68,7 +68,7 @@ void add_linear(std::vector<Case>& cases) {
   Case small_budget = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear budget 128 MiB");
   small_budget.budget_bytes = std::size_t{128} << 20;
   cases.push_back(small_budget);
-  // PERF.md: mean with z-loss, smoothing and softcap on, at the first shape.
+  // docs/performance.md: mean with z-loss, smoothing and softcap on, at the first shape.
   Case with_options = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear z-loss smoothing softcap");
   with_options.options.z_loss = with_options.options.smoothing = with_options.options.softcap = true;
   cases.push_back(with_options);
