@@ -106,4 +106,14 @@ decltype(auto) translate_errors(Body&& body) {
   }
 }
 
+// Registers `kernel` as the op's implementation on CPU tensors and, in a build with CUDA, on CUDA
+// tensors: one registration per op, whatever the device (the kernels dispatch by device below).
+template <class Kernel>
+void impl_on_devices(torch::Library& m, const char* name, Kernel* kernel) {
+  m.impl(name, torch::dispatch(c10::DispatchKey::CPU, kernel));
+#if defined(XENT_TORCH_CUDA)
+  m.impl(name, torch::dispatch(c10::DispatchKey::CUDA, kernel));
+#endif
+}
+
 }  // namespace xent::torch_binding

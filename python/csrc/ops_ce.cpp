@@ -1,4 +1,4 @@
-// torch ops xent::ce_forward and xent::ce_backward over the C++ API (SPEC.md §1).
+// torch ops xent::ce_forward and xent::ce_backward over the C++ API (docs/semantics.md §1).
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -194,22 +194,9 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "ce_logprob_backward(Tensor logits, Tensor target, Tensor lse, Tensor entropy, "
       "Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, float? softcap, "
       "float logit_scale) -> Tensor");
+  xent::torch_binding::impl_on_devices(m, "ce_forward", &xent::torch_binding::ce_forward_op);
+  xent::torch_binding::impl_on_devices(m, "ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
+  xent::torch_binding::impl_on_devices(m, "ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
+  xent::torch_binding::impl_on_devices(m, "ce_backward", &xent::torch_binding::ce_backward_op);
+  xent::torch_binding::impl_on_devices(m, "ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("ce_forward", &xent::torch_binding::ce_forward_op);
-  m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
-  m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
-  m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
-  m.impl("ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("ce_forward", &xent::torch_binding::ce_forward_op);
-  m.impl("ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
-  m.impl("ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
-  m.impl("ce_backward", &xent::torch_binding::ce_backward_op);
-  m.impl("ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
-}
-#endif

@@ -18,14 +18,7 @@ void check_errors_op(const at::Tensor& device_tensor) {
 }  // namespace
 }  // namespace xent::torch_binding
 
-TORCH_LIBRARY_FRAGMENT(xent, m) { m.def("check_errors(Tensor device_tensor) -> ()"); }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("check_errors", &xent::torch_binding::check_errors_op);
+TORCH_LIBRARY_FRAGMENT(xent, m) {
+  m.def("check_errors(Tensor device_tensor) -> ()");
+  xent::torch_binding::impl_on_devices(m, "check_errors", &xent::torch_binding::check_errors_op);
 }
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("check_errors", &xent::torch_binding::check_errors_op);
-}
-#endif

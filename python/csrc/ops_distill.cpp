@@ -1,4 +1,4 @@
-// torch ops xent::distill_forward and xent::distill_backward (SPEC.md §3).
+// torch ops xent::distill_forward and xent::distill_backward (docs/semantics.md §3).
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -168,20 +168,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
       "float soft_weight, float hard_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss) -> Tensor");
+  xent::torch_binding::impl_on_devices(m, "distill_forward", &xent::torch_binding::distill_forward_op);
+  xent::torch_binding::impl_on_devices(m, "distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
+  xent::torch_binding::impl_on_devices(m, "distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
+  xent::torch_binding::impl_on_devices(m, "distill_backward", &xent::torch_binding::distill_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
-  m.impl("distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
-  m.impl("distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
-  m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("distill_forward", &xent::torch_binding::distill_forward_op);
-  m.impl("distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
-  m.impl("distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
-  m.impl("distill_backward", &xent::torch_binding::distill_backward_op);
-}
-#endif

@@ -176,20 +176,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
   m.def("distill_shard_backward(Tensor student, Tensor teacher, Tensor? target, "
         "Tensor gathered, Tensor? gathered_sums, Tensor grad_output, Tensor? class_weight, "
         "int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
+  xent::torch_binding::impl_on_devices(m, "distill_shard_stats", &xent::torch_binding::distill_shard_stats_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_sums", &xent::torch_binding::distill_shard_sums_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_loss", &xent::torch_binding::distill_shard_loss_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_backward", &xent::torch_binding::distill_shard_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("distill_shard_stats", &xent::torch_binding::distill_shard_stats_op);
-  m.impl("distill_shard_sums", &xent::torch_binding::distill_shard_sums_op);
-  m.impl("distill_shard_loss", &xent::torch_binding::distill_shard_loss_op);
-  m.impl("distill_shard_backward", &xent::torch_binding::distill_shard_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("distill_shard_stats", &xent::torch_binding::distill_shard_stats_op);
-  m.impl("distill_shard_sums", &xent::torch_binding::distill_shard_sums_op);
-  m.impl("distill_shard_loss", &xent::torch_binding::distill_shard_loss_op);
-  m.impl("distill_shard_backward", &xent::torch_binding::distill_shard_backward_op);
-}
-#endif

@@ -1,5 +1,5 @@
 // torch ops xent::linear_ce_forward, xent::linear_ce_backward, and the correction of a weight
-// gradient added in the forward (SPEC.md §2).
+// gradient added in the forward (docs/semantics.md §2).
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -298,22 +298,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
       "bool grad_hidden, bool grad_weight, bool grad_bias, Tensor? logits_cache, "
       "ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor)");
+  xent::torch_binding::impl_on_devices(m, "linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_ce_accumulate_correction", &xent::torch_binding::linear_ce_accumulate_correction_op);
+  xent::torch_binding::impl_on_devices(m, "linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
-  m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
-  m.impl("linear_ce_accumulate_correction",
-         &xent::torch_binding::linear_ce_accumulate_correction_op);
-  m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
-  m.impl("linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
-  m.impl("linear_ce_accumulate_correction",
-         &xent::torch_binding::linear_ce_accumulate_correction_op);
-  m.impl("linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
-}
-#endif

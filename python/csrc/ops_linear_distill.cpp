@@ -1,4 +1,4 @@
-// torch ops xent::linear_distill_forward and xent::linear_distill_backward (SPEC.md §4).
+// torch ops xent::linear_distill_forward and xent::linear_distill_backward (docs/semantics.md §4).
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -181,16 +181,6 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float? softcap, float soft_weight, float hard_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, int workspace_bytes, bool fp32_logits, "
       "bool grad_hidden, bool grad_weight) -> (Tensor, Tensor)");
+  xent::torch_binding::impl_on_devices(m, "linear_distill_forward", &xent::torch_binding::linear_distill_forward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_distill_backward", &xent::torch_binding::linear_distill_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("linear_distill_forward", &xent::torch_binding::linear_distill_forward_op);
-  m.impl("linear_distill_backward", &xent::torch_binding::linear_distill_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("linear_distill_forward", &xent::torch_binding::linear_distill_forward_op);
-  m.impl("linear_distill_backward", &xent::torch_binding::linear_distill_backward_op);
-}
-#endif

@@ -22,10 +22,7 @@ void scale_op(const at::Tensor& data, const at::Tensor& factor) {
 }  // namespace
 }  // namespace xent::torch_binding
 
-TORCH_LIBRARY_FRAGMENT(xent, m) { m.def("scale_(Tensor(a!) data, Tensor factor) -> ()"); }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) { m.impl("scale_", &xent::torch_binding::scale_op); }
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) { m.impl("scale_", &xent::torch_binding::scale_op); }
-#endif
+TORCH_LIBRARY_FRAGMENT(xent, m) {
+  m.def("scale_(Tensor(a!) data, Tensor factor) -> ()");
+  xent::torch_binding::impl_on_devices(m, "scale_", &xent::torch_binding::scale_op);
+}

@@ -144,18 +144,7 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "int ignore_index, "
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale) "
       "-> Tensor");
+  xent::torch_binding::impl_on_devices(m, "ce_shard_stats", &xent::torch_binding::ce_shard_stats_op);
+  xent::torch_binding::impl_on_devices(m, "ce_shard_loss", &xent::torch_binding::ce_shard_loss_op);
+  xent::torch_binding::impl_on_devices(m, "ce_shard_backward", &xent::torch_binding::ce_shard_backward_op);
 }
-
-TORCH_LIBRARY_IMPL(xent, CPU, m) {
-  m.impl("ce_shard_stats", &xent::torch_binding::ce_shard_stats_op);
-  m.impl("ce_shard_loss", &xent::torch_binding::ce_shard_loss_op);
-  m.impl("ce_shard_backward", &xent::torch_binding::ce_shard_backward_op);
-}
-
-#if defined(XENT_TORCH_CUDA)
-TORCH_LIBRARY_IMPL(xent, CUDA, m) {
-  m.impl("ce_shard_stats", &xent::torch_binding::ce_shard_stats_op);
-  m.impl("ce_shard_loss", &xent::torch_binding::ce_shard_loss_op);
-  m.impl("ce_shard_backward", &xent::torch_binding::ce_shard_backward_op);
-}
-#endif
