@@ -9,8 +9,17 @@
 Modules live in xent.nn, the Hugging Face patch in xent.hf.
 """
 
-from xent import _ops  # noqa: F401  (loads the compiled ops first)
-from xent._build import build_info, check_gpus as _check_gpus
+import torch
+
+from xent import (  # noqa: E402  (hf imports transformers only when used)
+    _ops,  # noqa: F401  (loads the compiled ops first)
+    hf,
+    nn,
+)
+from xent._build import build_info
+from xent._build import check_gpus as _check_gpus
+from xent._build import check_torch as _check_torch
+from xent._build import source_version as _source_version
 from xent.functional import (
     DISTILL_KINDS,
     CrossEntropyResult,
@@ -21,10 +30,10 @@ from xent.functional import (
     linear_logprobs,
     logprobs,
 )
-from xent import hf, nn  # noqa: E402  (hf imports transformers only when used)
 
-__version__ = build_info()["version"] or "0.1.0"
+__version__ = build_info()["version"] or _source_version()
 
+_check_torch()
 _check_gpus()
 
 __all__ = [
@@ -43,7 +52,7 @@ __all__ = [
 ]
 
 
-def check_errors(device=None) -> None:
+def check_errors(device: torch.device | None = None) -> None:
     """Raises the error a CUDA kernel flagged (an out-of-range target) since the last check.
 
     Kernels never synchronise with the host: a bad target on the GPU yields a NaN loss row and
