@@ -1,4 +1,4 @@
-"""The sharded form of linear_cross_entropy (xent.distributed, SPEC §5): row chunks of the local
+"""The sharded form of linear_cross_entropy (xent.distributed, docs/semantics.md §5): row chunks of the local
 LM-head slice, in one of two schedules.
 
 * in-forward (the default for reduction "sum"/"mean" when a gradient is wanted): per row chunk,
@@ -19,14 +19,14 @@ LM-head slice, in one of two schedules.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from xent._autograd import _apply_upstream, _no_double_backward, _scale_saved
 from xent._ops import ops
-from xent.distributed import _fail, _gather_records, _refuse_dtensor, vocab_layout
+from xent._vocab_parallel import _fail, _gather_records, _refuse_dtensor, vocab_layout
 
 Tensor = torch.Tensor
 
@@ -37,7 +37,7 @@ _RECORD_WIDTH = 9  # kCeShardStatsWidth
 _WIDEST: dict = {}
 
 
-def _widest_slice(local_vocab: int, group, device) -> int:
+def _widest_slice(local_vocab: int, group: Any, device: torch.device) -> int:
     """The largest local vocabulary of the group (one all_reduce MAX at the first call, cached
     per group and local size). Row chunks are sized by it, so that every rank cuts the batch at
     the same rows: the in-forward schedule gathers once per chunk, and ranks whose chunks
@@ -59,31 +59,34 @@ def _chunk_rows(rows: int, local_vocab: int, element: int, budget: int) -> int:
     return max(1, min(rows, budget // per_row)) if rows > 0 else 1
 
 
-def _chunk_logits(hidden, weight, bias, fp32_logits):
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, fp32_logits: bool) -> Tensor:
     logits = torch.nn.functional.linear(hidden, weight, bias)
     return logits.float() if fp32_logits else logits
 
 
 class _ChunkGrads:
     """∂hidden, ∂weight, ∂bias accumulated over row chunks. ∂W and ∂bias accumulate in fp32
-    (SPEC §2), written once in their dtype. With 16-bit layers each chunk's Gᵀ·h product is
+    (docs/semantics.md §2), written once in their dtype. With 16-bit layers each chunk's Gᵀ·h product is
     rounded to 16 bits before it is added (a torch.mm output); a single chunk (the whole batch
     within workspace_bytes) has no such rounding. An fp32-output product (addmm's out_dtype, CUDA
     only) would remove it."""
 
-    def __init__(self, hidden, weight, bias, wants, chunk):
+    def __init__(
+        self, hidden: Tensor, weight: Tensor, bias: Tensor | None, wants: tuple, chunk: int
+    ):
         want_hidden, want_weight, want_bias = wants
         self.single = hidden.shape[0] <= chunk
         self.hidden = torch.empty_like(hidden) if want_hidden else None
         self.weight = None
         if want_weight and not self.single:
             self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        self.bias = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-                     if want_bias else None)
+        self.bias = (
+            torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_bias else None
+        )
         self.wants, self.weight_dtype = wants, weight.dtype
         self.bias_dtype = bias.dtype if bias is not None else None
 
-    def add(self, g, h, weight, begin, end):
+    def add(self, g: Tensor, h: Tensor, weight: Tensor, begin: int, end: int) -> None:
         g = g.to(h.dtype)
         if self.wants[0]:
             torch.mm(g, weight, out=self.hidden[begin:end])
@@ -95,7 +98,7 @@ class _ChunkGrads:
         if self.wants[2]:
             self.bias += g.float().sum(0)
 
-    def finish(self, group, reduce_hidden_grad):
+    def finish(self, group: Any, reduce_hidden_grad: bool) -> tuple:
         """(∂hidden, ∂weight, ∂bias) in their dtypes; ∂hidden all-reduced when asked."""
         if self.hidden is not None and reduce_hidden_grad and dist.get_world_size(group) > 1:
             dist.all_reduce(self.hidden, op=dist.ReduceOp.SUM, group=group)
@@ -104,14 +107,16 @@ class _ChunkGrads:
         return self.hidden, weight, bias
 
 
-def _in_forward_possible(options, class_weight) -> bool:
+def _in_forward_possible(options: tuple, class_weight: Tensor | None) -> bool:
     """Whether one gradient scale serves the whole loss: c_n = r_n/D for the ce part and
     r_n/N_valid for the z part must be one factor (D = N_valid without class weights)."""
     reduction, z_loss = options[1], options[3]
     return reduction == "sum" or class_weight is None or z_loss == 0
 
 
-def _mean_scale(target, class_weight, options, layout, group):
+def _mean_scale(
+    target: Tensor, class_weight: Tensor | None, options: tuple, layout: tuple, group: Any
+) -> Tensor:
     """1/D of "mean" (0 when D = 0), on the device: D = N_valid, or Σ w_y over valid rows with
     class weights (each rank adds the rows whose target its slice holds; one scalar all_reduce)."""
     ignore_index = options[0]
@@ -131,10 +136,14 @@ def _mean_scale(target, class_weight, options, layout, group):
     return torch.where(divisor > 0, 1.0 / divisor.clamp(min=1e-300), 0.0).to(torch.float32)
 
 
-def _reduced_outputs(parts, target, options, with_stats, scale):
+def _reduced_outputs(
+    parts: tuple, target: Tensor, options: tuple, with_stats: bool, scale: Any
+) -> tuple:
     """The outputs of ce_shard_loss for the whole batch from its chunks' "none" outputs."""
     reduction = options[1]
-    rows = torch.cat([p[0] for p in parts]) if parts else target.new_empty((0,), dtype=torch.float32)
+    rows = (
+        torch.cat([p[0] for p in parts]) if parts else target.new_empty((0,), dtype=torch.float32)
+    )
     loss = rows.sum() if reduction == "sum" else rows.sum() * scale
     if not with_stats:
         empty = loss.new_empty((0,))
@@ -152,21 +161,60 @@ def _reduced_outputs(parts, target, options, with_stats, scale):
 class _ShardedLinearCrossEntropy(torch.autograd.Function):
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, layout,
-                group, with_stats, wants, chunk, fp32_logits, reduce_hidden_grad, cache_logits,
-                in_forward):
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        class_weight: Tensor | None,
+        row_weight: Tensor | None,
+        options: tuple,
+        layout: tuple,
+        group: Any,
+        with_stats: bool,
+        wants: tuple,
+        chunk: int,
+        fp32_logits: bool,
+        reduce_hidden_grad: bool,
+        cache_logits: bool,
+        in_forward: bool,
+    ):
         ctx.group, ctx.reduce_hidden_grad, ctx.in_forward = group, reduce_hidden_grad, in_forward
         ctx.scaled = False
         if in_forward:
-            outputs, grads = _forward_with_gradient(hidden, weight, bias, target, class_weight,
-                                                    row_weight, options, layout, group,
-                                                    with_stats, wants, chunk, fp32_logits)
+            outputs, grads = _forward_with_gradient(
+                hidden,
+                weight,
+                bias,
+                target,
+                class_weight,
+                row_weight,
+                options,
+                layout,
+                group,
+                with_stats,
+                wants,
+                chunk,
+                fp32_logits,
+            )
             ctx.save_for_backward(*grads.finish(group, False))
         else:
-            outputs, gathered, kept = _forward_records(hidden, weight, bias, target, class_weight,
-                                                       row_weight, options, layout, group,
-                                                       with_stats, chunk, fp32_logits,
-                                                       cache_logits)
+            outputs, gathered, kept = _forward_records(
+                hidden,
+                weight,
+                bias,
+                target,
+                class_weight,
+                row_weight,
+                options,
+                layout,
+                group,
+                with_stats,
+                chunk,
+                fp32_logits,
+                cache_logits,
+            )
             ctx.save_for_backward(hidden, weight, bias, target, gathered, class_weight, row_weight)
             ctx.options, ctx.layout, ctx.wants = options, layout, wants
             ctx.chunk, ctx.fp32_logits, ctx.kept = chunk, fp32_logits, kept
@@ -174,12 +222,16 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_loss, *unused):
+    def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
         if ctx.in_forward:
             grad_hidden, grad_weight, grad_bias = _apply_upstream(
-                _scale_saved(ctx, "xent.linear_cross_entropy"), grad_loss)
-            if grad_hidden is not None and ctx.reduce_hidden_grad and \
-                    dist.get_world_size(ctx.group) > 1:
+                _scale_saved(ctx, "xent.linear_cross_entropy"), grad_loss
+            )
+            if (
+                grad_hidden is not None
+                and ctx.reduce_hidden_grad
+                and dist.get_world_size(ctx.group) > 1
+            ):
                 with torch.no_grad():
                     dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=ctx.group)
             grads = (grad_hidden, grad_weight, grad_bias)
@@ -189,14 +241,30 @@ class _ShardedLinearCrossEntropy(torch.autograd.Function):
         return (*grads,) + (None,) * 13
 
 
-def _forward_with_gradient(hidden, weight, bias, target, class_weight, row_weight, options,
-                           layout, group, with_stats, wants, chunk, fp32_logits):
+def _forward_with_gradient(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    options: tuple,
+    layout: tuple,
+    group: Any,
+    with_stats: bool,
+    wants: tuple,
+    chunk: int,
+    fp32_logits: bool,
+) -> tuple:
     """The in-forward schedule: per chunk, records, their all_gather, the chunk's gradient for an
     upstream of 1 (reduction "sum" scaled by 1/D for "mean") and its products."""
     offset, vocab = layout
     rows = hidden.shape[0]
-    scale = (_mean_scale(target, class_weight, options, layout, group) if options[1] == "mean"
-             else torch.ones((), dtype=torch.float32, device=hidden.device))
+    scale = (
+        _mean_scale(target, class_weight, options, layout, group)
+        if options[1] == "mean"
+        else torch.ones((), dtype=torch.float32, device=hidden.device)
+    )
     per_row = (options[0], "none") + tuple(options[2:])
     summed = (options[0], "sum") + tuple(options[2:])
     grads = _ChunkGrads(hidden, weight, bias, wants, chunk)
@@ -207,18 +275,33 @@ def _forward_with_gradient(hidden, weight, bias, target, class_weight, row_weigh
             h, y = hidden[begin:end], target[begin:end]
             r = row_weight[begin:end] if row_weight is not None else None
             logits = _chunk_logits(h, weight, bias, fp32_logits)
-            gathered = _gather_records(ops.ce_shard_stats(logits, y, class_weight, offset, vocab,
-                                                          *options), group)
+            gathered = _gather_records(
+                ops.ce_shard_stats(logits, y, class_weight, offset, vocab, *options), group
+            )
             parts.append(ops.ce_shard_loss(gathered, y, r, vocab, *per_row, with_stats))
-            g = ops.ce_shard_backward(logits, y, gathered, scale, class_weight, r, offset, vocab,
-                                      0, *summed)
+            g = ops.ce_shard_backward(
+                logits, y, gathered, scale, class_weight, r, offset, vocab, 0, *summed
+            )
             del logits
             grads.add(g, h, weight, begin, end)
     return _reduced_outputs(parts, target, options, with_stats, scale), grads
 
 
-def _forward_records(hidden, weight, bias, target, class_weight, row_weight, options, layout,
-                     group, with_stats, chunk, fp32_logits, cache_logits):
+def _forward_records(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    options: tuple,
+    layout: tuple,
+    group: Any,
+    with_stats: bool,
+    chunk: int,
+    fp32_logits: bool,
+    cache_logits: bool,
+) -> tuple:
     """Pass 1 of the two-pass schedule: one product per chunk, records only (the chunk logits
     are dropped unless cache_logits keeps them for the backward), one all_gather in all."""
     offset, vocab = layout
@@ -227,19 +310,25 @@ def _forward_records(hidden, weight, bias, target, class_weight, row_weight, opt
     for begin in range(0, rows, chunk):
         end = min(rows, begin + chunk)
         logits = _chunk_logits(hidden[begin:end], weight, bias, fp32_logits)
-        parts.append(ops.ce_shard_stats(logits, target[begin:end], class_weight, offset, vocab,
-                                        *options))
+        parts.append(
+            ops.ce_shard_stats(logits, target[begin:end], class_weight, offset, vocab, *options)
+        )
         if cache_logits:
             kept.append(logits)
-    partial = (torch.cat(parts) if len(parts) != 1 else parts[0]) if parts else \
-        hidden.new_empty((0, _RECORD_WIDTH), dtype=torch.float64 if hidden.dtype == torch.float64
-                         else torch.float32)
+    partial = (
+        (torch.cat(parts) if len(parts) != 1 else parts[0])
+        if parts
+        else hidden.new_empty(
+            (0, _RECORD_WIDTH),
+            dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32,
+        )
+    )
     gathered = _gather_records(partial, group)
     outputs = ops.ce_shard_loss(gathered, target, row_weight, vocab, *options, with_stats)
     return outputs, gathered, kept
 
 
-def _backward_recompute(ctx, grad_loss):
+def _backward_recompute(ctx: Any, grad_loss: Tensor) -> tuple:
     """Pass 2 of the two-pass schedule: each chunk's logits again (or pass 1's, kept), its loss
     gradient for the real upstream gradient, then ∂h, ∂W, ∂bias."""
     hidden, weight, bias, target, gathered, class_weight, row_weight = ctx.saved_tensors
@@ -250,22 +339,46 @@ def _backward_recompute(ctx, grad_loss):
         for begin in range(0, rows, chunk):
             end = min(rows, begin + chunk)
             h = hidden[begin:end]
-            logits = (ctx.kept.pop(0) if ctx.kept
-                      else _chunk_logits(h, weight, bias, ctx.fp32_logits))
-            g = ops.ce_shard_backward(logits, target, gathered, grad_loss, class_weight,
-                                      row_weight, offset, vocab, begin, *ctx.options)
+            logits = (
+                ctx.kept.pop(0) if ctx.kept else _chunk_logits(h, weight, bias, ctx.fp32_logits)
+            )
+            g = ops.ce_shard_backward(
+                logits,
+                target,
+                gathered,
+                grad_loss,
+                class_weight,
+                row_weight,
+                offset,
+                vocab,
+                begin,
+                *ctx.options,
+            )
             del logits
             grads.add(g, h, weight, begin, end)
         return grads.finish(ctx.group, ctx.reduce_hidden_grad)
 
 
-def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor],
-                         target1d: Tensor, class_weight: Optional[Tensor],
-                         row_weight1d: Optional[Tensor], options: tuple, with_stats: bool,
-                         wants: tuple, *, process_group, workspace_bytes: int = 0,
-                         fp32_logits: bool = False, vocab_offset=None, vocab_size=None,
-                         reduce_hidden_grad: bool = True, cache_logits: bool = False,
-                         grad_in_forward: bool = True):
+def linear_cross_entropy(
+    hidden2d: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target1d: Tensor,
+    class_weight: Tensor | None,
+    row_weight1d: Tensor | None,
+    options: tuple,
+    with_stats: bool,
+    wants: tuple,
+    *,
+    process_group: Any,
+    workspace_bytes: int = 0,
+    fp32_logits: bool = False,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+    reduce_hidden_grad: bool = True,
+    cache_logits: bool = False,
+    grad_in_forward: bool = True,
+) -> Any:
     """The sharded form behind ``xent.linear_cross_entropy(..., process_group=pg)``.
 
     weight [V_local, H] (and bias [V_local]) are this rank's rows of the LM head; hidden [N, H]
@@ -274,27 +387,65 @@ def linear_cross_entropy(hidden2d: Tensor, weight: Tensor, bias: Optional[Tensor
     Schedules and collectives: see this module's docstring. cache_logits applies to the two-pass
     schedule (the in-forward one never recomputes)."""
     function = "linear_cross_entropy"
-    for name, tensor in (("hidden", hidden2d), ("weight", weight), ("bias", bias),
-                         ("class_weight", class_weight)):
+    for name, tensor in (
+        ("hidden", hidden2d),
+        ("weight", weight),
+        ("bias", bias),
+        ("class_weight", class_weight),
+    ):
         _refuse_dtensor(function, name, tensor)
     if weight.dim() != 2 or hidden2d.dim() != 2 or weight.shape[1] != hidden2d.shape[1]:
-        _fail(function, "weight", "shape mismatch", tuple(weight.shape),
-              f"(V_local, {hidden2d.shape[-1]}) (the local LM-head rows, H of hidden)")
-    layout = vocab_layout(weight.shape[0], process_group, weight.device, vocab_offset,
-                          vocab_size, function)
+        _fail(
+            function,
+            "weight",
+            "shape mismatch",
+            tuple(weight.shape),
+            f"(V_local, {hidden2d.shape[-1]}) (the local LM-head rows, H of hidden)",
+        )
+    layout = vocab_layout(
+        weight.shape[0], process_group, weight.device, vocab_offset, vocab_size, function
+    )
     budget = int(workspace_bytes) if workspace_bytes else _DEFAULT_BUDGET
     element = 4 if fp32_logits else hidden2d.element_size()
     widest = _widest_slice(weight.shape[0], process_group, weight.device)
     chunk = _chunk_rows(hidden2d.shape[0], widest, element, budget)
     if any(wants):
-        in_forward = (bool(grad_in_forward) and options[1] != "none"
-                      and _in_forward_possible(options, class_weight))
-        return _ShardedLinearCrossEntropy.apply(hidden2d, weight, bias, target1d, class_weight,
-                                                row_weight1d, options, layout, process_group,
-                                                with_stats, wants, chunk, bool(fp32_logits),
-                                                bool(reduce_hidden_grad), bool(cache_logits),
-                                                in_forward)
+        in_forward = (
+            bool(grad_in_forward)
+            and options[1] != "none"
+            and _in_forward_possible(options, class_weight)
+        )
+        return _ShardedLinearCrossEntropy.apply(
+            hidden2d,
+            weight,
+            bias,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            layout,
+            process_group,
+            with_stats,
+            wants,
+            chunk,
+            bool(fp32_logits),
+            bool(reduce_hidden_grad),
+            bool(cache_logits),
+            in_forward,
+        )
     with torch.no_grad():
-        return _forward_records(hidden2d, weight, bias, target1d, class_weight, row_weight1d,
-                                options, layout, process_group, with_stats, chunk,
-                                bool(fp32_logits), False)[0]
+        return _forward_records(
+            hidden2d,
+            weight,
+            bias,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            layout,
+            process_group,
+            with_stats,
+            chunk,
+            bool(fp32_logits),
+            False,
+        )[0]

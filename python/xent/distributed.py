@@ -1,4 +1,4 @@
-"""Vocabulary-parallel losses over torch.distributed (SPEC §5).
+"""Vocabulary-parallel losses over torch.distributed (docs/semantics.md §5).
 
 For models whose LM head (or logits) is split by vocabulary across the ranks of a process group
 (Megatron-style tensor parallelism): every rank holds the logits, or the LM-head rows, of one
@@ -48,83 +48,34 @@ counts of the lower ranks) and ``vocab_size=`` the full row count.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from xent._autograd import _no_double_backward
 from xent._ops import ops
+from xent._sharded_linear import linear_cross_entropy  # its own module: the chunk schedules
+from xent._vocab_parallel import _gather_records, _refuse_dtensor, vocab_layout
 
 Tensor = torch.Tensor
 
 __all__ = ["cross_entropy", "linear_cross_entropy", "distill", "vocab_layout"]
 
-_LAYOUTS: dict = {}
-
-
-def _fail(function: str, argument: str, problem: str, got, expected: str):
-    raise ValueError(f"{function}: {argument} {problem}: got {got}; expected {expected}")
-
-
-def _refuse_dtensor(function: str, name: str, tensor: Optional[Tensor]) -> None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without the DTensor package
-        return
-    if isinstance(tensor, DTensor):
-        raise TypeError(
-            f"{function}: {name} is a DTensor (placements {tensor.placements}); with "
-            "process_group the loss expects the local vocabulary slice as a plain tensor. Either "
-            f"gather it ({name}.full_tensor()) and call without process_group, or pass "
-            f"{name}.to_local() with vocab_offset= (the first vocabulary row it holds) and "
-            "vocab_size= (see xent.distributed's docstring, FSDP2 recipe)")
-
-
-def vocab_layout(local_vocab: int, process_group, device: torch.device, vocab_offset=None,
-                 vocab_size=None, function: str = "vocab_layout"):
-    """(offset, global V) of this rank's slice: given, or from one all_gather of the local sizes
-    (rank order), cached per (group, local size)."""
-    if vocab_offset is not None and vocab_size is not None:
-        offset, vocab = int(vocab_offset), int(vocab_size)
-    else:
-        key = (id(process_group), int(local_vocab))
-        if key not in _LAYOUTS:
-            world = dist.get_world_size(process_group)
-            mine = torch.tensor([int(local_vocab)], dtype=torch.int64, device=device)
-            sizes = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather(sizes, mine, group=process_group)
-            sizes = [int(s.item()) for s in sizes]
-            rank = dist.get_rank(process_group)
-            _LAYOUTS[key] = (sum(sizes[:rank]), sum(sizes))
-        offset, vocab = _LAYOUTS[key]
-        if vocab_offset is not None and int(vocab_offset) != offset:
-            _fail(function, "vocab_offset", "disagrees with the gathered layout", vocab_offset,
-                  f"{offset} (the sum of the lower ranks' sizes), or give vocab_size too")
-        if vocab_size is not None and int(vocab_size) != vocab:
-            _fail(function, "vocab_size", "disagrees with the gathered layout", vocab_size,
-                  f"{vocab} (the sum of every rank's size), or give vocab_offset too")
-    if not (0 <= offset and offset + local_vocab <= vocab):
-        _fail(function, "vocab_offset", "out of range", offset,
-              f"0 <= offset and offset + {local_vocab} <= vocab_size = {vocab}")
-    return offset, vocab
-
-
-def _gather_records(partial: Tensor, process_group) -> Tensor:
-    """[P·N, W] rank-major from every rank's [N, W] records (one collective)."""
-    world = dist.get_world_size(process_group)
-    if world == 1:
-        return partial
-    gathered = partial.new_empty((world * partial.shape[0], partial.shape[1]))
-    dist.all_gather_into_tensor(gathered, partial.contiguous(), group=process_group)
-    return gathered
-
 
 class _ShardedCrossEntropy(torch.autograd.Function):
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
     @staticmethod
-    def forward(ctx, logits, target, class_weight, row_weight, options, layout, group,
-                with_stats):
+    def forward(
+        ctx: Any,
+        logits: Tensor,
+        target: Tensor,
+        class_weight: Tensor | None,
+        row_weight: Tensor | None,
+        options: tuple,
+        layout: tuple,
+        group: Any,
+        with_stats: bool,
+    ):
         offset, vocab = layout
         partial = ops.ce_shard_stats(logits, target, class_weight, offset, vocab, *options)
         gathered = _gather_records(partial, group)
@@ -135,21 +86,39 @@ class _ShardedCrossEntropy(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_loss, *unused):
+    def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
         logits, target, gathered, class_weight, row_weight = ctx.saved_tensors
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             with torch.no_grad():
-                grad = ops.ce_shard_backward(logits, target, gathered, grad_loss, class_weight,
-                                             row_weight, ctx.layout[0], ctx.layout[1], 0,
-                                             *ctx.options)
+                grad = ops.ce_shard_backward(
+                    logits,
+                    target,
+                    gathered,
+                    grad_loss,
+                    class_weight,
+                    row_weight,
+                    ctx.layout[0],
+                    ctx.layout[1],
+                    0,
+                    *ctx.options,
+                )
             (grad,) = _no_double_backward("xent.cross_entropy", (grad,))
         return grad, None, None, None, None, None, None, None
 
 
-def cross_entropy(logits2d: Tensor, target1d: Tensor, class_weight: Optional[Tensor],
-                  row_weight1d: Optional[Tensor], options: tuple, with_stats: bool, *,
-                  process_group, vocab_offset=None, vocab_size=None):
+def cross_entropy(
+    logits2d: Tensor,
+    target1d: Tensor,
+    class_weight: Tensor | None,
+    row_weight1d: Tensor | None,
+    options: tuple,
+    with_stats: bool,
+    *,
+    process_group: Any,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+) -> Any:
     """The sharded form behind ``xent.cross_entropy(..., process_group=pg)``.
 
     logits2d [N, V_local] is this rank's vocabulary slice; target1d [N] global ids; class_weight
@@ -158,11 +127,20 @@ def cross_entropy(logits2d: Tensor, target1d: Tensor, class_weight: Optional[Ten
     function = "cross_entropy"
     _refuse_dtensor(function, "logits", logits2d)
     _refuse_dtensor(function, "class_weight", class_weight)
-    layout = vocab_layout(logits2d.shape[-1], process_group, logits2d.device, vocab_offset,
-                          vocab_size, function)
+    layout = vocab_layout(
+        logits2d.shape[-1], process_group, logits2d.device, vocab_offset, vocab_size, function
+    )
     if torch.is_grad_enabled() and logits2d.requires_grad:
-        return _ShardedCrossEntropy.apply(logits2d, target1d, class_weight, row_weight1d,
-                                          options, layout, process_group, with_stats)
+        return _ShardedCrossEntropy.apply(
+            logits2d,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            layout,
+            process_group,
+            with_stats,
+        )
     partial = ops.ce_shard_stats(logits2d, target1d, class_weight, layout[0], layout[1], *options)
     gathered = _gather_records(partial, process_group)
     return ops.ce_shard_loss(gathered, target1d, row_weight1d, layout[1], *options, with_stats)
@@ -177,44 +155,82 @@ class _ShardedDistill(torch.autograd.Function):
     # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
     #           reduction, label_smoothing, z_loss), as DistillFunction.
     @staticmethod
-    def forward(ctx, student, teacher, target, class_weight, options, layout, group):
-        gathered, sums, loss = _distill_forward(student, teacher, target, class_weight, options,
-                                                layout, group)
+    def forward(
+        ctx: Any,
+        student: Tensor,
+        teacher: Tensor,
+        target: Tensor,
+        class_weight: Tensor | None,
+        options: tuple,
+        layout: tuple,
+        group: Any,
+    ):
+        gathered, sums, loss = _distill_forward(
+            student, teacher, target, class_weight, options, layout, group
+        )
         ctx.save_for_backward(student, teacher, target, gathered, sums, class_weight)
         ctx.options, ctx.layout = options, layout
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx: Any, grad_loss: Tensor):
         student, teacher, target, gathered, sums, class_weight = ctx.saved_tensors
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             with torch.no_grad():
-                grad = ops.distill_shard_backward(student, teacher, target, gathered, sums,
-                                                  grad_loss, class_weight, ctx.layout[0],
-                                                  ctx.layout[1], *ctx.options)
+                grad = ops.distill_shard_backward(
+                    student,
+                    teacher,
+                    target,
+                    gathered,
+                    sums,
+                    grad_loss,
+                    class_weight,
+                    ctx.layout[0],
+                    ctx.layout[1],
+                    *ctx.options,
+                )
             (grad,) = _no_double_backward("xent.distill", (grad,))
         return grad, None, None, None, None, None, None
 
 
-def _distill_forward(student, teacher, target, class_weight, options, layout, group):
+def _distill_forward(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    options: tuple,
+    layout: tuple,
+    group: Any,
+) -> tuple:
     """(gathered records, gathered sums or None, loss): pass 1 and its all_gather, then for jsd
     and tvd pass 2 and its all_gather."""
     offset, vocab = layout
-    partial = ops.distill_shard_stats(student, teacher, target, class_weight, offset, vocab,
-                                      *options)
+    partial = ops.distill_shard_stats(
+        student, teacher, target, class_weight, offset, vocab, *options
+    )
     gathered = _gather_records(partial, group)
     sums = None
     if options[0] in _TWO_PASS_KINDS:
-        sums = _gather_records(ops.distill_shard_sums(student, teacher, target, gathered, offset,
-                                                      vocab, *options), group)
+        sums = _gather_records(
+            ops.distill_shard_sums(student, teacher, target, gathered, offset, vocab, *options),
+            group,
+        )
     loss = ops.distill_shard_loss(gathered, sums, target, student.shape[0], vocab, *options)
     return gathered, sums, loss
 
 
-def distill(student2d: Tensor, teacher2d: Tensor, target1d: Optional[Tensor],
-            class_weight: Optional[Tensor], options: tuple, *, process_group, vocab_offset=None,
-            vocab_size=None) -> Tensor:
+def distill(
+    student2d: Tensor,
+    teacher2d: Tensor,
+    target1d: Tensor | None,
+    class_weight: Tensor | None,
+    options: tuple,
+    *,
+    process_group: Any,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+) -> Tensor:
     """The sharded form behind ``xent.distill(..., process_group=pg)``.
 
     student2d, teacher2d [N, V_local] are this rank's vocabulary slice of the student and teacher
@@ -232,18 +248,19 @@ def distill(student2d: Tensor, teacher2d: Tensor, target1d: Optional[Tensor],
       row constants — reverse_kl's KL, jsd's Σ p_s·u, tvd's side sums — come from the forward's
       gathered records)."""
     function = "distill"
-    for name, tensor in (("student_logits", student2d), ("teacher_logits", teacher2d),
-                         ("class_weight", class_weight)):
+    for name, tensor in (
+        ("student_logits", student2d),
+        ("teacher_logits", teacher2d),
+        ("class_weight", class_weight),
+    ):
         _refuse_dtensor(function, name, tensor)
-    layout = vocab_layout(student2d.shape[-1], process_group, student2d.device, vocab_offset,
-                          vocab_size, function)
+    layout = vocab_layout(
+        student2d.shape[-1], process_group, student2d.device, vocab_offset, vocab_size, function
+    )
     if torch.is_grad_enabled() and student2d.requires_grad:
-        return _ShardedDistill.apply(student2d, teacher2d, target1d, class_weight, options,
-                                     layout, process_group)
-    return _distill_forward(student2d, teacher2d, target1d, class_weight, options, layout,
-                            process_group)[2]
-
-
-# The sharded linear_cross_entropy lives in its own module (its chunk schedules); imported last,
-# since it builds on the helpers above.
-from xent._sharded_linear import linear_cross_entropy  # noqa: E402
+        return _ShardedDistill.apply(
+            student2d, teacher2d, target1d, class_weight, options, layout, process_group
+        )
+    return _distill_forward(
+        student2d, teacher2d, target1d, class_weight, options, layout, process_group
+    )[2]
