@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that a benchmark record file holds what PERF.md asks of a record (used by ctest).
+"""Checks that a benchmark record file holds what docs/performance.md asks of a record (used by ctest).
 
 Usage: check_records.py FILE [MIN_RECORDS]: exits 1 with a message on the first problem.
 """
@@ -8,9 +8,26 @@ import json
 import math
 import sys
 
-REQUIRED = ("op", "impl", "mode", "options", "dtype", "n", "h", "v", "device", "time_ms",
-            "copy_bandwidth_bytes_per_s", "gemm_floor_ms", "ratio", "peak_extra_bytes",
-            "loss_rel_err", "grad_rel_err", "error", "commit")
+REQUIRED = (
+    "op",
+    "impl",
+    "mode",
+    "options",
+    "dtype",
+    "n",
+    "h",
+    "v",
+    "device",
+    "time_ms",
+    "copy_bandwidth_bytes_per_s",
+    "gemm_floor_ms",
+    "ratio",
+    "peak_extra_bytes",
+    "loss_rel_err",
+    "grad_rel_err",
+    "error",
+    "commit",
+)
 
 
 def main() -> int:

@@ -31,11 +31,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import (DTYPES, Timer, device_name, git_commit,  # noqa: E402
-                           peak_extra_bytes, progress, summarize)
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from compare_torch import (  # noqa: E402
+    DTYPES,
+    Timer,
+    device_name,
+    git_commit,
+    peak_extra_bytes,
+    progress,
+    summarize,
+)
 
 IMPLS = ("xent", "xent_cache", "xent_logprob", "eager", "compile", "linear_ce", "linear_ce_none")
 ENTROPY_WEIGHT = 0.01
@@ -53,33 +59,43 @@ def make_objective(impl: str, temperature: float):
     import xent
 
     if impl in ("xent", "xent_cache"):
+
         def objective(h, w, y, advantage):
-            logprob, entropy = xent.linear_logprobs(h, w, y, temperature=temperature,
-                                                    return_entropy=True,
-                                                    cache_logits=impl == "xent_cache")
+            logprob, entropy = xent.linear_logprobs(
+                h,
+                w,
+                y,
+                temperature=temperature,
+                return_entropy=True,
+                cache_logits=impl == "xent_cache",
+            )
             return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
+
         return objective
     if impl == "xent_logprob":
         return lambda h, w, y, advantage: (
-            advantage * xent.linear_logprobs(h, w, y, temperature=temperature)).sum()
+            advantage * xent.linear_logprobs(h, w, y, temperature=temperature)
+        ).sum()
     if impl == "eager":
         return lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature)
     if impl == "compile":
         torch._dynamo.reset()
         return torch.compile(
-            lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature))
+            lambda h, w, y, advantage: materialised(h, w, y, advantage, temperature)
+        )
     if impl == "linear_ce":
         return lambda h, w, y, advantage: xent.linear_cross_entropy(h, w, y)
     if impl == "linear_ce_none":
         return lambda h, w, y, advantage: (
-            advantage * xent.linear_cross_entropy(h, w, y, reduction="none")).sum()
+            advantage * xent.linear_cross_entropy(h, w, y, reduction="none")
+        ).sum()
     raise ValueError(impl)
 
 
 def make_inputs(n, h, v, dtype, device, seed):
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=generator).to(device, dtype).requires_grad_()
-    weight = (torch.randn(v, h, generator=generator) * h ** -0.5).to(device, dtype)
+    weight = (torch.randn(v, h, generator=generator) * h**-0.5).to(device, dtype)
     weight.requires_grad_()
     target = torch.randint(0, v, (n,), generator=generator)
     target[torch.rand(n, generator=generator) < 0.1] = -100  # prompt / padding tokens
@@ -88,8 +104,15 @@ def make_inputs(n, h, v, dtype, device, seed):
 
 
 def measure(impl, inputs, args, base):
-    record = dict(base, impl=impl, op="linear_ce" if impl.startswith("linear_ce") else
-                  "linear_logprobs", time_ms=None, peak_extra_mib=None, value=None, error=None)
+    record = dict(
+        base,
+        impl=impl,
+        op="linear_ce" if impl.startswith("linear_ce") else "linear_logprobs",
+        time_ms=None,
+        peak_extra_mib=None,
+        value=None,
+        error=None,
+    )
     objective = make_objective(impl, args.temperature)
     hidden, weight, target, advantage = inputs
 
@@ -105,9 +128,14 @@ def measure(impl, inputs, args, base):
         if args.device == "cuda":
             record["peak_extra_mib"] = peak_extra_bytes(step, [hidden, weight]) / 2**20
         record["time_ms"] = summarize(Timer(args.device, args.warmup, args.repeat).run(step))
-        progress(f"{impl:15s}: median {record['time_ms']['median']:.3f} ms"
-                 + (f", extra {record['peak_extra_mib']:.1f} MiB"
-                    if record["peak_extra_mib"] is not None else ""))
+        progress(
+            f"{impl:15s}: median {record['time_ms']['median']:.3f} ms"
+            + (
+                f", extra {record['peak_extra_mib']:.1f} MiB"
+                if record["peak_extra_mib"] is not None
+                else ""
+            )
+        )
     except Exception as error:  # one failing implementation must not stop the others
         record["error"] = f"{error.__class__.__name__}: {error}"[:500]
         progress(f"{impl:15s}: error: {record['error']}")
@@ -138,14 +166,23 @@ def main(argv=None) -> int:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
     dtype = getattr(torch, DTYPES[args.dtype])
-    base = {"n": args.n, "h": args.h, "v": args.v, "dtype": str(dtype).replace("torch.", ""),
-            "temperature": args.temperature, "mode": "fwdbwd", "device": device_name(args.device),
-            "commit": git_commit()}
+    base = {
+        "n": args.n,
+        "h": args.h,
+        "v": args.v,
+        "dtype": str(dtype).replace("torch.", ""),
+        "temperature": args.temperature,
+        "mode": "fwdbwd",
+        "device": device_name(args.device),
+        "commit": git_commit(),
+    }
     inputs = make_inputs(args.n, args.h, args.v, dtype, args.device, seed=1)
     records = [measure(impl, inputs, args, base) for impl in args.impls.split(",") if impl]
     reference = next((r for r in records if r["impl"] == "linear_ce" and r["time_ms"]), None)
-    print(f"{'impl':15s} {'median ms':>10s} {'p20 ms':>10s} {'p80 ms':>10s} {'extra MiB':>10s}"
-          f" {'vs linear_ce':>12s}")
+    print(
+        f"{'impl':15s} {'median ms':>10s} {'p20 ms':>10s} {'p80 ms':>10s} {'extra MiB':>10s}"
+        f" {'vs linear_ce':>12s}"
+    )
     for r in records:
         if r["error"]:
             print(f"{r['impl']:15s} error: {r['error']}")
@@ -155,8 +192,10 @@ def main(argv=None) -> int:
             r["time_vs_linear_ce"] = t["median"] / reference["time_ms"]["median"]
         extra = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.1f}"
         ratio = f"{r['time_vs_linear_ce']:.3f}" if reference else "-"
-        print(f"{r['impl']:15s} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f}"
-              f" {extra:>10s} {ratio:>12s}")
+        print(
+            f"{r['impl']:15s} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f}"
+            f" {extra:>10s} {ratio:>12s}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

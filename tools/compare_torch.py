@@ -4,7 +4,7 @@
 One process measures everything, so every ratio is taken against ceilings of the same run:
 the copy bandwidth B (a >= 1 GiB device-to-device copy, bytes read + written over time) and, for
 the linear ops, the GEMM floor F (torch.matmul time of h·Wᵀ, G·W and Gᵀ·h). Records follow the
-schema of xent-bench's JSON (PERF.md "What a benchmark record holds"); linear rows also carry
+schema of xent-bench's JSON (docs/performance.md "What a benchmark record holds"); linear rows also carry
 products_tflops, F's flops (2·N·H·V a product) over the library's median time.
 
 Implementations, each skipped with a note when not importable:
@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 try:
     import torch
@@ -63,14 +63,23 @@ def git_commit(repo: str = REPO) -> str:
     if os.environ.get("XENT_COMMIT"):
         return os.environ["XENT_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
-                             text=True, check=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", repo, "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
         commit = out.stdout.strip()
         if not commit:
             return "unknown"
-        status = subprocess.run(["git", "-C", repo, "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True,
-                                check=True, timeout=30)
+        status = subprocess.run(
+            ["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
         return commit + ("-dirty" if status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -94,19 +103,48 @@ def device_name(device: str) -> str:
 
 # ----------------------------------------------------------------------------- cases
 
-def suite_cases(name: str) -> List[dict]:
-    """The PERF.md rows (same shapes as xent-bench --suite), each a dict of case fields."""
+
+def suite_cases(name: str) -> list[dict]:
+    """The docs/performance.md rows (same shapes as xent-bench --suite), each a dict of case fields."""
     cases = []
     if name in ("perf-ce", "perf"):
         for v in (32768, 131072, 262144):
             cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", label="perf-ce"))
             cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwd", label="perf-ce no grad"))
-            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", options="all",
-                              label="perf-ce every option"))
-            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", reduction="none",
-                              label="perf-ce reduction none"))
-            cases.append(dict(op="ce", n=16384, h=0, v=v, mode="fwdbwd", inplace=True,
-                              impls=("xent_torch",), label="perf-ce inplace_backward"))
+            cases.append(
+                dict(
+                    op="ce",
+                    n=16384,
+                    h=0,
+                    v=v,
+                    mode="fwdbwd",
+                    options="all",
+                    label="perf-ce every option",
+                )
+            )
+            cases.append(
+                dict(
+                    op="ce",
+                    n=16384,
+                    h=0,
+                    v=v,
+                    mode="fwdbwd",
+                    reduction="none",
+                    label="perf-ce reduction none",
+                )
+            )
+            cases.append(
+                dict(
+                    op="ce",
+                    n=16384,
+                    h=0,
+                    v=v,
+                    mode="fwdbwd",
+                    inplace=True,
+                    impls=("xent_torch",),
+                    label="perf-ce inplace_backward",
+                )
+            )
         cases.append(dict(op="ce", n=262144, h=0, v=4096, mode="fwdbwd", label="perf-ce small V"))
         cases.append(dict(op="ce", n=256, h=0, v=262144, mode="fwdbwd", label="perf-ce small N"))
         cases.append(dict(op="ce", n=128, h=0, v=131072, mode="fwdbwd", label="perf-ce small N"))
@@ -114,36 +152,86 @@ def suite_cases(name: str) -> List[dict]:
         # The seed benchmark's rows: forward, backward, full step, no-grad forward.
         for v in (1024, 4096, 8192, 32768):
             for mode in ("fwd_graph", "bwd", "fwdbwd", "fwd"):
-                cases.append(dict(op="ce", n=16384, h=0, v=v, mode=mode,
-                                  label="perf-ce seed small V"))
+                cases.append(
+                    dict(op="ce", n=16384, h=0, v=v, mode=mode, label="perf-ce seed small V")
+                )
     if name in ("perf-distill", "perf"):
         for kind in DISTILL_KINDS:
             for n, v in ((4096, 32768), (16384, 131072)):
-                cases.append(dict(op="distill", n=n, h=0, v=v, mode="fwdbwd", kind=kind,
-                                  label="perf-distill"))
+                cases.append(
+                    dict(
+                        op="distill", n=n, h=0, v=v, mode="fwdbwd", kind=kind, label="perf-distill"
+                    )
+                )
     if name in ("perf-linear", "perf"):
         for distribution in ("random", "peaked"):
             for n, h, v in LINEAR_SHAPES:
-                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
-                                  distribution=distribution, label="perf-linear"))
+                cases.append(
+                    dict(
+                        op="linear_ce",
+                        n=n,
+                        h=h,
+                        v=v,
+                        mode="fwdbwd",
+                        distribution=distribution,
+                        label="perf-linear",
+                    )
+                )
         for distribution in ("random", "peaked"):
             for n, h, v in LINEAR_SHAPES:
-                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd",
-                                  budget_bytes=64 << 20, impls=("xent_torch",),
-                                  distribution=distribution, label="perf-linear 64 MiB"))
+                cases.append(
+                    dict(
+                        op="linear_ce",
+                        n=n,
+                        h=h,
+                        v=v,
+                        mode="fwdbwd",
+                        budget_bytes=64 << 20,
+                        impls=("xent_torch",),
+                        distribution=distribution,
+                        label="perf-linear 64 MiB",
+                    )
+                )
         for n, h, v in LINEAR_SHAPES:
             for weight in ("fp32", "fp32-autocast"):
-                cases.append(dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd", weight=weight,
-                                  impls=("compile", "xent_torch"),
-                                  label=f"perf-linear {weight} weight"))
+                cases.append(
+                    dict(
+                        op="linear_ce",
+                        n=n,
+                        h=h,
+                        v=v,
+                        mode="fwdbwd",
+                        weight=weight,
+                        impls=("compile", "xent_torch"),
+                        label=f"perf-linear {weight} weight",
+                    )
+                )
         # linear_distill (forward KL, teacher hidden states and head): at the default budget
         # (the fp32 ∂W accumulator fits) and at 64 MiB; F counts its four products.
         for n, h, v in LINEAR_SHAPES:
-            cases.append(dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd",
-                              impls=("compile", "xent_torch"), label="perf-linear distill"))
-            cases.append(dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd",
-                              budget_bytes=64 << 20, impls=("xent_torch",),
-                              label="perf-linear distill 64 MiB"))
+            cases.append(
+                dict(
+                    op="linear_distill",
+                    n=n,
+                    h=h,
+                    v=v,
+                    mode="fwdbwd",
+                    impls=("compile", "xent_torch"),
+                    label="perf-linear distill",
+                )
+            )
+            cases.append(
+                dict(
+                    op="linear_distill",
+                    n=n,
+                    h=h,
+                    v=v,
+                    mode="fwdbwd",
+                    budget_bytes=64 << 20,
+                    impls=("xent_torch",),
+                    label="perf-linear distill 64 MiB",
+                )
+            )
     for case in cases:
         case.setdefault("kind", "forward_kl")
         case.setdefault("dtype", "bf16")
@@ -152,14 +240,16 @@ def suite_cases(name: str) -> List[dict]:
 
 # ----------------------------------------------------------------------------- timing
 
+
 class Timer:
     """CUDA events on the current stream (or wall clock on the CPU); median, p20, p80."""
 
     def __init__(self, device: str, warmup: int, repeat: int):
         self.device, self.warmup, self.repeat = device, warmup, repeat
 
-    def run(self, fn: Callable[[int], None],
-            prepare: Optional[Callable[[int], None]] = None) -> List[float]:
+    def run(
+        self, fn: Callable[[int], None], prepare: Callable[[int], None] | None = None
+    ) -> list[float]:
         """Times fn(i); prepare(i), when given, runs before each call, outside the timing."""
         for i in range(self.warmup):
             if prepare:
@@ -190,7 +280,7 @@ class Timer:
         return times
 
 
-def selected_suite_cases(args) -> List[dict]:
+def selected_suite_cases(args) -> list[dict]:
     """The cases of args.suite that --labels (label prefixes; one ending in "$" names a whole
     label) and --distribution (of the linear_ce cases; the others stay) keep."""
     cases = suite_cases(args.suite)
@@ -198,15 +288,21 @@ def selected_suite_cases(args) -> List[dict]:
         wanted = args.labels.split(",")
         prefixes = tuple(label for label in wanted if not label.endswith("$"))
         whole = {label[:-1] for label in wanted if label.endswith("$")}
-        cases = [case for case in cases
-                 if case["label"] in whole or (prefixes and case["label"].startswith(prefixes))]
+        cases = [
+            case
+            for case in cases
+            if case["label"] in whole or (prefixes and case["label"].startswith(prefixes))
+        ]
     if args.distribution:
-        cases = [case for case in cases if case["op"] != "linear_ce" or
-                 case.get("distribution", "random") == args.distribution]
+        cases = [
+            case
+            for case in cases
+            if case["op"] != "linear_ce" or case.get("distribution", "random") == args.distribution
+        ]
     return cases
 
 
-def summarize(times: List[float]) -> dict:
+def summarize(times: list[float]) -> dict:
     ordered = sorted(times)
 
     def quantile(q: float) -> float:
@@ -216,11 +312,15 @@ def summarize(times: List[float]) -> dict:
         fraction = position - below
         return ordered[below] * (1 - fraction) + ordered[above] * fraction
 
-    return {"median": quantile(0.5), "p20": quantile(0.2), "p80": quantile(0.8),
-            "samples": len(ordered)}
+    return {
+        "median": quantile(0.5),
+        "p20": quantile(0.2),
+        "p80": quantile(0.8),
+        "samples": len(ordered),
+    }
 
 
-def copy_bandwidth(device: str) -> Optional[float]:
+def copy_bandwidth(device: str) -> float | None:
     """B in bytes/s: a 2 GiB (at least 1 GiB) device-to-device copy, read + written."""
     if device != "cuda":
         return None
@@ -238,7 +338,7 @@ def copy_bandwidth(device: str) -> Optional[float]:
     return None
 
 
-def gemm_floor_flops(case: dict) -> Optional[int]:
+def gemm_floor_flops(case: dict) -> int | None:
     """Flops of the products F times (gemm_floor_samples): 2·N·H·V each; None for other ops."""
     if case["op"] not in ("linear_ce", "linear_distill"):
         return None
@@ -246,7 +346,7 @@ def gemm_floor_flops(case: dict) -> Optional[int]:
     return 2 * case["n"] * case["h"] * case["v"] * products
 
 
-def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> List[float]:
+def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> list[float]:
     """Samples of F in ms: torch.matmul time of the products a fused linear op must do at this
     shape (none for other ops and on the CPU). The operands live only while they are timed."""
     if device != "cuda" or case["op"] not in ("linear_ce", "linear_distill"):
@@ -274,7 +374,8 @@ def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> List[flo
 
 # ----------------------------------------------------------------------------- inputs
 
-def make_inputs(case: dict, dtype, device: str, seed: int) -> Dict[str, "torch.Tensor"]:
+
+def make_inputs(case: dict, dtype, device: str, seed: int) -> dict[str, torch.Tensor]:
     """Random inputs like xent-bench's: logits uniform in [-8, 8), weights scaled by 1/sqrt(H).
     Peaked linear rows add a·W[y] to the hidden states (case["peak_scale"] = a)."""
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -340,12 +441,12 @@ def linear_reference_grads(x: dict, chunk: int = 2048):
     grad_h = torch.empty_like(hidden)
     grad_w = torch.zeros_like(weight)
     for start in range(0, hidden.shape[0], chunk):
-        h = hidden[start:start + chunk]
+        h = hidden[start : start + chunk]
         probs = (h @ weight.t()).softmax(-1)
         rows = torch.arange(h.shape[0], device=h.device)
-        probs[rows, target[start:start + chunk]] -= 1
+        probs[rows, target[start : start + chunk]] -= 1
         probs /= valid
-        grad_h[start:start + chunk] = probs @ weight
+        grad_h[start : start + chunk] = probs @ weight
         grad_w += probs.t() @ h
         del probs
     return grad_h, grad_w
@@ -361,7 +462,7 @@ def tensor_bytes(t) -> int:
 
 def peak_extra_bytes(step: Callable[[int], object], leaves: list) -> int:
     """Peak CUDA memory of one step(0) beyond what was allocated before it and the gradients it
-    leaves in `leaves` (beyond the inputs and their gradients, as PERF.md counts it)."""
+    leaves in `leaves` (beyond the inputs and their gradients, as docs/performance.md counts it)."""
     for leaf in leaves:
         leaf.grad = None
     torch.cuda.synchronize()
@@ -370,8 +471,11 @@ def peak_extra_bytes(step: Callable[[int], object], leaves: list) -> int:
     step(0)
     torch.cuda.synchronize()
     # A gradient written over its input (inplace_backward) adds no bytes of its own.
-    grads = sum(tensor_bytes(leaf.grad) for leaf in leaves
-                if leaf.grad is not None and leaf.grad.data_ptr() != leaf.data_ptr())
+    grads = sum(
+        tensor_bytes(leaf.grad)
+        for leaf in leaves
+        if leaf.grad is not None and leaf.grad.data_ptr() != leaf.data_ptr()
+    )
     return max(0, torch.cuda.max_memory_allocated() - before - grads)
 
 
@@ -388,19 +492,24 @@ def _relative_error(out, reference) -> float:
 def case_title(case: dict) -> str:
     op, mode = case["op"], case["mode"]
     shape = f"{case['n']}x{str(case['h']) + 'x' if case['h'] else ''}{case['v']}"
-    notes = [case[k] for k in ("options", "reduction", "distribution", "weight") if
-             case.get(k) not in (None, "plain", "mean", "random")]
+    notes = [
+        case[k]
+        for k in ("options", "reduction", "distribution", "weight")
+        if case.get(k) not in (None, "plain", "mean", "random")
+    ]
     if case.get("inplace"):
         notes.append("inplace")
     if case.get("budget_bytes"):
         notes.append(f"{case['budget_bytes'] >> 20} MiB")
     kind = ":" + case["kind"] if "distill" in op else ""
-    return f"{op}{kind} {shape} {case['dtype']} {mode}" + (f" [{', '.join(notes)}]" if notes
-                                                          else "")
+    return f"{op}{kind} {shape} {case['dtype']} {mode}" + (
+        f" [{', '.join(notes)}]" if notes else ""
+    )
 
 
-def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
-                 commit: str) -> List[dict]:
+def measure_case(
+    case: dict, impls: list[str], args, bandwidth: float | None, commit: str
+) -> list[dict]:
     device = args.device
     dtype = getattr(torch, DTYPES[case["dtype"]])
     op, kind, mode = case["op"], case.get("kind", "forward_kl"), case["mode"]
@@ -409,10 +518,11 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
     title = case_title(case)
     if case.get("distribution") == "peaked" and device == "cuda":
         case["peak_scale"] = calibrate_peak(case, dtype, device)
-        case["mean_target_prob"] = mean_target_probability(case, dtype, device,
-                                                           case["peak_scale"])
-        progress(f"{title}: peak scale {case['peak_scale']:.4f}, mean target probability "
-                 f"{case['mean_target_prob']:.3f}")
+        case["mean_target_prob"] = mean_target_probability(case, dtype, device, case["peak_scale"])
+        progress(
+            f"{title}: peak scale {case['peak_scale']:.4f}, mean target probability "
+            f"{case['mean_target_prob']:.3f}"
+        )
     first = make_inputs(case, dtype, device, seed=1)
     input_bytes = sum(tensor_bytes(t) for t in first.values())
     copies = 1
@@ -425,23 +535,38 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
     inputs = [first] + [make_inputs(case, dtype, device, seed=1 + c) for c in range(1, copies)]
     pristine = first["logits"].detach().clone() if case.get("inplace") else None
     linear_reference = None
-    if args.errors and op == "linear_ce" and mode == "fwdbwd" and reduction == "mean" \
-            and not case.get("options"):
+    if (
+        args.errors
+        and op == "linear_ce"
+        and mode == "fwdbwd"
+        and reduction == "mean"
+        and not case.get("options")
+    ):
         progress(f"{title}: float64 reference gradients ...")
         linear_reference = linear_reference_grads(first)
     element = torch.finfo(dtype).bits // 8
     base = {
-        "op": op, "mode": mode, "options": case.get("options", "plain"), "reduction": reduction,
-        "kind": kind if "distill" in op else None, "dtype": str(dtype).replace("torch.", ""),
-        "n": case["n"], "h": case["h"], "v": case["v"], "budget_bytes": case.get("budget_bytes"),
+        "op": op,
+        "mode": mode,
+        "options": case.get("options", "plain"),
+        "reduction": reduction,
+        "kind": kind if "distill" in op else None,
+        "dtype": str(dtype).replace("torch.", ""),
+        "n": case["n"],
+        "h": case["h"],
+        "v": case["v"],
+        "budget_bytes": case.get("budget_bytes"),
         "inplace_backward": bool(case.get("inplace")),
         "distribution": case.get("distribution", "random") if "linear" in op else None,
-        "peak_scale": case.get("peak_scale"), "mean_target_prob": case.get("mean_target_prob"),
+        "peak_scale": case.get("peak_scale"),
+        "mean_target_prob": case.get("mean_target_prob"),
         "weight_dtype": "float32" if case.get("weight", "").startswith("fp32") else None,
         "autocast": case.get("weight") == "fp32-autocast",
         "label": case.get("label", ""),
         "device": device_name(device),
-        "copy_bandwidth_bytes_per_s": bandwidth, "gemm_floor_ms": None, "commit": commit,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "gemm_floor_ms": None,
+        "commit": commit,
     }
     reference_loss = None
     records = []
@@ -456,10 +581,21 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
             torch.cuda.empty_cache()
 
     for impl in impls:
-        record = dict(base, impl=impl, time_ms=None, ratio=None, ratio_kind=None,
-                      min_bytes=None, peak_extra_bytes=None, workspace_bytes=None,
-                      loss_rel_err=None, grad_rel_err=None, grad_hidden_rel_err=None,
-                      grad_weight_rel_err=None, error=None)
+        record = dict(
+            base,
+            impl=impl,
+            time_ms=None,
+            ratio=None,
+            ratio_kind=None,
+            min_bytes=None,
+            peak_extra_bytes=None,
+            workspace_bytes=None,
+            loss_rel_err=None,
+            grad_rel_err=None,
+            grad_hidden_rel_err=None,
+            grad_weight_rel_err=None,
+            error=None,
+        )
         if impl in ("eager", "compile"):
             loss_fn = eager_loss(case)
             if impl == "compile":
@@ -547,7 +683,7 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
 
     # Timing, in rounds: each round times the floor F and then every library in turn
     # (args.repeat / rounds steps each, after warm-ups), so that the GPU's drift under sustained
-    # load (its clock falls and recovers over tens of calls, docs/perf-notes.md decision 79)
+    # load (its clock falls and recovers over tens of calls, docs/archive/perf-notes.md decision 79)
     # reaches F and every library alike.
     rounds = max(1, args.rounds)
     per_round = max(1, -(-args.repeat // rounds))
@@ -555,12 +691,14 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
     floor_samples = []
     for round_index in range(rounds):
         warmup = args.warmup if round_index == 0 else min(args.warmup, 2)
-        floor_samples += gemm_floor_samples(case, dtype, device,
-                                            Timer(device, warmup, per_round))
+        floor_samples += gemm_floor_samples(case, dtype, device, Timer(device, warmup, per_round))
         for record, (fn, prepare), pending in runners:
             impl = record["impl"]
-            progress(f"{impl:10s} {title}: {warmup} warm-up + {per_round} timed"
-                     + (f" (round {round_index + 1} of {rounds})" if rounds > 1 else "") + " ...")
+            progress(
+                f"{impl:10s} {title}: {warmup} warm-up + {per_round} timed"
+                + (f" (round {round_index + 1} of {rounds})" if rounds > 1 else "")
+                + " ..."
+            )
             try:
                 samples[id(record)] += Timer(device, warmup, per_round).run(fn, prepare=prepare)
             except Exception as error:
@@ -591,23 +729,38 @@ def measure_case(case: dict, impls: List[str], args, bandwidth: Optional[float],
             record["min_bytes"] = tensors * case["n"] * case["v"] * element
             if bandwidth:
                 record["ratio"] = record["min_bytes"] / (times["median"] / 1e3) / bandwidth
-        progress(f"{impl:10s} {title}: median {times['median']:.3f} ms"
-                 + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
-                 + (f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
-                    if record["peak_extra_bytes"] is not None else "")
-                 + (f", dW err {record['grad_weight_rel_err']:.4f}, dh err "
-                    f"{record['grad_hidden_rel_err']:.4f}"
-                    if record["grad_weight_rel_err"] is not None else ""))
+        progress(
+            f"{impl:10s} {title}: median {times['median']:.3f} ms"
+            + (f", ratio {record['ratio']:.3f}" if record["ratio"] else "")
+            + (
+                f", extra {record['peak_extra_bytes'] / 2**20:.1f} MiB"
+                if record["peak_extra_bytes"] is not None
+                else ""
+            )
+            + (
+                f", dW err {record['grad_weight_rel_err']:.4f}, dh err "
+                f"{record['grad_hidden_rel_err']:.4f}"
+                if record["grad_weight_rel_err"] is not None
+                else ""
+            )
+        )
     return records
 
 
-def print_table(records: List[dict]) -> None:
-    print(f"{'case':60s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
-          f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'TFLOP/s':>8s} {'loss diff':>10s}")
+def print_table(records: list[dict]) -> None:
+    print(
+        f"{'case':60s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
+        f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'TFLOP/s':>8s} {'loss diff':>10s}"
+    )
     for r in records:
-        case = dict(r, options=r["options"], inplace=r.get("inplace_backward"),
-                    weight=("fp32-autocast" if r.get("autocast") else "fp32")
-                    if r.get("weight_dtype") else None)
+        case = dict(
+            r,
+            options=r["options"],
+            inplace=r.get("inplace_backward"),
+            weight=("fp32-autocast" if r.get("autocast") else "fp32")
+            if r.get("weight_dtype")
+            else None,
+        )
         head = f"{case_title(case)[:60]:60s} {r['impl']:10s}"
         if r["error"]:
             print(f"{head} error: {r['error']}")
@@ -617,53 +770,80 @@ def print_table(records: List[dict]) -> None:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         diff = "-" if r["loss_rel_err"] is None else f"{r['loss_rel_err']:.2e}"
         tflops = "-" if r.get("products_tflops") is None else f"{r['products_tflops']:.0f}"
-        print(f"{head} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f} {extra:>10s}"
-              f" {ratio:>8s} {tflops:>8s} {diff:>10s}")
+        print(
+            f"{head} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f} {extra:>10s}"
+            f" {ratio:>8s} {tflops:>8s} {diff:>10s}"
+        )
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--op", choices=("ce", "linear_ce", "distill", "linear_distill"),
-                        default="linear_ce")
+    parser.add_argument(
+        "--op", choices=("ce", "linear_ce", "distill", "linear_distill"), default="linear_ce"
+    )
     parser.add_argument("--n", type=int)
     parser.add_argument("--h", type=int, default=0)
     parser.add_argument("--v", type=int)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    parser.add_argument("--mode", choices=("fwd", "fwdbwd", "fwd_graph", "bwd"),
-                        default="fwdbwd")
+    parser.add_argument("--mode", choices=("fwd", "fwdbwd", "fwd_graph", "bwd"), default="fwdbwd")
     parser.add_argument("--kind", choices=DISTILL_KINDS, default="forward_kl")
     parser.add_argument("--device", choices=("cuda", "cpu"))
-    parser.add_argument("--suite", choices=("perf-ce", "perf-ce-small", "perf-distill",
-                                            "perf-linear", "perf"))
-    parser.add_argument("--budget-mib", type=int,
-                        help="workspace budget of xent's fused linear ops in MiB (default: the "
-                             "package's device-aware default)")
-    parser.add_argument("--distribution", choices=("random", "peaked"),
-                        help="logits of a linear case: random (the default), or peaked (mean "
-                             "target probability about 0.3); with --suite, only the suite's "
-                             "linear_ce cases of that distribution run")
-    parser.add_argument("--weight", choices=("fp32", "fp32-autocast"),
-                        help="linear_ce: an fp32 (master) weight beside the 16-bit hidden states, "
-                             "plain or under autocast to --dtype (default: the weight in --dtype)")
-    parser.add_argument("--errors", action="store_true",
-                        help="linear_ce: gradient errors against float64 (slow)")
-    parser.add_argument("--labels", help="comma list: run only suite cases whose label "
-                                         "starts with one of these (or is one, written with a "
-                                         "trailing $: 'perf-linear$')")
-    parser.add_argument("--impls", default=",".join(IMPLS),
-                        help="comma list of " + ", ".join(IMPLS))
+    parser.add_argument(
+        "--suite", choices=("perf-ce", "perf-ce-small", "perf-distill", "perf-linear", "perf")
+    )
+    parser.add_argument(
+        "--budget-mib",
+        type=int,
+        help="workspace budget of xent's fused linear ops in MiB (default: the "
+        "package's device-aware default)",
+    )
+    parser.add_argument(
+        "--distribution",
+        choices=("random", "peaked"),
+        help="logits of a linear case: random (the default), or peaked (mean "
+        "target probability about 0.3); with --suite, only the suite's "
+        "linear_ce cases of that distribution run",
+    )
+    parser.add_argument(
+        "--weight",
+        choices=("fp32", "fp32-autocast"),
+        help="linear_ce: an fp32 (master) weight beside the 16-bit hidden states, "
+        "plain or under autocast to --dtype (default: the weight in --dtype)",
+    )
+    parser.add_argument(
+        "--errors", action="store_true", help="linear_ce: gradient errors against float64 (slow)"
+    )
+    parser.add_argument(
+        "--labels",
+        help="comma list: run only suite cases whose label "
+        "starts with one of these (or is one, written with a "
+        "trailing $: 'perf-linear$')",
+    )
+    parser.add_argument(
+        "--impls", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS)
+    )
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--warmup", type=int)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="time the libraries of a case in this many interleaved rounds of "
-                             "repeat / rounds steps each (the GPU's clock drifts under sustained "
-                             "load; default 1: each library's steps in one stretch)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time the libraries of a case in this many interleaved rounds of "
+        "repeat / rounds steps each (the GPU's clock drifts under sustained "
+        "load; default 1: each library's steps in one stretch)",
+    )
     parser.add_argument("--json", help="write the records as a JSON array to this file")
-    parser.add_argument("--append", action="store_true",
-                        help="add to the records already in --json instead of replacing them")
-    parser.add_argument("--time-limit", type=float,
-                        help="seconds after which no further case is started (default: none, "
-                             "800 for the default suite run)")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the records already in --json instead of replacing them",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        help="seconds after which no further case is started (default: none, "
+        "800 for the default suite run)",
+    )
     args = parser.parse_args(argv)
     impls = [impl for impl in args.impls.split(",") if impl]
     for impl in impls:
@@ -701,7 +881,7 @@ def main(argv=None) -> int:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products stay fp32, as in xent
     if args.default_run:
-        # No shape given: the PERF.md rows on a GPU, xent-bench's default case on the CPU.
+        # No shape given: the docs/performance.md rows on a GPU, xent-bench's default case on the CPU.
         if cuda:
             args.suite = "perf"
             if args.time_limit is None:
@@ -711,9 +891,19 @@ def main(argv=None) -> int:
     if args.suite:
         cases = selected_suite_cases(args)
     else:
-        cases = [dict(op=args.op, n=args.n, h=args.h if "linear" in args.op else 0, v=args.v,
-                      dtype=args.dtype, mode=args.mode, kind=args.kind, label="",
-                      distribution=args.distribution or "random")]
+        cases = [
+            dict(
+                op=args.op,
+                n=args.n,
+                h=args.h if "linear" in args.op else 0,
+                v=args.v,
+                dtype=args.dtype,
+                mode=args.mode,
+                kind=args.kind,
+                label="",
+                distribution=args.distribution or "random",
+            )
+        ]
         if args.weight is not None:
             cases[0]["weight"] = args.weight
         if args.budget_mib is not None:
@@ -731,8 +921,9 @@ def main(argv=None) -> int:
     records = []
     for index, case in enumerate(cases):
         if args.time_limit is not None and time.monotonic() - started > args.time_limit:
-            progress(f"time limit of {args.time_limit:.0f} s reached: "
-                     f"{len(cases) - index} cases not run")
+            progress(
+                f"time limit of {args.time_limit:.0f} s reached: {len(cases) - index} cases not run"
+            )
             break
         records.extend(measure_case(case, args.impls, args, bandwidth, commit))
         if args.json:  # after every case, so a run cut short keeps what it measured

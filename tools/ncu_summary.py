@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns the ncu captures of scripts/gpu-profile.sh into one JSON record per PERF.md row and a
+"""Turns the ncu captures of scripts/gpu-profile.sh into one JSON record per docs/performance.md row and a
 markdown table.
 
 Input: a profile directory holding rows.tsv (one line per row, written by gpu-profile.sh: row id,
@@ -30,8 +30,10 @@ import sys
 # The metrics read, by what they mean. Where ncu versions spell one differently, the names are
 # tried in order.
 DURATION = ("gpu__time_duration.sum",)
-DRAM_PCT = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
-            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")
+DRAM_PCT = (
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+)
 DRAM_READ_RATE = ("dram__bytes_read.sum.per_second",)
 DRAM_WRITE_RATE = ("dram__bytes_write.sum.per_second",)
 DRAM_READ_BYTES = ("dram__bytes_read.sum",)
@@ -39,7 +41,7 @@ DRAM_WRITE_BYTES = ("dram__bytes_write.sum",)
 SM_PCT = ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)
 ISSUE = ("smsp__issue_active.avg.per_cycle_active",)
 INSTRUCTIONS = ("smsp__inst_executed.sum", "sm__inst_executed.sum")
-# The instruction mix behind the arithmetic budget (docs/perf-notes.md): thread-level instructions
+# The instruction mix behind the arithmetic budget (docs/archive/perf-notes.md): thread-level instructions
 # (inactive lanes not counted), warp instructions issued to the special-function pipe (MUFU: ex2,
 # lg2, rcp, tanh; 16 lanes per clock per SM) and to the FMA pipes, and the SM clock of the run.
 THREAD_INSTRUCTIONS = ("smsp__thread_inst_executed.sum",)
@@ -62,15 +64,25 @@ _STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 _STALL_SUFFIX = "_per_issue_active.ratio"
 # Tensor pipe busy: on Hopper the wgmma work counts in the tensor pipe's active cycles; older
 # names and the per-instruction view follow as fall-backs.
-TENSOR_PCT = ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-              "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-              "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active",
-              "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
+TENSOR_PCT = (
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+)
 
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
-_TIME_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
-            "second": 1e6, "s": 1e6}
+_TIME_US = {
+    "nsecond": 1e-3,
+    "ns": 1e-3,
+    "usecond": 1.0,
+    "us": 1.0,
+    "msecond": 1e3,
+    "ms": 1e3,
+    "second": 1e6,
+    "s": 1e6,
+}
 
 
 class NcuCsvError(ValueError):
@@ -133,9 +145,9 @@ def _records(text):
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     start = next((i for i, row in enumerate(rows) if row and row[0].strip() == "ID"), None)
     if start is None:
-        raise NcuCsvError("no header line starting with \"ID\" (is this `ncu --csv --page raw`?)")
+        raise NcuCsvError('no header line starting with "ID" (is this `ncu --csv --page raw`?)')
     header = [cell.strip() for cell in rows[start]]
-    rest = rows[start + 1:]
+    rest = rows[start + 1 :]
     units = [""] * len(header)
     if rest and rest[0] and rest[0][0].strip() == "":
         units = [cell.strip() for cell in rest[0]] + [""] * (len(header) - len(rest[0]))
@@ -148,7 +160,9 @@ def short_kernel_name(name):
     "void xent::cuda::ce_rows_kernel<(int)8, bf16>(Params)" -> "ce_rows_kernel"."""
     # ncu prints an anonymous namespace as "(anonymous namespace)" or, in some versions, as a
     # bare "unnamed>" whose lone '>' would upset the bracket count below.
-    text = name.strip().replace("(anonymous namespace)", "anonymous").replace("unnamed>", "anonymous")
+    text = (
+        name.strip().replace("(anonymous namespace)", "anonymous").replace("unnamed>", "anonymous")
+    )
     depth, cut = 0, []
     for ch in text:  # drop everything inside <...> and (...)
         if ch in "<(":
@@ -189,63 +203,99 @@ def parse_raw_csv(text):
             return row[column[name]].strip() if name in column else None
 
         # Stall reasons (WarpStateStats): cycles a warp spent stalled per issued instruction.
-        stalls = sorted(((m[len(_STALL_PREFIX):-len(_STALL_SUFFIX)], v) for m, v in metrics.items()
-                         if m.startswith(_STALL_PREFIX) and m.endswith(_STALL_SUFFIX)),
-                        key=lambda item: -item[1])
+        stalls = sorted(
+            (
+                (m[len(_STALL_PREFIX) : -len(_STALL_SUFFIX)], v)
+                for m, v in metrics.items()
+                if m.startswith(_STALL_PREFIX) and m.endswith(_STALL_SUFFIX)
+            ),
+            key=lambda item: -item[1],
+        )
         issue = pick(ISSUE)
         smem = [pick(SMEM_STATIC), pick(SMEM_DYNAMIC)]
         tensor_metric = next((m for m in TENSOR_PCT if m in metrics), None)
         full_name = cell("Kernel Name") or cell("Function Name") or "?"
-        kernels.append({
-            "id": int(parse_number(cell("ID")) or 0),
-            "name": short_kernel_name(full_name),
-            "full_name": full_name,
-            "duration_us": pick(DURATION),
-            "dram_pct": pick(DRAM_PCT),
-            "dram_read_gb_s": pick(DRAM_READ_RATE),
-            "dram_write_gb_s": pick(DRAM_WRITE_RATE),
-            "dram_read_bytes": pick(DRAM_READ_BYTES),
-            "dram_write_bytes": pick(DRAM_WRITE_BYTES),
-            "sm_pct": pick(SM_PCT),
-            "issue_per_scheduler": issue,
-            # ncu's "no eligible": the share of cycles in which a scheduler issued nothing.
-            "no_eligible_pct": None if issue is None else max(0.0, 100.0 * (1.0 - issue)),
-            "instructions": pick(INSTRUCTIONS),
-            "thread_instructions": pick(THREAD_INSTRUCTIONS),
-            "xu_instructions": pick(XU_INSTRUCTIONS),
-            "fma_instructions": pick(FMA_INSTRUCTIONS),
-            "sm_clock_hz": pick(SM_CLOCK),
-            "occupancy_theoretical_pct": pick(OCC_THEORETICAL),
-            "occupancy_achieved_pct": pick(OCC_ACHIEVED),
-            "registers_per_thread": pick(REGISTERS),
-            "smem_per_block_bytes": None if all(s is None for s in smem)
-            else sum(s for s in smem if s is not None),
-            "grid_size": pick(GRID),
-            "block_size": pick(BLOCK),
-            "grid": cell("Grid Size"),
-            "block": cell("Block Size"),
-            "ctas_per_sm_limit": {
-                "registers": pick(LIMIT_REGISTERS), "shared_mem": pick(LIMIT_SMEM),
-                "warps": pick(LIMIT_WARPS), "blocks": pick(LIMIT_BLOCKS)},
-            "tensor_pct": metrics.get(tensor_metric) if tensor_metric else None,
-            "tensor_metric": tensor_metric,
-            "cluster_size": pick(CLUSTER),
-            "top_stalls": [[reason, value] for reason, value in stalls
-                           if reason != "selected"][:4],
-            "device": cell("device__attribute_display_name") or None,
-            "metrics": metrics,
-        })
+        kernels.append(
+            {
+                "id": int(parse_number(cell("ID")) or 0),
+                "name": short_kernel_name(full_name),
+                "full_name": full_name,
+                "duration_us": pick(DURATION),
+                "dram_pct": pick(DRAM_PCT),
+                "dram_read_gb_s": pick(DRAM_READ_RATE),
+                "dram_write_gb_s": pick(DRAM_WRITE_RATE),
+                "dram_read_bytes": pick(DRAM_READ_BYTES),
+                "dram_write_bytes": pick(DRAM_WRITE_BYTES),
+                "sm_pct": pick(SM_PCT),
+                "issue_per_scheduler": issue,
+                # ncu's "no eligible": the share of cycles in which a scheduler issued nothing.
+                "no_eligible_pct": None if issue is None else max(0.0, 100.0 * (1.0 - issue)),
+                "instructions": pick(INSTRUCTIONS),
+                "thread_instructions": pick(THREAD_INSTRUCTIONS),
+                "xu_instructions": pick(XU_INSTRUCTIONS),
+                "fma_instructions": pick(FMA_INSTRUCTIONS),
+                "sm_clock_hz": pick(SM_CLOCK),
+                "occupancy_theoretical_pct": pick(OCC_THEORETICAL),
+                "occupancy_achieved_pct": pick(OCC_ACHIEVED),
+                "registers_per_thread": pick(REGISTERS),
+                "smem_per_block_bytes": None
+                if all(s is None for s in smem)
+                else sum(s for s in smem if s is not None),
+                "grid_size": pick(GRID),
+                "block_size": pick(BLOCK),
+                "grid": cell("Grid Size"),
+                "block": cell("Block Size"),
+                "ctas_per_sm_limit": {
+                    "registers": pick(LIMIT_REGISTERS),
+                    "shared_mem": pick(LIMIT_SMEM),
+                    "warps": pick(LIMIT_WARPS),
+                    "blocks": pick(LIMIT_BLOCKS),
+                },
+                "tensor_pct": metrics.get(tensor_metric) if tensor_metric else None,
+                "tensor_metric": tensor_metric,
+                "cluster_size": pick(CLUSTER),
+                "top_stalls": [[reason, value] for reason, value in stalls if reason != "selected"][
+                    :4
+                ],
+                "device": cell("device__attribute_display_name") or None,
+                "metrics": metrics,
+            }
+        )
     return kernels
 
 
 # Figures of a kernel group weighted by each launch's time (a share-of-peak over the group's span).
-_WEIGHTED = ("dram_pct", "dram_read_gb_s", "dram_write_gb_s", "sm_pct", "issue_per_scheduler",
-             "no_eligible_pct", "occupancy_theoretical_pct", "occupancy_achieved_pct",
-             "tensor_pct", "sm_clock_hz")
-_SUMMED = ("duration_us", "dram_read_bytes", "dram_write_bytes", "instructions",
-           "thread_instructions", "xu_instructions", "fma_instructions")
-_FIRST = ("registers_per_thread", "smem_per_block_bytes", "grid_size", "block_size", "grid",
-          "block", "cluster_size", "ctas_per_sm_limit")
+_WEIGHTED = (
+    "dram_pct",
+    "dram_read_gb_s",
+    "dram_write_gb_s",
+    "sm_pct",
+    "issue_per_scheduler",
+    "no_eligible_pct",
+    "occupancy_theoretical_pct",
+    "occupancy_achieved_pct",
+    "tensor_pct",
+    "sm_clock_hz",
+)
+_SUMMED = (
+    "duration_us",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "instructions",
+    "thread_instructions",
+    "xu_instructions",
+    "fma_instructions",
+)
+_FIRST = (
+    "registers_per_thread",
+    "smem_per_block_bytes",
+    "grid_size",
+    "block_size",
+    "grid",
+    "block",
+    "cluster_size",
+    "ctas_per_sm_limit",
+)
 
 
 _GEMM_NAME = re.compile(r"nvjet|gemm|xmma|cutlass|cublas", re.IGNORECASE)
@@ -300,19 +350,22 @@ def per_element_mix(kernel, n, v):
     def per(value, lanes=1.0):
         return None if value is None else value * lanes / elements
 
-    return {"thread_instructions": per(kernel.get("thread_instructions")),
-            "mufu_lanes": per(kernel.get("xu_instructions"), 32.0),
-            "fma_lanes": per(kernel.get("fma_instructions"), 32.0)}
+    return {
+        "thread_instructions": per(kernel.get("thread_instructions")),
+        "mufu_lanes": per(kernel.get("xu_instructions"), 32.0),
+        "fma_lanes": per(kernel.get("fma_instructions"), 32.0),
+    }
 
 
 def summarize_row(meta, kernels):
-    """One JSON record for a PERF.md row: what was run, every kernel launch of the one op call,
+    """One JSON record for a docs/performance.md row: what was run, every kernel launch of the one op call,
     the launches grouped by kernel, and the summed kernel time with each kernel's share."""
     total = sum(k["duration_us"] or 0.0 for k in kernels)
     record = {"record": "ncu-profile"}
     record.update(meta)
-    record["kernels"] = [{key: value for key, value in k.items() if key != "metrics"}
-                         for k in kernels]
+    record["kernels"] = [
+        {key: value for key, value in k.items() if key != "metrics"} for k in kernels
+    ]
     for k in record["kernels"]:
         k["time_share"] = (k["duration_us"] or 0.0) / total if total > 0 else None
     record["by_kernel"] = group_by_kernel(kernels)
@@ -321,8 +374,9 @@ def summarize_row(meta, kernels):
     record["dominant_kernel"] = record["by_kernel"][0]["name"] if kernels else None
     gemm_us = sum(k["duration_us"] or 0.0 for k in kernels if is_gemm(k["full_name"]))
     record["gemm_time_share"] = gemm_us / total if total > 0 else None
-    record["per_element"] = per_element_mix(record["by_kernel"][0] if kernels else None,
-                                            meta.get("n"), meta.get("v"))
+    record["per_element"] = per_element_mix(
+        record["by_kernel"][0] if kernels else None, meta.get("n"), meta.get("v")
+    )
     devices = {k["device"] for k in kernels if k["device"]}
     if devices and "device" not in record:
         record["device"] = sorted(devices)[0]
@@ -347,9 +401,15 @@ def summarize_directory(directory):
     records = []
     for entry in _read_manifest(directory):
         meta = {
-            "row": entry["row"], "label": entry["label"], "op": entry["op"],
-            "mode": entry["mode"], "options": entry["options"], "kind": entry["kind"] or None,
-            "dtype": "bfloat16", "n": _int_or_none(entry["n"]), "h": _int_or_none(entry["h"]),
+            "row": entry["row"],
+            "label": entry["label"],
+            "op": entry["op"],
+            "mode": entry["mode"],
+            "options": entry["options"],
+            "kind": entry["kind"] or None,
+            "dtype": "bfloat16",
+            "n": _int_or_none(entry["n"]),
+            "h": _int_or_none(entry["h"]),
             "v": _int_or_none(entry["v"]),
             "budget_bytes": (_int_or_none(entry["budget_mib"]) or 0) << 20 or None,
             "profile_status": _int_or_none(entry["status"]),
@@ -384,7 +444,7 @@ def _fmt(value, digits=0, scale=1.0):
 
 def _brief(name, limit=40):
     """cuBLAS kernel names run past 100 characters; the table keeps their head (JSON has all)."""
-    return name if len(name) <= limit else name[:limit - 1] + "…"
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def markdown_table(records):
@@ -399,21 +459,28 @@ def markdown_table(records):
     ]
     for r in records:
         shape = "×".join(str(x) for x in (r.get("n"), r.get("h"), r.get("v")) if x)
-        title = " ".join(x for x in (r.get("op"), r.get("kind"), shape, r.get("mode"),
-                                     r.get("options")) if x) or r.get("row") or "?"
+        title = (
+            " ".join(
+                x for x in (r.get("op"), r.get("kind"), shape, r.get("mode"), r.get("options")) if x
+            )
+            or r.get("row")
+            or "?"
+        )
         if r.get("error") or not r["by_kernel"]:
             lines.append(f"| {title} | – | error: {r.get('error')} |" + " |" * 13)
             continue
         d = r["by_kernel"][0]
         limits = d["ctas_per_sm_limit"] or {}
-        shares = ", ".join(f"{_brief(g['name'])} {_fmt(g['time_share'], 0, 100)} %"
-                           for g in r["by_kernel"][:4])
+        shares = ", ".join(
+            f"{_brief(g['name'])} {_fmt(g['time_share'], 0, 100)} %" for g in r["by_kernel"][:4]
+        )
         if r.get("gemm_time_share"):
             shares = f"GEMMs {_fmt(r['gemm_time_share'], 0, 100)} %: " + shares
         stalls = ", ".join(f"{reason} {value:.2f}" for reason, value in d["top_stalls"][:3])
         mix = r.get("per_element") or {}
-        mix_text = " / ".join(_fmt(mix.get(key), 1) for key in
-                              ("thread_instructions", "mufu_lanes", "fma_lanes"))
+        mix_text = " / ".join(
+            _fmt(mix.get(key), 1) for key in ("thread_instructions", "mufu_lanes", "fma_lanes")
+        )
         if len(r["by_kernel"]) > 4:
             shares += f", {len(r['by_kernel']) - 4} more"
         lines.append(
@@ -425,7 +492,8 @@ def markdown_table(records):
             f"| {_fmt(limits.get('registers'))} / {_fmt(limits.get('shared_mem'))} "
             f"| {_fmt(d['registers_per_thread'])} | {_fmt(d['smem_per_block_bytes'], 1, 1 / 1024)} "
             f"| {_fmt(d['grid_size'])} × {_fmt(d['block_size'])} | {_fmt(d['tensor_pct'])} "
-            f"| {mix_text} | {stalls or '–'} | {shares} |")
+            f"| {mix_text} | {stalls or '–'} | {shares} |"
+        )
     return "\n".join(lines)
 
 
@@ -434,8 +502,9 @@ def main(argv=None):
     parser.add_argument("directory", nargs="?", help="profile directory with rows.tsv")
     parser.add_argument("--csv", help="summarize one capture instead of a profile directory")
     parser.add_argument("--label", default="", help="label of the row of --csv")
-    parser.add_argument("--json", help="JSON output (default DIRECTORY/profile.json; "
-                        "none with --csv unless given)")
+    parser.add_argument(
+        "--json", help="JSON output (default DIRECTORY/profile.json; none with --csv unless given)"
+    )
     parser.add_argument("--markdown", action="store_true", help="print the markdown table")
     args = parser.parse_args(argv)
     if bool(args.directory) == bool(args.csv):
@@ -444,8 +513,11 @@ def main(argv=None):
     if args.csv:
         with open(args.csv, encoding="utf-8", errors="replace") as handle:
             kernels = parse_raw_csv(handle.read())
-        records = [summarize_row({"row": args.label or os.path.basename(args.csv),
-                                  "label": args.label}, kernels)]
+        records = [
+            summarize_row(
+                {"row": args.label or os.path.basename(args.csv), "label": args.label}, kernels
+            )
+        ]
         json_path = args.json
     else:
         records = summarize_directory(args.directory)

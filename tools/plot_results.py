@@ -6,7 +6,7 @@ successful forward + backward measurements, and draws for each GPU (device name)
 
   ce_<device>.png              time vs vocabulary size, one line per implementation
   distill_<device>.png         the same per distillation kind
-  linear_ce_<device>.png       time and peak extra memory vs tokens N (or per PERF.md shape when
+  linear_ce_<device>.png       time and peak extra memory vs tokens N (or per docs/performance.md shape when
                                the records have one N per shape)
 
 Implementations: xent, naive (xent-bench's materialised form), eager, compile (torch.compile),
@@ -36,14 +36,22 @@ IMPL_STYLE = {  # one colour and marker per implementation, the same in every pi
     "xent_torch": ("#e377c2", "P"),
     "quack": ("#17becf", "*"),
 }
-IMPL_LABEL = {"xent": "xent", "naive": "naive (materialised)", "eager": "torch eager",
-              "compile": "torch.compile", "liger": "Liger-Kernel", "cce": "Cut Cross-Entropy",
-              "cce_exact": "Cut Cross-Entropy (exact)", "xent_torch": "xent (Python)",
-              "quack": "QuACK"}
+IMPL_LABEL = {
+    "xent": "xent",
+    "naive": "naive (materialised)",
+    "eager": "torch eager",
+    "compile": "torch.compile",
+    "liger": "Liger-Kernel",
+    "cce": "Cut Cross-Entropy",
+    "cce_exact": "Cut Cross-Entropy (exact)",
+    "xent_torch": "xent (Python)",
+    "quack": "QuACK",
+}
 
 
 def load_records(results_dir: str) -> list:
     records = []
+
     # Oldest first, by the date in the file name (YYYY-MM-DD, a letter after it for a later run
     # of the day), so that latest() keeps the newest measurement of a case.
     def dated(path):
@@ -64,7 +72,8 @@ def load_records(results_dir: str) -> list:
             # variants of the kernels that are not the library's state; they stay in
             # bench/results for the notes, not the plots.
             if isinstance(record, dict) and any(
-                    k in record for k in ("ab_experiment", "ab_side", "ab_config")):
+                k in record for k in ("ab_experiment", "ab_side", "ab_config")
+            ):
                 continue
             if isinstance(record, dict) and not record.get("error") and record.get("time_ms"):
                 record["_source"] = os.path.basename(path)
@@ -89,10 +98,23 @@ def latest(records: list) -> list:
         # h and the budget matter to the linear ops only (older records of the logits ops carry
         # h = null and no budget, and must still be replaced by newer ones of the same case).
         linear = r["op"].startswith("linear")
-        key = (r.get("device"), r["impl"], r["op"], r.get("kind"), r["n"], r.get("h") or 0, r["v"], r["dtype"],
-               r["mode"], r.get("options", "plain"), r.get("reduction", "mean"),
-               r.get("budget_bytes") if linear else None, r.get("distribution") or "random",
-               r.get("weight_dtype"), bool(r.get("autocast")))
+        key = (
+            r.get("device"),
+            r["impl"],
+            r["op"],
+            r.get("kind"),
+            r["n"],
+            r.get("h") or 0,
+            r["v"],
+            r["dtype"],
+            r["mode"],
+            r.get("options", "plain"),
+            r.get("reduction", "mean"),
+            r.get("budget_bytes") if linear else None,
+            r.get("distribution") or "random",
+            r.get("weight_dtype"),
+            bool(r.get("autocast")),
+        )
         keyed[key] = r
     return list(keyed.values())
 
@@ -100,8 +122,14 @@ def latest(records: list) -> list:
 def plain_fwdbwd(records: list, op: str) -> list:
     """Plain-option forward + backward records of op, in its most measured dtype (one picture
     never mixes dtypes)."""
-    rows = [r for r in records if r["op"] == op and r["mode"] == "fwdbwd"
-            and r.get("options", "plain") == "plain" and r.get("reduction", "mean") == "mean"]
+    rows = [
+        r
+        for r in records
+        if r["op"] == op
+        and r["mode"] == "fwdbwd"
+        and r.get("options", "plain") == "plain"
+        and r.get("reduction", "mean") == "mean"
+    ]
     dtype = most_common(r["dtype"] for r in rows)
     return [r for r in rows if r["dtype"] == dtype]
 
@@ -125,8 +153,13 @@ def plot_time_vs_v(plt, ax, records: list, title: str) -> bool:
     for impl, points in sorted(by_impl.items()):
         points.sort()
         colour, marker = style(impl)
-        ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, marker=marker,
-                label=IMPL_LABEL.get(impl, impl))
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            color=colour,
+            marker=marker,
+            label=IMPL_LABEL.get(impl, impl),
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("vocabulary size V")
@@ -160,8 +193,12 @@ def plot_distill(plt, records: list, device: str, out_dir: str) -> list:
     lines = (len(kinds) + columns - 1) // columns
     fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.8 * lines), squeeze=False)
     for index, kind in enumerate(kinds):
-        plot_time_vs_v(plt, axes[index // columns][index % columns],
-                       [r for r in rows if r.get("kind") == kind], kind)
+        plot_time_vs_v(
+            plt,
+            axes[index // columns][index % columns],
+            [r for r in rows if r.get("kind") == kind],
+            kind,
+        )
     for index in range(len(kinds), lines * columns):
         axes[index // columns][index % columns].axis("off")
     fig.suptitle(f"distillation — {device}", fontsize=9)
@@ -175,13 +212,18 @@ def plot_distill(plt, records: list, device: str, out_dir: str) -> list:
 def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
     # What users run: each library through its PyTorch API at its default settings (xent at its
     # default budget), on random logits, with a 16-bit weight.
-    rows = [r for r in plain_fwdbwd(records, "linear_ce")
-            if r.get("budget_bytes") is None and (r.get("distribution") or "random") == "random"
-            and not r.get("weight_dtype") and r["impl"] in IMPL_LABEL]
+    rows = [
+        r
+        for r in plain_fwdbwd(records, "linear_ce")
+        if r.get("budget_bytes") is None
+        and (r.get("distribution") or "random") == "random"
+        and not r.get("weight_dtype")
+        and r["impl"] in IMPL_LABEL
+    ]
     if not rows:
         return []
     # The shapes xent was measured at, every implementation beside it there. A scan over N at one
-    # (H, V) draws lines; one N per shape (the PERF.md rows) draws bars.
+    # (H, V) draws lines; one N per shape (the docs/performance.md rows) draws bars.
     xent_impl = "xent_torch" if any(r["impl"] == "xent_torch" for r in rows) else "xent"
     measured = {(r["n"], r["h"], r["v"]) for r in rows if r["impl"] == xent_impl}
     if measured:
@@ -195,16 +237,29 @@ def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
     if len(shapes[scan_shape]) >= 2:
         h, v = scan_shape
         for impl in impls:
-            points = sorted((r["n"], r["time_ms"]["median"], r.get("peak_extra_bytes"))
-                            for r in rows if r["impl"] == impl and (r["h"], r["v"]) == scan_shape)
+            points = sorted(
+                (r["n"], r["time_ms"]["median"], r.get("peak_extra_bytes"))
+                for r in rows
+                if r["impl"] == impl and (r["h"], r["v"]) == scan_shape
+            )
             colour, marker = style(impl)
             label = IMPL_LABEL.get(impl, impl)
-            time_ax.plot([p[0] for p in points], [p[1] for p in points], color=colour,
-                         marker=marker, label=label)
+            time_ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                color=colour,
+                marker=marker,
+                label=label,
+            )
             memory = [(p[0], p[2] / 2**20) for p in points if p[2] is not None]
             if memory:
-                memory_ax.plot([m[0] for m in memory], [m[1] for m in memory], color=colour,
-                               marker=marker, label=label)
+                memory_ax.plot(
+                    [m[0] for m in memory],
+                    [m[1] for m in memory],
+                    color=colour,
+                    marker=marker,
+                    label=label,
+                )
         for ax in (time_ax, memory_ax):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -220,20 +275,29 @@ def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
             found = [by_shape[shape] for shape in labels if shape in by_shape]
             colour, _ = style(impl)
             label = IMPL_LABEL.get(impl, impl)
-            time_ax.bar(xs, [r["time_ms"]["median"] for r in found], width, color=colour,
-                        label=label)
-            memory = [(x, r["peak_extra_bytes"] / 2**20) for x, r in zip(xs, found)
-                      if r.get("peak_extra_bytes") is not None]
+            time_ax.bar(
+                xs, [r["time_ms"]["median"] for r in found], width, color=colour, label=label
+            )
+            memory = [
+                (x, r["peak_extra_bytes"] / 2**20)
+                for x, r in zip(xs, found)
+                if r.get("peak_extra_bytes") is not None
+            ]
             if memory:
-                memory_ax.bar([m[0] for m in memory], [max(m[1], 1e-3) for m in memory], width,
-                              color=colour, label=label)
+                memory_ax.bar(
+                    [m[0] for m in memory],
+                    [max(m[1], 1e-3) for m in memory],
+                    width,
+                    color=colour,
+                    label=label,
+                )
         ticks = [i + 0.4 - width / 2 for i in range(len(labels))]
         for ax in (time_ax, memory_ax):
             ax.set_xticks(ticks)
             ax.set_xticklabels([f"N={n}\nH={h}\nV={v}" for n, h, v in labels], fontsize=8)
             ax.grid(True, axis="y", alpha=0.3)
         memory_ax.set_yscale("log")
-        time_ax.set_title("linear_ce time per PERF.md shape")
+        time_ax.set_title("linear_ce time per docs/performance.md shape")
     time_ax.set_ylabel("time, forward + backward (ms)")
     memory_ax.set_ylabel("peak extra memory (MiB)")
     memory_ax.set_title("memory beyond inputs and their gradients")
@@ -249,20 +313,40 @@ def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
 
 
 def markdown_table(records: list) -> str:
-    lines = ["| device | op | N × H × V | dtype | impl | median ms | ratio | extra MiB |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| device | op | N × H × V | dtype | impl | median ms | ratio | extra MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     order = {impl: i for i, impl in enumerate(IMPL_STYLE)}
-    for r in sorted(records, key=lambda r: (r["device"], r["op"], r.get("kind") or "", r["n"],
-                                            r.get("h", 0), r["v"], r["mode"],
-                                            order.get(r["impl"], 99))):
-        op = r["op"] + (f" {r['kind']}" if r.get("kind") else "") + \
-             (" (no grad)" if r["mode"] == "fwd" else "")
+    for r in sorted(
+        records,
+        key=lambda r: (
+            r["device"],
+            r["op"],
+            r.get("kind") or "",
+            r["n"],
+            r.get("h", 0),
+            r["v"],
+            r["mode"],
+            order.get(r["impl"], 99),
+        ),
+    ):
+        op = (
+            r["op"]
+            + (f" {r['kind']}" if r.get("kind") else "")
+            + (" (no grad)" if r["mode"] == "fwd" else "")
+        )
         shape = " × ".join(str(x) for x in (r["n"], r.get("h") or None, r["v"]) if x)
-        ratio = "" if r.get("ratio") is None else \
-            f"{r['ratio']:.2f} ({'of B' if r.get('ratio_kind') == 'bandwidth' else 'x F'})"
+        ratio = (
+            ""
+            if r.get("ratio") is None
+            else f"{r['ratio']:.2f} ({'of B' if r.get('ratio_kind') == 'bandwidth' else 'x F'})"
+        )
         extra = "" if r.get("peak_extra_bytes") is None else f"{r['peak_extra_bytes'] / 2**20:.0f}"
-        lines.append(f"| {r['device']} | {op} | {shape} | {r['dtype']} | {r['impl']} | "
-                     f"{r['time_ms']['median']:.3f} | {ratio} | {extra} |")
+        lines.append(
+            f"| {r['device']} | {op} | {shape} | {r['dtype']} | {r['impl']} | "
+            f"{r['time_ms']['median']:.3f} | {ratio} | {extra} |"
+        )
     return "\n".join(lines)
 
 
@@ -278,11 +362,11 @@ def main(argv=None) -> int:
         return 1
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plot_results: matplotlib is not installed (pip install matplotlib)",
-              file=sys.stderr)
+        print("plot_results: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 1
     os.makedirs(args.out, exist_ok=True)
     by_device = defaultdict(list)

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def distill_loss(student, teacher, kind: str, beta: float = 0.5):
-    """SPEC §3 at temperature 1, mean over rows, written as PyTorch users write it."""
+    """docs/semantics.md §3 at temperature 1, mean over rows, written as PyTorch users write it."""
     log_ps = F.log_softmax(student.float(), dim=-1)
     log_pt = F.log_softmax(teacher.float(), dim=-1)
     if kind == "forward_kl":
@@ -34,7 +34,7 @@ def distill_loss(student, teacher, kind: str, beta: float = 0.5):
     raise ValueError(kind)
 
 
-# The "every option" row of PERF.md: label smoothing, z-loss and softcap together.
+# The "every option" row of docs/performance.md: label smoothing, z-loss and softcap together.
 ALL_OPTIONS = dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0)
 
 
@@ -48,8 +48,9 @@ def _eager_ce(logits, target, case: dict):
     x = logits.float()
     if "softcap" in options:
         x = options["softcap"] * torch.tanh(x / options["softcap"])
-    loss = F.cross_entropy(x, target, reduction=reduction,
-                           label_smoothing=options.get("label_smoothing", 0.0))
+    loss = F.cross_entropy(
+        x, target, reduction=reduction, label_smoothing=options.get("label_smoothing", 0.0)
+    )
     if "z_loss" in options:
         z = options["z_loss"] * torch.logsumexp(x, dim=-1).square()
         loss = loss + (z if reduction == "none" else z.mean())
@@ -62,12 +63,14 @@ def eager_loss(case: dict):
     if op == "ce":
         return lambda x: _eager_ce(x["logits"], x["target"], case)
     if op == "linear_ce":
-        return lambda x: _eager_ce(x["hidden"] @ x["weight"].to(x["hidden"].dtype).t(),
-                                   x["target"], case)
+        return lambda x: _eager_ce(
+            x["hidden"] @ x["weight"].to(x["hidden"].dtype).t(), x["target"], case
+        )
     if op == "distill":
         return lambda x: distill_loss(x["logits"], x["teacher"], kind)
-    return lambda x: distill_loss(x["hidden"] @ x["weight"].t(),
-                                  x["teacher_hidden"] @ x["teacher_weight"].t(), kind)
+    return lambda x: distill_loss(
+        x["hidden"] @ x["weight"].t(), x["teacher_hidden"] @ x["teacher_weight"].t(), kind
+    )
 
 
 def _import_xent():
@@ -89,13 +92,18 @@ def library_loss(impl: str, case: dict):
     reduction = case.get("reduction", "mean")
     if impl == "liger":
         try:
-            from liger_kernel.transformers import (LigerCrossEntropyLoss,
-                                                   LigerFusedLinearCrossEntropyLoss)
+            from liger_kernel.transformers import (
+                LigerCrossEntropyLoss,
+                LigerFusedLinearCrossEntropyLoss,
+            )
         except ImportError as error:
             return f"not importable ({error.__class__.__name__})"
-        liger_options = dict(label_smoothing=options.get("label_smoothing", 0.0),
-                             lse_square_scale=options.get("z_loss", 0.0),
-                             softcap=options.get("softcap"), reduction=reduction)
+        liger_options = dict(
+            label_smoothing=options.get("label_smoothing", 0.0),
+            lse_square_scale=options.get("z_loss", 0.0),
+            softcap=options.get("softcap"),
+            reduction=reduction,
+        )
         if op == "ce":
             module = LigerCrossEntropyLoss(**liger_options)
             return lambda x: module(x["logits"], x["target"])
@@ -114,19 +122,21 @@ def library_loss(impl: str, case: dict):
             return f"not importable ({error.__class__.__name__})"
         if impl == "cce":  # the default: gradient blocks under a probability threshold skipped
             return lambda x: linear_cross_entropy(x["hidden"], x["weight"], x["target"])
-        return lambda x: linear_cross_entropy(x["hidden"], x["weight"], x["target"],
-                                              filter_eps=None)
+        return lambda x: linear_cross_entropy(
+            x["hidden"], x["weight"], x["target"], filter_eps=None
+        )
     if impl == "quack":
         if options or reduction != "mean":
             return "not measured with options"
         try:
             if op == "ce":
                 from quack.cross_entropy import cross_entropy as quack_ce
+
                 return lambda x: quack_ce(x["logits"], x["target"], reduction="mean")
             if op == "linear_ce":
                 from quack.linear_cross_entropy import chunked_linear_cross_entropy
-                return lambda x: chunked_linear_cross_entropy(x["hidden"], x["weight"],
-                                                              x["target"])
+
+                return lambda x: chunked_linear_cross_entropy(x["hidden"], x["weight"], x["target"])
         except Exception as error:  # the DSL can fail at import on an unsupported setup
             return f"not importable ({error.__class__.__name__}: {str(error)[:200]})"
         return "no comparable QuACK op"
@@ -136,19 +146,27 @@ def library_loss(impl: str, case: dict):
         except ImportError as error:
             return f"not importable ({error.__class__.__name__}: {error})"
         extra = {"inplace_backward": True} if case.get("inplace") else {}
-        budget = {} if case.get("budget_bytes") is None else {
-            "workspace_bytes": case["budget_bytes"]}
+        budget = (
+            {} if case.get("budget_bytes") is None else {"workspace_bytes": case["budget_bytes"]}
+        )
         if op == "ce":
-            return lambda x: xf.cross_entropy(x["logits"], x["target"], reduction=reduction,
-                                              **options, **extra)
+            return lambda x: xf.cross_entropy(
+                x["logits"], x["target"], reduction=reduction, **options, **extra
+            )
         if op == "linear_ce":
-            return lambda x: xf.linear_cross_entropy(x["hidden"], x["weight"], x["target"],
-                                                     reduction=reduction, **options, **budget)
+            return lambda x: xf.linear_cross_entropy(
+                x["hidden"], x["weight"], x["target"], reduction=reduction, **options, **budget
+            )
         if op == "distill":
-            return lambda x: xf.distill(x["logits"], x["teacher"], kind=kind,
-                                        reduction=reduction, **extra)
-        return lambda x: xf.linear_distill(x["hidden"], x["weight"],
-                                           teacher_hidden=x["teacher_hidden"],
-                                           teacher_weight=x["teacher_weight"], kind=kind,
-                                           **budget)
+            return lambda x: xf.distill(
+                x["logits"], x["teacher"], kind=kind, reduction=reduction, **extra
+            )
+        return lambda x: xf.linear_distill(
+            x["hidden"],
+            x["weight"],
+            teacher_hidden=x["teacher_hidden"],
+            teacher_weight=x["teacher_weight"],
+            kind=kind,
+            **budget,
+        )
     raise ValueError(impl)

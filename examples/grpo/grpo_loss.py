@@ -36,8 +36,9 @@ def grpo_policy_loss(logprob, entropy, old_logprob, advantage, mask, clip=0.2, e
 
 
 def fused_loss(hidden, weight, target, old_logprob, advantage, temperature):
-    logprob, entropy = xent.linear_logprobs(hidden, weight, target, temperature=temperature,
-                                            return_entropy=True)
+    logprob, entropy = xent.linear_logprobs(
+        hidden, weight, target, temperature=temperature, return_entropy=True
+    )
     return grpo_policy_loss(logprob, entropy, old_logprob, advantage, target != -100)
 
 
@@ -50,8 +51,9 @@ def materialised_loss(hidden, weight, target, old_logprob, advantage, temperatur
     return grpo_policy_loss(logprob, entropy, old_logprob, advantage, mask)
 
 
-def make_batch(groups, completions, prompt_len, completion_len, hidden_size, vocab, device,
-               dtype, generator):
+def make_batch(
+    groups, completions, prompt_len, completion_len, hidden_size, vocab, device, dtype, generator
+):
     """A batch of `groups` prompts × `completions` completions: hidden states of every position,
     sampled tokens (prompt positions ignored), group-normalised advantages per completion and
     the sampling policy's log-probabilities (the current ones, perturbed: a policy a step old)."""
@@ -62,7 +64,7 @@ def make_batch(groups, completions, prompt_len, completion_len, hidden_size, voc
         return (torch.randn(*shape, generator=generator) * scale).to(device, dtype)
 
     hidden = randn(rows, seq, hidden_size)
-    weight = randn(vocab, hidden_size, scale=2.0 / hidden_size ** 0.5)
+    weight = randn(vocab, hidden_size, scale=2.0 / hidden_size**0.5)
     target = torch.randint(0, vocab, (rows, seq), generator=generator)
     target[:, :prompt_len] = -100
     lengths = torch.randint(1, completion_len + 1, (rows,), generator=generator)
@@ -90,8 +92,16 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(args.seed)
     hidden, weight, target, advantage = make_batch(
-        args.groups, args.completions, args.prompt_len, args.completion_len, args.hidden,
-        args.vocab, args.device, dtype, generator)
+        args.groups,
+        args.completions,
+        args.prompt_len,
+        args.completion_len,
+        args.hidden,
+        args.vocab,
+        args.device,
+        dtype,
+        generator,
+    )
     with torch.no_grad():
         current = xent.linear_logprobs(hidden, weight, target, temperature=args.temperature)
         noise = torch.randn(current.shape, generator=generator).to(current.device)
@@ -109,8 +119,11 @@ def main(argv=None):
         return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
 
     (loss, grad_h, grad_w), (ref_loss, ref_grad_h, ref_grad_w) = results
-    errors = {"loss": relative(loss, ref_loss), "grad hidden": relative(grad_h, ref_grad_h),
-              "grad weight": relative(grad_w, ref_grad_w)}
+    errors = {
+        "loss": relative(loss, ref_loss),
+        "grad hidden": relative(grad_h, ref_grad_h),
+        "grad weight": relative(grad_w, ref_grad_w),
+    }
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     print(f"GRPO loss {loss.item():.6f} (materialised logits: {ref_loss.item():.6f})")
     for name, error in errors.items():

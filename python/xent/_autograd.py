@@ -10,12 +10,15 @@ can differentiate again, so differentiating a gradient raises (see _no_double_ba
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from xent._ops import ops
 
 
-def _normalized(outputs, grad_scale):
+def _normalized(outputs: tuple, grad_scale: Tensor | None) -> tuple:
     """Loss outputs divided by the normalizer (grad_scale = 1/normalizer): the loss and, when
     present, its z-loss part (ce outputs: index 6), both reduced like the loss."""
     if grad_scale is None:
@@ -31,14 +34,14 @@ class _DoubleBackwardError(torch.autograd.Function):
     """Identity whose backward raises: marks gradients that must not be differentiated again."""
 
     @staticmethod
-    def forward(ctx, name, anchor, *grads):
+    def forward(ctx: Any, name: str, anchor: Tensor, *grads: tuple):
         # `anchor` requires grad: taking it makes autograd attach this node to the returned
         # gradients, so differentiating them reaches backward below.
         ctx.name = name
         return tuple(g.clone() for g in grads)
 
     @staticmethod
-    def backward(ctx, *unused):
+    def backward(ctx: Any, *unused: Any):
         raise RuntimeError(
             f"{ctx.name}: double backward is not supported: the gradient of this loss is computed "
             "by a fused kernel that autograd cannot differentiate again (it was called with "
@@ -46,7 +49,7 @@ class _DoubleBackwardError(torch.autograd.Function):
         )
 
 
-def _no_double_backward(name, grads):
+def _no_double_backward(name: str, grads: tuple) -> tuple:
     """Returns `grads`, guarded against a second differentiation when the graph is being kept
     (create_graph=True): differentiating them again reaches _DoubleBackwardError and raises."""
     if not torch.is_grad_enabled():
@@ -61,7 +64,7 @@ def _no_double_backward(name, grads):
     return tuple(next(guarded) if g is not None else None for g in grads)
 
 
-def _scale_saved(ctx, name):
+def _scale_saved(ctx: Any, name: str) -> tuple:
     """The gradients formed in the forward (for an upstream gradient of 1, or 1/normalizer),
     scaled in place by the scalar upstream gradient on the device (xent::scale_ returns at once
     when it is exactly 1, the plain loss.backward(), without a host synchronisation). In place
@@ -72,12 +75,13 @@ def _scale_saved(ctx, name):
         raise RuntimeError(
             f"{name}: backward through this loss ran twice (retain_graph=True): with "
             "reduction 'sum' or 'mean' its gradient is formed in the forward and scaled in place "
-            "by the first backward; pass grad_in_forward=False to recompute it in each backward")
+            "by the first backward; pass grad_in_forward=False to recompute it in each backward"
+        )
     ctx.scaled = True
     return ctx.saved_tensors
 
 
-def _apply_upstream(grads, upstream):
+def _apply_upstream(grads: tuple, upstream: Any) -> tuple:
     with torch.no_grad():
         for g in grads:
             if g is not None and g.numel() > 0:
@@ -85,7 +89,7 @@ def _apply_upstream(grads, upstream):
     return grads
 
 
-def _gradient_alias(logits):
+def _gradient_alias(logits: Tensor) -> Tensor:
     """The gradient written over `logits` (inplace_backward), as a tensor of its own sharing the
     storage. Returned by the backward as the logits themselves, it would be one more reference to
     the caller's tensor, and autograd's gradient accumulation copies a gradient it cannot take
@@ -103,44 +107,55 @@ class CrossEntropyFunction(torch.autograd.Function):
     # "inplace" (fused, the gradient written over the logits). grad_scale: the upstream scalar the
     # fused gradient is formed for (1/normalizer), or None for 1.
     @staticmethod
-    def forward(ctx, logits, target, class_weight, row_weight, options, with_stats, mode,
-                grad_scale):
+    def forward(
+        ctx: Any,
+        logits: Tensor,
+        target: Tensor,
+        class_weight: Tensor | None,
+        row_weight: Tensor | None,
+        options: tuple,
+        with_stats: bool,
+        mode: str,
+        grad_scale: Tensor | None,
+    ):
         ctx.mode = mode
         ctx.scaled = False
         if mode == "recompute":
-            outputs = ops.ce_forward(logits, target, class_weight, row_weight, *options,
-                                     with_stats)
+            outputs = ops.ce_forward(logits, target, class_weight, row_weight, *options, with_stats)
             ctx.save_for_backward(logits, target, outputs[1], class_weight, row_weight)
             ctx.options = options
         else:
             if mode == "inplace":
-                outputs = ops.ce_forward_grad_inplace(logits, target, class_weight, row_weight,
-                                                      *options, with_stats, grad_scale)
+                outputs = ops.ce_forward_grad_inplace(
+                    logits, target, class_weight, row_weight, *options, with_stats, grad_scale
+                )
                 grad = _gradient_alias(logits)
             else:
-                *outputs, grad = ops.ce_forward_grad(logits, target, class_weight, row_weight,
-                                                     *options, with_stats, grad_scale)
+                *outputs, grad = ops.ce_forward_grad(
+                    logits, target, class_weight, row_weight, *options, with_stats, grad_scale
+                )
             ctx.save_for_backward(grad)
             outputs = _normalized(outputs, grad_scale)  # the gradient was formed for it
         ctx.mark_non_differentiable(*outputs[1:])
         return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad_loss, *unused):
+    def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             if ctx.mode == "recompute":
                 logits, target, lse, class_weight, row_weight = ctx.saved_tensors
                 with torch.no_grad():
-                    grad = ops.ce_backward(logits, target, lse, grad_loss, class_weight,
-                                           row_weight, *ctx.options)
+                    grad = ops.ce_backward(
+                        logits, target, lse, grad_loss, class_weight, row_weight, *ctx.options
+                    )
             else:
                 (grad,) = _apply_upstream(_scale_saved(ctx, "xent.cross_entropy"), grad_loss)
             (grad,) = _no_double_backward("xent.cross_entropy", (grad,))
         return grad, None, None, None, None, None, None, None
 
 
-def _compute_copies(compute_dtype, *tensors):
+def _compute_copies(compute_dtype: torch.dtype, *tensors: Any) -> tuple:
     """The operands the products run on: `tensors` converted to compute_dtype (the autocast dtype
     for an fp32 master weight), or as they are. The copies live only inside the op."""
     if compute_dtype is None:
@@ -157,27 +172,52 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     # (the core accumulates it in place, no accumulator). grad_scale: 1/normalizer or None.
     # accumulate_into: an fp32 (V, H) buffer ∂W is added into instead of returned (or None).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, class_weight, row_weight, options, with_stats,
-                wants, grad_in_forward, cache_logits, compute_dtype, grad_scale, accumulate_into):
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        class_weight: Tensor | None,
+        row_weight: Tensor | None,
+        options: tuple,
+        with_stats: bool,
+        wants: tuple,
+        grad_in_forward: bool,
+        cache_logits: bool,
+        compute_dtype: torch.dtype,
+        grad_scale: Tensor | None,
+        accumulate_into: Tensor | None,
+    ):
         reduction = options[1]
         # sum/mean: the gradient for an upstream of 1 (or 1/normalizer) is formed in the same
-        # pass as the loss (SPEC §2) and the backward only scales it, on the device. none (or
+        # pass as the loss (docs/semantics.md §2) and the backward only scales it, on the device. none (or
         # grad_in_forward=False): the backward recomputes the chunk logits with the real upstream
         # gradient, or reads them from the [N, V] cache the forward filled when cache_logits
         # (memory traded for one product).
         in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False, False)
         cache = cache_logits and not in_forward
-        weight_grad_dtype = (torch.float32 if compute_dtype is not None
-                             and weight.dtype == torch.float32 else None)
+        weight_grad_dtype = (
+            torch.float32 if compute_dtype is not None and weight.dtype == torch.float32 else None
+        )
         # The buffer is kept on ctx, not saved: autograd's version check would reject it once a
         # later micro-batch's forward has added into it, which is the point of the buffer.
         ctx.accumulate_into = accumulate_into if wants[1] else None
         operands = _compute_copies(compute_dtype, hidden, weight, bias)
-        outputs = ops.linear_ce_forward(*operands[:3], target, class_weight, row_weight,
-                                        *options, with_stats, *flags, cache,
-                                        grad_scale if in_forward else None, weight_grad_dtype,
-                                        ctx.accumulate_into if in_forward else None)
+        outputs = ops.linear_ce_forward(
+            *operands[:3],
+            target,
+            class_weight,
+            row_weight,
+            *options,
+            with_stats,
+            *flags,
+            cache,
+            grad_scale if in_forward else None,
+            weight_grad_dtype,
+            ctx.accumulate_into if in_forward else None,
+        )
         stats, grads, logits_cache = list(outputs[:7]), outputs[7:10], outputs[10]
         ctx.options = options
         ctx.wants = wants
@@ -189,18 +229,34 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         if in_forward:
             saved = [g if w else None for g, w in zip(grads, ctx.returned)]
             if ctx.accumulate_into is not None:  # what the correction of ∂W recomputes from
-                saved += [hidden, weight, bias, target, stats[1], class_weight, row_weight,
-                          grad_scale]
+                saved += [
+                    hidden,
+                    weight,
+                    bias,
+                    target,
+                    stats[1],
+                    class_weight,
+                    row_weight,
+                    grad_scale,
+                ]
             ctx.save_for_backward(*saved)
             stats = _normalized(stats, grad_scale)  # the gradients were formed for it
         else:
-            ctx.save_for_backward(hidden, weight, bias, target, stats[1], class_weight, row_weight,
-                                  logits_cache if cache else None)
+            ctx.save_for_backward(
+                hidden,
+                weight,
+                bias,
+                target,
+                stats[1],
+                class_weight,
+                row_weight,
+                logits_cache if cache else None,
+            )
         ctx.mark_non_differentiable(*stats[1:])
         return tuple(stats)
 
     @staticmethod
-    def backward(ctx, grad_loss, *unused):
+    def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
         none = (None,) * 11
         if grad_loss is None:
             return (None, None, None) + none
@@ -214,16 +270,33 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 with torch.no_grad():
                     operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
                     ops.linear_ce_accumulate_correction(
-                        *operands, target, lse, grad_loss, grad_scale, class_weight, row_weight,
-                        *ctx.options, ctx.accumulate_into)
+                        *operands,
+                        target,
+                        lse,
+                        grad_loss,
+                        grad_scale,
+                        class_weight,
+                        row_weight,
+                        *ctx.options,
+                        ctx.accumulate_into,
+                    )
         else:
             hidden, weight, bias, target, lse, class_weight, row_weight, cache = ctx.saved_tensors
             with torch.no_grad():
                 operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
-                result = ops.linear_ce_backward(*operands, target, lse, grad_loss,
-                                                class_weight, row_weight, *ctx.options,
-                                                *ctx.wants, cache, ctx.weight_grad_dtype,
-                                                ctx.accumulate_into)
+                result = ops.linear_ce_backward(
+                    *operands,
+                    target,
+                    lse,
+                    grad_loss,
+                    class_weight,
+                    row_weight,
+                    *ctx.options,
+                    *ctx.wants,
+                    cache,
+                    ctx.weight_grad_dtype,
+                    ctx.accumulate_into,
+                )
             grads = tuple(g if w else None for g, w in zip(result, ctx.returned))
         grads = _no_double_backward("xent.linear_cross_entropy", grads)
         return tuple(grads) + none
@@ -233,7 +306,16 @@ class DistillFunction(torch.autograd.Function):
     # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
     #           reduction, label_smoothing, z_loss); mode and grad_scale as CrossEntropyFunction.
     @staticmethod
-    def forward(ctx, student, teacher, target, class_weight, options, mode, grad_scale):
+    def forward(
+        ctx: Any,
+        student: Tensor,
+        teacher: Tensor,
+        target: Tensor,
+        class_weight: Tensor | None,
+        options: tuple,
+        mode: str,
+        grad_scale: Tensor | None,
+    ):
         ctx.mode = mode
         ctx.scaled = False
         if mode == "recompute":
@@ -241,26 +323,29 @@ class DistillFunction(torch.autograd.Function):
             ctx.save_for_backward(student, teacher, target, class_weight)
             ctx.options = options
         elif mode == "inplace":
-            loss = ops.distill_forward_grad_inplace(student, teacher, target, class_weight,
-                                                    *options, grad_scale)
+            loss = ops.distill_forward_grad_inplace(
+                student, teacher, target, class_weight, *options, grad_scale
+            )
             ctx.save_for_backward(_gradient_alias(student))
             (loss,) = _normalized((loss,), grad_scale)
         else:
-            loss, grad = ops.distill_forward_grad(student, teacher, target, class_weight,
-                                                  *options, grad_scale)
+            loss, grad = ops.distill_forward_grad(
+                student, teacher, target, class_weight, *options, grad_scale
+            )
             ctx.save_for_backward(grad)
             (loss,) = _normalized((loss,), grad_scale)
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx: Any, grad_loss: Tensor):
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             if ctx.mode == "recompute":
                 student, teacher, target, class_weight = ctx.saved_tensors
                 with torch.no_grad():
-                    grad = ops.distill_backward(student, teacher, target, grad_loss,
-                                                class_weight, *ctx.options)
+                    grad = ops.distill_backward(
+                        student, teacher, target, grad_loss, class_weight, *ctx.options
+                    )
             else:
                 (grad,) = _apply_upstream(_scale_saved(ctx, "xent.distill"), grad_loss)
             (grad,) = _no_double_backward("xent.distill", (grad,))
@@ -270,28 +355,55 @@ class DistillFunction(torch.autograd.Function):
 class LinearDistillFunction(torch.autograd.Function):
     # options: distill options + (workspace_bytes, fp32_logits); wants: (hidden, weight).
     @staticmethod
-    def forward(ctx, student_hidden, student_weight, teacher_logits, teacher_hidden,
-                teacher_weight, target, class_weight, options, wants, grad_in_forward):
+    def forward(
+        ctx: Any,
+        student_hidden: Tensor,
+        student_weight: Tensor,
+        teacher_logits: Tensor | None,
+        teacher_hidden: Tensor | None,
+        teacher_weight: Tensor | None,
+        target: Tensor,
+        class_weight: Tensor | None,
+        options: tuple,
+        wants: tuple,
+        grad_in_forward: bool,
+    ):
         reduction = options[7]
         in_forward = grad_in_forward and reduction != "none" and any(wants)
         flags = wants if in_forward else (False, False)
         loss, grad_hidden, grad_weight = ops.linear_distill_forward(
-            student_hidden, student_weight, teacher_logits, teacher_hidden, teacher_weight,
-            target, class_weight, *options, *flags)
+            student_hidden,
+            student_weight,
+            teacher_logits,
+            teacher_hidden,
+            teacher_weight,
+            target,
+            class_weight,
+            *options,
+            *flags,
+        )
         ctx.options = options
         ctx.wants = wants
         ctx.in_forward = in_forward
         ctx.scaled = False
         if in_forward:
-            ctx.save_for_backward(grad_hidden if wants[0] else None,
-                                  grad_weight if wants[1] else None)
+            ctx.save_for_backward(
+                grad_hidden if wants[0] else None, grad_weight if wants[1] else None
+            )
         else:
-            ctx.save_for_backward(student_hidden, student_weight, teacher_logits, teacher_hidden,
-                                  teacher_weight, target, class_weight)
+            ctx.save_for_backward(
+                student_hidden,
+                student_weight,
+                teacher_logits,
+                teacher_hidden,
+                teacher_weight,
+                target,
+                class_weight,
+            )
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx: Any, grad_loss: Tensor):
         none = (None,) * 8
         if grad_loss is None:
             return (None, None) + none
@@ -300,8 +412,9 @@ class LinearDistillFunction(torch.autograd.Function):
         else:
             saved = ctx.saved_tensors
             with torch.no_grad():
-                result = ops.linear_distill_backward(*saved[:6], grad_loss, saved[6],
-                                                     *ctx.options, *ctx.wants)
+                result = ops.linear_distill_backward(
+                    *saved[:6], grad_loss, saved[6], *ctx.options, *ctx.wants
+                )
             grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
         grads = _no_double_backward("xent.linear_distill", grads)
         return tuple(grads) + none

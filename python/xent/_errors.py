@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,8 +29,10 @@ _OPS = {
 KEYWORDS = {
     "cross_entropy": {},
     # grads.weight is a buffer of the caller only when it is accumulate_into.
-    "linear_cross_entropy": {"workspace_budget": "workspace_bytes",
-                             "grads.weight": "accumulate_into"},
+    "linear_cross_entropy": {
+        "workspace_budget": "workspace_bytes",
+        "grads.weight": "accumulate_into",
+    },
     "distill": {"student": "student_logits", "teacher": "teacher_logits"},
     "linear_distill": {
         "workspace_budget": "workspace_bytes",
@@ -41,13 +45,16 @@ KEYWORDS = {
 }
 
 
-def _renamer(function: str):
+def _renamer(function: str) -> Callable[[str], str]:
     names = KEYWORDS[function]
     if not names:
         return lambda text: text
     # Whole names only (not `student` inside `student_hidden`), longest first.
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(
-        re.escape(name) for name in sorted(names, key=len, reverse=True)) + r")(?![\w.])")
+    pattern = re.compile(
+        r"(?<![\w.])("
+        + "|".join(re.escape(name) for name in sorted(names, key=len, reverse=True))
+        + r")(?![\w.])"
+    )
     return lambda text: pattern.sub(lambda match: names[match.group(1)], text)
 
 
@@ -56,20 +63,20 @@ def translate(function: str, message: str) -> str:
     unchanged when it does not come from one of that function's ops."""
     for op in _OPS[function]:
         if message.startswith(op + ": "):
-            return function + ": " + _RENAMERS[function](message[len(op) + 2:])
+            return function + ": " + _RENAMERS[function](message[len(op) + 2 :])
     return message
 
 
 _RENAMERS = {function: _renamer(function) for function in KEYWORDS}
 
 
-def python_names(fn):
+def python_names(fn: Callable) -> Callable:
     """Decorates the public function `fn` (named as in KEYWORDS) so that the core's ValueError /
     RuntimeError messages name `fn` and its keywords."""
     function = fn.__name__
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # traced by torch.compile: no try/except to trace
             return fn(*args, **kwargs)
         try:

@@ -10,18 +10,21 @@ rule (docs/semantics.md §1). Ignored rows give 0 for both and no gradient.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from xent._autograd import _compute_copies, _no_double_backward
 from xent._ops import ops
 
 
-def _zero_ignored(values, target, ignore_index):
+def _zero_ignored(values: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     # Ignored rows' entropy is 0 (their logprob already is), whatever the statistic holds there.
     return values.masked_fill(target == ignore_index, 0.0)
 
 
-def _statistics(outputs, target, ignore_index, with_entropy):
+def _statistics(outputs: tuple, target: Tensor, ignore_index: int, with_entropy: bool) -> tuple:
     """(lse, logprob, entropy) of a `none` forward called with `with_stats=with_entropy`.
 
     Without the statistics the op forms the loss and lse alone, so the lean kernels run (the
@@ -34,8 +37,16 @@ def _statistics(outputs, target, ignore_index, with_entropy):
     return outputs[1], logprob, torch.zeros_like(logprob)
 
 
-def _forward_outputs(ctx, statistics, target, ignore_index, inputs, options, with_entropy,
-                     cache=None):
+def _forward_outputs(
+    ctx: Any,
+    statistics: tuple,
+    target: Tensor,
+    ignore_index: int,
+    inputs: tuple,
+    options: tuple,
+    with_entropy: bool,
+    cache: Any = None,
+) -> tuple:
     """(logprob, entropy) from a `none` forward's outputs; saves what the backward reads
     (inputs, target, lse, entropy, then the logits cache when there is one)."""
     lse, logprob, entropy = _statistics(statistics, target, ignore_index, with_entropy)
@@ -52,22 +63,40 @@ class LogprobsFunction(torch.autograd.Function):
     # with_entropy: whether the entropy output carries a gradient (else it is skipped in the
     # backward and the entropy returned is a plain statistic).
     @staticmethod
-    def forward(ctx, logits, target, options, with_entropy):
+    def forward(ctx: Any, logits: Tensor, target: Tensor, options: tuple, with_entropy: bool):
         ignore_index, softcap, logit_scale = options
-        outputs = ops.ce_forward(logits, target, None, None, ignore_index, "none", 0.0, 0.0,
-                                 softcap, logit_scale, bool(with_entropy))
-        return _forward_outputs(ctx, outputs, target, ignore_index, (logits,), options,
-                                with_entropy)
+        outputs = ops.ce_forward(
+            logits,
+            target,
+            None,
+            None,
+            ignore_index,
+            "none",
+            0.0,
+            0.0,
+            softcap,
+            logit_scale,
+            bool(with_entropy),
+        )
+        return _forward_outputs(
+            ctx, outputs, target, ignore_index, (logits,), options, with_entropy
+        )
 
     @staticmethod
-    def backward(ctx, grad_logprob, grad_entropy):
+    def backward(ctx: Any, grad_logprob: Tensor, grad_entropy: Tensor | None):
         logits, target, lse, entropy = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
         with torch.no_grad():
-            grad = ops.ce_logprob_backward(logits, target, lse, entropy, grad_logprob,
-                                           grad_entropy if ctx.with_entropy else None,
-                                           *ctx.options)
+            grad = ops.ce_logprob_backward(
+                logits,
+                target,
+                lse,
+                entropy,
+                grad_logprob,
+                grad_entropy if ctx.with_entropy else None,
+                *ctx.options,
+            )
         (grad,) = _no_double_backward("xent.logprobs", (grad,))
         return grad, None, None, None
 
@@ -80,36 +109,77 @@ class LinearLogprobsFunction(torch.autograd.Function):
     # run on converted copies that live only inside each op; an fp32 weight's gradient is
     # accumulated in place in fp32).
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, options, wants, with_entropy, cache_logits,
-                compute_dtype):
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        options: tuple,
+        wants: tuple,
+        with_entropy: bool,
+        cache_logits: bool,
+        compute_dtype: torch.dtype,
+    ):
         ignore_index, softcap, logit_scale, budget, fp32_logits = options
-        # No gradient in the forward: the upstream gradients are per row (SPEC §2, reduction
+        # No gradient in the forward: the upstream gradients are per row (docs/semantics.md §2, reduction
         # none), so the backward recomputes each chunk's logits (or reads the cache) and folds
         # them in.
-        outputs = ops.linear_ce_forward(*_compute_copies(compute_dtype, hidden, weight, bias),
-                                        target, None, None, ignore_index,
-                                        "none", 0.0, 0.0, softcap, logit_scale, budget,
-                                        fp32_logits, bool(with_entropy), False, False, False,
-                                        cache_logits, None, None)
+        outputs = ops.linear_ce_forward(
+            *_compute_copies(compute_dtype, hidden, weight, bias),
+            target,
+            None,
+            None,
+            ignore_index,
+            "none",
+            0.0,
+            0.0,
+            softcap,
+            logit_scale,
+            budget,
+            fp32_logits,
+            bool(with_entropy),
+            False,
+            False,
+            False,
+            cache_logits,
+            None,
+            None,
+        )
         ctx.wants = wants
         ctx.compute_dtype = compute_dtype
-        ctx.weight_grad_dtype = (torch.float32 if compute_dtype is not None
-                                 and weight.dtype == torch.float32 else None)
-        return _forward_outputs(ctx, outputs, target, ignore_index, (hidden, weight, bias),
-                                options, with_entropy, outputs[10] if cache_logits else None)
+        ctx.weight_grad_dtype = (
+            torch.float32 if compute_dtype is not None and weight.dtype == torch.float32 else None
+        )
+        return _forward_outputs(
+            ctx,
+            outputs,
+            target,
+            ignore_index,
+            (hidden, weight, bias),
+            options,
+            with_entropy,
+            outputs[10] if cache_logits else None,
+        )
 
     @staticmethod
-    def backward(ctx, grad_logprob, grad_entropy):
+    def backward(ctx: Any, grad_logprob: Tensor, grad_entropy: Tensor | None):
         none = (None,) * 6
         hidden, weight, bias, target, lse, entropy, *cache = ctx.saved_tensors
         with torch.no_grad():
             operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)
-            result = ops.linear_logprob_backward(*operands, target, lse, entropy,
-                                                 grad_logprob,
-                                                 grad_entropy if ctx.with_entropy else None,
-                                                 *ctx.options, *ctx.wants,
-                                                 cache[0] if cache else None,
-                                                 ctx.weight_grad_dtype)
+            result = ops.linear_logprob_backward(
+                *operands,
+                target,
+                lse,
+                entropy,
+                grad_logprob,
+                grad_entropy if ctx.with_entropy else None,
+                *ctx.options,
+                *ctx.wants,
+                cache[0] if cache else None,
+                ctx.weight_grad_dtype,
+            )
         grads = tuple(g if w else None for g, w in zip(result, ctx.wants))
         grads = _no_double_backward("xent.linear_logprobs", grads)
         return tuple(grads) + none

@@ -10,6 +10,7 @@ import glob
 import os
 
 import torch
+from torch import Tensor
 
 
 def _load_library() -> None:
@@ -34,12 +35,12 @@ def _result_dtype(like: torch.Tensor) -> torch.dtype:
     return torch.float64 if like.dtype == torch.float64 else torch.float32
 
 
-def _loss_like(like: torch.Tensor, reduction: str, rows) -> torch.Tensor:
+def _loss_like(like: torch.Tensor, reduction: str, rows: int) -> torch.Tensor:
     shape = (rows,) if reduction == "none" else ()
     return like.new_empty(shape, dtype=_result_dtype(like))
 
 
-def _ce_outputs(like: torch.Tensor, rows, reduction: str, with_stats: bool):
+def _ce_outputs(like: torch.Tensor, rows: int, reduction: str, with_stats: bool) -> tuple:
     f32 = _result_dtype(like)
     stat_rows = rows if with_stats else 0
     return (
@@ -54,127 +55,334 @@ def _ce_outputs(like: torch.Tensor, rows, reduction: str, with_stats: bool):
 
 
 @_register_fake("xent::ce_forward")
-def _ce_forward_fake(logits, target, class_weight, row_weight, ignore_index, reduction,
-                     label_smoothing, z_loss, softcap, logit_scale, with_stats):
+def _ce_forward_fake(
+    logits: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    with_stats: bool,
+) -> tuple:
     return _ce_outputs(logits, logits.shape[0], reduction, with_stats)
 
 
 @_register_fake("xent::ce_forward_grad")
-def _ce_forward_grad_fake(logits, target, class_weight, row_weight, ignore_index, reduction,
-                          label_smoothing, z_loss, softcap, logit_scale, with_stats, grad_scale):
+def _ce_forward_grad_fake(
+    logits: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    with_stats: bool,
+    grad_scale: Tensor | None,
+) -> tuple:
     outputs = _ce_outputs(logits, logits.shape[0], reduction, with_stats)
     return outputs + (logits.new_empty(logits.shape),)
 
 
 @_register_fake("xent::ce_forward_grad_inplace")
-def _ce_forward_grad_inplace_fake(logits, target, class_weight, row_weight, ignore_index,
-                                  reduction, label_smoothing, z_loss, softcap, logit_scale,
-                                  with_stats, grad_scale):
+def _ce_forward_grad_inplace_fake(
+    logits: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    with_stats: bool,
+    grad_scale: Tensor | None,
+) -> tuple:
     return _ce_outputs(logits, logits.shape[0], reduction, with_stats)
 
 
 @_register_fake("xent::scale_")
-def _scale_fake(data, factor):
+def _scale_fake(data: Tensor, factor: Tensor) -> None:
     return None
 
 
 @_register_fake("xent::ce_backward")
-def _ce_backward_fake(logits, target, lse, grad_output, class_weight, row_weight, ignore_index,
-                      reduction, label_smoothing, z_loss, softcap, logit_scale):
+def _ce_backward_fake(
+    logits: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+) -> Tensor:
     return logits.new_empty(logits.shape)
 
 
 @_register_fake("xent::linear_ce_forward")
-def _linear_ce_forward_fake(hidden, weight, bias, target, class_weight, row_weight, ignore_index,
-                            reduction, label_smoothing, z_loss, softcap, logit_scale,
-                            workspace_bytes, fp32_logits, with_stats, grad_hidden, grad_weight,
-                            grad_bias, cache_logits, grad_scale, weight_grad_dtype,
-                            accumulate_into=None):
-    grads = _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                              weight_grad_dtype, accumulate_into)
+def _linear_ce_forward_fake(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    with_stats: bool,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+    grad_bias: Tensor | None,
+    cache_logits: bool,
+    grad_scale: Tensor | None,
+    weight_grad_dtype: torch.dtype | None,
+    accumulate_into: Tensor | None = None,
+) -> tuple:
+    grads = _linear_gradients(
+        hidden,
+        weight,
+        bias,
+        grad_hidden,
+        grad_weight,
+        grad_bias,
+        weight_grad_dtype,
+        accumulate_into,
+    )
     cache_dtype = torch.float32 if fp32_logits else hidden.dtype
     cache_shape = (hidden.shape[0], weight.shape[0]) if cache_logits else (0,)
     cache = hidden.new_empty(cache_shape, dtype=cache_dtype if cache_logits else hidden.dtype)
     return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads + (cache,)
 
 
-def _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                      weight_grad_dtype=None, accumulate_into=None):
+def _linear_gradients(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+    grad_bias: Tensor | None,
+    weight_grad_dtype: torch.dtype | None = None,
+    accumulate_into: Tensor | None = None,
+) -> tuple:
     """The gradient outputs: empty [0] when not requested, and for the weight when its gradient
     is added into accumulate_into instead."""
     returned_weight = grad_weight and accumulate_into is None
     return (
         hidden.new_empty(hidden.shape if grad_hidden else (0,)),
-        weight.new_empty(weight.shape, dtype=weight_grad_dtype or weight.dtype) if returned_weight
+        weight.new_empty(weight.shape, dtype=weight_grad_dtype or weight.dtype)
+        if returned_weight
         else weight.new_empty((0,)),
         bias.new_empty(bias.shape) if (grad_bias and bias is not None) else weight.new_empty((0,)),
     )
 
 
 @_register_fake("xent::linear_ce_backward")
-def _linear_ce_backward_fake(hidden, weight, bias, target, lse, grad_output, class_weight,
-                             row_weight, ignore_index, reduction, label_smoothing, z_loss,
-                             softcap, logit_scale, workspace_bytes, fp32_logits, grad_hidden,
-                             grad_weight, grad_bias, logits_cache, weight_grad_dtype,
-                             accumulate_into=None):
-    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                             weight_grad_dtype, accumulate_into)
+def _linear_ce_backward_fake(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    lse: Tensor,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+    grad_bias: Tensor | None,
+    logits_cache: Tensor | None,
+    weight_grad_dtype: torch.dtype | None,
+    accumulate_into: Tensor | None = None,
+) -> tuple:
+    return _linear_gradients(
+        hidden,
+        weight,
+        bias,
+        grad_hidden,
+        grad_weight,
+        grad_bias,
+        weight_grad_dtype,
+        accumulate_into,
+    )
 
 
 @_register_fake("xent::linear_ce_accumulate_correction")
-def _linear_ce_accumulate_correction_fake(hidden, weight, bias, target, lse, grad_loss,
-                                          grad_scale, class_weight, row_weight, ignore_index,
-                                          reduction, label_smoothing, z_loss, softcap,
-                                          logit_scale, workspace_bytes, fp32_logits,
-                                          accumulate_into):
+def _linear_ce_accumulate_correction_fake(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    lse: Tensor,
+    grad_loss: Tensor,
+    grad_scale: Tensor | None,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    accumulate_into: Tensor | None,
+) -> None:
     return None
 
 
 @_register_fake("xent::ce_logprob_backward")
-def _ce_logprob_backward_fake(logits, target, lse, entropy, grad_logprob, grad_entropy,
-                              ignore_index, softcap, logit_scale):
+def _ce_logprob_backward_fake(
+    logits: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_logprob: Tensor,
+    grad_entropy: Tensor | None,
+    ignore_index: int,
+    softcap: float | None,
+    logit_scale: float,
+) -> Tensor:
     return logits.new_empty(logits.shape)
 
 
 @_register_fake("xent::linear_logprob_backward")
-def _linear_logprob_backward_fake(hidden, weight, bias, target, lse, entropy, grad_logprob,
-                                  grad_entropy, ignore_index, softcap, logit_scale,
-                                  workspace_bytes, fp32_logits, grad_hidden, grad_weight,
-                                  grad_bias, logits_cache, weight_grad_dtype):
-    return _linear_gradients(hidden, weight, bias, grad_hidden, grad_weight, grad_bias,
-                             weight_grad_dtype)
+def _linear_logprob_backward_fake(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_logprob: Tensor,
+    grad_entropy: Tensor | None,
+    ignore_index: int,
+    softcap: float | None,
+    logit_scale: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+    grad_bias: Tensor | None,
+    logits_cache: Tensor | None,
+    weight_grad_dtype: torch.dtype | None,
+) -> tuple:
+    return _linear_gradients(
+        hidden, weight, bias, grad_hidden, grad_weight, grad_bias, weight_grad_dtype
+    )
 
 
 @_register_fake("xent::distill_forward")
-def _distill_forward_fake(student, teacher, target, class_weight, kind, temperature, beta,
-                          softcap, soft_weight, hard_weight, ignore_index, reduction,
-                          label_smoothing, z_loss):
+def _distill_forward_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> tuple:
     return _loss_like(student, reduction, student.shape[0])
 
 
 @_register_fake("xent::distill_forward_grad")
-def _distill_forward_grad_fake(student, teacher, target, class_weight, kind, temperature, beta,
-                               softcap, soft_weight, hard_weight, ignore_index, reduction,
-                               label_smoothing, z_loss, grad_scale):
+def _distill_forward_grad_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    grad_scale: Tensor | None,
+) -> tuple:
     loss = _loss_like(student, reduction, student.shape[0])
     return loss, student.new_empty(student.shape)
 
 
 @_register_fake("xent::distill_forward_grad_inplace")
-def _distill_forward_grad_inplace_fake(student, teacher, target, class_weight, kind, temperature,
-                                       beta, softcap, soft_weight, hard_weight, ignore_index,
-                                       reduction, label_smoothing, z_loss, grad_scale):
+def _distill_forward_grad_inplace_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    grad_scale: Tensor | None,
+) -> tuple:
     return _loss_like(student, reduction, student.shape[0])
 
 
 @_register_fake("xent::distill_backward")
-def _distill_backward_fake(student, teacher, target, grad_output, class_weight, kind,
-                           temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-                           reduction, label_smoothing, z_loss):
+def _distill_backward_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> Tensor:
     return student.new_empty(student.shape)
 
 
-def _student_gradients(hidden, weight, grad_hidden, grad_weight):
+def _student_gradients(
+    hidden: Tensor, weight: Tensor, grad_hidden: Tensor | None, grad_weight: Tensor | None
+) -> tuple:
     return (
         hidden.new_empty(hidden.shape if grad_hidden else (0,)),
         weight.new_empty(weight.shape if grad_weight else (0,)),
@@ -182,26 +390,63 @@ def _student_gradients(hidden, weight, grad_hidden, grad_weight):
 
 
 @_register_fake("xent::linear_distill_forward")
-def _linear_distill_forward_fake(student_hidden, student_weight, teacher_logits, teacher_hidden,
-                                 teacher_weight, target, class_weight, kind, temperature, beta,
-                                 softcap, soft_weight, hard_weight, ignore_index, reduction,
-                                 label_smoothing, z_loss, workspace_bytes, fp32_logits,
-                                 grad_hidden, grad_weight):
+def _linear_distill_forward_fake(
+    student_hidden: Tensor,
+    student_weight: Tensor,
+    teacher_logits: Tensor | None,
+    teacher_hidden: Tensor | None,
+    teacher_weight: Tensor | None,
+    target: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+) -> tuple:
     loss = _loss_like(student_hidden, reduction, student_hidden.shape[0])
     return (loss,) + _student_gradients(student_hidden, student_weight, grad_hidden, grad_weight)
 
 
 @_register_fake("xent::linear_distill_backward")
-def _linear_distill_backward_fake(student_hidden, student_weight, teacher_logits, teacher_hidden,
-                                  teacher_weight, target, grad_output, class_weight, kind,
-                                  temperature, beta, softcap, soft_weight, hard_weight,
-                                  ignore_index, reduction, label_smoothing, z_loss,
-                                  workspace_bytes, fp32_logits, grad_hidden, grad_weight):
+def _linear_distill_backward_fake(
+    student_hidden: Tensor,
+    student_weight: Tensor,
+    teacher_logits: Tensor | None,
+    teacher_hidden: Tensor | None,
+    teacher_weight: Tensor | None,
+    target: Tensor,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    workspace_bytes: int | None,
+    fp32_logits: bool,
+    grad_hidden: Tensor | None,
+    grad_weight: Tensor | None,
+) -> tuple:
     return _student_gradients(student_hidden, student_weight, grad_hidden, grad_weight)
 
 
 @_register_fake("xent::check_errors")
-def _check_errors_fake(device_tensor):
+def _check_errors_fake(device_tensor: Tensor) -> None:
     return None
 
 
@@ -211,15 +456,37 @@ _CE_SHARD_STATS_WIDTH = 9  # kCeShardStatsWidth of include/xent/shard.hpp
 
 
 @_register_fake("xent::ce_shard_stats")
-def _ce_shard_stats_fake(logits, target, class_weight, vocab_offset, vocab, ignore_index,
-                         reduction, label_smoothing, z_loss, softcap, logit_scale):
+def _ce_shard_stats_fake(
+    logits: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    vocab_offset: int,
+    vocab: int,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+) -> Tensor:
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     return logits.new_empty((logits.shape[0], _CE_SHARD_STATS_WIDTH), dtype=dtype)
 
 
 @_register_fake("xent::ce_shard_loss")
-def _ce_shard_loss_fake(gathered, target, row_weight, vocab, ignore_index, reduction,
-                        label_smoothing, z_loss, softcap, logit_scale, with_stats):
+def _ce_shard_loss_fake(
+    gathered: Tensor,
+    target: Tensor,
+    row_weight: Tensor | None,
+    vocab: int,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+    with_stats: bool,
+) -> tuple:
     rows = target.shape[0]
     outputs = _ce_outputs(gathered, rows, reduction, with_stats)
     lse = gathered.new_empty((rows if with_stats else 0,), dtype=_result_dtype(gathered))
@@ -227,10 +494,23 @@ def _ce_shard_loss_fake(gathered, target, row_weight, vocab, ignore_index, reduc
 
 
 @_register_fake("xent::ce_shard_backward")
-def _ce_shard_backward_fake(logits, target, gathered, grad_output, class_weight, row_weight,
-                            vocab_offset, vocab, first_row, ignore_index, reduction,
-                            label_smoothing, z_loss,
-                            softcap, logit_scale):
+def _ce_shard_backward_fake(
+    logits: Tensor,
+    target: Tensor,
+    gathered: Tensor,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    row_weight: Tensor | None,
+    vocab_offset: int,
+    vocab: int,
+    first_row: int,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+    softcap: float | None,
+    logit_scale: float,
+) -> Tensor:
     return logits.new_empty(logits.shape)
 
 
@@ -241,31 +521,94 @@ _DISTILL_SHARD_SUMS_WIDTH = 5  # kDistillShardSumsWidth
 
 
 @_register_fake("xent::distill_shard_stats")
-def _distill_shard_stats_fake(student, teacher, target, class_weight, vocab_offset, vocab, kind,
-                              temperature, beta, softcap, soft_weight, hard_weight,
-                              ignore_index, reduction, label_smoothing, z_loss):
-    return student.new_empty((student.shape[0], _DISTILL_SHARD_STATS_WIDTH),
-                             dtype=_result_dtype(student))
+def _distill_shard_stats_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    class_weight: Tensor | None,
+    vocab_offset: int,
+    vocab: int,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> Tensor:
+    return student.new_empty(
+        (student.shape[0], _DISTILL_SHARD_STATS_WIDTH), dtype=_result_dtype(student)
+    )
 
 
 @_register_fake("xent::distill_shard_sums")
-def _distill_shard_sums_fake(student, teacher, target, gathered, vocab_offset, vocab, kind,
-                             temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-                             reduction, label_smoothing, z_loss):
-    return student.new_empty((student.shape[0], _DISTILL_SHARD_SUMS_WIDTH),
-                             dtype=_result_dtype(student))
+def _distill_shard_sums_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    gathered: Tensor,
+    vocab_offset: int,
+    vocab: int,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> Tensor:
+    return student.new_empty(
+        (student.shape[0], _DISTILL_SHARD_SUMS_WIDTH), dtype=_result_dtype(student)
+    )
 
 
 @_register_fake("xent::distill_shard_loss")
-def _distill_shard_loss_fake(gathered, gathered_sums, target, rows, vocab, kind, temperature,
-                             beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
-                             label_smoothing, z_loss):
+def _distill_shard_loss_fake(
+    gathered: Tensor,
+    gathered_sums: Tensor | None,
+    target: Tensor,
+    rows: int,
+    vocab: int,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> Tensor:
     return _loss_like(gathered, reduction, rows)
 
 
 @_register_fake("xent::distill_shard_backward")
-def _distill_shard_backward_fake(student, teacher, target, gathered, gathered_sums, grad_output,
-                                 class_weight, vocab_offset, vocab, kind, temperature, beta,
-                                 softcap, soft_weight, hard_weight, ignore_index, reduction,
-                                 label_smoothing, z_loss):
+def _distill_shard_backward_fake(
+    student: Tensor,
+    teacher: Tensor,
+    target: Tensor,
+    gathered: Tensor,
+    gathered_sums: Tensor | None,
+    grad_output: Tensor,
+    class_weight: Tensor | None,
+    vocab_offset: int,
+    vocab: int,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> Tensor:
     return student.new_empty(student.shape)

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import math
 import os
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
+from xent import distributed as _distributed
 from xent._autograd import (
-    _compute_copies,
-    _normalized,
     CrossEntropyFunction,
     DistillFunction,
     LinearCrossEntropyFunction,
     LinearDistillFunction,
+    _compute_copies,
+    _normalized,
 )
-from xent import distributed as _distributed
 from xent._errors import python_names
 from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _statistics
 from xent._ops import ops
@@ -51,7 +51,7 @@ _REDUCTIONS = ("none", "sum", "mean")
 _VALIDATE = os.environ.get("XENT_VALIDATE", "0") not in ("", "0")
 
 
-def _validated(result, like: Tensor):
+def _validated(result: Any, like: Tensor) -> Any:
     if _VALIDATE and like.is_cuda:
         ops.check_errors(like)
     return result
@@ -72,7 +72,7 @@ class CrossEntropyResult(NamedTuple):
     z_loss: Tensor  # the z-loss part of the loss alone, reduced like the loss (no gradient)
 
 
-def _fail(function: str, argument: str, problem: str, got, expected: str):
+def _fail(function: str, argument: str, problem: str, got: Any, expected: str) -> NoReturn:
     raise ValueError(f"{function}: {argument} {problem}: got {got}; expected {expected}")
 
 
@@ -81,44 +81,67 @@ def _check_reduction(function: str, reduction: str) -> None:
         _fail(function, "reduction", "unknown", repr(reduction), "one of 'none', 'sum', 'mean'")
 
 
-def _check_tensor(function: str, argument: str, value) -> None:
+def _check_tensor(function: str, argument: str, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
         _fail(function, argument, "is not a tensor", type(value).__name__, "a torch.Tensor")
 
 
-def _rows(function: str, argument: str, tensor: Tensor, target: Optional[Tensor],
-          target_name: str = "target"):
+def _rows(
+    function: str, argument: str, tensor: Tensor, target: Tensor | None, target_name: str = "target"
+) -> tuple:
     """Flattens (B, T, X) to (B*T, X) and the target to (B*T,); returns them and the row shape."""
     _check_tensor(function, argument, tensor)
     if tensor.dim() not in (2, 3):
-        _fail(function, argument, "rank unsupported", f"{tensor.dim()}-D {tuple(tensor.shape)}",
-              "2-D (N, X) or 3-D (B, T, X)")
+        _fail(
+            function,
+            argument,
+            "rank unsupported",
+            f"{tensor.dim()}-D {tuple(tensor.shape)}",
+            "2-D (N, X) or 3-D (B, T, X)",
+        )
     row_shape = tuple(tensor.shape[:-1])
     if target is not None:
         _check_tensor(function, target_name, target)
         if tuple(target.shape) != row_shape:
-            _fail(function, target_name, "shape mismatch", tuple(target.shape),
-                  f"{row_shape} (the leading dimensions of {argument})")
+            _fail(
+                function,
+                target_name,
+                "shape mismatch",
+                tuple(target.shape),
+                f"{row_shape} (the leading dimensions of {argument})",
+            )
         target = target.reshape(-1)
     # flatten, not reshape(-1, X): it stays a view whenever it can and handles X = 0 (which the
     # core then reports by name).
     return (tensor.flatten(0, 1) if tensor.dim() == 3 else tensor), target, row_shape
 
 
-def _row_weight(function: str, row_weight: Optional[Tensor], row_shape) -> Optional[Tensor]:
+def _row_weight(function: str, row_weight: Tensor | None, row_shape: tuple) -> Tensor | None:
     if row_weight is None:
         return None
     _check_tensor(function, "row_weight", row_weight)
     if tuple(row_weight.shape) != row_shape:
-        _fail(function, "row_weight", "shape mismatch", tuple(row_weight.shape),
-              f"{row_shape} (one weight per row)")
+        _fail(
+            function,
+            "row_weight",
+            "shape mismatch",
+            tuple(row_weight.shape),
+            f"{row_shape} (one weight per row)",
+        )
     return row_weight.reshape(-1).float()
 
 
-def _class_weight(function: str, weight: Optional[Tensor], class_weight: Optional[Tensor]):
+def _class_weight(
+    function: str, weight: Tensor | None, class_weight: Tensor | None
+) -> Tensor | None:
     if weight is not None and class_weight is not None:
-        _fail(function, "class_weight", "given twice", "both weight and class_weight",
-              "one of them (weight is the F.cross_entropy name)")
+        _fail(
+            function,
+            "class_weight",
+            "given twice",
+            "both weight and class_weight",
+            "one of them (weight is the F.cross_entropy name)",
+        )
     chosen = class_weight if class_weight is not None else weight
     if chosen is not None:
         _check_tensor(function, "class_weight", chosen)
@@ -126,23 +149,28 @@ def _class_weight(function: str, weight: Optional[Tensor], class_weight: Optiona
     return chosen
 
 
-def _reshape_rows(value: Tensor, row_shape) -> Tensor:
+def _reshape_rows(value: Tensor, row_shape: tuple) -> Tensor:
     return value.reshape(row_shape) if value.dim() == 1 else value
 
 
-def _result(outputs, reduction: str, row_shape, with_stats: bool):
+def _result(outputs: tuple, reduction: str, row_shape: tuple, with_stats: bool) -> Any:
     loss = _reshape_rows(outputs[0], row_shape) if reduction == "none" else outputs[0]
     if not with_stats:
         return loss
     _, lse, logprob, entropy, argmax, accuracy, z_loss = outputs
     z_loss = _reshape_rows(z_loss, row_shape) if reduction == "none" else z_loss
-    return CrossEntropyResult(loss, _reshape_rows(lse, row_shape),
-                              _reshape_rows(logprob, row_shape),
-                              _reshape_rows(entropy, row_shape),
-                              _reshape_rows(argmax, row_shape), accuracy, z_loss)
+    return CrossEntropyResult(
+        loss,
+        _reshape_rows(lse, row_shape),
+        _reshape_rows(logprob, row_shape),
+        _reshape_rows(entropy, row_shape),
+        _reshape_rows(argmax, row_shape),
+        accuracy,
+        z_loss,
+    )
 
 
-def _autocast_dtype(tensor: Tensor) -> Optional[torch.dtype]:
+def _autocast_dtype(tensor: Tensor) -> torch.dtype | None:
     """The autocast dtype active for tensor's device, or None (torch >= 2.4 API first)."""
     device_type = tensor.device.type
     try:
@@ -157,57 +185,94 @@ def _autocast_dtype(tensor: Tensor) -> Optional[torch.dtype]:
         return None
 
 
-def _needs_grad(*tensors) -> tuple:
+def _needs_grad(*tensors: Any) -> tuple:
     enabled = torch.is_grad_enabled()
     return tuple(bool(enabled and t is not None and t.requires_grad) for t in tensors)
 
 
-def _fused_mode(function: str, reduction: str, grad_in_forward: bool,
-                inplace_backward: bool) -> str:
+def _fused_mode(
+    function: str, reduction: str, grad_in_forward: bool, inplace_backward: bool
+) -> str:
     """How an autograd Function over logits forms its gradient (see CrossEntropyFunction)."""
     if inplace_backward and reduction == "none":
-        _fail(function, "inplace_backward", "unsupported with reduction 'none'", True,
-              "reduction 'sum' or 'mean' (with 'none' the gradient needs the per-row upstream "
-              "gradient, which only the backward has)")
+        _fail(
+            function,
+            "inplace_backward",
+            "unsupported with reduction 'none'",
+            True,
+            "reduction 'sum' or 'mean' (with 'none' the gradient needs the per-row upstream "
+            "gradient, which only the backward has)",
+        )
     if reduction == "none" or not grad_in_forward:
         if inplace_backward:
-            _fail(function, "inplace_backward", "needs grad_in_forward", True,
-                  "grad_in_forward=True (the in-place gradient is formed in the forward)")
+            _fail(
+                function,
+                "inplace_backward",
+                "needs grad_in_forward",
+                True,
+                "grad_in_forward=True (the in-place gradient is formed in the forward)",
+            )
         return "recompute"
     return "inplace" if inplace_backward else "fused"
 
 
-def _check_in_place_rows(function: str, argument: str, rows: Tensor,
-                         remedy: str = "inplace_backward=False writes the gradient to a new "
-                                       "tensor instead") -> None:
+def _check_in_place_rows(
+    function: str,
+    argument: str,
+    rows: Tensor,
+    remedy: str = "inplace_backward=False writes the gradient to a new tensor instead",
+) -> None:
     """The op writes a gradient into `rows` (inplace_backward, accumulate_into): they must be
     readable as they are (contiguous columns, ordered rows), since a copy would take the gradient
     instead. `remedy` ends the message: what the caller can do instead."""
-    readable = (rows.dim() == 2 and (rows.stride(1) == 1 or rows.size(1) <= 1)
-                and (rows.stride(0) >= rows.size(1) or rows.size(0) <= 1))
+    readable = (
+        rows.dim() == 2
+        and (rows.stride(1) == 1 or rows.size(1) <= 1)
+        and (rows.stride(0) >= rows.size(1) or rows.size(0) <= 1)
+    )
     if not readable:
-        _fail(function, argument, "cannot take the gradient in place",
-              f"a tensor of shape {tuple(rows.shape)} and strides {rows.stride()}",
-              f"2-D rows with contiguous columns ({remedy})")
+        _fail(
+            function,
+            argument,
+            "cannot take the gradient in place",
+            f"a tensor of shape {tuple(rows.shape)} and strides {rows.stride()}",
+            f"2-D rows with contiguous columns ({remedy})",
+        )
 
 
-def _grad_scale(function: str, normalizer, reduction: str, like: Tensor):
+def _grad_scale(
+    function: str, normalizer: float | Tensor | None, reduction: str, like: Tensor
+) -> Tensor | None:
     """1/normalizer as an fp32 scalar on like's device (never read on the host), or None."""
     if normalizer is None:
         return None
     if reduction != "sum":
-        _fail(function, "normalizer", "needs reduction 'sum'", repr(reduction),
-              "reduction='sum' (normalizer divides the summed loss, as training code divides by "
-              "the number of items in the batch)")
+        _fail(
+            function,
+            "normalizer",
+            "needs reduction 'sum'",
+            repr(reduction),
+            "reduction='sum' (normalizer divides the summed loss, as training code divides by "
+            "the number of items in the batch)",
+        )
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
-            _fail(function, "normalizer", "is not a scalar", tuple(normalizer.shape),
-                  "a number or a one-element tensor")
+            _fail(
+                function,
+                "normalizer",
+                "is not a scalar",
+                tuple(normalizer.shape),
+                "a number or a one-element tensor",
+            )
         return (1.0 / normalizer.detach().to(device=like.device, dtype=torch.float32)).reshape(())
-    if not isinstance(normalizer, (int, float)) or not math.isfinite(normalizer) \
-            or normalizer <= 0:
-        _fail(function, "normalizer", "out of range", normalizer,
-              "a positive finite number or a scalar tensor")
+    if not isinstance(normalizer, (int, float)) or not math.isfinite(normalizer) or normalizer <= 0:
+        _fail(
+            function,
+            "normalizer",
+            "out of range",
+            normalizer,
+            "a positive finite number or a scalar tensor",
+        )
     # A fill kernel, not a host-to-device copy: no synchronisation.
     return torch.full((), 1.0 / float(normalizer), dtype=torch.float32, device=like.device)
 
@@ -241,8 +306,9 @@ def default_workspace_bytes(device: torch.device) -> int:
         # flatten the whole statistics dictionary), where the device query costs 6 us: paid on
         # every step, that is GPU idle time wherever the host paces the step.
         stats = torch.cuda.memory_stats_as_nested_dict(index)
-        free += stats["reserved_bytes"]["all"]["current"] - \
-            stats["allocated_bytes"]["all"]["current"]
+        free += (
+            stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]
+        )
     budget = int(max(min(budget, free // 2), 64 * _MIB))
     _LAST_DEFAULT_BUDGET[device.index] = budget
     return budget
@@ -251,7 +317,7 @@ def default_workspace_bytes(device: torch.device) -> int:
 _LAST_DEFAULT_BUDGET: dict = {}
 
 
-def _workspace_budget(function: str, workspace_bytes, hidden: Tensor) -> int:
+def _workspace_budget(function: str, workspace_bytes: int | None, hidden: Tensor) -> int:
     if workspace_bytes is None:
         return default_workspace_bytes(hidden.device)
     budget = int(workspace_bytes)
@@ -260,7 +326,7 @@ def _workspace_budget(function: str, workspace_bytes, hidden: Tensor) -> int:
     return budget
 
 
-def _compute_dtype(hidden: Tensor, weight: Tensor) -> Optional[torch.dtype]:
+def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype | None:
     """The dtype the products run in when the op must convert its operands: the autocast dtype,
     or the 16-bit dtype of the hidden states beside an fp32 weight; None otherwise."""
     autocast = _autocast_dtype(hidden)
@@ -272,14 +338,27 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> Optional[torch.dtype]:
 
 
 @python_names
-def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = None,
-                  ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                  softcap: Optional[float] = None, logit_scale: float = 1.0,
-                  class_weight: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
-                  return_stats: bool = False, grad_in_forward: bool = True,
-                  inplace_backward: bool = False, normalizer=None, process_group=None,
-                  vocab_offset=None, vocab_size=None):
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    class_weight: Tensor | None = None,
+    row_weight: Tensor | None = None,
+    return_stats: bool = False,
+    grad_in_forward: bool = True,
+    inplace_backward: bool = False,
+    normalizer: float | Tensor | None = None,
+    process_group: Any = None,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+) -> Tensor | CrossEntropyResult:
     """Cross-entropy of logits (N, V) or (B, T, V) against integer targets.
 
     Drop-in for F.cross_entropy on class-last logits (``weight`` is the per-class weight, also
@@ -317,41 +396,78 @@ def cross_entropy(logits: Tensor, target: Tensor, weight: Optional[Tensor] = Non
     logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
     row_weight1d = _row_weight(function, row_weight, row_shape)
     class_weight = _class_weight(function, weight, class_weight)
-    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-               None if softcap is None else float(softcap), float(logit_scale))
+    options = (
+        int(ignore_index),
+        reduction,
+        float(label_smoothing),
+        float(z_loss),
+        None if softcap is None else float(softcap),
+        float(logit_scale),
+    )
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, logits)
     if mode == "inplace":
         _check_in_place_rows(function, "logits", logits2d)
-    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
         mode = "recompute"  # the sharded form has its own passes (xent.distributed)
-        outputs = _distributed.cross_entropy(logits2d, target1d, class_weight, row_weight1d,
-                                             options, bool(return_stats),
-                                             process_group=process_group,
-                                             vocab_offset=vocab_offset, vocab_size=vocab_size)
+        outputs = _distributed.cross_entropy(
+            logits2d,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            bool(return_stats),
+            process_group=process_group,
+            vocab_offset=vocab_offset,
+            vocab_size=vocab_size,
+        )
     elif _needs_grad(logits)[0]:
-        outputs = CrossEntropyFunction.apply(logits2d, target1d, class_weight, row_weight1d,
-                                             options, bool(return_stats), mode, grad_scale)
+        outputs = CrossEntropyFunction.apply(
+            logits2d,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            bool(return_stats),
+            mode,
+            grad_scale,
+        )
     else:
-        outputs = ops.ce_forward(logits2d, target1d, class_weight, row_weight1d, *options,
-                                 bool(return_stats))
+        outputs = ops.ce_forward(
+            logits2d, target1d, class_weight, row_weight1d, *options, bool(return_stats)
+        )
     if mode == "recompute" or not _needs_grad(logits)[0]:
         outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), logits)
 
 
 @python_names
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
-                         bias: Optional[Tensor] = None, ignore_index: int = -100,
-                         reduction: str = "mean", label_smoothing: float = 0.0, *,
-                         z_loss: float = 0.0, softcap: Optional[float] = None,
-                         logit_scale: float = 1.0, class_weight: Optional[Tensor] = None,
-                         row_weight: Optional[Tensor] = None,
-                         workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
-                         grad_in_forward: bool = True, cache_logits: bool = False,
-                         return_stats: bool = False, normalizer=None, process_group=None,
-                         vocab_offset=None, vocab_size=None, reduce_hidden_grad: bool = True,
-                         accumulate_into: Optional[Tensor] = None):
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    class_weight: Tensor | None = None,
+    row_weight: Tensor | None = None,
+    workspace_bytes: int | None = None,
+    fp32_logits: bool = False,
+    grad_in_forward: bool = True,
+    cache_logits: bool = False,
+    return_stats: bool = False,
+    normalizer: float | Tensor | None = None,
+    process_group: Any = None,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+    reduce_hidden_grad: bool = True,
+    accumulate_into: Tensor | None = None,
+) -> Tensor | CrossEntropyResult:
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
     hidden (N, H) or (B, T, H); weight (V, H) as in nn.Linear; bias (V,) or None. The work is
@@ -404,82 +520,182 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor,
     compute_dtype = _compute_dtype(hidden2d, weight)
     wants = _needs_grad(hidden2d, weight, bias)
     budget = _workspace_budget(function, workspace_bytes, hidden2d)
-    options = (int(ignore_index), reduction, float(label_smoothing), float(z_loss),
-               None if softcap is None else float(softcap), float(logit_scale), budget,
-               bool(fp32_logits))
+    options = (
+        int(ignore_index),
+        reduction,
+        float(label_smoothing),
+        float(z_loss),
+        None if softcap is None else float(softcap),
+        float(logit_scale),
+        budget,
+        bool(fp32_logits),
+    )
     grad_scale = _grad_scale(function, normalizer, reduction, hidden)
     if accumulate_into is not None:
         accumulate_into = _gradient_buffer(function, accumulate_into, weight, process_group)
     in_forward = False
-    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
         outputs = _distributed.linear_cross_entropy(
-            *_compute_copies(compute_dtype, hidden2d, weight, bias), target1d, class_weight,
-            row_weight1d, options[:6], bool(return_stats), wants, process_group=process_group,
-            workspace_bytes=budget, fp32_logits=bool(fp32_logits), vocab_offset=vocab_offset,
-            vocab_size=vocab_size, reduce_hidden_grad=bool(reduce_hidden_grad),
-            cache_logits=bool(cache_logits), grad_in_forward=bool(grad_in_forward))
+            *_compute_copies(compute_dtype, hidden2d, weight, bias),
+            target1d,
+            class_weight,
+            row_weight1d,
+            options[:6],
+            bool(return_stats),
+            wants,
+            process_group=process_group,
+            workspace_bytes=budget,
+            fp32_logits=bool(fp32_logits),
+            vocab_offset=vocab_offset,
+            vocab_size=vocab_size,
+            reduce_hidden_grad=bool(reduce_hidden_grad),
+            cache_logits=bool(cache_logits),
+            grad_in_forward=bool(grad_in_forward),
+        )
     elif any(wants):
-        outputs = LinearCrossEntropyFunction.apply(hidden2d, weight, bias, target1d, class_weight,
-                                                   row_weight1d, options, bool(return_stats),
-                                                   wants, bool(grad_in_forward),
-                                                   bool(cache_logits), compute_dtype, grad_scale,
-                                                   accumulate_into)
+        outputs = LinearCrossEntropyFunction.apply(
+            hidden2d,
+            weight,
+            bias,
+            target1d,
+            class_weight,
+            row_weight1d,
+            options,
+            bool(return_stats),
+            wants,
+            bool(grad_in_forward),
+            bool(cache_logits),
+            compute_dtype,
+            grad_scale,
+            accumulate_into,
+        )
         in_forward = grad_in_forward and reduction != "none"
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        outputs = ops.linear_ce_forward(*operands, target1d, class_weight, row_weight1d,
-                                        *options, bool(return_stats), False, False, False, False,
-                                        None, None)[:7]
+        outputs = ops.linear_ce_forward(
+            *operands,
+            target1d,
+            class_weight,
+            row_weight1d,
+            *options,
+            bool(return_stats),
+            False,
+            False,
+            False,
+            False,
+            None,
+            None,
+        )[:7]
         in_forward = False
     if not in_forward:
         outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
 
 
-def _gradient_buffer(function: str, buffer, weight: Tensor, process_group) -> Tensor:
+def _gradient_buffer(
+    function: str, buffer: Tensor | None, weight: Tensor, process_group: Any
+) -> Tensor:
     """accumulate_into checked as the core will use it: float32 (float64 for a float64 weight),
     weight's shape and device, and rows the core reads where they are (a copy would take the
     gradient and be dropped). Detached: it is written under no autograd."""
     _check_tensor(function, "accumulate_into", buffer)
     if process_group is not None:
-        _fail(function, "accumulate_into", "unsupported with process_group", "both",
-              "one of them (the vocabulary-parallel form returns weight.grad)")
+        _fail(
+            function,
+            "accumulate_into",
+            "unsupported with process_group",
+            "both",
+            "one of them (the vocabulary-parallel form returns weight.grad)",
+        )
     expected = torch.float64 if weight.dtype == torch.float64 else torch.float32
     if buffer.dtype != expected:
-        _fail(function, "accumulate_into", "has wrong dtype", buffer.dtype,
-              f"{expected} (the gradient is added in fp32 whatever the weight dtype; float64 "
-              "for a float64 weight)")
+        _fail(
+            function,
+            "accumulate_into",
+            "has wrong dtype",
+            buffer.dtype,
+            f"{expected} (the gradient is added in fp32 whatever the weight dtype; float64 "
+            "for a float64 weight)",
+        )
     if tuple(buffer.shape) != tuple(weight.shape):
-        _fail(function, "accumulate_into", "shape mismatch", tuple(buffer.shape),
-              f"{tuple(weight.shape)} (the shape of weight)")
+        _fail(
+            function,
+            "accumulate_into",
+            "shape mismatch",
+            tuple(buffer.shape),
+            f"{tuple(weight.shape)} (the shape of weight)",
+        )
     if buffer.device != weight.device:
-        _fail(function, "accumulate_into", "is on another device", buffer.device,
-              f"{weight.device} (the device of weight)")
-    _check_in_place_rows(function, "accumulate_into", buffer,
-                         "the gradient is added where the buffer is: a contiguous one")
+        _fail(
+            function,
+            "accumulate_into",
+            "is on another device",
+            buffer.device,
+            f"{weight.device} (the device of weight)",
+        )
+    _check_in_place_rows(
+        function,
+        "accumulate_into",
+        buffer,
+        "the gradient is added where the buffer is: a contiguous one",
+    )
     return buffer.detach()
 
 
-def _distill_options(function: str, kind: str, temperature: float, beta: float,
-                     softcap: Optional[float], soft_weight: float, hard_weight: float,
-                     ignore_index: int, reduction: str, label_smoothing: float, z_loss: float):
+def _distill_options(
+    function: str,
+    kind: str,
+    temperature: float,
+    beta: float,
+    softcap: float | None,
+    soft_weight: float,
+    hard_weight: float,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    z_loss: float,
+) -> tuple:
     _check_reduction(function, reduction)
     if kind not in DISTILL_KINDS:
         _fail(function, "kind", "unknown", repr(kind), "one of " + ", ".join(DISTILL_KINDS))
-    return (kind, float(temperature), float(beta), None if softcap is None else float(softcap),
-            float(soft_weight), float(hard_weight), int(ignore_index), reduction,
-            float(label_smoothing), float(z_loss))
+    return (
+        kind,
+        float(temperature),
+        float(beta),
+        None if softcap is None else float(softcap),
+        float(soft_weight),
+        float(hard_weight),
+        int(ignore_index),
+        reduction,
+        float(label_smoothing),
+        float(z_loss),
+    )
 
 
 @python_names
-def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Tensor] = None, *,
-            kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
-            softcap: Optional[float] = None, soft_weight: float = 1.0, hard_weight: float = 0.0,
-            ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-            z_loss: float = 0.0, class_weight: Optional[Tensor] = None,
-            grad_in_forward: bool = True, inplace_backward: bool = False,
-            normalizer=None, process_group=None, vocab_offset=None,
-            vocab_size=None) -> Tensor:
+def distill(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    target: Tensor | None = None,
+    *,
+    kind: str = "forward_kl",
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    softcap: float | None = None,
+    soft_weight: float = 1.0,
+    hard_weight: float = 0.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    class_weight: Tensor | None = None,
+    grad_in_forward: bool = True,
+    inplace_backward: bool = False,
+    normalizer: float | Tensor | None = None,
+    process_group: Any = None,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
+) -> Tensor:
     """Distillation loss between student and teacher logits (N, V) or (B, T, V).
 
     kind: forward_kl KL(p_t||p_s), reverse_kl KL(p_s||p_t), jsd (mixing weight beta), soft_ce,
@@ -502,43 +718,83 @@ def distill(student_logits: Tensor, teacher_logits: Tensor, target: Optional[Ten
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
-        _fail(function, "teacher_logits", "shape mismatch", tuple(teacher_logits.shape),
-              f"{tuple(student_logits.shape)} (the shape of student_logits)")
-    teacher2d = (teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3
-                 else teacher_logits).detach()
-    options = _distill_options(function, kind, temperature, beta, softcap, soft_weight,
-                               hard_weight, ignore_index, reduction, label_smoothing, z_loss)
+        _fail(
+            function,
+            "teacher_logits",
+            "shape mismatch",
+            tuple(teacher_logits.shape),
+            f"{tuple(student_logits.shape)} (the shape of student_logits)",
+        )
+    teacher2d = (
+        teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3 else teacher_logits
+    ).detach()
+    options = _distill_options(
+        function,
+        kind,
+        temperature,
+        beta,
+        softcap,
+        soft_weight,
+        hard_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        z_loss,
+    )
     class_weight = _class_weight(function, None, class_weight)
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
     if mode == "inplace":
         _check_in_place_rows(function, "student_logits", student2d)
-    if process_group is not None:  # vocabulary-parallel (SPEC §5)
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
         mode = "recompute"  # the sharded form has its own passes (xent.distributed)
-        loss = _distributed.distill(student2d, teacher2d, target1d, class_weight, options,
-                                    process_group=process_group, vocab_offset=vocab_offset,
-                                    vocab_size=vocab_size)
+        loss = _distributed.distill(
+            student2d,
+            teacher2d,
+            target1d,
+            class_weight,
+            options,
+            process_group=process_group,
+            vocab_offset=vocab_offset,
+            vocab_size=vocab_size,
+        )
     elif _needs_grad(student2d)[0]:
-        loss = DistillFunction.apply(student2d, teacher2d, target1d, class_weight, options, mode,
-                                     grad_scale)
+        loss = DistillFunction.apply(
+            student2d, teacher2d, target1d, class_weight, options, mode, grad_scale
+        )
     else:
         loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
     if mode == "recompute" or not _needs_grad(student2d)[0]:
         (loss,) = _normalized((loss,), grad_scale)  # autograd carries 1/normalizer backward
-    return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
-                      student_logits)
+    return _validated(
+        _reshape_rows(loss, row_shape) if reduction == "none" else loss, student_logits
+    )
 
 
 @python_names
-def linear_distill(student_hidden: Tensor, student_weight: Tensor,
-                   teacher_logits: Optional[Tensor] = None, target: Optional[Tensor] = None, *,
-                   teacher_hidden: Optional[Tensor] = None,
-                   teacher_weight: Optional[Tensor] = None, kind: str = "forward_kl",
-                   temperature: float = 1.0, beta: float = 0.5, softcap: Optional[float] = None,
-                   soft_weight: float = 1.0, hard_weight: float = 0.0, ignore_index: int = -100,
-                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                   class_weight: Optional[Tensor] = None, workspace_bytes: Optional[int] = None,
-                   fp32_logits: bool = False, grad_in_forward: bool = True) -> Tensor:
+def linear_distill(
+    student_hidden: Tensor,
+    student_weight: Tensor,
+    teacher_logits: Tensor | None = None,
+    target: Tensor | None = None,
+    *,
+    teacher_hidden: Tensor | None = None,
+    teacher_weight: Tensor | None = None,
+    kind: str = "forward_kl",
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    softcap: float | None = None,
+    soft_weight: float = 1.0,
+    hard_weight: float = 0.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    class_weight: Tensor | None = None,
+    workspace_bytes: int | None = None,
+    fp32_logits: bool = False,
+    grad_in_forward: bool = True,
+) -> Tensor:
     """distill(student_hidden @ student_weight.T, teacher, target) without (N, V) logits.
 
     The teacher is either teacher_logits (N, V) / (B, T, V), or teacher_hidden (N, H_t) with
@@ -552,16 +808,29 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     teacher_logits2d = teacher_hidden2d = None
     if teacher_logits is not None:
         _check_tensor(function, "teacher_logits", teacher_logits)
-        teacher_logits2d = (teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3
-                            else teacher_logits).detach()
+        teacher_logits2d = (
+            teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3 else teacher_logits
+        ).detach()
     if teacher_hidden is not None:
         _check_tensor(function, "teacher_hidden", teacher_hidden)
-        teacher_hidden2d = (teacher_hidden.flatten(0, 1) if teacher_hidden.dim() == 3
-                            else teacher_hidden).detach()
+        teacher_hidden2d = (
+            teacher_hidden.flatten(0, 1) if teacher_hidden.dim() == 3 else teacher_hidden
+        ).detach()
     if teacher_weight is not None:
         teacher_weight = teacher_weight.detach()
-    options = _distill_options(function, kind, temperature, beta, softcap, soft_weight,
-                               hard_weight, ignore_index, reduction, label_smoothing, z_loss)
+    options = _distill_options(
+        function,
+        kind,
+        temperature,
+        beta,
+        softcap,
+        soft_weight,
+        hard_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        z_loss,
+    )
     class_weight = _class_weight(function, None, class_weight)
     autocast = _autocast_dtype(hidden2d)
     if autocast is not None:
@@ -577,16 +846,27 @@ def linear_distill(student_hidden: Tensor, student_weight: Tensor,
     wants = _needs_grad(hidden2d, student_weight)
     teacher = (teacher_logits2d, teacher_hidden2d, teacher_weight)
     if any(wants):
-        loss = LinearDistillFunction.apply(hidden2d, student_weight, *teacher, target1d,
-                                           class_weight, options, wants, bool(grad_in_forward))
+        loss = LinearDistillFunction.apply(
+            hidden2d,
+            student_weight,
+            *teacher,
+            target1d,
+            class_weight,
+            options,
+            wants,
+            bool(grad_in_forward),
+        )
     else:
-        loss = ops.linear_distill_forward(hidden2d, student_weight, *teacher, target1d,
-                                          class_weight, *options, False, False)[0]
-    return _validated(_reshape_rows(loss, row_shape) if reduction == "none" else loss,
-                      student_hidden)
+        loss = ops.linear_distill_forward(
+            hidden2d, student_weight, *teacher, target1d, class_weight, *options, False, False
+        )[0]
+    return _validated(
+        _reshape_rows(loss, row_shape) if reduction == "none" else loss, student_hidden
+    )
 
 
 # ---- per-token log-probabilities and entropy (RL) ----------------------------------------------
+
 
 def _temperature_scale(function: str, temperature: float) -> float:
     value = float(temperature)
@@ -595,14 +875,22 @@ def _temperature_scale(function: str, temperature: float) -> float:
     return 1.0 / value
 
 
-def _logprobs_result(logprob: Tensor, entropy: Tensor, row_shape, return_entropy: bool):
+def _logprobs_result(
+    logprob: Tensor, entropy: Tensor, row_shape: tuple, return_entropy: bool
+) -> Tensor | tuple[Tensor, Tensor]:
     logprob = _reshape_rows(logprob, row_shape)
     return (logprob, _reshape_rows(entropy, row_shape)) if return_entropy else logprob
 
 
-def logprobs(logits: Tensor, target: Tensor, temperature: float = 1.0,
-             return_entropy: bool = False, *, ignore_index: int = -100,
-             softcap: Optional[float] = None):
+def logprobs(
+    logits: Tensor,
+    target: Tensor,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    *,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token log-probability of target under softmax(logits / temperature), and optionally
     the entropy of that distribution, both differentiable (float32, shaped like target).
 
@@ -613,23 +901,45 @@ def logprobs(logits: Tensor, target: Tensor, temperature: float = 1.0,
     """
     function = "logprobs"
     logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
-    options = (int(ignore_index), None if softcap is None else float(softcap),
-               _temperature_scale(function, temperature))
+    options = (
+        int(ignore_index),
+        None if softcap is None else float(softcap),
+        _temperature_scale(function, temperature),
+    )
     if _needs_grad(logits)[0]:
-        logprob, entropy = LogprobsFunction.apply(logits2d, target1d, options,
-                                                  bool(return_entropy))
+        logprob, entropy = LogprobsFunction.apply(logits2d, target1d, options, bool(return_entropy))
     else:
-        outputs = ops.ce_forward(logits2d, target1d, None, None, options[0], "none", 0.0, 0.0,
-                                 options[1], options[2], bool(return_entropy))
+        outputs = ops.ce_forward(
+            logits2d,
+            target1d,
+            None,
+            None,
+            options[0],
+            "none",
+            0.0,
+            0.0,
+            options[1],
+            options[2],
+            bool(return_entropy),
+        )
         _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), logits)
 
 
-def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
-                    bias: Optional[Tensor] = None, temperature: float = 1.0,
-                    return_entropy: bool = False, workspace_bytes: Optional[int] = None, *,
-                    ignore_index: int = -100, softcap: Optional[float] = None,
-                    fp32_logits: bool = False, cache_logits: bool = False):
+def linear_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    workspace_bytes: int | None = None,
+    *,
+    ignore_index: int = -100,
+    softcap: float | None = None,
+    fp32_logits: bool = False,
+    cache_logits: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """logprobs(hidden @ weight.T + bias, target, temperature, return_entropy) without ever
     holding the (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
 
@@ -651,16 +961,44 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, target: Tensor,
     compute_dtype = _compute_dtype(hidden2d, weight)
     wants = _needs_grad(hidden2d, weight, bias)
     budget = _workspace_budget(function, workspace_bytes, hidden2d)
-    options = (int(ignore_index), None if softcap is None else float(softcap),
-               _temperature_scale(function, temperature), budget, bool(fp32_logits))
+    options = (
+        int(ignore_index),
+        None if softcap is None else float(softcap),
+        _temperature_scale(function, temperature),
+        budget,
+        bool(fp32_logits),
+    )
     if any(wants):
-        logprob, entropy = LinearLogprobsFunction.apply(hidden2d, weight, bias, target1d, options,
-                                                        wants, bool(return_entropy),
-                                                        bool(cache_logits), compute_dtype)
+        logprob, entropy = LinearLogprobsFunction.apply(
+            hidden2d,
+            weight,
+            bias,
+            target1d,
+            options,
+            wants,
+            bool(return_entropy),
+            bool(cache_logits),
+            compute_dtype,
+        )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        outputs = ops.linear_ce_forward(*operands, target1d, None, None, options[0],
-                                        "none", 0.0, 0.0, *options[1:], bool(return_entropy),
-                                        False, False, False, False, None, None)
+        outputs = ops.linear_ce_forward(
+            *operands,
+            target1d,
+            None,
+            None,
+            options[0],
+            "none",
+            0.0,
+            0.0,
+            *options[1:],
+            bool(return_entropy),
+            False,
+            False,
+            False,
+            False,
+            None,
+            None,
+        )
         _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), hidden)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from xent.functional import linear_cross_entropy
 
 __all__ = ["patch", "unpatch", "SUPPORTED_ARCHITECTURES"]
+
 
 class _Family(NamedTuple):
     """What a causal-LM class does between its decoder and its loss, beyond Llama's
@@ -63,8 +65,9 @@ _FAMILIES = {
     "Olmo3ForCausalLM": _DENSE,
     "OlmoeForCausalLM": _MOE,
     "GraniteForCausalLM": _Family(logit_scale=lambda model: 1.0 / model.config.logits_scaling),
-    "GraniteMoeForCausalLM": _Family(logit_scale=lambda model: 1.0 / model.config.logits_scaling,
-                                     router_aux_loss=True),
+    "GraniteMoeForCausalLM": _Family(
+        logit_scale=lambda model: 1.0 / model.config.logits_scaling, router_aux_loss=True
+    ),
     "GlmForCausalLM": _DENSE,
     "Glm4ForCausalLM": _DENSE,
     "SmolLM3ForCausalLM": _DENSE,
@@ -79,26 +82,34 @@ SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 _ORIGINAL = "_xent_original_forward"
 
 
-def _softcap_of(config) -> Optional[float]:
+def _softcap_of(config: Any) -> float | None:
     softcap = getattr(config, "final_logit_softcapping", None)
     return float(softcap) if softcap else None
 
 
-def _check_model(model, strict: bool) -> None:
+def _check_model(model: torch.nn.Module, strict: bool) -> None:
     name = type(model).__name__
     if name in SUPPORTED_ARCHITECTURES:
         return
-    layout = hasattr(model, "model") and isinstance(getattr(model, "lm_head", None),
-                                                    torch.nn.Linear)
+    layout = hasattr(model, "model") and isinstance(
+        getattr(model, "lm_head", None), torch.nn.Linear
+    )
     if strict or not layout:
         raise ValueError(
             f"xent.hf.patch: model unsupported: got {name}; expected one of "
             f"{', '.join(SUPPORTED_ARCHITECTURES)} (or strict=False for a model with the same "
-            "layout: .model returning hidden states and an nn.Linear .lm_head)")
+            "layout: .model returning hidden states and an nn.Linear .lm_head)"
+        )
 
 
-def patch(model, *, skip_logits: Optional[bool] = None, workspace_bytes: Optional[int] = None,
-          fp32_logits: bool = False, strict: bool = True):
+def patch(
+    model: torch.nn.Module,
+    *,
+    skip_logits: bool | None = None,
+    workspace_bytes: int | None = None,
+    fp32_logits: bool = False,
+    strict: bool = True,
+) -> torch.nn.Module:
     """Patches `model` (in place) so forward passes with labels use xent.linear_cross_entropy.
 
     skip_logits: None (default) fuses when labels are given and the model is in training mode;
@@ -110,14 +121,18 @@ def patch(model, *, skip_logits: Optional[bool] = None, workspace_bytes: Optiona
     if hasattr(model, _ORIGINAL):
         return model
     original = model.forward
-    names = [p.name for p in inspect.signature(original).parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [
+        p.name
+        for p in inspect.signature(original).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     options = dict(workspace_bytes=workspace_bytes, fp32_logits=fp32_logits)
 
-    def forward(*args, **kwargs):
+    def forward(*args: Any, **kwargs: Any) -> Any:
         if len(args) > len(names):
-            raise TypeError(f"forward() takes {len(names)} positional arguments "
-                            f"but {len(args)} were given")
+            raise TypeError(
+                f"forward() takes {len(names)} positional arguments but {len(args)} were given"
+            )
         kwargs.update(zip(names, args))
         has_labels = kwargs.get("labels") is not None or kwargs.get("shift_labels") is not None
         fuse = model.training if skip_logits is None else skip_logits
@@ -130,7 +145,7 @@ def patch(model, *, skip_logits: Optional[bool] = None, workspace_bytes: Optiona
     return model
 
 
-def unpatch(model):
+def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward that patch replaced; returns the model."""
     original = model.__dict__.pop(_ORIGINAL, None)
     if original is not None:
@@ -138,7 +153,7 @@ def unpatch(model):
     return model
 
 
-def _fused_forward(model, kwargs: dict, options: dict):
+def _fused_forward(model: torch.nn.Module, kwargs: dict, options: dict) -> Any:
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
     family = _FAMILIES.get(type(model).__name__, _DENSE)
@@ -170,10 +185,18 @@ def _fused_forward(model, kwargs: dict, options: dict):
     head = model.lm_head
     # The sum divided by num_items_in_batch inside the op: the gradients are formed for it in the
     # forward, so the backward has an upstream gradient of 1 and moves no bytes.
-    loss = linear_cross_entropy(hidden, head.weight, shift_labels.to(hidden.device), head.bias,
-                                ignore_index=ignore_index, reduction=reduction,
-                                softcap=_softcap_of(model.config), normalizer=num_items_in_batch,
-                                logit_scale=family.logit_scale(model), **options)
+    loss = linear_cross_entropy(
+        hidden,
+        head.weight,
+        shift_labels.to(hidden.device),
+        head.bias,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        softcap=_softcap_of(model.config),
+        normalizer=num_items_in_batch,
+        logit_scale=family.logit_scale(model),
+        **options,
+    )
 
     common = dict(
         loss=loss,
@@ -187,8 +210,9 @@ def _fused_forward(model, kwargs: dict, options: dict):
         if torch.is_tensor(aux_loss):
             loss = loss + model.router_aux_loss_coef * aux_loss.to(loss.device)
             common["loss"] = loss
-        result = MoeCausalLMOutputWithPast(**common, aux_loss=aux_loss,
-                                           router_logits=getattr(outputs, "router_logits", None))
+        result = MoeCausalLMOutputWithPast(
+            **common, aux_loss=aux_loss, router_logits=getattr(outputs, "router_logits", None)
+        )
     else:
         result = CausalLMOutputWithPast(**common)
     if return_dict is False:
@@ -196,11 +220,15 @@ def _fused_forward(model, kwargs: dict, options: dict):
     return result
 
 
-def _router_aux_loss(model, outputs, kwargs: dict):
+def _router_aux_loss(model: torch.nn.Module, outputs: tuple, kwargs: dict) -> torch.Tensor | None:
     """The load-balancing loss of a mixture-of-experts class, by the function its own module
     defines (each family keeps a copy of its own)."""
     if getattr(outputs, "router_logits", None) is None:
         return None  # a decoder that returns none (GraniteMoe in transformers 5.17)
     balance = sys.modules[type(model).__module__].load_balancing_loss_func
-    return balance(outputs.router_logits, model.num_experts, model.num_experts_per_tok,
-                   kwargs.get("attention_mask"))
+    return balance(
+        outputs.router_logits,
+        model.num_experts,
+        model.num_experts_per_tok,
+        kwargs.get("attention_mask"),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import torch
 
@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 
-def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+def _legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
     if size_average is None and reduce is None:
         return reduction
     from torch.nn import _reduction
@@ -34,10 +34,19 @@ class CrossEntropyLoss(torch.nn.Module):
     row_weight=None).
     """
 
-    def __init__(self, weight: Optional[Tensor] = None, size_average=None,
-                 ignore_index: int = -100, reduce=None, reduction: str = "mean",
-                 label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                 softcap: Optional[float] = None, logit_scale: float = 1.0):
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
+        ignore_index: int = -100,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        *,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        logit_scale: float = 1.0,
+    ):
         super().__init__()
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
@@ -47,15 +56,26 @@ class CrossEntropyLoss(torch.nn.Module):
         self.softcap = softcap
         self.logit_scale = logit_scale
 
-    def forward(self, input: Tensor, target: Tensor, row_weight: Optional[Tensor] = None):
-        return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction,
-                               self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
-                               logit_scale=self.logit_scale, row_weight=row_weight)
+    def forward(self, input: Tensor, target: Tensor, row_weight: Tensor | None = None) -> Any:
+        return F.cross_entropy(
+            input,
+            target,
+            self.weight,
+            self.ignore_index,
+            self.reduction,
+            self.label_smoothing,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
+            logit_scale=self.logit_scale,
+            row_weight=row_weight,
+        )
 
     def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
-                f"softcap={self.softcap}, logit_scale={self.logit_scale}")
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+            f"softcap={self.softcap}, logit_scale={self.logit_scale}"
+        )
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
@@ -65,11 +85,21 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     held: work is chunked within workspace_bytes (default 512 MiB).
     """
 
-    def __init__(self, class_weight: Optional[Tensor] = None, ignore_index: int = -100,
-                 reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
-                 softcap: Optional[float] = None, logit_scale: float = 1.0,
-                 workspace_bytes: Optional[int] = None, fp32_logits: bool = False,
-                 grad_in_forward: bool = True, cache_logits: bool = False):
+    def __init__(
+        self,
+        class_weight: Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        *,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        logit_scale: float = 1.0,
+        workspace_bytes: int | None = None,
+        fp32_logits: bool = False,
+        grad_in_forward: bool = True,
+        cache_logits: bool = False,
+    ):
         super().__init__()
         self.register_buffer("class_weight", class_weight)
         self.ignore_index = ignore_index
@@ -83,28 +113,60 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.grad_in_forward = grad_in_forward
         self.cache_logits = cache_logits
 
-    def forward(self, input: Tensor, weight: Tensor, target: Tensor,
-                bias: Optional[Tensor] = None, row_weight: Optional[Tensor] = None,
-                accumulate_into: Optional[Tensor] = None):
+    def forward(
+        self,
+        input: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        bias: Tensor | None = None,
+        row_weight: Tensor | None = None,
+        accumulate_into: Tensor | None = None,
+    ) -> Any:
         """accumulate_into: an fp32 buffer the weight gradient is added into instead of
         weight.grad (Megatron's main_grad), as in xent.linear_cross_entropy."""
         return F.linear_cross_entropy(
-            input, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing,
-            z_loss=self.z_loss, softcap=self.softcap, logit_scale=self.logit_scale,
-            class_weight=self.class_weight, row_weight=row_weight,
-            workspace_bytes=self.workspace_bytes, fp32_logits=self.fp32_logits,
-            grad_in_forward=self.grad_in_forward, cache_logits=self.cache_logits,
-            accumulate_into=accumulate_into)
+            input,
+            weight,
+            target,
+            bias,
+            self.ignore_index,
+            self.reduction,
+            self.label_smoothing,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
+            logit_scale=self.logit_scale,
+            class_weight=self.class_weight,
+            row_weight=row_weight,
+            workspace_bytes=self.workspace_bytes,
+            fp32_logits=self.fp32_logits,
+            grad_in_forward=self.grad_in_forward,
+            cache_logits=self.cache_logits,
+            accumulate_into=accumulate_into,
+        )
 
     def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
-                f"softcap={self.softcap}, workspace_bytes={self.workspace_bytes}")
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, "
+            f"softcap={self.softcap}, workspace_bytes={self.workspace_bytes}"
+        )
 
 
 class _DistillOptions(torch.nn.Module):
-    def __init__(self, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-                 reduction, label_smoothing, z_loss, class_weight):
+    def __init__(
+        self,
+        kind: str,
+        temperature: float,
+        beta: float,
+        softcap: float | None,
+        soft_weight: float,
+        hard_weight: float,
+        ignore_index: int,
+        reduction: str,
+        label_smoothing: float,
+        z_loss: float,
+        class_weight: Tensor | None,
+    ):
         super().__init__()
         self.kind = kind
         self.temperature = temperature
@@ -119,16 +181,26 @@ class _DistillOptions(torch.nn.Module):
         self.register_buffer("class_weight", class_weight)
 
     def _options(self) -> dict:
-        return dict(kind=self.kind, temperature=self.temperature, beta=self.beta,
-                    softcap=self.softcap, soft_weight=self.soft_weight,
-                    hard_weight=self.hard_weight, ignore_index=self.ignore_index,
-                    reduction=self.reduction, label_smoothing=self.label_smoothing,
-                    z_loss=self.z_loss, class_weight=self.class_weight)
+        return dict(
+            kind=self.kind,
+            temperature=self.temperature,
+            beta=self.beta,
+            softcap=self.softcap,
+            soft_weight=self.soft_weight,
+            hard_weight=self.hard_weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            class_weight=self.class_weight,
+        )
 
     def extra_repr(self) -> str:
-        return (f"kind={self.kind!r}, temperature={self.temperature}, beta={self.beta}, "
-                f"soft_weight={self.soft_weight}, hard_weight={self.hard_weight}, "
-                f"reduction={self.reduction!r}")
+        return (
+            f"kind={self.kind!r}, temperature={self.temperature}, beta={self.beta}, "
+            f"soft_weight={self.soft_weight}, hard_weight={self.hard_weight}, "
+            f"reduction={self.reduction!r}"
+        )
 
 
 class DistillationLoss(_DistillOptions):
@@ -137,16 +209,38 @@ class DistillationLoss(_DistillOptions):
     kind is one of forward_kl, reverse_kl, jsd, soft_ce, tvd (see xent.distill).
     """
 
-    def __init__(self, kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
-                 reduction: str = "mean", ignore_index: int = -100, *,
-                 softcap: Optional[float] = None, soft_weight: float = 1.0,
-                 hard_weight: float = 0.0, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 class_weight: Optional[Tensor] = None):
-        super().__init__(kind, temperature, beta, softcap, soft_weight, hard_weight,
-                         ignore_index, reduction, label_smoothing, z_loss, class_weight)
+    def __init__(
+        self,
+        kind: str = "forward_kl",
+        temperature: float = 1.0,
+        beta: float = 0.5,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+        *,
+        softcap: float | None = None,
+        soft_weight: float = 1.0,
+        hard_weight: float = 0.0,
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        class_weight: Tensor | None = None,
+    ):
+        super().__init__(
+            kind,
+            temperature,
+            beta,
+            softcap,
+            soft_weight,
+            hard_weight,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            z_loss,
+            class_weight,
+        )
 
-    def forward(self, student_logits: Tensor, teacher_logits: Tensor,
-                target: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self, student_logits: Tensor, teacher_logits: Tensor, target: Tensor | None = None
+    ) -> Tensor:
         return F.distill(student_logits, teacher_logits, target, **self._options())
 
 
@@ -158,24 +252,60 @@ class LinearDistillationLoss(_DistillOptions):
     its head weight (then its logits are computed chunk by chunk too).
     """
 
-    def __init__(self, kind: str = "forward_kl", temperature: float = 1.0, beta: float = 0.5,
-                 reduction: str = "mean", ignore_index: int = -100, *,
-                 softcap: Optional[float] = None, soft_weight: float = 1.0,
-                 hard_weight: float = 0.0, label_smoothing: float = 0.0, z_loss: float = 0.0,
-                 class_weight: Optional[Tensor] = None, workspace_bytes: Optional[int] = None,
-                 fp32_logits: bool = False, grad_in_forward: bool = True):
-        super().__init__(kind, temperature, beta, softcap, soft_weight, hard_weight,
-                         ignore_index, reduction, label_smoothing, z_loss, class_weight)
+    def __init__(
+        self,
+        kind: str = "forward_kl",
+        temperature: float = 1.0,
+        beta: float = 0.5,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+        *,
+        softcap: float | None = None,
+        soft_weight: float = 1.0,
+        hard_weight: float = 0.0,
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        class_weight: Tensor | None = None,
+        workspace_bytes: int | None = None,
+        fp32_logits: bool = False,
+        grad_in_forward: bool = True,
+    ):
+        super().__init__(
+            kind,
+            temperature,
+            beta,
+            softcap,
+            soft_weight,
+            hard_weight,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            z_loss,
+            class_weight,
+        )
         self.workspace_bytes = workspace_bytes
         self.fp32_logits = fp32_logits
         self.grad_in_forward = grad_in_forward
 
-    def forward(self, student_input: Tensor, student_weight: Tensor,
-                teacher_logits: Optional[Tensor] = None, target: Optional[Tensor] = None, *,
-                teacher_input: Optional[Tensor] = None,
-                teacher_weight: Optional[Tensor] = None) -> Tensor:
-        return F.linear_distill(student_input, student_weight, teacher_logits, target,
-                                teacher_hidden=teacher_input, teacher_weight=teacher_weight,
-                                workspace_bytes=self.workspace_bytes,
-                                fp32_logits=self.fp32_logits,
-                                grad_in_forward=self.grad_in_forward, **self._options())
+    def forward(
+        self,
+        student_input: Tensor,
+        student_weight: Tensor,
+        teacher_logits: Tensor | None = None,
+        target: Tensor | None = None,
+        *,
+        teacher_input: Tensor | None = None,
+        teacher_weight: Tensor | None = None,
+    ) -> Tensor:
+        return F.linear_distill(
+            student_input,
+            student_weight,
+            teacher_logits,
+            target,
+            teacher_hidden=teacher_input,
+            teacher_weight=teacher_weight,
+            workspace_bytes=self.workspace_bytes,
+            fp32_logits=self.fp32_logits,
+            grad_in_forward=self.grad_in_forward,
+            **self._options(),
+        )

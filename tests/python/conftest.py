@@ -11,9 +11,13 @@ import xent  # noqa: F401  (fails loudly here when the package is not built)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--seed", type=int, default=None,
-                     help="the run's seed (default: XENT_TEST_SEED, else a random one); every "
-                          "test derives its generator from it and its id")
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's seed (default: XENT_TEST_SEED, else a random one); every "
+        "test derives its generator from it and its id",
+    )
 
 
 def pytest_configure(config):
@@ -50,10 +54,16 @@ def _test_seed(config, nodeid):
 
 def _devices():
     params = [pytest.param("cpu", id="cpu")]
-    params.append(pytest.param("cuda", id="cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-    ]))
+    params.append(
+        pytest.param(
+            "cuda",
+            id="cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+            ],
+        )
+    )
     return params
 
 

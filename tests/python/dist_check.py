@@ -1,4 +1,4 @@
-"""Vocabulary-parallel xent on GPUs over NCCL: correctness, then timings (PERF.md row
+"""Vocabulary-parallel xent on GPUs over NCCL: correctness, then timings (docs/performance.md row
 "vocab-parallel").
 
     torchrun --nproc_per_node 2 tests/python/dist_check.py --json OUT/dist.json
@@ -34,8 +34,9 @@ def commit() -> str:
     if os.environ.get("XENT_COMMIT"):
         return os.environ["XENT_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except Exception:
         return "unknown"
 
@@ -52,6 +53,7 @@ def split(vocab: int, world: int, rank: int, uneven: bool):
 
 # ---- 1. correctness ------------------------------------------------------------------------------
 
+
 def check_close(what, got, expected, rtol, atol, failures):
     if not torch.allclose(got.float(), expected.float(), rtol=rtol, atol=atol, equal_nan=True):
         err = (got.float() - expected.float()).abs().max().item()
@@ -59,10 +61,23 @@ def check_close(what, got, expected, rtol, atol, failures):
 
 
 def correctness(rank, world, device, failures):
-    options = [{}, {"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 30.0},
-               {"logit_scale": 0.7}, {"class_weight": True}, {"row_weight": True},
-               {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 30.0, "logit_scale": 0.7,
-                "class_weight": True, "row_weight": True}]
+    options = [
+        {},
+        {"label_smoothing": 0.1},
+        {"z_loss": 1e-3},
+        {"softcap": 30.0},
+        {"logit_scale": 0.7},
+        {"class_weight": True},
+        {"row_weight": True},
+        {
+            "label_smoothing": 0.1,
+            "z_loss": 1e-3,
+            "softcap": 30.0,
+            "logit_scale": 0.7,
+            "class_weight": True,
+            "row_weight": True,
+        },
+    ]
     torch.backends.cuda.matmul.allow_tf32 = False
     for rows, vocab in ((37, 1031), (512, 50257)):
         begin, end = split(vocab, world, rank, uneven=True)
@@ -78,31 +93,50 @@ def correctness(rank, world, device, failures):
                         kw["class_weight"] = torch.rand(vocab, device=device, generator=gen) + 0.5
                     if kw.get("row_weight"):
                         kw["row_weight"] = torch.rand(rows, device=device, generator=gen)
-                    upstream = torch.randn(rows if reduction == "none" else (), device=device,
-                                           generator=gen)
+                    upstream = torch.randn(
+                        rows if reduction == "none" else (), device=device, generator=gen
+                    )
                     tag = f"ce {rows}x{vocab} {dtype} {sorted(opts)} {reduction}"
                     full = logits.clone().requires_grad_()
-                    ref = xent.cross_entropy(full, target, reduction=reduction,
-                                             return_stats=True, **kw)
+                    ref = xent.cross_entropy(
+                        full, target, reduction=reduction, return_stats=True, **kw
+                    )
                     (ref.loss * upstream).sum().backward()
                     local = logits[:, begin:end].clone().requires_grad_()
                     skw = dict(kw)
                     if "class_weight" in skw:
                         skw["class_weight"] = kw["class_weight"][begin:end]
-                    got = xent.cross_entropy(local, target, reduction=reduction,
-                                             return_stats=True, process_group=dist.group.WORLD,
-                                             **skw)
+                    got = xent.cross_entropy(
+                        local,
+                        target,
+                        reduction=reduction,
+                        return_stats=True,
+                        process_group=dist.group.WORLD,
+                        **skw,
+                    )
                     (got.loss * upstream).sum().backward()
                     check_close(tag + " loss", got.loss, ref.loss, 1e-5, 1e-5, failures)
                     for name in ("lse", "logprob", "entropy", "z_loss"):
-                        check_close(f"{tag} {name}", getattr(got, name), getattr(ref, name),
-                                    1e-5, 1e-5, failures)
+                        check_close(
+                            f"{tag} {name}",
+                            getattr(got, name),
+                            getattr(ref, name),
+                            1e-5,
+                            1e-5,
+                            failures,
+                        )
                     check_close(tag + " accuracy", got.accuracy, ref.accuracy, 0, 1e-6, failures)
                     if not torch.equal(got.argmax, ref.argmax):
                         failures.append(f"{tag} argmax differs")
                     tol = 1e-5 if dtype == torch.float32 else 1e-2
-                    check_close(tag + " grad", local.grad, full.grad[:, begin:end], tol,
-                                tol * full.grad.abs().max().item(), failures)
+                    check_close(
+                        tag + " grad",
+                        local.grad,
+                        full.grad[:, begin:end],
+                        tol,
+                        tol * full.grad.abs().max().item(),
+                        failures,
+                    )
     # linear_ce, fp32 products (TF32 off), several row chunks.
     rows, hidden_size, vocab = 300, 128, 1031
     begin, end = split(vocab, world, rank, uneven=True)
@@ -114,19 +148,29 @@ def correctness(rank, world, device, failures):
             bias = torch.randn(vocab, device=device, generator=gen) * 0.1
             target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
             target[::9] = -100
-            upstream = torch.randn(rows if reduction == "none" else (), device=device,
-                                   generator=gen)
+            upstream = torch.randn(
+                rows if reduction == "none" else (), device=device, generator=gen
+            )
             tag = f"linear_ce {reduction} budget={budget}"
             h1, w1, b1 = (t.clone().requires_grad_() for t in (hidden, weight, bias))
-            ref = xent.linear_cross_entropy(h1, w1, target, b1, reduction=reduction,
-                                            z_loss=1e-3, label_smoothing=0.1)
+            ref = xent.linear_cross_entropy(
+                h1, w1, target, b1, reduction=reduction, z_loss=1e-3, label_smoothing=0.1
+            )
             (ref * upstream).sum().backward()
             h2 = hidden.clone().requires_grad_()
             w2 = weight[begin:end].clone().requires_grad_()
             b2 = bias[begin:end].clone().requires_grad_()
-            got = xent.linear_cross_entropy(h2, w2, target, b2, reduction=reduction, z_loss=1e-3,
-                                            label_smoothing=0.1, workspace_bytes=budget,
-                                            process_group=dist.group.WORLD)
+            got = xent.linear_cross_entropy(
+                h2,
+                w2,
+                target,
+                b2,
+                reduction=reduction,
+                z_loss=1e-3,
+                label_smoothing=0.1,
+                workspace_bytes=budget,
+                process_group=dist.group.WORLD,
+            )
             (got * upstream).sum().backward()
             check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
             check_close(tag + " grad hidden", h2.grad, h1.grad, 1e-4, 1e-5, failures)
@@ -142,18 +186,26 @@ DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
 def distill_correctness(rank, world, device, failures):
     """Sharded distill of every kind against unsharded xent.distill on the same GPU: the loss on
     every rank and the gradient of the local student slice."""
-    options = [{}, {"temperature": 2.0, "softcap": 30.0}, {"beta": 0.25},
-               {"hard_weight": 0.5, "label_smoothing": 0.1, "z_loss": 1e-3, "class_weight": True},
-               {"no_target": True}]
-    cases = [(37, 1031, dtype, opts, reduction) for dtype in (torch.float32, torch.bfloat16)
-             for opts in options for reduction in ("none", "sum", "mean")]
+    options = [
+        {},
+        {"temperature": 2.0, "softcap": 30.0},
+        {"beta": 0.25},
+        {"hard_weight": 0.5, "label_smoothing": 0.1, "z_loss": 1e-3, "class_weight": True},
+        {"no_target": True},
+    ]
+    cases = [
+        (37, 1031, dtype, opts, reduction)
+        for dtype in (torch.float32, torch.bfloat16)
+        for opts in options
+        for reduction in ("none", "sum", "mean")
+    ]
     cases += [(512, 50257, torch.bfloat16, {}, "mean")]
     for rows, vocab, dtype, opts, reduction in cases:
         begin, end = split(vocab, world, rank, uneven=True)
         for kind in DISTILL_KINDS:
             gen = torch.Generator(device=device).manual_seed(rows + vocab)
             student = torch.randn(rows, vocab, device=device, generator=gen) * 2
-            teacher = (student + torch.randn(rows, vocab, device=device, generator=gen))
+            teacher = student + torch.randn(rows, vocab, device=device, generator=gen)
             student, teacher = student.to(dtype), teacher.to(dtype)
             target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
             target[::7] = -100
@@ -162,8 +214,9 @@ def distill_correctness(rank, world, device, failures):
                 target = None
             if kw.get("class_weight"):
                 kw["class_weight"] = torch.rand(vocab, device=device, generator=gen) + 0.5
-            upstream = torch.randn(rows if reduction == "none" else (), device=device,
-                                   generator=gen)
+            upstream = torch.randn(
+                rows if reduction == "none" else (), device=device, generator=gen
+            )
             tag = f"distill {kind} {rows}x{vocab} {dtype} {sorted(opts)} {reduction}"
             full = student.clone().requires_grad_()
             ref = xent.distill(full, teacher, target, kind=kind, reduction=reduction, **kw)
@@ -172,16 +225,30 @@ def distill_correctness(rank, world, device, failures):
             skw = dict(kw)
             if "class_weight" in skw:
                 skw["class_weight"] = kw["class_weight"][begin:end]
-            got = xent.distill(local, teacher[:, begin:end].contiguous(), target, kind=kind,
-                               reduction=reduction, process_group=dist.group.WORLD, **skw)
+            got = xent.distill(
+                local,
+                teacher[:, begin:end].contiguous(),
+                target,
+                kind=kind,
+                reduction=reduction,
+                process_group=dist.group.WORLD,
+                **skw,
+            )
             (got * upstream).sum().backward()
             check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
             tol = 1e-4 if dtype == torch.float32 else 1e-2
-            check_close(tag + " grad", local.grad, full.grad[:, begin:end], tol,
-                        tol * full.grad.abs().max().item(), failures)
+            check_close(
+                tag + " grad",
+                local.grad,
+                full.grad[:, begin:end],
+                tol,
+                tol * full.grad.abs().max().item(),
+                failures,
+            )
 
 
 # ---- 2. timings ----------------------------------------------------------------------------------
+
 
 def timed(step, iterations=20, warmup=3):
     """CUDA-event times of step() in ms, the max over ranks per iteration."""
@@ -236,8 +303,9 @@ def _local_sums(x, row_max, target, begin: int):
     local = target - begin
     inside = (local >= 0) & (local < x.shape[1])
     picked = xf.gather(1, local.clamp(0, x.shape[1] - 1)[:, None])[:, 0]
-    return torch.stack([torch.exp(xf - row_max[:, None]).sum(-1),
-                        torch.where(inside, picked, 0.0)], 1)
+    return torch.stack(
+        [torch.exp(xf - row_max[:, None]).sum(-1), torch.where(inside, picked, 0.0)], 1
+    )
 
 
 @torch.compile
@@ -261,15 +329,31 @@ def guarded(step, iterations=20):
 
 def record(op, impl, world, shapes, timing, unsharded_ms, collective_ms, records):
     if timing is None:
-        records.append({"op": op, "impl": impl, "world_size": world, "shapes": shapes,
-                        "error": "failed, see the log"})
+        records.append(
+            {
+                "op": op,
+                "impl": impl,
+                "world_size": world,
+                "shapes": shapes,
+                "error": "failed, see the log",
+            }
+        )
         return
-    rec = {"op": op, "impl": impl, "world_size": world, "shapes": shapes, "dtype": "bfloat16",
-           "time_median_ms": timing["median_ms"], "time_p20_ms": timing["p20_ms"],
-           "time_p80_ms": timing["p80_ms"], "unsharded_ms": unsharded_ms,
-           "ratio": timing["median_ms"] / unsharded_ms if unsharded_ms else None,
-           "collective_ms": collective_ms, "device": torch.cuda.get_device_name(),
-           "commit": commit()}
+    rec = {
+        "op": op,
+        "impl": impl,
+        "world_size": world,
+        "shapes": shapes,
+        "dtype": "bfloat16",
+        "time_median_ms": timing["median_ms"],
+        "time_p20_ms": timing["p20_ms"],
+        "time_p80_ms": timing["p80_ms"],
+        "unsharded_ms": unsharded_ms,
+        "ratio": timing["median_ms"] / unsharded_ms if unsharded_ms else None,
+        "collective_ms": collective_ms,
+        "device": torch.cuda.get_device_name(),
+        "commit": commit(),
+    }
     records.append(rec)
 
 
@@ -304,14 +388,34 @@ def time_ce(rank, world, records):
     gather = timed(lambda: dist.all_gather_into_tensor(gathered, partial, group=group))
     row_max = torch.empty(rows, device="cuda")
     sums = torch.empty(rows, 2, device="cuda")
-    reduces = timed(lambda: (dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group),
-                             dist.all_reduce(sums, group=group)))
+    reduces = timed(
+        lambda: (
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group),
+            dist.all_reduce(sums, group=group),
+        )
+    )
     shapes = {"N": rows, "V": vocab, "V_local": end - begin}
     record("ce", "xent", 1, {"N": rows, "V": vocab}, base, base["median_ms"], 0.0, records)
-    record("ce", "xent-sharded", world, shapes, guarded(sharded), base["median_ms"],
-           gather["median_ms"], records)
-    record("ce", "megatron-style-torch-compile", world, shapes, guarded(anchor),
-           base["median_ms"], reduces["median_ms"], records)
+    record(
+        "ce",
+        "xent-sharded",
+        world,
+        shapes,
+        guarded(sharded),
+        base["median_ms"],
+        gather["median_ms"],
+        records,
+    )
+    record(
+        "ce",
+        "megatron-style-torch-compile",
+        world,
+        shapes,
+        guarded(anchor),
+        base["median_ms"],
+        reduces["median_ms"],
+        records,
+    )
 
 
 def time_linear_ce(rank, world, records):
@@ -338,8 +442,15 @@ def time_linear_ce(rank, world, records):
     def sharded(in_forward, cache):
         def step():
             hidden.grad = local_weight.grad = None
-            xent.linear_cross_entropy(hidden, local_weight, target, process_group=group,
-                                      grad_in_forward=in_forward, cache_logits=cache).backward()
+            xent.linear_cross_entropy(
+                hidden,
+                local_weight,
+                target,
+                process_group=group,
+                grad_in_forward=in_forward,
+                cache_logits=cache,
+            ).backward()
+
         return step
 
     def anchor():
@@ -351,23 +462,65 @@ def time_linear_ce(rank, world, records):
     partial = torch.empty(rows, 9, device="cuda")
     gathered = torch.empty(world * rows, 9, device="cuda")
     grad_hidden = torch.empty(rows, hidden_size, device="cuda", dtype=torch.bfloat16)
-    collectives = timed(lambda: (dist.all_gather_into_tensor(gathered, partial, group=group),
-                                 dist.all_reduce(grad_hidden, group=group)))
+    collectives = timed(
+        lambda: (
+            dist.all_gather_into_tensor(gathered, partial, group=group),
+            dist.all_reduce(grad_hidden, group=group),
+        )
+    )
     shapes = {"N": rows, "H": hidden_size, "V": vocab, "V_local": end - begin}
-    record("linear_ce", "xent", 1, {"N": rows, "H": hidden_size, "V": vocab}, base,
-           base["median_ms"], 0.0, records)
+    record(
+        "linear_ce",
+        "xent",
+        1,
+        {"N": rows, "H": hidden_size, "V": vocab},
+        base,
+        base["median_ms"],
+        0.0,
+        records,
+    )
     # The default forms the gradient per row chunk in the forward (no recompute); the two-pass
     # schedule (grad_in_forward=False) recomputes the logits in the backward, or keeps them.
-    record("linear_ce", "xent-sharded", world, shapes, guarded(sharded(True, False), iterations=10),
-           base["median_ms"], collectives["median_ms"], records)
-    record("linear_ce", "xent-sharded-two-pass", world, shapes,
-           guarded(sharded(False, False), iterations=10), base["median_ms"],
-           collectives["median_ms"], records)
-    record("linear_ce", "xent-sharded-two-pass-cache-logits", world, shapes,
-           guarded(sharded(False, True), iterations=10), base["median_ms"],
-           collectives["median_ms"], records)
-    record("linear_ce", "megatron-style-torch-compile", world, shapes,
-           guarded(anchor, iterations=10), base["median_ms"], collectives["median_ms"], records)
+    record(
+        "linear_ce",
+        "xent-sharded",
+        world,
+        shapes,
+        guarded(sharded(True, False), iterations=10),
+        base["median_ms"],
+        collectives["median_ms"],
+        records,
+    )
+    record(
+        "linear_ce",
+        "xent-sharded-two-pass",
+        world,
+        shapes,
+        guarded(sharded(False, False), iterations=10),
+        base["median_ms"],
+        collectives["median_ms"],
+        records,
+    )
+    record(
+        "linear_ce",
+        "xent-sharded-two-pass-cache-logits",
+        world,
+        shapes,
+        guarded(sharded(False, True), iterations=10),
+        base["median_ms"],
+        collectives["median_ms"],
+        records,
+    )
+    record(
+        "linear_ce",
+        "megatron-style-torch-compile",
+        world,
+        shapes,
+        guarded(anchor, iterations=10),
+        base["median_ms"],
+        collectives["median_ms"],
+        records,
+    )
 
 
 def time_distill(rank, world, records):
@@ -388,29 +541,48 @@ def time_distill(rank, world, records):
     records_2 = torch.empty(rows, 5, device="cuda")
     gathered_2 = torch.empty(world * rows, 5, device="cuda")
     one = timed(lambda: dist.all_gather_into_tensor(gathered_1, records_1, group=group))
-    two = timed(lambda: (dist.all_gather_into_tensor(gathered_1, records_1, group=group),
-                         dist.all_gather_into_tensor(gathered_2, records_2, group=group)))
+    two = timed(
+        lambda: (
+            dist.all_gather_into_tensor(gathered_1, records_1, group=group),
+            dist.all_gather_into_tensor(gathered_2, records_2, group=group),
+        )
+    )
     shapes = {"N": rows, "V": vocab, "V_local": end - begin}
     for kind in DISTILL_KINDS:
+
         def unsharded():
             full_student.grad = None
             xent.distill(full_student, full_teacher, kind=kind).backward()
 
         def sharded():
             local_student.grad = None
-            xent.distill(local_student, local_teacher, kind=kind,
-                         process_group=group).backward()
+            xent.distill(local_student, local_teacher, kind=kind, process_group=group).backward()
 
         base = guarded(unsharded)
         if base is None:
-            record(f"distill_{kind}", "xent", 1, {"N": rows, "V": vocab}, None, None, 0.0,
-                   records)
+            record(f"distill_{kind}", "xent", 1, {"N": rows, "V": vocab}, None, None, 0.0, records)
             continue
-        record(f"distill_{kind}", "xent", 1, {"N": rows, "V": vocab}, base, base["median_ms"],
-               0.0, records)
+        record(
+            f"distill_{kind}",
+            "xent",
+            1,
+            {"N": rows, "V": vocab},
+            base,
+            base["median_ms"],
+            0.0,
+            records,
+        )
         collective = two if kind in ("jsd", "tvd") else one
-        record(f"distill_{kind}", "xent-sharded", world, shapes, guarded(sharded),
-               base["median_ms"], collective["median_ms"], records)
+        record(
+            f"distill_{kind}",
+            "xent-sharded",
+            world,
+            shapes,
+            guarded(sharded),
+            base["median_ms"],
+            collective["median_ms"],
+            records,
+        )
 
 
 def main():
@@ -437,8 +609,9 @@ def main():
     def save():  # after every op, so a later failure keeps what was measured
         if rank == 0:
             with open(args.json, "w") as out:
-                json.dump({"correctness_failures": int(ok.item()), "records": records}, out,
-                          indent=1)
+                json.dump(
+                    {"correctness_failures": int(ok.item()), "records": records}, out, indent=1
+                )
 
     save()
     if not args.skip_timing:
@@ -457,8 +630,10 @@ def main():
                 print(f"{r['op']:<18} {r['impl']:<30} {r['world_size']:>2} {'failed':>10}")
                 continue
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-            print(f"{r['op']:<18} {r['impl']:<30} {r['world_size']:>2} "
-                  f"{r['time_median_ms']:>10.3f} {ratio:>6} {r['collective_ms']:>8.3f}")
+            print(
+                f"{r['op']:<18} {r['impl']:<30} {r['world_size']:>2} "
+                f"{r['time_median_ms']:>10.3f} {ratio:>6} {r['collective_ms']:>8.3f}"
+            )
     dist.destroy_process_group()
     sys.exit(1 if ok.item() else 0)
 

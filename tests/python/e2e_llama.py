@@ -33,8 +33,12 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tolerance", type=float, default=0.03,
-                        help="largest relative gap allowed between the two loss curves")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.03,
+        help="largest relative gap allowed between the two loss curves",
+    )
     parser.add_argument("--json", help="write the measurements here")
     return parser.parse_args(argv)
 
@@ -55,17 +59,22 @@ def batches(ids, batch, seq, steps, seed=0):
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=generator)
-        yield torch.stack([ids[s:s + seq] for s in starts.tolist()])
+        yield torch.stack([ids[s : s + seq] for s in starts.tolist()])
 
 
 def build_model(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                         intermediate_size=args.hidden * 8 // 3 // 64 * 64 + 64,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.heads, max_position_embeddings=args.seq,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3 // 64 * 64 + 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=args.seq,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
@@ -96,21 +105,30 @@ def train(base_model, ids, args, patched):
         times.append(time.perf_counter() - start)
         if patched:
             assert out.logits is None
-        print(f"  {'xent' if patched else 'torch'} step {step:3d} loss {losses[-1]:.5f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {'xent' if patched else 'torch'} step {step:3d} loss {losses[-1]:.5f}",
+            file=sys.stderr,
+            flush=True,
+        )
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
     del model, optimizer
-    return dict(losses=losses, peak_bytes=peak,
-                step_ms_median=sorted(times[2:] or times)[len(times[2:] or times) // 2] * 1e3)
+    return dict(
+        losses=losses,
+        peak_bytes=peak,
+        step_ms_median=sorted(times[2:] or times)[len(times[2:] or times) // 2] * 1e3,
+    )
 
 
 def main(argv=None):
     args = parse_args(argv)
     ids, used_words = word_tokens(args.text, args.vocab)
     base = build_model(args)
-    print(f"Llama {sum(p.numel() for p in base.parameters()) / 1e6:.1f}M parameters, "
-          f"V={args.vocab} ({used_words} words of the text), {args.batch}x{args.seq} tokens a "
-          f"step, {args.steps} steps, device {args.device}", flush=True)
+    print(
+        f"Llama {sum(p.numel() for p in base.parameters()) / 1e6:.1f}M parameters, "
+        f"V={args.vocab} ({used_words} words of the text), {args.batch}x{args.seq} tokens a "
+        f"step, {args.steps} steps, device {args.device}",
+        flush=True,
+    )
     reference = train(base, ids, args, patched=False)
     fused = train(base, ids, args, patched=True)
 
@@ -128,9 +146,15 @@ def main(argv=None):
     if reference["peak_bytes"] is not None:
         ok = ok and fused["peak_bytes"] < reference["peak_bytes"]
     if args.json:
-        record = dict(args=vars(args), torch=reference, xent=fused, max_rel_gap=max(gaps),
-                      device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                      torch_version=torch.__version__, passed=ok)
+        record = dict(
+            args=vars(args),
+            torch=reference,
+            xent=fused,
+            max_rel_gap=max(gaps),
+            device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            torch_version=torch.__version__,
+            passed=ok,
+        )
         with open(args.json, "w") as handle:
             json.dump(record, handle, indent=1)
     print("e2e:", "PASSED" if ok else "FAILED")

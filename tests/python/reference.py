@@ -1,4 +1,4 @@
-"""float64 references of SPEC.md §1–§4 written with torch.nn.functional, plus input helpers.
+"""float64 references of docs/semantics.md §1–§4 written with torch.nn.functional, plus input helpers.
 
 Gradients of the references come from autograd on these float64 expressions, so they are an
 independent check of the fused kernels' hand-derived gradients.
@@ -15,15 +15,29 @@ def softcapped(x, softcap, scale=1.0):
     return softcap * torch.tanh(z / softcap) if softcap is not None else z
 
 
-def ce_rows(logits, target, class_weight=None, ignore_index=-100, label_smoothing=0.0,
-            z_loss=0.0, softcap=None, logit_scale=1.0):
+def ce_rows(
+    logits,
+    target,
+    class_weight=None,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    softcap=None,
+    logit_scale=1.0,
+):
     """Per-row (ℓ_n, ζ_n, valid_n) in float64 for 2-D logits."""
     x = softcapped(logits.double(), softcap, logit_scale)
     weight = class_weight.double() if class_weight is not None else None
-    # F.cross_entropy(reduction="none") is the per-row ℓ of SPEC §1 with PyTorch's smoothing and
+    # F.cross_entropy(reduction="none") is the per-row ℓ of docs/semantics.md §1 with PyTorch's smoothing and
     # class-weight convention, and 0 for ignored rows.
-    loss = F.cross_entropy(x, target, weight=weight, ignore_index=ignore_index,
-                           reduction="none", label_smoothing=label_smoothing)
+    loss = F.cross_entropy(
+        x,
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction="none",
+        label_smoothing=label_smoothing,
+    )
     valid = target != ignore_index
     lse = torch.logsumexp(x, dim=-1)
     zeta = torch.where(valid, z_loss * lse * lse, torch.zeros_like(lse))
@@ -46,17 +60,35 @@ def reduce_ce(loss, zeta, valid, target, reduction, class_weight=None, row_weigh
     return main + z_part
 
 
-def cross_entropy(logits, target, class_weight=None, row_weight=None, ignore_index=-100,
-                  reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None,
-                  logit_scale=1.0):
-    loss, zeta, valid, _ = ce_rows(logits, target, class_weight, ignore_index, label_smoothing,
-                                   z_loss, softcap, logit_scale)
+def cross_entropy(
+    logits,
+    target,
+    class_weight=None,
+    row_weight=None,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    z_loss=0.0,
+    softcap=None,
+    logit_scale=1.0,
+):
+    loss, zeta, valid, _ = ce_rows(
+        logits, target, class_weight, ignore_index, label_smoothing, z_loss, softcap, logit_scale
+    )
     return reduce_ce(loss, zeta, valid, target, reduction, class_weight, row_weight)
 
 
-def ce_stats(logits, target, ignore_index=-100, softcap=None, logit_scale=1.0, z_loss=0.0,
-             reduction="mean", row_weight=None):
-    """lse, logprob, entropy, argmax, accuracy, z_loss_value of SPEC §1 (float64)."""
+def ce_stats(
+    logits,
+    target,
+    ignore_index=-100,
+    softcap=None,
+    logit_scale=1.0,
+    z_loss=0.0,
+    reduction="mean",
+    row_weight=None,
+):
+    """lse, logprob, entropy, argmax, accuracy, z_loss_value of docs/semantics.md §1 (float64)."""
     with torch.no_grad():
         x = softcapped(logits.double(), softcap, logit_scale)
         valid = target != ignore_index
@@ -70,12 +102,17 @@ def ce_stats(logits, target, ignore_index=-100, softcap=None, logit_scale=1.0, z
         correct = (argmax == target) & valid
         accuracy = correct.sum().double() / valid.sum() if valid.any() else zero.sum()
         zeta = torch.where(valid, z_loss * lse * lse, zero)
-        z_value = reduce_ce(torch.zeros_like(zeta), zeta, valid, target, reduction,
-                            row_weight=row_weight)
-        return dict(lse=torch.where(valid, lse, zero), logprob=torch.where(valid, logprob, zero),
-                    entropy=torch.where(valid, entropy, zero),
-                    argmax=torch.where(valid, argmax, torch.full_like(argmax, -1)),
-                    accuracy=accuracy, z_loss=z_value)
+        z_value = reduce_ce(
+            torch.zeros_like(zeta), zeta, valid, target, reduction, row_weight=row_weight
+        )
+        return dict(
+            lse=torch.where(valid, lse, zero),
+            logprob=torch.where(valid, logprob, zero),
+            entropy=torch.where(valid, entropy, zero),
+            argmax=torch.where(valid, argmax, torch.full_like(argmax, -1)),
+            accuracy=accuracy,
+            z_loss=z_value,
+        )
 
 
 def logprobs(logits, target, temperature=1.0, ignore_index=-100, softcap=None):
@@ -91,8 +128,7 @@ def logprobs(logits, target, temperature=1.0, ignore_index=-100, softcap=None):
     return torch.where(valid, logprob, zero), torch.where(valid, entropy, zero)
 
 
-def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None,
-                 tvd_tie_band=0.0):
+def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None, tvd_tie_band=0.0):
     s = softcapped(student.double(), softcap) / temperature
     t = softcapped(teacher.double(), softcap) / temperature
     log_ps, log_pt = F.log_softmax(s, -1), F.log_softmax(t, -1)
@@ -113,18 +149,32 @@ def distill_rows(student, teacher, kind, temperature=1.0, beta=0.5, softcap=None
     if kind == "jsd":
         if beta in (0.0, 1.0):
             return (s * 0).sum(-1)
-        log_m = torch.logsumexp(torch.stack([log_pt + math.log(beta),
-                                             log_ps + math.log(1 - beta)]), dim=0)
+        log_m = torch.logsumexp(
+            torch.stack([log_pt + math.log(beta), log_ps + math.log(1 - beta)]), dim=0
+        )
         kl_t = F.kl_div(log_m, log_pt, log_target=True, reduction="none").sum(-1)
         kl_s = F.kl_div(log_m, log_ps, log_target=True, reduction="none").sum(-1)
         return beta * kl_t + (1 - beta) * kl_s
     raise ValueError(kind)
 
 
-def distill(student, teacher, target=None, kind="forward_kl", temperature=1.0, beta=0.5,
-            softcap=None, soft_weight=1.0, hard_weight=0.0, ignore_index=-100,
-            reduction="mean", label_smoothing=0.0, z_loss=0.0, class_weight=None,
-            tvd_tie_band=0.0):
+def distill(
+    student,
+    teacher,
+    target=None,
+    kind="forward_kl",
+    temperature=1.0,
+    beta=0.5,
+    softcap=None,
+    soft_weight=1.0,
+    hard_weight=0.0,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    z_loss=0.0,
+    class_weight=None,
+    tvd_tie_band=0.0,
+):
     soft = distill_rows(student, teacher, kind, temperature, beta, softcap, tvd_tie_band)
     if target is None:
         valid = torch.ones(soft.shape[0], dtype=torch.bool)
@@ -138,8 +188,17 @@ def distill(student, teacher, target=None, kind="forward_kl", temperature=1.0, b
     else:
         total = soft_weight * (soft.sum() / valid.sum() if valid.any() else soft.sum() * 0)
     if hard_weight != 0.0:
-        hard = cross_entropy(student, target, class_weight, None, ignore_index, reduction,
-                             label_smoothing, z_loss, softcap)
+        hard = cross_entropy(
+            student,
+            target,
+            class_weight,
+            None,
+            ignore_index,
+            reduction,
+            label_smoothing,
+            z_loss,
+            softcap,
+        )
         total = total + hard_weight * hard
     return total
 

@@ -21,24 +21,33 @@ def test_build_info_reports_versions_and_architectures():
         assert info["cuda_archs"] == [] and info["cuda_ptx"] == []
 
 
-@pytest.mark.parametrize("capability,cubins,ptx,expected", [
-    ((9, 0), ["sm_90"], ["compute_90"], True),
-    ((9, 0), ["sm_90a"], [], True),
-    ((8, 0), ["sm_90"], ["compute_90"], False),
-    ((10, 0), ["sm_90"], ["compute_90"], True),   # PTX, compiled by the driver
-    ((10, 0), ["sm_90a"], [], False),             # 90a cubins run on 9.0 only
-    ((10, 0), ["sm_90a"], ["compute_90a"], False),
-    ((9, 1), ["sm_90"], [], True),                # same major, later minor
-    ((12, 0), ["sm_90a", "sm_100"], ["compute_100"], True),
-    ((8, 9), ["sm_90", "sm_100"], ["compute_100"], False),
-])
+@pytest.mark.parametrize(
+    "capability,cubins,ptx,expected",
+    [
+        ((9, 0), ["sm_90"], ["compute_90"], True),
+        ((9, 0), ["sm_90a"], [], True),
+        ((8, 0), ["sm_90"], ["compute_90"], False),
+        ((10, 0), ["sm_90"], ["compute_90"], True),  # PTX, compiled by the driver
+        ((10, 0), ["sm_90a"], [], False),  # 90a cubins run on 9.0 only
+        ((10, 0), ["sm_90a"], ["compute_90a"], False),
+        ((9, 1), ["sm_90"], [], True),  # same major, later minor
+        ((12, 0), ["sm_90a", "sm_100"], ["compute_100"], True),
+        ((8, 9), ["sm_90", "sm_100"], ["compute_100"], False),
+    ],
+)
 def test_runs_on(capability, cubins, ptx, expected):
     assert _build.runs_on(capability, cubins, ptx) is expected
 
 
 def _pretend(monkeypatch, capability, cubins, ptx):
-    info = dict(version="0", torch=torch.__version__, torch_cuda="13.0", cuda="13.0",
-                cuda_archs=cubins, cuda_ptx=ptx)
+    info = dict(
+        version="0",
+        torch=torch.__version__,
+        torch_cuda="13.0",
+        cuda="13.0",
+        cuda_archs=cubins,
+        cuda_ptx=ptx,
+    )
     monkeypatch.setattr(_build, "build_info", lambda: info)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

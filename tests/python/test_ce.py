@@ -1,12 +1,12 @@
-"""xent.cross_entropy and xent.nn.CrossEntropyLoss against float64 references (SPEC §1)."""
+"""xent.cross_entropy and xent.nn.CrossEntropyLoss against float64 references (docs/semantics.md §1)."""
 
 import itertools
 
 import pytest
+import reference as ref
 import torch
 import torch.nn.functional as F
 
-import reference as ref
 import xent
 
 REDUCTIONS = ["none", "sum", "mean"]
@@ -66,8 +66,9 @@ def test_options_against_reference(device, gen, reduction, names):
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("with_weight,smoothing", [(False, 0.0), (True, 0.0), (False, 0.2),
-                                                   (True, 0.2)])
+@pytest.mark.parametrize(
+    "with_weight,smoothing", [(False, 0.0), (True, 0.0), (False, 0.2), (True, 0.2)]
+)
 def test_drop_in_for_f_cross_entropy(device, gen, reduction, dtype, with_weight, smoothing):
     if dtype == torch.float64 and device.type == "cuda":
         pytest.skip("float64 is a CPU-only input dtype")
@@ -76,9 +77,14 @@ def test_drop_in_for_f_cross_entropy(device, gen, reduction, dtype, with_weight,
     x = logits.clone().requires_grad_()
     loss = xent.cross_entropy(x, target, weight, -100, reduction, smoothing)
     x64 = logits.cpu().double().requires_grad_()
-    expected = F.cross_entropy(x64, target.cpu(), weight.double().cpu() if with_weight else None,
-                               ignore_index=-100, reduction=reduction,
-                               label_smoothing=smoothing)
+    expected = F.cross_entropy(
+        x64,
+        target.cpu(),
+        weight.double().cpu() if with_weight else None,
+        ignore_index=-100,
+        reduction=reduction,
+        label_smoothing=smoothing,
+    )
     assert ref.rel_error(loss, expected) <= 1e-5
     upstream = torch.rand(expected.shape, generator=gen, dtype=torch.float64)
     (grad,) = torch.autograd.grad(loss, x, upstream.to(device, torch.float32))
@@ -93,8 +99,12 @@ def test_batch_time_vocab_layout(device, gen, reduction):
     row_weight = torch.rand(3, 11, generator=gen).to(device)
     x = logits.clone().requires_grad_()
     loss = xent.cross_entropy(x, target, reduction=reduction, row_weight=row_weight)
-    flat = xent.cross_entropy(logits.reshape(-1, 257), target.reshape(-1), reduction=reduction,
-                              row_weight=row_weight.reshape(-1))
+    flat = xent.cross_entropy(
+        logits.reshape(-1, 257),
+        target.reshape(-1),
+        reduction=reduction,
+        row_weight=row_weight.reshape(-1),
+    )
     expected_shape = (3, 11) if reduction == "none" else ()
     assert loss.shape == expected_shape
     torch.testing.assert_close(loss.reshape(-1), flat.reshape(-1))
@@ -108,11 +118,13 @@ def test_statistics(device, gen, reduction):
     target[3] = logits[3].argmax()  # at least one correct prediction
     row_weight = torch.rand(53, generator=gen).to(device)
     options = dict(softcap=4.0, logit_scale=1.3, z_loss=1e-2)
-    result = xent.cross_entropy(logits, target, reduction=reduction, row_weight=row_weight,
-                                return_stats=True, **options)
+    result = xent.cross_entropy(
+        logits, target, reduction=reduction, row_weight=row_weight, return_stats=True, **options
+    )
     assert isinstance(result, xent.CrossEntropyResult)
-    expected = ref.ce_stats(logits.cpu(), target.cpu(), reduction=reduction,
-                            row_weight=row_weight.cpu(), **options)
+    expected = ref.ce_stats(
+        logits.cpu(), target.cpu(), reduction=reduction, row_weight=row_weight.cpu(), **options
+    )
     for name in ("lse", "logprob", "entropy", "accuracy", "z_loss"):
         assert ref.rel_error(getattr(result, name), expected[name]) <= 1e-5, name
     ignored = (target == -100).cpu()
@@ -121,8 +133,9 @@ def test_statistics(device, gen, reduction):
         assert torch.all(getattr(result, name).cpu()[ignored] == 0), name
     assert result.argmax.dtype == torch.int64
     assert torch.equal(result.argmax.cpu(), expected["argmax"])
-    plain = xent.cross_entropy(logits, target, reduction=reduction, row_weight=row_weight,
-                               **options)
+    plain = xent.cross_entropy(
+        logits, target, reduction=reduction, row_weight=row_weight, **options
+    )
     torch.testing.assert_close(result.loss, plain)
 
 
@@ -193,8 +206,9 @@ def test_mean_with_zero_target_weights(device, gen):
     weight = (torch.rand(97, generator=gen) + 0.5).to(device)
     weight[target[valid]] = 0
     x = logits.detach().clone().requires_grad_()
-    result = xent.cross_entropy(x, target, weight, label_smoothing=0.1, z_loss=1e-2,
-                                return_stats=True)
+    result = xent.cross_entropy(
+        x, target, weight, label_smoothing=0.1, z_loss=1e-2, return_stats=True
+    )
     lse = torch.logsumexp(logits.double(), -1)
     z_part = (1e-2 * lse[valid] ** 2).sum() / valid.sum()
     assert z_part > 0
@@ -232,15 +246,18 @@ def test_int32_target_and_no_grad_path(device, gen):
 def test_module_matches_functional(device, gen):
     logits, target = _inputs(gen, device)
     weight = (torch.rand(logits.shape[1], generator=gen) + 0.5).to(device)
-    module = xent.nn.CrossEntropyLoss(weight, None, -100, None, "sum", 0.05, z_loss=1e-4,
-                                      softcap=5.0)
-    expected = xent.cross_entropy(logits, target, weight, reduction="sum", label_smoothing=0.05,
-                                  z_loss=1e-4, softcap=5.0)
+    module = xent.nn.CrossEntropyLoss(
+        weight, None, -100, None, "sum", 0.05, z_loss=1e-4, softcap=5.0
+    )
+    expected = xent.cross_entropy(
+        logits, target, weight, reduction="sum", label_smoothing=0.05, z_loss=1e-4, softcap=5.0
+    )
     torch.testing.assert_close(module(logits, target), expected)
     legacy = xent.nn.CrossEntropyLoss(size_average=False)  # PyTorch's legacy spelling of sum
     assert legacy.reduction == "sum"
-    torch_module = torch.nn.CrossEntropyLoss(weight.double().cpu(), reduction="sum",
-                                             label_smoothing=0.05)
+    torch_module = torch.nn.CrossEntropyLoss(
+        weight.double().cpu(), reduction="sum", label_smoothing=0.05
+    )
     plain = xent.nn.CrossEntropyLoss(weight, reduction="sum", label_smoothing=0.05)
     expected = torch_module(logits.double().cpu(), target.cpu())
     assert ref.rel_error(plain(logits, target), expected) <= 1e-5

@@ -23,8 +23,9 @@ def test_linear_rows_on_both_distributions(label):
     shapes = {(c["n"], c["h"], c["v"]) for c in rows}
     assert shapes == set(compare_torch.LINEAR_SHAPES)
     for distribution in ("random", "peaked"):
-        assert {(c["n"], c["h"], c["v"]) for c in rows
-                if c.get("distribution") == distribution} == shapes
+        assert {
+            (c["n"], c["h"], c["v"]) for c in rows if c.get("distribution") == distribution
+        } == shapes
     if label.endswith("64 MiB"):
         assert all(c["budget_bytes"] == 64 << 20 for c in rows)
 
@@ -41,8 +42,9 @@ def test_distribution_selects_from_a_suite(distribution):
     assert all(c.get("distribution", "random") == distribution for c in linear)
     assert any(c["op"] == "linear_distill" for c in cases)  # other ops are not filtered
     # Labels and distribution together; without --distribution both run.
-    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels", "perf-linear 64 MiB",
-                                     "--distribution", distribution])
+    args = compare_torch.parse_args(
+        ["--suite", "perf-linear", "--labels", "perf-linear 64 MiB", "--distribution", distribution]
+    )
     assert len(compare_torch.selected_suite_cases(args)) == len(compare_torch.LINEAR_SHAPES)
     args = compare_torch.parse_args(["--suite", "perf-linear", "--labels", "perf-linear 64 MiB"])
     assert len(compare_torch.selected_suite_cases(args)) == 2 * len(compare_torch.LINEAR_SHAPES)
@@ -54,10 +56,13 @@ def test_a_label_with_a_dollar_is_matched_whole():
     cases = compare_torch.selected_suite_cases(args)
     assert {c["label"] for c in cases} == {"perf-linear"}
     assert len(cases) == 2 * len(compare_torch.LINEAR_SHAPES)
-    args = compare_torch.parse_args(["--suite", "perf-linear", "--labels",
-                                     "perf-linear$,perf-linear 64 MiB"])
+    args = compare_torch.parse_args(
+        ["--suite", "perf-linear", "--labels", "perf-linear$,perf-linear 64 MiB"]
+    )
     assert {c["label"] for c in compare_torch.selected_suite_cases(args)} == {
-        "perf-linear", "perf-linear 64 MiB"}
+        "perf-linear",
+        "perf-linear 64 MiB",
+    }
 
 
 @pytest.mark.parametrize("flag", [["--budget-mib", "64"], ["--weight", "fp32"]])
@@ -73,8 +78,9 @@ def test_rounds_interleave_the_libraries(monkeypatch):
     pytest.importorskip("torch")
     # A module of its own, with tools/ importable so that it finds its loss functions.
     monkeypatch.syspath_prepend(str(ROOT / "tools"))
-    spec = importlib.util.spec_from_file_location("compare_torch_rounds",
-                                                  ROOT / "tools" / "compare_torch.py")
+    spec = importlib.util.spec_from_file_location(
+        "compare_torch_rounds", ROOT / "tools" / "compare_torch.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     calls = []
@@ -86,6 +92,7 @@ def test_rounds_interleave_the_libraries(monkeypatch):
         def loss(x):
             calls.append("eager")
             return inner(x)
+
         return loss
 
     def tagged_library_loss(impl, case):
@@ -94,16 +101,33 @@ def test_rounds_interleave_the_libraries(monkeypatch):
         def loss(x):
             calls.append(impl)
             return inner(x) * 1.0
+
         return loss
 
     monkeypatch.setattr(tool, "eager_loss", tagged_eager_loss)
     monkeypatch.setattr(tool, "library_loss", tagged_library_loss)
-    args = tool.parse_args(["--op", "ce", "--n", "16", "--v", "64", "--device", "cpu",
-                                     "--impls", "eager,xent_torch", "--rounds", "3",
-                                     "--repeat", "6", "--warmup", "1"])
+    args = tool.parse_args(
+        [
+            "--op",
+            "ce",
+            "--n",
+            "16",
+            "--v",
+            "64",
+            "--device",
+            "cpu",
+            "--impls",
+            "eager,xent_torch",
+            "--rounds",
+            "3",
+            "--repeat",
+            "6",
+            "--warmup",
+            "1",
+        ]
+    )
     args.repeat, args.warmup = 6, 1
-    case = dict(op="ce", n=16, h=0, v=64, dtype="bf16", mode="fwdbwd", kind="forward_kl",
-                label="")
+    case = dict(op="ce", n=16, h=0, v=64, dtype="bf16", mode="fwdbwd", kind="forward_kl", label="")
     records = tool.measure_case(case, args.impls, args, None, "test")
     assert [r["impl"] for r in records] == ["eager", "xent_torch"]
     assert all(r["error"] is None and r["time_ms"]["samples"] == 6 for r in records)
@@ -120,13 +144,16 @@ def test_floor_flops_count_the_products_the_floor_times():
     one = 2 * 37 * 67 * 1031
     assert compare_torch.gemm_floor_flops(dict(shape, op="linear_ce", mode="fwdbwd")) == 3 * one
     assert compare_torch.gemm_floor_flops(dict(shape, op="linear_ce", mode="fwd")) == one
-    assert compare_torch.gemm_floor_flops(dict(shape, op="linear_distill", mode="fwdbwd")) == 4 * one
+    assert (
+        compare_torch.gemm_floor_flops(dict(shape, op="linear_distill", mode="fwdbwd")) == 4 * one
+    )
     assert compare_torch.gemm_floor_flops(dict(shape, op="ce", mode="fwdbwd")) is None
 
 
 def test_records_name_uncommitted_code_dirty(tmp_path, monkeypatch):
     import shutil
     import subprocess
+
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     monkeypatch.delenv("XENT_COMMIT", raising=False)
@@ -138,8 +165,12 @@ def test_records_name_uncommitted_code_dirty(tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("one")
     git("add", "a.txt")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
-    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert compare_torch.git_commit(str(tmp_path)) == head
     (tmp_path / "untracked.txt").write_text("not part of the code")
     assert compare_torch.git_commit(str(tmp_path)) == head

@@ -2,9 +2,9 @@
 the fake kernels agree with the real ones (torch.library.opcheck)."""
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 from xent._ops import ops
 
@@ -29,8 +29,9 @@ def test_compile_cross_entropy(device, gen):
     target = ref.targets(gen, 18, 301, device).reshape(2, 9)
 
     def fn(x):
-        result = xent.cross_entropy(x * 1.5, target, label_smoothing=0.1, z_loss=1e-3,
-                                    return_stats=True)
+        result = xent.cross_entropy(
+            x * 1.5, target, label_smoothing=0.1, z_loss=1e-3, return_stats=True
+        )
         return result.loss + 0.1 * result.lse.mean()
 
     _compiled_matches_eager(fn, [logits], grads_of=[0])
@@ -42,8 +43,9 @@ def test_compile_linear_cross_entropy(device, gen):
     target = ref.targets(gen, 22, 257, device).reshape(2, 11)
 
     def fn(h, w):
-        per_row = xent.linear_cross_entropy(torch.tanh(h), w, target, reduction="none",
-                                            softcap=10.0)
+        per_row = xent.linear_cross_entropy(
+            torch.tanh(h), w, target, reduction="none", softcap=10.0
+        )
         return per_row.sum() + xent.linear_cross_entropy(h, w, target)
 
     _compiled_matches_eager(fn, [h, w], grads_of=[0, 1])
@@ -58,8 +60,7 @@ def test_compile_linear_cross_entropy_accumulate_into(device, gen):
     def fn(h, w, buffer):
         # The correction of the forward-added gradient (upstream 0.5) and the recompute of
         # reduction none both add into the buffer inside the compiled backward.
-        per_row = xent.linear_cross_entropy(h, w, target, reduction="none",
-                                            accumulate_into=buffer)
+        per_row = xent.linear_cross_entropy(h, w, target, reduction="none", accumulate_into=buffer)
         mean = xent.linear_cross_entropy(h, w, target, accumulate_into=buffer)
         return 0.5 * mean + per_row.sum()
 
@@ -124,8 +125,9 @@ def _opcheck_cases(device, gen):
     ce = (-100, "none", 0.1, 1e-3, 5.0, 1.0)
     distill = ("forward_kl", 2.0, 0.5, None, 1.0, 0.5, -100, "none", 0.0, 0.0)
     lse = ops.ce_forward(x, y, None, None, *ce, False)[1]
-    lse_rows = ops.linear_ce_forward(h, w, b, y, None, None, *ce, 0, False, False, False, False,
-                                     False, False, None, None)[1]
+    lse_rows = ops.linear_ce_forward(
+        h, w, b, y, None, None, *ce, 0, False, False, False, False, False, False, None, None
+    )[1]
     buffer = torch.randn(vocab, hidden, generator=gen).to(device)  # accumulate_into
     entropy = ops.ce_forward(x, y, None, None, *ce, True)[3]
     return [
@@ -133,49 +135,274 @@ def _opcheck_cases(device, gen):
         (ops.ce_forward, (x, y, None, None, -100, "mean", 0.0, 0.0, None, 1.0, False)),
         (ops.ce_backward, (x, y, lse, g, None, None, *ce)),
         (ops.ce_forward_grad, (x, y, None, None, -100, "mean", 0.1, 1e-3, 5.0, 1.0, True, half)),
-        (ops.ce_forward_grad_inplace, (x.clone(), y, None, None, -100, "sum", 0.0, 0.0, None,
-                                       1.0, False, None)),
+        (
+            ops.ce_forward_grad_inplace,
+            (x.clone(), y, None, None, -100, "sum", 0.0, 0.0, None, 1.0, False, None),
+        ),
         (ops.scale_, (x.clone(), half)),
-        (ops.linear_ce_forward, (h, w, b, y, None, None, -100, "sum", 0.0, 0.0, None, 1.0, 0,
-                                 False, True, True, True, True, False, half, None)),
-        (ops.linear_ce_forward, (h16, w16, None, y, None, None, -100, "mean", 0.0, 0.0, None,
-                                 1.0, 0, False, False, True, True, False, False, None,
-                                 torch.float32)),
-        (ops.linear_ce_forward, (h, w, b, y, None, None, *ce, 0, True, False, False, False,
-                                 False, True, None, None)),
-        (ops.linear_ce_backward, (h, w, None, y, None, g, None, None, *ce, 0, False, True, True,
-                                  False, None, None)),
-        (ops.linear_ce_backward, (h, w, None, y, None, g, None, None, *ce, 0, False, True, True,
-                                  False, h @ w.T, None)),
-        (ops.linear_ce_backward, (h16, w16, None, y, None, g, None, None, *ce, 0, False, True,
-                                  True, False, None, torch.float32)),
-        (ops.linear_ce_forward, (h16, w16, b.bfloat16(), y, None, None, -100, "sum", 0.0, 0.0,
-                                 None, 1.0, 0, False, False, True, True, True, False, half, None,
-                                 buffer.clone())),
-        (ops.linear_ce_backward, (h, w, b, y, None, g, None, None, *ce, 0, False, True, True,
-                                  True, None, None, buffer.clone())),
-        (ops.linear_ce_accumulate_correction, (h, w, b, y, lse_rows, half, None, None, None,
-                                               *ce[:1], "mean", *ce[2:], 0, False,
-                                               buffer.clone())),
+        (
+            ops.linear_ce_forward,
+            (
+                h,
+                w,
+                b,
+                y,
+                None,
+                None,
+                -100,
+                "sum",
+                0.0,
+                0.0,
+                None,
+                1.0,
+                0,
+                False,
+                True,
+                True,
+                True,
+                True,
+                False,
+                half,
+                None,
+            ),
+        ),
+        (
+            ops.linear_ce_forward,
+            (
+                h16,
+                w16,
+                None,
+                y,
+                None,
+                None,
+                -100,
+                "mean",
+                0.0,
+                0.0,
+                None,
+                1.0,
+                0,
+                False,
+                False,
+                True,
+                True,
+                False,
+                False,
+                None,
+                torch.float32,
+            ),
+        ),
+        (
+            ops.linear_ce_forward,
+            (h, w, b, y, None, None, *ce, 0, True, False, False, False, False, True, None, None),
+        ),
+        (
+            ops.linear_ce_backward,
+            (h, w, None, y, None, g, None, None, *ce, 0, False, True, True, False, None, None),
+        ),
+        (
+            ops.linear_ce_backward,
+            (h, w, None, y, None, g, None, None, *ce, 0, False, True, True, False, h @ w.T, None),
+        ),
+        (
+            ops.linear_ce_backward,
+            (
+                h16,
+                w16,
+                None,
+                y,
+                None,
+                g,
+                None,
+                None,
+                *ce,
+                0,
+                False,
+                True,
+                True,
+                False,
+                None,
+                torch.float32,
+            ),
+        ),
+        (
+            ops.linear_ce_forward,
+            (
+                h16,
+                w16,
+                b.bfloat16(),
+                y,
+                None,
+                None,
+                -100,
+                "sum",
+                0.0,
+                0.0,
+                None,
+                1.0,
+                0,
+                False,
+                False,
+                True,
+                True,
+                True,
+                False,
+                half,
+                None,
+                buffer.clone(),
+            ),
+        ),
+        (
+            ops.linear_ce_backward,
+            (
+                h,
+                w,
+                b,
+                y,
+                None,
+                g,
+                None,
+                None,
+                *ce,
+                0,
+                False,
+                True,
+                True,
+                True,
+                None,
+                None,
+                buffer.clone(),
+            ),
+        ),
+        (
+            ops.linear_ce_accumulate_correction,
+            (
+                h,
+                w,
+                b,
+                y,
+                lse_rows,
+                half,
+                None,
+                None,
+                None,
+                *ce[:1],
+                "mean",
+                *ce[2:],
+                0,
+                False,
+                buffer.clone(),
+            ),
+        ),
         (ops.ce_logprob_backward, (x, y, lse, entropy, g, g, -100, None, 1.5)),
         (ops.ce_logprob_backward, (x, y, lse, entropy, g, None, -100, 3.0, 1.0)),
-        (ops.linear_logprob_backward, (h, w, b, y, lse, entropy, g, g, -100, None, 1.5, 0, False,
-                                       True, True, True, None, None)),
-        (ops.linear_logprob_backward, (h, w, None, y, lse, entropy, g, None, -100, None, 1.0, 0,
-                                       True, False, True, False, None, None)),
-        (ops.linear_logprob_backward, (h, w, None, y, lse, entropy, g, g, -100, None, 1.5, 0,
-                                       False, True, True, False, h @ w.T, None)),
-        (ops.linear_logprob_backward, (h16, w16, None, y, lse, entropy, g, g, -100, None, 1.5, 0,
-                                       False, True, True, False, None, torch.float32)),
+        (
+            ops.linear_logprob_backward,
+            (
+                h,
+                w,
+                b,
+                y,
+                lse,
+                entropy,
+                g,
+                g,
+                -100,
+                None,
+                1.5,
+                0,
+                False,
+                True,
+                True,
+                True,
+                None,
+                None,
+            ),
+        ),
+        (
+            ops.linear_logprob_backward,
+            (
+                h,
+                w,
+                None,
+                y,
+                lse,
+                entropy,
+                g,
+                None,
+                -100,
+                None,
+                1.0,
+                0,
+                True,
+                False,
+                True,
+                False,
+                None,
+                None,
+            ),
+        ),
+        (
+            ops.linear_logprob_backward,
+            (
+                h,
+                w,
+                None,
+                y,
+                lse,
+                entropy,
+                g,
+                g,
+                -100,
+                None,
+                1.5,
+                0,
+                False,
+                True,
+                True,
+                False,
+                h @ w.T,
+                None,
+            ),
+        ),
+        (
+            ops.linear_logprob_backward,
+            (
+                h16,
+                w16,
+                None,
+                y,
+                lse,
+                entropy,
+                g,
+                g,
+                -100,
+                None,
+                1.5,
+                0,
+                False,
+                True,
+                True,
+                False,
+                None,
+                torch.float32,
+            ),
+        ),
         (ops.distill_forward, (x, t, y, None, *distill)),
         (ops.distill_backward, (x, t, y, g, None, *distill)),
         (ops.distill_forward_grad, (x, t, y, None, *distill[:7], "mean", 0.0, 0.0, half)),
-        (ops.distill_forward_grad_inplace, (x.clone(), t, y, None, *distill[:7], "sum", 0.0,
-                                            0.0, None)),
-        (ops.linear_distill_forward, (h, w, t, None, None, y, None, *distill, 0, False, True,
-                                      False)),
-        (ops.linear_distill_backward, (h, w, None, h, w, y, g, None, *distill, 0, False, True,
-                                       True)),
+        (
+            ops.distill_forward_grad_inplace,
+            (x.clone(), t, y, None, *distill[:7], "sum", 0.0, 0.0, None),
+        ),
+        (
+            ops.linear_distill_forward,
+            (h, w, t, None, None, y, None, *distill, 0, False, True, False),
+        ),
+        (
+            ops.linear_distill_backward,
+            (h, w, None, h, w, y, g, None, *distill, 0, False, True, True),
+        ),
     ]
 
 

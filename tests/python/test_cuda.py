@@ -2,9 +2,9 @@
 (no host synchronisation inside the ops), the current stream, and memory of the fused form."""
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 
 pytestmark = [
@@ -19,8 +19,7 @@ def _same_on_cpu_and_cuda(fn, tensors, tol):
         inputs = [t.detach().to(device).requires_grad_(t.is_floating_point()) for t in tensors]
         loss = fn(*inputs)
         loss.sum().backward()
-        results.append([loss.detach().cpu()] + [t.grad.cpu() for t in inputs
-                                                 if t.grad is not None])
+        results.append([loss.detach().cpu()] + [t.grad.cpu() for t in inputs if t.grad is not None])
     for cpu_value, cuda_value in zip(*results):
         assert ref.rel_error(cuda_value, cpu_value) <= tol
 
@@ -35,17 +34,34 @@ def test_every_op_agrees_with_the_cpu_backend(gen, reduction):
     y = ref.targets(gen, rows, vocab)
     options = dict(reduction=reduction, label_smoothing=0.1, z_loss=1e-3, softcap=20.0)
     _same_on_cpu_and_cuda(lambda x, y: xent.cross_entropy(x, y, **options), [x, y], 1e-5)
-    _same_on_cpu_and_cuda(lambda x, t, y: xent.distill(x, t.detach(), y, kind="jsd",
-                                                       reduction=reduction), [x, t, y], 1e-5)
+    _same_on_cpu_and_cuda(
+        lambda x, t, y: xent.distill(x, t.detach(), y, kind="jsd", reduction=reduction),
+        [x, t, y],
+        1e-5,
+    )
     torch.backends.cuda.matmul.allow_tf32 = False
-    _same_on_cpu_and_cuda(lambda h, w, y: xent.linear_cross_entropy(h, w, y, **options),
-                          [h, w, y], 1e-4)
-    _same_on_cpu_and_cuda(lambda h, w, t, y: xent.linear_distill(
-        h, w, t.detach(), y, kind="reverse_kl", reduction=reduction), [h, w, t, y], 1e-4)
-    _same_on_cpu_and_cuda(lambda x, y: _policy_terms(xent.logprobs(
-        x, y, temperature=0.7, return_entropy=True)), [x, y], 1e-5)
-    _same_on_cpu_and_cuda(lambda h, w, y: _policy_terms(xent.linear_logprobs(
-        h, w, y, temperature=0.7, return_entropy=True)), [h, w, y], 1e-4)
+    _same_on_cpu_and_cuda(
+        lambda h, w, y: xent.linear_cross_entropy(h, w, y, **options), [h, w, y], 1e-4
+    )
+    _same_on_cpu_and_cuda(
+        lambda h, w, t, y: xent.linear_distill(
+            h, w, t.detach(), y, kind="reverse_kl", reduction=reduction
+        ),
+        [h, w, t, y],
+        1e-4,
+    )
+    _same_on_cpu_and_cuda(
+        lambda x, y: _policy_terms(xent.logprobs(x, y, temperature=0.7, return_entropy=True)),
+        [x, y],
+        1e-5,
+    )
+    _same_on_cpu_and_cuda(
+        lambda h, w, y: _policy_terms(
+            xent.linear_logprobs(h, w, y, temperature=0.7, return_entropy=True)
+        ),
+        [h, w, y],
+        1e-4,
+    )
 
 
 def _policy_terms(logprob_and_entropy):
@@ -68,23 +84,29 @@ def _capture(step):
     return graph, outputs
 
 
-@pytest.mark.parametrize("op", ["cross_entropy", "linear_cross_entropy", "distill",
-                                "linear_distill", "linear_logprobs"])
+@pytest.mark.parametrize(
+    "op", ["cross_entropy", "linear_cross_entropy", "distill", "linear_distill", "linear_logprobs"]
+)
 def test_cuda_graph_capture_and_replay(gen, op):
     rows, hidden, vocab = 256, 128, 8192
     x = ref.randn(gen, rows, vocab, device="cuda", dtype=torch.bfloat16).requires_grad_()
     t = ref.randn(gen, rows, vocab, device="cuda", dtype=torch.bfloat16)
     h = ref.randn(gen, rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    w = ref.randn(gen, vocab, hidden, device="cuda", dtype=torch.bfloat16,
-                  scale=0.1).requires_grad_()
+    w = ref.randn(
+        gen, vocab, hidden, device="cuda", dtype=torch.bfloat16, scale=0.1
+    ).requires_grad_()
     y = ref.targets(gen, rows, vocab, "cuda")
     calls = {
         "cross_entropy": (lambda: xent.cross_entropy(x, y, z_loss=1e-4), [x]),
         "linear_cross_entropy": (lambda: xent.linear_cross_entropy(h, w, y), [h, w]),
         "distill": (lambda: xent.distill(x, t, y, kind="forward_kl"), [x]),
         "linear_distill": (lambda: xent.linear_distill(h, w, t, y), [h, w]),
-        "linear_logprobs": (lambda: _policy_terms(xent.linear_logprobs(
-            h, w, y, temperature=0.7, return_entropy=True)).sum(), [h, w]),
+        "linear_logprobs": (
+            lambda: _policy_terms(
+                xent.linear_logprobs(h, w, y, temperature=0.7, return_entropy=True)
+            ).sum(),
+            [h, w],
+        ),
     }
     loss_of, inputs = calls[op]
 
@@ -111,8 +133,9 @@ def test_cuda_graph_capture_of_accumulate_into(gen, scale):
     correction of the forward-added weight gradient: a replay adds scale·∂W for either scale."""
     rows, hidden, vocab = 256, 128, 8192
     h = ref.randn(gen, rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    w = ref.randn(gen, vocab, hidden, device="cuda", dtype=torch.bfloat16,
-                  scale=0.1).requires_grad_()
+    w = ref.randn(
+        gen, vocab, hidden, device="cuda", dtype=torch.bfloat16, scale=0.1
+    ).requires_grad_()
     y = ref.targets(gen, rows, vocab, "cuda")
     buffer = torch.zeros(vocab, hidden, device="cuda")
 
@@ -158,7 +181,7 @@ def test_fused_form_stays_within_its_workspace_budget():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     gradients = (h.numel() + w.numel()) * 2
-    accumulator = vocab * hidden * 4  # fp32 ∂W accumulated across chunks (SPEC §2)
+    accumulator = vocab * hidden * 4  # fp32 ∂W accumulated across chunks (docs/semantics.md §2)
     # The gradients (formed in the forward, scaled in place by the backward), the fp32
     # accumulator and the chunk buffers within the budget, with a little slack; the bf16 logits
     # alone would be 512 MiB, their fp32 upcast 1 GiB.

@@ -1,9 +1,9 @@
-"""xent.distill / xent.linear_distill and their modules against float64 references (SPEC §3, §4)."""
+"""xent.distill / xent.linear_distill and their modules against float64 references (docs/semantics.md §3, §4)."""
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 
 KINDS = list(xent.DISTILL_KINDS)
@@ -26,10 +26,14 @@ def _compare(gen, loss, expected, inputs, ref_inputs, tol, midpoint=None):
     upstream = torch.randn(expected.shape, generator=gen, dtype=torch.float64) + 0.5
     grads = torch.autograd.grad(loss, inputs, upstream.to(loss.device, torch.float32))
     expected_grads = torch.autograd.grad(expected, ref_inputs, upstream, retain_graph=True)
-    midpoint_grads = (torch.autograd.grad(midpoint, ref_inputs, upstream)
-                      if midpoint is not None else expected_grads)
-    for grad, grad_expected, grad_midpoint, param in zip(grads, expected_grads, midpoint_grads,
-                                                         inputs):
+    midpoint_grads = (
+        torch.autograd.grad(midpoint, ref_inputs, upstream)
+        if midpoint is not None
+        else expected_grads
+    )
+    for grad, grad_expected, grad_midpoint, param in zip(
+        grads, expected_grads, midpoint_grads, inputs
+    ):
         assert grad.dtype == param.dtype and grad.shape == param.shape
         slack = 2 * ref.rel_error(grad_midpoint, grad_expected)
         assert ref.rel_error(grad, grad_expected) <= tol + slack
@@ -39,20 +43,24 @@ def _fp32_tie_band(*logits):
     """Relative band of an fp32 probability: log p = v − lse loses about one ulp of the largest
     |logit| (as distill_check.cpp)."""
     largest = max(t.detach().abs().max().item() for t in logits)
-    return 8 * 2.0 ** -23 * (largest + 8.0)
+    return 8 * 2.0**-23 * (largest + 8.0)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("options", [
-    {},
-    {"temperature": 2.5},
-    {"softcap": 3.0, "temperature": 0.7},
-    {"beta": 0.2},
-    {"hard_weight": 0.5, "soft_weight": 0.7},
-    {"hard_weight": 1.0, "label_smoothing": 0.1, "z_loss": 1e-3, "class_weight": True},
-    {"target": None},
-], ids=["plain", "T", "softcap+T", "beta", "hard+soft", "hard_options", "no_target"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"temperature": 2.5},
+        {"softcap": 3.0, "temperature": 0.7},
+        {"beta": 0.2},
+        {"hard_weight": 0.5, "soft_weight": 0.7},
+        {"hard_weight": 1.0, "label_smoothing": 0.1, "z_loss": 1e-3, "class_weight": True},
+        {"target": None},
+    ],
+    ids=["plain", "T", "softcap+T", "beta", "hard+soft", "hard_options", "no_target"],
+)
 def test_distill_against_reference(device, gen, reduction, kind, options):
     student, teacher, target = _logits(gen, device)
     kwargs = dict(options)
@@ -65,16 +73,27 @@ def test_distill_against_reference(device, gen, reduction, kind, options):
     s64 = student.cpu().double().requires_grad_()
     cpu_kwargs = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in kwargs.items()}
     cpu_target = target.cpu() if target is not None else None
-    expected = ref.distill(s64, teacher.cpu(), cpu_target, kind=kind, reduction=reduction,
-                           **cpu_kwargs)
+    expected = ref.distill(
+        s64, teacher.cpu(), cpu_target, kind=kind, reduction=reduction, **cpu_kwargs
+    )
     midpoint = None
     if kind == "tvd":
         temperature = kwargs.get("temperature", 1.0)
         band = _fp32_tie_band(
-            *(ref.softcapped(x.cpu().double(), kwargs.get("softcap")) / temperature
-              for x in (student, teacher)))
-        midpoint = ref.distill(s64, teacher.cpu(), cpu_target, kind=kind, reduction=reduction,
-                               tvd_tie_band=band, **cpu_kwargs)
+            *(
+                ref.softcapped(x.cpu().double(), kwargs.get("softcap")) / temperature
+                for x in (student, teacher)
+            )
+        )
+        midpoint = ref.distill(
+            s64,
+            teacher.cpu(),
+            cpu_target,
+            kind=kind,
+            reduction=reduction,
+            tvd_tie_band=band,
+            **cpu_kwargs,
+        )
     _compare(gen, loss, expected, [s], [s64], 1e-5, midpoint)
 
 
@@ -93,8 +112,9 @@ def test_distill_3d_and_module(device, gen):
     module = xent.nn.DistillationLoss("reverse_kl", 2.0, reduction="none")
     loss = module(s3, t3, y3)
     assert loss.shape == (2, 13)
-    flat = xent.distill(student, teacher, target, kind="reverse_kl", temperature=2.0,
-                        reduction="none")
+    flat = xent.distill(
+        student, teacher, target, kind="reverse_kl", temperature=2.0, reduction="none"
+    )
     torch.testing.assert_close(loss.reshape(-1), flat)
 
 
@@ -107,10 +127,11 @@ def test_teacher_gets_no_gradient(gen):
 
 def _linear_inputs(gen, device, dtype=torch.float32, teacher_hidden=45):
     h = ref.randn(gen, ROWS, HIDDEN, dtype=dtype, device=device)
-    w = ref.randn(gen, VOCAB, HIDDEN, dtype=dtype, device=device, scale=HIDDEN ** -0.5 * 2)
+    w = ref.randn(gen, VOCAB, HIDDEN, dtype=dtype, device=device, scale=HIDDEN**-0.5 * 2)
     ht = ref.randn(gen, ROWS, teacher_hidden, dtype=dtype, device=device)
-    wt = ref.randn(gen, VOCAB, teacher_hidden, dtype=dtype, device=device,
-                   scale=teacher_hidden ** -0.5 * 2)
+    wt = ref.randn(
+        gen, VOCAB, teacher_hidden, dtype=dtype, device=device, scale=teacher_hidden**-0.5 * 2
+    )
     return h, w, ht, wt, ref.targets(gen, ROWS, VOCAB, device)
 
 
@@ -129,8 +150,9 @@ def test_linear_distill_against_reference(device, gen, reduction, kind, teacher_
     ref_params = [h.cpu().double().requires_grad_(), w.cpu().double().requires_grad_()]
     student_logits = ref.linear_logits(*ref_params, round_to=torch.float32)
     teacher_logits = ref.linear_logits(ht.cpu(), wt.cpu(), round_to=torch.float32)
-    expected = ref.distill(student_logits, teacher_logits, target.cpu(), reduction=reduction,
-                           **options)
+    expected = ref.distill(
+        student_logits, teacher_logits, target.cpu(), reduction=reduction, **options
+    )
     # tvd's gradient jumps where p_t = p_s: the fp32 products of the op and the float64 ones of
     # the reference put a few near-equal entries on different sides, hence the wider bound.
     _compare(gen, loss, expected, params, ref_params, 1e-3 if kind == "tvd" else 1e-4)
@@ -139,11 +161,11 @@ def test_linear_distill_against_reference(device, gen, reduction, kind, teacher_
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_distill_matches_logits_path_and_module(device, gen, reduction):
     h, w, ht, wt, target = _linear_inputs(gen, device)
-    module = xent.nn.LinearDistillationLoss("jsd", 2.0, 0.3, reduction,
-                                            workspace_bytes=1 << 20)
+    module = xent.nn.LinearDistillationLoss("jsd", 2.0, 0.3, reduction, workspace_bytes=1 << 20)
     fused = module(h, w, None, target, teacher_input=ht, teacher_weight=wt)
-    plain = xent.distill(h @ w.T, ht @ wt.T, target, kind="jsd", temperature=2.0, beta=0.3,
-                         reduction=reduction)
+    plain = xent.distill(
+        h @ w.T, ht @ wt.T, target, kind="jsd", temperature=2.0, beta=0.3, reduction=reduction
+    )
     assert ref.rel_error(fused, plain) <= 1e-4
 
 
@@ -153,8 +175,9 @@ def test_linear_distill_under_autocast(gen):
     params = [h.clone().requires_grad_(), w.clone().requires_grad_()]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = xent.linear_distill(*params, teacher_logits, target)
-        fused_teacher = xent.linear_distill(h, w, None, target, teacher_hidden=ht,
-                                            teacher_weight=wt)
+        fused_teacher = xent.linear_distill(
+            h, w, None, target, teacher_hidden=ht, teacher_weight=wt
+        )
     assert loss.dtype == torch.float32
     plain = xent.distill((h.bfloat16() @ w.bfloat16().T), teacher_logits.bfloat16(), target)
     torch.testing.assert_close(loss, plain, rtol=2e-2, atol=2e-2)

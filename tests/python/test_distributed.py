@@ -1,4 +1,4 @@
-"""Vocabulary-parallel xent over torch.distributed (SPEC §5) on the CPU with gloo.
+"""Vocabulary-parallel xent over torch.distributed (docs/semantics.md §5) on the CPU with gloo.
 
 2 and 3 processes each hold an uneven slice of the vocabulary (V = 1031); every option of §1 is
 run sharded and compared with the single-process xent result on the whole vocabulary: the loss,
@@ -100,8 +100,9 @@ def _ce_cases(rank, world, group):
             tag = f"ce {dtype} {names} {reduction}"
 
             full = logits.clone().requires_grad_()
-            expected = xent.cross_entropy(full, target, reduction=reduction,
-                                          return_stats=True, **kwargs)
+            expected = xent.cross_entropy(
+                full, target, reduction=reduction, return_stats=True, **kwargs
+            )
             (expected.loss * upstream).sum().backward()
 
             local = logits[:, begin:end].clone().requires_grad_()
@@ -110,16 +111,27 @@ def _ce_cases(rank, world, group):
                 sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
             if names == tuple(OPTIONS):  # the explicit layout once per reduction and dtype
                 sharded_kwargs.update(vocab_offset=begin, vocab_size=VOCAB)
-            got = xent.cross_entropy(local, target, reduction=reduction, return_stats=True,
-                                     process_group=group, **sharded_kwargs)
+            got = xent.cross_entropy(
+                local,
+                target,
+                reduction=reduction,
+                return_stats=True,
+                process_group=group,
+                **sharded_kwargs,
+            )
             (got.loss * upstream).sum().backward()
             _compare_result(tag, got, expected)
             _close(f"{tag} grad", local.grad, full.grad[:, begin:end])
 
             # Without autograd (no grad wanted) the loss is the same.
             with torch.no_grad():
-                plain = xent.cross_entropy(local.detach(), target, reduction=reduction,
-                                           process_group=group, **sharded_kwargs)
+                plain = xent.cross_entropy(
+                    local.detach(),
+                    target,
+                    reduction=reduction,
+                    process_group=group,
+                    **sharded_kwargs,
+                )
             _close(f"{tag} no-grad loss", plain, expected.loss)
 
 
@@ -142,7 +154,7 @@ def _linear_cases(rank, world, group):
             case += 1
             gen = torch.Generator().manual_seed(5000 + case)
             hidden = torch.randn(ROWS, HIDDEN, generator=gen)
-            weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN ** 0.5 * 2
+            weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN**0.5 * 2
             bias = torch.randn(VOCAB, generator=gen) * 0.1
             target = _targets(gen)
             kwargs = _kwargs(gen, names)
@@ -152,9 +164,9 @@ def _linear_cases(rank, world, group):
             h_full = hidden.clone().requires_grad_()
             w_full = weight.clone().requires_grad_()
             b_full = bias.clone().requires_grad_()
-            expected = xent.linear_cross_entropy(h_full, w_full, target, b_full,
-                                                 reduction=reduction, return_stats=True,
-                                                 **kwargs)
+            expected = xent.linear_cross_entropy(
+                h_full, w_full, target, b_full, reduction=reduction, return_stats=True, **kwargs
+            )
             (expected.loss * upstream).sum().backward()
 
             h = hidden.clone().requires_grad_()
@@ -163,11 +175,19 @@ def _linear_cases(rank, world, group):
             sharded_kwargs = dict(kwargs)
             if "class_weight" in kwargs:
                 sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
-            got = xent.linear_cross_entropy(h, w, target, b, reduction=reduction,
-                                            return_stats=True, process_group=group,
-                                            workspace_bytes=workspace_bytes,
-                                            cache_logits=cache, grad_in_forward=in_forward,
-                                            **sharded_kwargs)
+            got = xent.linear_cross_entropy(
+                h,
+                w,
+                target,
+                b,
+                reduction=reduction,
+                return_stats=True,
+                process_group=group,
+                workspace_bytes=workspace_bytes,
+                cache_logits=cache,
+                grad_in_forward=in_forward,
+                **sharded_kwargs,
+            )
             (got.loss * upstream).sum().backward()
             _compare_result(tag, got, expected)
             _close(f"{tag} grad hidden", h.grad, h_full.grad, rtol=1e-4, atol=1e-5)
@@ -177,13 +197,14 @@ def _linear_cases(rank, world, group):
     # reduce_hidden_grad=False: each rank's ∂hidden is partial; their sum is the full one.
     gen = torch.Generator().manual_seed(9000)
     hidden = torch.randn(ROWS, HIDDEN, generator=gen)
-    weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN ** 0.5
+    weight = torch.randn(VOCAB, HIDDEN, generator=gen) / HIDDEN**0.5
     target = _targets(gen)
     h_full = hidden.clone().requires_grad_()
     xent.linear_cross_entropy(h_full, weight, target).backward()
     h = hidden.clone().requires_grad_()
-    xent.linear_cross_entropy(h, weight[begin:end], target, process_group=group,
-                              reduce_hidden_grad=False).backward()
+    xent.linear_cross_entropy(
+        h, weight[begin:end], target, process_group=group, reduce_hidden_grad=False
+    ).backward()
     partial = h.grad.clone()
     dist.all_reduce(partial, group=group)
     _close("partial grad hidden, summed", partial, h_full.grad, rtol=1e-4, atol=1e-5)
@@ -195,8 +216,12 @@ DISTILL_OPTIONS = {
     "temperature": {"temperature": 2.0},
     "softcap": {"softcap": 4.5},
     "beta": {"beta": 0.25},
-    "hard": {"hard_weight": 0.375, "soft_weight": 0.625, "label_smoothing": 0.125,
-             "z_loss": 0.0625},
+    "hard": {
+        "hard_weight": 0.375,
+        "soft_weight": 0.625,
+        "label_smoothing": 0.125,
+        "z_loss": 0.0625,
+    },
     "class_weight": {"hard_weight": 0.5, "label_smoothing": 0.1, "class_weight": None},
     "no_target": {},
 }
@@ -214,15 +239,16 @@ def _distill_cases(rank, world, group):
 
     begin, end = _slice_of(rank, world)
     case = 0
-    cases = [(torch.float32, kind, names) for kind in DISTILL_KINDS
-             for names in _distill_option_sets()]
+    cases = [
+        (torch.float32, kind, names) for kind in DISTILL_KINDS for names in _distill_option_sets()
+    ]
     cases += [(torch.float64, kind, ("temperature", "hard")) for kind in DISTILL_KINDS]
     for dtype, kind, names in cases:
         for reduction in ("none", "sum", "mean"):
             case += 1
             gen = torch.Generator().manual_seed(3000 + case)
-            student = (torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64) * 2)
-            teacher = (student + torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64))
+            student = torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64) * 2
+            teacher = student + torch.randn(ROWS, VOCAB, generator=gen, dtype=torch.float64)
             student, teacher = student.to(dtype), teacher.to(dtype)
             target = None if "no_target" in names else _targets(gen)
             kwargs = {}
@@ -234,8 +260,7 @@ def _distill_cases(rank, world, group):
             tag = f"distill {kind} {dtype} {names} {reduction}"
 
             full = student.clone().requires_grad_()
-            expected = xent.distill(full, teacher, target, kind=kind, reduction=reduction,
-                                    **kwargs)
+            expected = xent.distill(full, teacher, target, kind=kind, reduction=reduction, **kwargs)
             (expected * upstream).sum().backward()
 
             local = student[:, begin:end].clone().requires_grad_()
@@ -244,15 +269,29 @@ def _distill_cases(rank, world, group):
                 sharded_kwargs["class_weight"] = kwargs["class_weight"][begin:end]
             if reduction == "sum":  # the explicit layout once per case
                 sharded_kwargs.update(vocab_offset=begin, vocab_size=VOCAB)
-            got = xent.distill(local, teacher[:, begin:end], target, kind=kind,
-                               reduction=reduction, process_group=group, **sharded_kwargs)
+            got = xent.distill(
+                local,
+                teacher[:, begin:end],
+                target,
+                kind=kind,
+                reduction=reduction,
+                process_group=group,
+                **sharded_kwargs,
+            )
             (got * upstream).sum().backward()
             _close(f"{tag} loss", got, expected)
             _close(f"{tag} grad", local.grad, full.grad[:, begin:end])
 
             with torch.no_grad():
-                plain = xent.distill(local.detach(), teacher[:, begin:end], target, kind=kind,
-                                     reduction=reduction, process_group=group, **sharded_kwargs)
+                plain = xent.distill(
+                    local.detach(),
+                    teacher[:, begin:end],
+                    target,
+                    kind=kind,
+                    reduction=reduction,
+                    process_group=group,
+                    **sharded_kwargs,
+                )
             _close(f"{tag} no-grad loss", plain, expected)
 
     # normalizer (reduction sum) and a 3-D (B, T, V) batch, sharded like the 2-D one.
@@ -263,8 +302,14 @@ def _distill_cases(rank, world, group):
     expected = xent.distill(full, teacher, kind="jsd", reduction="sum", normalizer=7.0)
     expected.backward()
     local = student[..., begin:end].clone().requires_grad_()
-    got = xent.distill(local, teacher[..., begin:end], kind="jsd", reduction="sum",
-                       normalizer=7.0, process_group=group)
+    got = xent.distill(
+        local,
+        teacher[..., begin:end],
+        kind="jsd",
+        reduction="sum",
+        normalizer=7.0,
+        process_group=group,
+    )
     got.backward()
     _close("distill 3-D normalizer loss", got, expected)
     _close("distill 3-D normalizer grad", local.grad, full.grad[..., begin:end])
@@ -277,30 +322,33 @@ def _error_cases(rank, world, group):
     logits = torch.randn(ROWS, end - begin)
     target = _targets(torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="vocab_offset"):
-        xent.distill(logits, logits, target, process_group=group, vocab_offset=VOCAB,
-                     vocab_size=VOCAB)
+        xent.distill(
+            logits, logits, target, process_group=group, vocab_offset=VOCAB, vocab_size=VOCAB
+        )
     with pytest.raises(ValueError, match="teacher"):
         xent.distill(logits, logits[:, :-1], target, process_group=group)
     with pytest.raises(ValueError, match="vocab_offset"):
-        xent.cross_entropy(logits, target, process_group=group, vocab_offset=VOCAB,
-                           vocab_size=VOCAB)
+        xent.cross_entropy(
+            logits, target, process_group=group, vocab_offset=VOCAB, vocab_size=VOCAB
+        )
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
+
         mesh = init_device_mesh("cpu", (world,))
         weight = distribute_tensor(torch.randn(VOCAB, HIDDEN), mesh, [Shard(0)])
     except Exception:  # a torch without CPU device meshes: nothing to check here
         return
     with pytest.raises(TypeError, match="DTensor"):
-        xent.linear_cross_entropy(torch.randn(ROWS, HIDDEN), weight, target,
-                                  process_group=group)
+        xent.linear_cross_entropy(torch.randn(ROWS, HIDDEN), weight, target, process_group=group)
 
 
 def _worker(rank, world, init_file, error_dir):
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+        )
         group = dist.group.WORLD
         _ce_cases(rank, world, group)
         _linear_cases(rank, world, group)
@@ -314,8 +362,10 @@ def _worker(rank, world, init_file, error_dir):
         raise
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                    reason="torch.distributed with gloo is not available")
+@pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(),
+    reason="torch.distributed with gloo is not available",
+)
 @pytest.mark.parametrize("world", [2, 3])
 def test_vocabulary_parallel_matches_single_process(world):
     with tempfile.TemporaryDirectory() as tmp:
@@ -323,6 +373,9 @@ def test_vocabulary_parallel_matches_single_process(world):
         try:
             mp.spawn(_worker, args=(world, init_file, tmp), nprocs=world, join=True)
         except Exception as error:
-            reports = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp))
-                       if f.startswith("rank")]
+            reports = [
+                open(os.path.join(tmp, f)).read()
+                for f in sorted(os.listdir(tmp))
+                if f.startswith("rank")
+            ]
             pytest.fail(f"{error}\n" + "\n".join(reports))

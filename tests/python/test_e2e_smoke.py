@@ -15,7 +15,28 @@ def test_e2e_script_at_toy_size(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(" ".join(words))
     result = tmp_path / "e2e.json"
-    code = e2e_llama.main(["--text", str(text), "--device", "cpu", "--vocab", "1000",
-                           "--hidden", "32", "--layers", "1", "--heads", "2", "--batch", "2",
-                           "--seq", "32", "--steps", "3", "--json", str(result)])
+    code = e2e_llama.main(
+        [
+            "--text",
+            str(text),
+            "--device",
+            "cpu",
+            "--vocab",
+            "1000",
+            "--hidden",
+            "32",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--batch",
+            "2",
+            "--seq",
+            "32",
+            "--steps",
+            "3",
+            "--json",
+            str(result),
+        ]
+    )
     assert code == 0 and result.exists()

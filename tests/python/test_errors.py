@@ -30,8 +30,11 @@ CASES = [
     (lambda: xent.cross_entropy(X, Y, class_weight=torch.ones(6)), "class_weight", "6"),
     (lambda: xent.cross_entropy(X, Y, class_weight=-torch.ones(7)), "class_weight", "-1"),
     (lambda: xent.cross_entropy(X, Y, row_weight=torch.ones(4)), "row_weight", "(4,)"),
-    (lambda: xent.cross_entropy(X, Y, torch.ones(7), class_weight=torch.ones(7)),
-     "class_weight", "both"),
+    (
+        lambda: xent.cross_entropy(X, Y, torch.ones(7), class_weight=torch.ones(7)),
+        "class_weight",
+        "both",
+    ),
     (lambda: xent.cross_entropy(X, Y, reduction="avg"), "reduction", "avg"),
     (lambda: xent.nn.CrossEntropyLoss(reduction="avg")(X, Y), "reduction", "avg"),
     (lambda: xent.distill(X, T, Y, temperature=0.0), "temperature", "0"),
@@ -46,11 +49,13 @@ CASES = [
     (lambda: xent.linear_cross_entropy(H, W.double(), Y), "weight", "float64"),
     (lambda: xent.linear_cross_entropy(H, W, Y, workspace_bytes=16), "workspace", "16"),
     (lambda: xent.linear_cross_entropy(H, W, Y, workspace_bytes=-5), "workspace_bytes", "-5"),
-    (lambda: xent.linear_cross_entropy(H, W, Y, label_smoothing=-0.1), "label_smoothing",
-     "-0.1"),
+    (lambda: xent.linear_cross_entropy(H, W, Y, label_smoothing=-0.1), "label_smoothing", "-0.1"),
     (lambda: xent.linear_cross_entropy(H, W, torch.tensor([0, 1, 2, 3, 7])), "target", "7"),
-    (lambda: xent.linear_distill(H, W, T, Y, teacher_hidden=H, teacher_weight=W), "teacher",
-     "both"),
+    (
+        lambda: xent.linear_distill(H, W, T, Y, teacher_hidden=H, teacher_weight=W),
+        "teacher",
+        "both",
+    ),
     (lambda: xent.linear_distill(H, W, None, Y), "teacher", "neither"),
     (lambda: xent.linear_distill(H, W, T, Y, temperature=-1.0), "temperature", "-1"),
 ]
@@ -62,8 +67,9 @@ def _value_error(call) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("call,argument,value", CASES,
-                         ids=[f"{i}-{case[1]}" for i, case in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "call,argument,value", CASES, ids=[f"{i}-{case[1]}" for i, case in enumerate(CASES)]
+)
 def test_value_errors_name_the_argument(call, argument, value):
     message = _value_error(call)
     assert argument in message and value in message, message
@@ -85,26 +91,40 @@ NAMED = [
     (lambda: xent.cross_entropy(X, Y, z_loss=-1.0), "cross_entropy", "z_loss"),
     (lambda: xent.cross_entropy(X, Y, softcap=-1.0), "cross_entropy", "softcap"),
     (lambda: xent.cross_entropy(X, Y, logit_scale=0.0), "cross_entropy", "logit_scale"),
-    (lambda: xent.cross_entropy(X, Y, class_weight=torch.ones(3)), "cross_entropy",
-     "class_weight"),
-    (lambda: xent.cross_entropy(X, Y, class_weight=-torch.ones(7)), "cross_entropy",
-     "class_weight"),
+    (lambda: xent.cross_entropy(X, Y, class_weight=torch.ones(3)), "cross_entropy", "class_weight"),
+    (
+        lambda: xent.cross_entropy(X, Y, class_weight=-torch.ones(7)),
+        "cross_entropy",
+        "class_weight",
+    ),
     (lambda: xent.linear_cross_entropy(H.to(I8), W, Y), "linear_cross_entropy", "hidden"),
     (lambda: xent.linear_cross_entropy(H, W[:, :2], Y), "linear_cross_entropy", "weight"),
     (lambda: xent.linear_cross_entropy(H, W[:0], Y), "linear_cross_entropy", "weight"),
     (lambda: xent.linear_cross_entropy(H, W, Y, torch.randn(3)), "linear_cross_entropy", "bias"),
-    (lambda: xent.linear_cross_entropy(H, W, Y, torch.randn(7).double()),
-     "linear_cross_entropy", "bias"),
+    (
+        lambda: xent.linear_cross_entropy(H, W, Y, torch.randn(7).double()),
+        "linear_cross_entropy",
+        "bias",
+    ),
     (lambda: xent.linear_cross_entropy(H, W, Y.float()), "linear_cross_entropy", "target"),
     (lambda: xent.linear_cross_entropy(H, W, Y + 5), "linear_cross_entropy", "target"),
-    (lambda: xent.linear_cross_entropy(H, W, Y, workspace_bytes=16), "linear_cross_entropy",
-     "workspace_bytes"),
+    (
+        lambda: xent.linear_cross_entropy(H, W, Y, workspace_bytes=16),
+        "linear_cross_entropy",
+        "workspace_bytes",
+    ),
     (lambda: xent.linear_cross_entropy(H, W, Y, z_loss=-1.0), "linear_cross_entropy", "z_loss"),
     (lambda: xent.linear_cross_entropy(H, W, Y, softcap=0.0), "linear_cross_entropy", "softcap"),
-    (lambda: xent.linear_cross_entropy(H, W, Y, logit_scale=-1.0), "linear_cross_entropy",
-     "logit_scale"),
-    (lambda: xent.linear_cross_entropy(H, W, Y, class_weight=torch.ones(2)),
-     "linear_cross_entropy", "class_weight"),
+    (
+        lambda: xent.linear_cross_entropy(H, W, Y, logit_scale=-1.0),
+        "linear_cross_entropy",
+        "logit_scale",
+    ),
+    (
+        lambda: xent.linear_cross_entropy(H, W, Y, class_weight=torch.ones(2)),
+        "linear_cross_entropy",
+        "class_weight",
+    ),
     (lambda: xent.distill(X.to(I8), T, Y), "distill", "student_logits"),
     (lambda: xent.distill(torch.randn(5, 0), torch.randn(5, 0), Y), "distill", "student_logits"),
     (lambda: xent.distill(X, T.double(), Y), "distill", "teacher_logits"),
@@ -115,37 +135,61 @@ NAMED = [
     (lambda: xent.distill(X, T, Y, softcap=0.0), "distill", "softcap"),
     (lambda: xent.distill(X, T, Y, soft_weight=-1.0), "distill", "soft_weight"),
     (lambda: xent.distill(X, T, Y, hard_weight=-1.0), "distill", "hard_weight"),
-    (lambda: xent.distill(X, T, Y, hard_weight=1.0, label_smoothing=2.0), "distill",
-     "label_smoothing"),
+    (
+        lambda: xent.distill(X, T, Y, hard_weight=1.0, label_smoothing=2.0),
+        "distill",
+        "label_smoothing",
+    ),
     (lambda: xent.distill(X, T, Y, z_loss=-1.0), "distill", "z_loss"),
     (lambda: xent.distill(X, T, Y, class_weight=torch.ones(2)), "distill", "class_weight"),
     (lambda: xent.linear_distill(H.to(I8), W, T, Y), "linear_distill", "student_hidden"),
     (lambda: xent.linear_distill(H, W[:, :2], T, Y), "linear_distill", "student_weight"),
-    (lambda: xent.linear_distill(H, W, None, Y), "linear_distill",
-     "teacher_logits or teacher_hidden"),
-    (lambda: xent.linear_distill(H, W, T, Y, teacher_hidden=H, teacher_weight=W),
-     "linear_distill", "teacher_logits or teacher_hidden"),
+    (
+        lambda: xent.linear_distill(H, W, None, Y),
+        "linear_distill",
+        "teacher_logits or teacher_hidden",
+    ),
+    (
+        lambda: xent.linear_distill(H, W, T, Y, teacher_hidden=H, teacher_weight=W),
+        "linear_distill",
+        "teacher_logits or teacher_hidden",
+    ),
     (lambda: xent.linear_distill(H, W, T[:, :3], Y), "linear_distill", "teacher_logits"),
-    (lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H[:2], teacher_weight=W),
-     "linear_distill", "teacher_hidden"),
-    (lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H, teacher_weight=W[:3]),
-     "linear_distill", "teacher_weight"),
+    (
+        lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H[:2], teacher_weight=W),
+        "linear_distill",
+        "teacher_hidden",
+    ),
+    (
+        lambda: xent.linear_distill(H, W, None, Y, teacher_hidden=H, teacher_weight=W[:3]),
+        "linear_distill",
+        "teacher_weight",
+    ),
     (lambda: xent.linear_distill(H, W, T, Y + 5), "linear_distill", "target"),
-    (lambda: xent.linear_distill(H, W, T, Y, workspace_bytes=16), "linear_distill",
-     "workspace_bytes"),
-    (lambda: xent.linear_distill(H, W, T, Y, temperature=-1.0), "linear_distill",
-     "temperature"),
+    (
+        lambda: xent.linear_distill(H, W, T, Y, workspace_bytes=16),
+        "linear_distill",
+        "workspace_bytes",
+    ),
+    (lambda: xent.linear_distill(H, W, T, Y, temperature=-1.0), "linear_distill", "temperature"),
     (lambda: xent.linear_distill(H, W, T, Y, kind="jsd", beta=-0.5), "linear_distill", "beta"),
-    (lambda: xent.linear_distill(H, W, T, Y, soft_weight=-1.0), "linear_distill",
-     "soft_weight"),
+    (lambda: xent.linear_distill(H, W, T, Y, soft_weight=-1.0), "linear_distill", "soft_weight"),
 ]
 
-CORE_ONLY = ("_forward", "_backward", "workspace_budget", "teacher.", "student)", "student [",
-             " teacher ")
+CORE_ONLY = (
+    "_forward",
+    "_backward",
+    "workspace_budget",
+    "teacher.",
+    "student)",
+    "student [",
+    " teacher ",
+)
 
 
-@pytest.mark.parametrize("call,function,keyword", NAMED,
-                         ids=[f"{i}-{case[1]}-{case[2]}" for i, case in enumerate(NAMED)])
+@pytest.mark.parametrize(
+    "call,function,keyword", NAMED, ids=[f"{i}-{case[1]}-{case[2]}" for i, case in enumerate(NAMED)]
+)
 def test_core_errors_name_the_python_function_and_keyword(call, function, keyword):
     message = _value_error(call)
     assert message.startswith(f"{function}: {keyword} "), message
@@ -156,19 +200,32 @@ def test_translate_leaves_other_messages_alone():
     from xent._errors import translate
 
     assert translate("distill", "distill: kind unknown: got 'x'; expected ...") == (
-        "distill: kind unknown: got 'x'; expected ...")
-    assert translate("linear_distill", "linear_distill_forward: teacher.hidden has wrong shape: "
-                     "got [2, 3]; expected [5] rows (the rows of student_hidden)") == (
+        "distill: kind unknown: got 'x'; expected ..."
+    )
+    assert translate(
+        "linear_distill",
+        "linear_distill_forward: teacher.hidden has wrong shape: "
+        "got [2, 3]; expected [5] rows (the rows of student_hidden)",
+    ) == (
         "linear_distill: teacher_hidden has wrong shape: got [2, 3]; expected [5] rows (the rows "
-        "of student_hidden)")
-    assert translate("linear_cross_entropy", "linear_ce_forward: grads.weight has wrong dtype "
-                     "for accumulate_weight: got bfloat16; expected float32") == (
+        "of student_hidden)"
+    )
+    assert translate(
+        "linear_cross_entropy",
+        "linear_ce_forward: grads.weight has wrong dtype "
+        "for accumulate_weight: got bfloat16; expected float32",
+    ) == (
         "linear_cross_entropy: accumulate_into has wrong dtype for accumulate_weight: got "
-        "bfloat16; expected float32")
-    assert translate("distill", "distill_backward: teacher has wrong dtype: got float64; "
-                     "expected float32 (the dtype of student)") == (
+        "bfloat16; expected float32"
+    )
+    assert translate(
+        "distill",
+        "distill_backward: teacher has wrong dtype: got float64; "
+        "expected float32 (the dtype of student)",
+    ) == (
         "distill: teacher_logits has wrong dtype: got float64; expected float32 (the dtype of "
-        "student_logits)")
+        "student_logits)"
+    )
 
 
 def test_errors_also_raised_when_gradients_are_wanted():
@@ -181,8 +238,10 @@ def test_errors_also_raised_when_gradients_are_wanted():
 
 
 def test_double_backward_is_a_runtime_error():
-    for loss_of in (lambda x: xent.cross_entropy(x, Y),
-                    lambda x: xent.distill(x, T, Y, kind="tvd")):
+    for loss_of in (
+        lambda x: xent.cross_entropy(x, Y),
+        lambda x: xent.distill(x, T, Y, kind="tvd"),
+    ):
         x = X.clone().requires_grad_()
         (grad,) = torch.autograd.grad(loss_of(x), x, create_graph=True)
         with pytest.raises(RuntimeError, match="double backward is not supported"):

@@ -3,9 +3,9 @@ gradient as the backward-pass form for every option, the upstream scalar applied
 inplace_backward, normalizer, and the single-backward rule."""
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 from xent._ops import ops
 
@@ -77,8 +77,17 @@ def test_distill_fused_gradient_matches_backward_form(device, gen, reduction, ki
     upstream = torch.tensor(0.375, device=device)
 
     def fn(x, **kw):
-        return xent.distill(x, teacher, target, kind=kind, temperature=1.5, hard_weight=0.25,
-                            label_smoothing=0.05, reduction=reduction, **kw)
+        return xent.distill(
+            x,
+            teacher,
+            target,
+            kind=kind,
+            temperature=1.5,
+            hard_weight=0.25,
+            label_smoothing=0.05,
+            reduction=reduction,
+            **kw,
+        )
 
     fused_loss, fused = _loss_and_grad(fn, student, upstream)
     loss, expected = _loss_and_grad(fn, student, upstream, grad_in_forward=False)
@@ -132,8 +141,9 @@ def test_inplace_backward_writes_the_gradient_over_the_logits(device, gen, op):
 def test_inplace_backward_errors(device, gen):
     logits = ref.randn(gen, 8, 33, device=device).requires_grad_()
     target = ref.targets(gen, 8, 33, device)
-    with pytest.raises(ValueError, match="cross_entropy: inplace_backward unsupported with "
-                                         "reduction 'none'"):
+    with pytest.raises(
+        ValueError, match="cross_entropy: inplace_backward unsupported with reduction 'none'"
+    ):
         xent.cross_entropy(logits, target, reduction="none", inplace_backward=True)
     with pytest.raises(ValueError, match="inplace_backward needs grad_in_forward"):
         xent.cross_entropy(logits, target, grad_in_forward=False, inplace_backward=True)
@@ -158,8 +168,7 @@ def test_normalizer_divides_the_sum(device, gen, op, as_tensor):
         if op == "ce":
             return xent.cross_entropy(*inputs, target, reduction="sum", z_loss=1e-3, **kw)
         if op == "distill":
-            return xent.distill(*inputs, teacher, target, kind="reverse_kl", reduction="sum",
-                                **kw)
+            return xent.distill(*inputs, teacher, target, kind="reverse_kl", reduction="sum", **kw)
         return xent.linear_cross_entropy(*inputs, target, reduction="sum", **kw)
 
     inputs = (logits,) if op != "linear_ce" else (h, w)
@@ -233,8 +242,9 @@ def test_fp32_weight_gets_an_fp32_gradient_from_bf16_products(device, gen, autoc
     h_in = (h if autocast else h.to(torch.bfloat16)).clone().requires_grad_()
     w_in = w.clone().requires_grad_()  # fp32: a master weight
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        loss = xent.linear_cross_entropy(h_in, w_in, target, reduction=reduction,
-                                         workspace_bytes=1 << 16)
+        loss = xent.linear_cross_entropy(
+            h_in, w_in, target, reduction=reduction, workspace_bytes=1 << 16
+        )
     loss.backward(upstream)
     assert w_in.grad.dtype == torch.float32
     # Accumulated in fp32, not a bf16 gradient that autograd widened on the way out.
@@ -245,8 +255,9 @@ def test_fp32_weight_gets_an_fp32_gradient_from_bf16_products(device, gen, autoc
     # cancelling terms can differ by more than 1 % between the two (a CUDA seed did).
     h16 = h.to(torch.bfloat16).requires_grad_()
     w16 = w.to(torch.bfloat16).requires_grad_()
-    xent.linear_cross_entropy(h16, w16, target, reduction=reduction,
-                              workspace_bytes=1 << 16).backward(upstream)
+    xent.linear_cross_entropy(
+        h16, w16, target, reduction=reduction, workspace_bytes=1 << 16
+    ).backward(upstream)
     assert ref.rel_error(w_in.grad, w16.grad.float()) <= 1e-2
     assert ref.rel_error(h_in.grad.float(), h16.grad.float()) <= 1e-2
     # And the fp32 gradient is no further from float64 than the bf16 one, within 1 %: both errors
@@ -280,8 +291,10 @@ def test_default_workspace_budget_reads_the_allocator_only_when_memory_is_tight(
 
     def stats(index):
         reads.append(index)
-        return {"reserved_bytes": {"all": {"current": answers["reserved"]}},
-                "allocated_bytes": {"all": {"current": answers["allocated"]}}}
+        return {
+            "reserved_bytes": {"all": {"current": answers["reserved"]}},
+            "allocated_bytes": {"all": {"current": answers["allocated"]}},
+        }
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (answers["free"], 80 * gib))
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)

@@ -7,9 +7,9 @@ perturbs every input element twice.
 """
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 
 REDUCTIONS = ["none", "sum", "mean"]
@@ -27,8 +27,14 @@ CE_OPTIONS = {
     "class_weight": {"class_weight": True},
     "row_weight": {"row_weight": True},
     "ignore_index": {"ignore_index": -1},
-    "all": {"label_smoothing": 0.1, "z_loss": 0.05, "softcap": 2.0, "logit_scale": 1.5,
-            "class_weight": True, "row_weight": True},
+    "all": {
+        "label_smoothing": 0.1,
+        "z_loss": 0.05,
+        "softcap": 2.0,
+        "logit_scale": 1.5,
+        "class_weight": True,
+        "row_weight": True,
+    },
 }
 
 
@@ -73,8 +79,12 @@ def test_float64_in_float64_out(gen):
 def test_cross_entropy(gen, reduction, option):
     kwargs, target = _ce_kwargs(gen, option)
     x = _randn(gen, ROWS, VOCAB)
-    _check(lambda x: xent.cross_entropy(x, target, reduction=reduction, grad_in_forward=False,
-                                        **kwargs), (x,))
+    _check(
+        lambda x: xent.cross_entropy(
+            x, target, reduction=reduction, grad_in_forward=False, **kwargs
+        ),
+        (x,),
+    )
 
 
 def test_cross_entropy_mean_with_zero_target_weight(gen):
@@ -82,8 +92,17 @@ def test_cross_entropy_mean_with_zero_target_weight(gen):
     x = _randn(gen, ROWS, VOCAB)
     class_weight = torch.rand(VOCAB, generator=gen, dtype=torch.float64) + 0.5
     class_weight[TARGET[TARGET != -100]] = 0
-    _check(lambda x: xent.cross_entropy(x, TARGET, class_weight=class_weight, z_loss=0.05,
-                                        label_smoothing=0.1, grad_in_forward=False), (x,))
+    _check(
+        lambda x: xent.cross_entropy(
+            x,
+            TARGET,
+            class_weight=class_weight,
+            z_loss=0.05,
+            label_smoothing=0.1,
+            grad_in_forward=False,
+        ),
+        (x,),
+    )
 
 
 # Every op recomputes its gradient in the backward here: gradcheck runs several backward
@@ -94,16 +113,25 @@ def test_cross_entropy_mean_with_zero_target_weight(gen):
 def test_linear_cross_entropy(gen, reduction, option):
     kwargs, target = _ce_kwargs(gen, option)
     inputs = (_randn(gen, ROWS, HIDDEN), _randn(gen, VOCAB, HIDDEN), _randn(gen, VOCAB))
-    _check(lambda h, w, b: xent.linear_cross_entropy(h, w, target, b, reduction=reduction,
-                                                     grad_in_forward=False, **kwargs), inputs)
+    _check(
+        lambda h, w, b: xent.linear_cross_entropy(
+            h, w, target, b, reduction=reduction, grad_in_forward=False, **kwargs
+        ),
+        inputs,
+    )
 
 
 DISTILL_OPTIONS = {
     "plain": {},
     "temperature": {"temperature": 1.7},
     "softcap": {"softcap": 2.0},
-    "hard_and_soft": {"hard_weight": 0.4, "soft_weight": 0.7, "label_smoothing": 0.1,
-                      "z_loss": 0.05, "class_weight": True},
+    "hard_and_soft": {
+        "hard_weight": 0.4,
+        "soft_weight": 0.7,
+        "label_smoothing": 0.1,
+        "z_loss": 0.05,
+        "class_weight": True,
+    },
     "no_target": {"no_target": True},
     "ignore_index": {"ignore_index": -1},
     "all": {"temperature": 1.7, "softcap": 2.0, "hard_weight": 0.4, "soft_weight": 0.7},
@@ -128,11 +156,13 @@ def _smallest_tvd_gap(student_logits, teacher_logits, kwargs):
     """min |p_s − p_t| / (p_s + p_t) over every element, under the call's softcap and
     temperature: how near tvd's kink any element lies, relative to how far gradcheck's step
     moves it (≈ 1e-6 of p)."""
+
     def probs(x):
         cap = kwargs.get("softcap")
         if cap:
             x = cap * torch.tanh(x / cap)
         return torch.softmax(x / kwargs.get("temperature", 1.0), dim=-1)
+
     p_s, p_t = probs(student_logits), probs(teacher_logits)
     return ((p_s - p_t).abs() / (p_s + p_t)).min().item()
 
@@ -143,8 +173,10 @@ def _far_from_ties(gen, kwargs, student_logits, draw_teacher, logits_of=lambda t
     once)."""
     teacher = draw_teacher(gen)
     for _ in range(100):
-        if (kwargs["kind"] != "tvd" or
-                _smallest_tvd_gap(student_logits, logits_of(teacher), kwargs) > 1e-4):
+        if (
+            kwargs["kind"] != "tvd"
+            or _smallest_tvd_gap(student_logits, logits_of(teacher), kwargs) > 1e-4
+        ):
             return teacher
         teacher = draw_teacher(gen)
     raise AssertionError("no teacher draw away from tvd's ties in 100 tries")
@@ -153,8 +185,14 @@ def _far_from_ties(gen, kwargs, student_logits, draw_teacher, logits_of=lambda t
 def _teacher(gen, student_logits, kwargs):
     # Correlated with the student (as a real teacher is), and far from tvd's ties.
     student_logits = student_logits.detach()
-    return _far_from_ties(gen, kwargs, student_logits, lambda g: (
-        student_logits + ref.randn(g, *student_logits.shape, dtype=torch.float64)).detach())
+    return _far_from_ties(
+        gen,
+        kwargs,
+        student_logits,
+        lambda g: (
+            student_logits + ref.randn(g, *student_logits.shape, dtype=torch.float64)
+        ).detach(),
+    )
 
 
 @pytest.mark.parametrize("option", list(DISTILL_OPTIONS))
@@ -164,8 +202,10 @@ def test_distill(gen, kind, reduction, option):
     kwargs, target = _distill_kwargs(gen, kind, option)
     s = _randn(gen, ROWS, VOCAB)
     t = _teacher(gen, s, kwargs)
-    _check(lambda s: xent.distill(s, t, target, reduction=reduction, grad_in_forward=False,
-                                  **kwargs), (s,))
+    _check(
+        lambda s: xent.distill(s, t, target, reduction=reduction, grad_in_forward=False, **kwargs),
+        (s,),
+    )
 
 
 @pytest.mark.parametrize("teacher", ["logits", "hidden"])
@@ -180,9 +220,16 @@ def test_linear_distill(gen, kind, reduction, option, teacher):
         kwargs["teacher_logits"] = _teacher(gen, student_logits, kwargs)
     else:
         kwargs["teacher_hidden"] = _far_from_ties(
-            gen, kwargs, student_logits,
+            gen,
+            kwargs,
+            student_logits,
             lambda g: (h.detach() + ref.randn(g, ROWS, HIDDEN, dtype=torch.float64)).detach(),
-            logits_of=lambda teacher_hidden: teacher_hidden @ w.detach().T)
+            logits_of=lambda teacher_hidden: teacher_hidden @ w.detach().T,
+        )
         kwargs["teacher_weight"] = w.detach().clone()
-    _check(lambda h, w: xent.linear_distill(h, w, target=target, reduction=reduction,
-                                            grad_in_forward=False, **kwargs), (h, w))
+    _check(
+        lambda h, w: xent.linear_distill(
+            h, w, target=target, reduction=reduction, grad_in_forward=False, **kwargs
+        ),
+        (h, w),
+    )

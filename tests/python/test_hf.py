@@ -11,8 +11,15 @@ import xent
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 211  # odd on purpose
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 # Mixture-of-experts configs return their router logits, so the load-balancing loss is part of
@@ -23,25 +30,44 @@ MOE = dict(ROUTER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=1
 # name -> (config class, arguments beyond COMMON): one per class of xent.hf.SUPPORTED_ARCHITECTURES.
 CONFIGS = {
     "llama": ("LlamaConfig", {}),
-    "llama4": ("Llama4TextConfig", dict(head_dim=8, num_local_experts=2, intermediate_size_mlp=64,
-                                        interleave_moe_layer_step=2)),
+    "llama4": (
+        "Llama4TextConfig",
+        dict(
+            head_dim=8, num_local_experts=2, intermediate_size_mlp=64, interleave_moe_layer_step=2
+        ),
+    ),
     "mistral": ("MistralConfig", dict(sliding_window=None)),
-    "mixtral": ("MixtralConfig", dict(ROUTER, num_local_experts=4, num_experts_per_tok=2,
-                                      sliding_window=None)),
+    "mixtral": (
+        "MixtralConfig",
+        dict(ROUTER, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
     "qwen2": ("Qwen2Config", {}),
     "qwen2_moe": ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=16)),
     "qwen3": ("Qwen3Config", dict(head_dim=8)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(MOE, head_dim=8)),
-    "qwen3_next": ("Qwen3NextConfig", dict(MOE, head_dim=8, shared_expert_intermediate_size=16,
-                                           linear_num_value_heads=4, linear_num_key_heads=2,
-                                           linear_key_head_dim=8, linear_value_head_dim=8,
-                                           layer_types=["linear_attention", "full_attention"])),
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(
+            MOE,
+            head_dim=8,
+            shared_expert_intermediate_size=16,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
     "gemma": ("GemmaConfig", dict(head_dim=8)),
     # A small cap so the softcap changes the loss noticeably even at random init.
-    "gemma2": ("Gemma2Config", dict(head_dim=8, final_logit_softcapping=0.5,
-                                    query_pre_attn_scalar=8)),
-    "gemma3": ("Gemma3TextConfig", dict(head_dim=8, final_logit_softcapping=0.7,
-                                        query_pre_attn_scalar=8)),
+    "gemma2": (
+        "Gemma2Config",
+        dict(head_dim=8, final_logit_softcapping=0.5, query_pre_attn_scalar=8),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(head_dim=8, final_logit_softcapping=0.7, query_pre_attn_scalar=8),
+    ),
     "phi3": ("Phi3Config", dict(pad_token_id=0)),
     "phi": ("PhiConfig", {}),
     "olmo2": ("Olmo2Config", {}),
@@ -50,19 +76,33 @@ CONFIGS = {
     "granite": ("GraniteConfig", dict(logits_scaling=4.0)),
     # transformers 5.17's GraniteMoe decoder returns no router logits (its own forward then fails
     # with output_router_logits), so only its logit scaling is compared.
-    "granitemoe": ("GraniteMoeConfig", dict(logits_scaling=4.0, num_local_experts=4,
-                                            num_experts_per_tok=2)),
+    "granitemoe": (
+        "GraniteMoeConfig",
+        dict(logits_scaling=4.0, num_local_experts=4, num_experts_per_tok=2),
+    ),
     "glm": ("GlmConfig", dict(head_dim=8, pad_token_id=0)),
     "glm4": ("Glm4Config", dict(head_dim=8, pad_token_id=0)),
     "smollm3": ("SmolLM3Config", dict(pad_token_id=0)),
-    "gpt_oss": ("GptOssConfig", dict(ROUTER, head_dim=8, num_local_experts=4,
-                                     num_experts_per_tok=2, sliding_window=8)),
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(ROUTER, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+    ),
     "exaone4": ("Exaone4Config", dict(head_dim=8)),
     "hunyuan_dense": ("HunYuanDenseV1Config", dict(head_dim=8)),
     "hunyuan_moe": ("HunYuanMoEV1Config", dict(head_dim=8, num_experts=4, moe_topk=2)),
-    "falcon_h1": ("FalconH1Config", dict(head_dim=8, mamba_d_ssm=32, mamba_n_heads=4,
-                                         mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1,
-                                         mamba_chunk_size=16, lm_head_multiplier=0.25)),
+    "falcon_h1": (
+        "FalconH1Config",
+        dict(
+            head_dim=8,
+            mamba_d_ssm=32,
+            mamba_n_heads=4,
+            mamba_d_head=8,
+            mamba_d_state=8,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+            lm_head_multiplier=0.25,
+        ),
+    ),
 }
 ARCHITECTURES = list(CONFIGS)
 
@@ -97,8 +137,9 @@ def _loss_and_grads(model, **kwargs):
     model.zero_grad(set_to_none=True)
     out = model(**kwargs)
     out.loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
-             if p.grad is not None}
+    grads = {
+        name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None
+    }
     return out, grads
 
 
@@ -107,8 +148,13 @@ def _assert_same(reference, patched, tol=1e-5):
     torch.testing.assert_close(out_xent.loss, out_ref.loss, rtol=tol, atol=tol)
     assert grads_ref.keys() == grads_xent.keys()
     for name in grads_ref:
-        torch.testing.assert_close(grads_xent[name], grads_ref[name], rtol=tol, atol=tol,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            grads_xent[name],
+            grads_ref[name],
+            rtol=tol,
+            atol=tol,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -117,10 +163,12 @@ def test_patched_loss_and_gradients_equal_the_model_own(device, gen, name):
     input_ids, labels = _batch(gen, device)
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, -2:] = 0
-    reference = _loss_and_grads(model, input_ids=input_ids, attention_mask=attention_mask,
-                                labels=labels)
-    fused = _loss_and_grads(patched, input_ids=input_ids, attention_mask=attention_mask,
-                            labels=labels)
+    reference = _loss_and_grads(
+        model, input_ids=input_ids, attention_mask=attention_mask, labels=labels
+    )
+    fused = _loss_and_grads(
+        patched, input_ids=input_ids, attention_mask=attention_mask, labels=labels
+    )
     assert fused[0].logits is None and reference[0].logits is not None
     _assert_same(reference, fused)
 
@@ -130,15 +178,16 @@ def test_num_items_in_batch_and_shift_labels(device, gen, name):
     model, patched = _models(name, device)
     input_ids, labels = _batch(gen, device)
     items = torch.tensor(37, device=device)  # gradient accumulation over a larger batch
-    _assert_same(_loss_and_grads(model, input_ids=input_ids, labels=labels,
-                                 num_items_in_batch=items),
-                 _loss_and_grads(patched, input_ids=input_ids, labels=labels,
-                                 num_items_in_batch=items))
+    _assert_same(
+        _loss_and_grads(model, input_ids=input_ids, labels=labels, num_items_in_batch=items),
+        _loss_and_grads(patched, input_ids=input_ids, labels=labels, num_items_in_batch=items),
+    )
     shift = torch.roll(labels, -1, dims=1)
     shift[:, -1] = -100
-    _assert_same(_loss_and_grads(model, input_ids=input_ids, labels=labels, shift_labels=shift),
-                 _loss_and_grads(patched, input_ids=input_ids, labels=labels,
-                                 shift_labels=shift))
+    _assert_same(
+        _loss_and_grads(model, input_ids=input_ids, labels=labels, shift_labels=shift),
+        _loss_and_grads(patched, input_ids=input_ids, labels=labels, shift_labels=shift),
+    )
 
 
 def test_logits_still_returned_without_labels_or_in_eval(device, gen):

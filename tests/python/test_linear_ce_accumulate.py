@@ -6,9 +6,9 @@ fails; checks take that prefill off and compare what was added."""
 import re
 
 import pytest
+import reference as ref
 import torch
 
-import reference as ref
 import xent
 
 ROWS, HIDDEN, VOCAB = 29, 24, 257
@@ -16,7 +16,7 @@ ROWS, HIDDEN, VOCAB = 29, 24, 257
 
 def _layer(gen, device, dtype=torch.float32, rows=ROWS):
     h = ref.randn(gen, rows, HIDDEN, dtype=dtype, device=device)
-    w = ref.randn(gen, VOCAB, HIDDEN, dtype=dtype, device=device, scale=HIDDEN ** -0.5 * 2)
+    w = ref.randn(gen, VOCAB, HIDDEN, dtype=dtype, device=device, scale=HIDDEN**-0.5 * 2)
     b = ref.randn(gen, VOCAB, dtype=dtype, device=device, scale=0.5)
     return h, w, b, ref.targets(gen, rows, VOCAB, device)
 
@@ -57,22 +57,33 @@ def test_micro_batches_accumulate_into_one_buffer(device, gen, dtype, order, gra
     hiddens = [h.requires_grad_() for h, *_ in batches]
     losses = []
     for h, (_, _, b, y) in zip(hiddens, batches):
-        losses.append(xent.linear_cross_entropy(h, w, y, b, label_smoothing=0.1,
-                                                grad_in_forward=grad_in_forward,
-                                                accumulate_into=buffer))
+        losses.append(
+            xent.linear_cross_entropy(
+                h,
+                w,
+                y,
+                b,
+                label_smoothing=0.1,
+                grad_in_forward=grad_in_forward,
+                accumulate_into=buffer,
+            )
+        )
         if order == "each_backward":
             losses[-1].backward()
     if order == "interleaved":  # a pipeline schedule's forwards before their backwards
         sum(losses).backward()
     _assert_added(buffer, prefill, expected, _tolerance(dtype))
     assert w.grad is None, "the weight gradient went into the buffer, not weight.grad"
-    for h, (_, _, b, y) in zip(hiddens, batches):
+    for h, (_, _, _b, _y) in zip(hiddens, batches):
         assert h.grad is not None and h.grad.dtype == dtype
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.5, 3.0])
-@pytest.mark.parametrize("reduction,normalizer", [("mean", None), ("sum", None), ("sum", 7.0)],
-                         ids=["mean", "sum", "sum_normalizer"])
+@pytest.mark.parametrize(
+    "reduction,normalizer",
+    [("mean", None), ("sum", None), ("sum", 7.0)],
+    ids=["mean", "sum", "sum_normalizer"],
+)
 def test_upstream_other_than_one_adds_the_rest(device, gen, scale, reduction, normalizer):
     h, w, b, y = _layer(gen, device)
     h.requires_grad_()
@@ -81,16 +92,21 @@ def test_upstream_other_than_one_adds_the_rest(device, gen, scale, reduction, no
     expected = _weight_grad(h, w, b, y, reduction, scale / divisor)
     buffer = _prefilled(gen, expected, device)
     prefill = buffer.clone()
-    loss = xent.linear_cross_entropy(h, w, y, b, reduction=reduction, normalizer=normalizer,
-                                     accumulate_into=buffer)
+    loss = xent.linear_cross_entropy(
+        h, w, y, b, reduction=reduction, normalizer=normalizer, accumulate_into=buffer
+    )
     # The forward added the gradient for an upstream of 1 (of the normalized loss).
     _assert_added(buffer, prefill, expected / scale, 1e-4)
     (scale * loss).backward()  # g = scale: the backward's recompute adds (g - 1)·∂W
     _assert_added(buffer, prefill, expected, 1e-4)
     assert w.grad is None
     h_expected = h.detach().clone().requires_grad_()
-    (scale * xent.linear_cross_entropy(h_expected, w.detach(), y, b, reduction=reduction,
-                                       normalizer=normalizer)).backward()
+    (
+        scale
+        * xent.linear_cross_entropy(
+            h_expected, w.detach(), y, b, reduction=reduction, normalizer=normalizer
+        )
+    ).backward()
     assert ref.rel_error(h.grad, h_expected.grad) <= 1e-5
 
 
@@ -102,8 +118,9 @@ def test_reduction_none_adds_the_per_row_upstream(device, gen, cache_logits):
     expected = _weight_grad(h, w, b, y, "none", upstream, z_loss=1e-3)
     buffer = _prefilled(gen, expected, device)
     prefill = buffer.clone()
-    loss = xent.linear_cross_entropy(h, w, y, b, reduction="none", z_loss=1e-3,
-                                     cache_logits=cache_logits, accumulate_into=buffer)
+    loss = xent.linear_cross_entropy(
+        h, w, y, b, reduction="none", z_loss=1e-3, cache_logits=cache_logits, accumulate_into=buffer
+    )
     assert torch.equal(buffer, prefill), "with reduction none nothing is added before backward"
     loss.backward(upstream.float().to(device))
     _assert_added(buffer, prefill, expected, 1e-4)
@@ -166,8 +183,11 @@ def test_bad_buffers_are_refused(device, case):
         "shape": (torch.zeros(7, 4, device=device), {}, "(7, 4)"),
         "device": (torch.zeros(7, 3, device="meta"), {}, "meta"),
         "strided": (torch.zeros(3, 7, device=device).T, {}, "strides (1, 7)"),
-        "process_group": (torch.zeros(7, 3, device=device), {"process_group": object()},
-                          "process_group"),
+        "process_group": (
+            torch.zeros(7, 3, device=device),
+            {"process_group": object()},
+            "process_group",
+        ),
     }[case]
     pattern = "linear_cross_entropy: accumulate_into .*" + re.escape(shown)
     with pytest.raises(ValueError, match=pattern):

@@ -2,26 +2,29 @@
 docs/semantics.md §1) against the float64 reference, gradcheck, torch.compile and the fakes."""
 
 import pytest
+import reference as ref
 import torch
 import torch.nn.functional as F
-
-import reference as ref
-import xent
 from test_compile import _compiled_matches_eager
+
+import xent
 
 TEMPERATURES = [1.0, 0.7, 1.6]
 
 
 def _upstream(gen, rows, device):
-    return (torch.randn(rows, generator=gen, dtype=torch.float64).to(device),
-            torch.randn(rows, generator=gen, dtype=torch.float64).to(device))
+    return (
+        torch.randn(rows, generator=gen, dtype=torch.float64).to(device),
+        torch.randn(rows, generator=gen, dtype=torch.float64).to(device),
+    )
 
 
 def _grads(outputs, inputs, upstream):
     """Gradients of Σ g_lp·logprob + g_H·entropy with respect to inputs (float64 upstream)."""
     logprob, entropy = outputs
-    total = (logprob.double() * upstream[0].to(logprob.device)).sum() + \
-        (entropy.double() * upstream[1].to(entropy.device)).sum()
+    total = (logprob.double() * upstream[0].to(logprob.device)).sum() + (
+        entropy.double() * upstream[1].to(entropy.device)
+    ).sum()
     return torch.autograd.grad(total, inputs)
 
 
@@ -47,8 +50,11 @@ def test_logprobs_against_reference(device, gen, dtype, temperature):
     assert grad.dtype == dtype and torch.isfinite(grad).all()
     assert (grad[ignored] == 0).all()
     # bf16: the gradient is stored in bf16, as PyTorch would store it.
-    grad_tol = tol if dtype == torch.float32 else (
-        ref.rel_error(grad_expected.to(dtype), grad_expected) + 1e-3)
+    grad_tol = (
+        tol
+        if dtype == torch.float32
+        else (ref.rel_error(grad_expected.to(dtype), grad_expected) + 1e-3)
+    )
     assert ref.rel_error(grad, grad_expected) <= grad_tol
 
 
@@ -103,7 +109,7 @@ def test_logprobs_without_entropy_is_minus_the_none_loss(device, gen):
 
 def _linear_inputs(gen, device, rows=37, hidden=67, vocab=1031, dtype=torch.float32):
     h = ref.randn(gen, rows, hidden, dtype=dtype, device=device)
-    w = ref.randn(gen, vocab, hidden, dtype=dtype, device=device, scale=2.0 / hidden ** 0.5)
+    w = ref.randn(gen, vocab, hidden, dtype=dtype, device=device, scale=2.0 / hidden**0.5)
     b = ref.randn(gen, vocab, dtype=dtype, device=device, scale=0.5)
     y = ref.targets(gen, rows, vocab, device)
     return h, w, b, y
@@ -114,13 +120,19 @@ def _linear_inputs(gen, device, rows=37, hidden=67, vocab=1031, dtype=torch.floa
 @pytest.mark.parametrize("cache_logits", [False, True])
 @pytest.mark.parametrize("workspace_bytes", [None, 64 << 10])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes,
-                                           cache_logits):
+def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes, cache_logits):
     h, w, b, y = _linear_inputs(gen, device)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
-    outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=temperature,
-                                   return_entropy=True, workspace_bytes=workspace_bytes,
-                                   cache_logits=cache_logits)
+    outputs = xent.linear_logprobs(
+        params[0],
+        params[1],
+        y,
+        params[2],
+        temperature=temperature,
+        return_entropy=True,
+        workspace_bytes=workspace_bytes,
+        cache_logits=cache_logits,
+    )
     ref_params = [t.cpu().double().requires_grad_() for t in (h, w, b)]
     expected = ref.logprobs(ref.linear_logits(*ref_params), y.cpu(), temperature)
     for out, exp in zip(outputs, expected):
@@ -137,8 +149,15 @@ def test_linear_logprobs_against_reference(device, gen, temperature, workspace_b
 def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, cache_logits):
     h, w, b, y = _linear_inputs(gen, device, dtype=dtype)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
-    outputs = xent.linear_logprobs(params[0], params[1], y, params[2], temperature=0.7,
-                                   return_entropy=True, cache_logits=cache_logits)
+    outputs = xent.linear_logprobs(
+        params[0],
+        params[1],
+        y,
+        params[2],
+        temperature=0.7,
+        return_entropy=True,
+        cache_logits=cache_logits,
+    )
     upstream = _upstream(gen, y.shape[0], "cpu")
     grads = _grads(outputs, params, upstream)
     # PyTorch at this dtype: bf16 logits from F.linear, softmax in fp32.
@@ -184,7 +203,7 @@ def test_linear_logprobs_autocast_casts_like_f_linear(device, gen):
     # so the bound is that ulp, against the float64 logprob of the exact logits of the bfloat16
     # operands (autocast converts h, W and b before the product).
     exact = ref.logprobs(ref.linear_logits(*(t.bfloat16() for t in (h, w, b))), y)[0]
-    ulp = 2.0 ** -7 * logits.detach().float().abs().amax(dim=1).double()
+    ulp = 2.0**-7 * logits.detach().float().abs().amax(dim=1).double()
     assert ((logprob.double() - exact).abs() <= ulp + 1e-5).all()
     assert ((ref.logprobs(logits.float(), y)[0] - exact).abs() <= ulp + 1e-5).all()
     logprob.sum().backward()
@@ -199,8 +218,15 @@ def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast
     h_in = (h if autocast else h.to(torch.bfloat16)).clone().requires_grad_()
     w_in = w.clone().requires_grad_()  # fp32: a master weight
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        outputs = xent.linear_logprobs(h_in, w_in, y, temperature=0.7, return_entropy=True,
-                                       workspace_bytes=1 << 16, cache_logits=cache_logits)
+        outputs = xent.linear_logprobs(
+            h_in,
+            w_in,
+            y,
+            temperature=0.7,
+            return_entropy=True,
+            workspace_bytes=1 << 16,
+            cache_logits=cache_logits,
+        )
     grads = _grads(outputs, [h_in, w_in], upstream)
     assert grads[1].dtype == torch.float32 and grads[0].dtype == h_in.dtype
     # Accumulated in fp32, not a bf16 gradient that autograd widened on the way out.
@@ -209,8 +235,13 @@ def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast
     # to the bf16 path's roundings, in norm (see test_fused_grad's fp32-weight test).
     h16 = h.to(torch.bfloat16).requires_grad_()
     w16 = w.to(torch.bfloat16).requires_grad_()
-    grads16 = _grads(xent.linear_logprobs(h16, w16, y, temperature=0.7, return_entropy=True,
-                                          workspace_bytes=1 << 16), [h16, w16], upstream)
+    grads16 = _grads(
+        xent.linear_logprobs(
+            h16, w16, y, temperature=0.7, return_entropy=True, workspace_bytes=1 << 16
+        ),
+        [h16, w16],
+        upstream,
+    )
     assert ref.rel_error(grads[1], grads16[1].float()) <= 1e-2
     assert ref.rel_error(grads[0].float(), grads16[0].float()) <= 1e-2
     # And the fp32 ∂W is no further from float64 (of the bf16 operands) than the bf16 one, within
@@ -228,8 +259,12 @@ def test_gradcheck_logprobs(gen):
     y = torch.tensor([0, 12, -100, 3, 7])
     # fp32 outputs: see test_ce.test_gradcheck for the step size.
     assert torch.autograd.gradcheck(
-        lambda x: xent.logprobs(x, y, temperature=0.7, return_entropy=True), (x,),
-        eps=1e-3, atol=2e-3, rtol=1e-3)
+        lambda x: xent.logprobs(x, y, temperature=0.7, return_entropy=True),
+        (x,),
+        eps=1e-3,
+        atol=2e-3,
+        rtol=1e-3,
+    )
 
 
 @pytest.mark.parametrize("cache_logits", [False, True])
@@ -239,9 +274,14 @@ def test_gradcheck_linear_logprobs(gen, cache_logits):
     b = torch.randn(6, generator=gen, dtype=torch.float64).requires_grad_()
     y = torch.tensor([0, 5, -100, 2])
     assert torch.autograd.gradcheck(
-        lambda h, w, b: xent.linear_logprobs(h, w, y, b, temperature=1.3, return_entropy=True,
-                                             cache_logits=cache_logits),
-        (h, w, b), eps=1e-3, atol=2e-3, rtol=1e-3)
+        lambda h, w, b: xent.linear_logprobs(
+            h, w, y, b, temperature=1.3, return_entropy=True, cache_logits=cache_logits
+        ),
+        (h, w, b),
+        eps=1e-3,
+        atol=2e-3,
+        rtol=1e-3,
+    )
 
 
 def test_bad_temperature_is_named():
@@ -258,8 +298,9 @@ def test_compile_linear_logprobs(device, gen, cache_logits):
     h, w, _, y = _linear_inputs(gen, device, rows=22, hidden=40, vocab=257)
 
     def fn(h, w):
-        logprob, entropy = xent.linear_logprobs(torch.tanh(h), w, y, temperature=0.9,
-                                                return_entropy=True, cache_logits=cache_logits)
+        logprob, entropy = xent.linear_logprobs(
+            torch.tanh(h), w, y, temperature=0.9, return_entropy=True, cache_logits=cache_logits
+        )
         return (logprob * 0.3).sum() + 0.01 * entropy.sum() + xent.logprobs(h @ w.T, y).sum()
 
     _compiled_matches_eager(fn, [h, w], grads_of=[0, 1])

@@ -43,23 +43,36 @@ def test_numbers_and_units():
 
 def test_short_kernel_names():
     short = ncu_summary.short_kernel_name
-    assert short("void xent::cuda::(anonymous namespace)::ce_rows_kernel<(int)8, __nv_bfloat16>"
-                 "(xent::cuda::RowParams)") == "ce_rows_kernel"
+    assert (
+        short(
+            "void xent::cuda::(anonymous namespace)::ce_rows_kernel<(int)8, __nv_bfloat16>"
+            "(xent::cuda::RowParams)"
+        )
+        == "ce_rows_kernel"
+    )
     assert short("void reduce_kernel<float>(const float *, long)") == "reduce_kernel"
     # ncu 2025 prints the anonymous namespace as a bare "unnamed>".
-    assert short("void unnamed>::ce_rows_kernel<common::bf16_t>(unnamed>::CeKernelParams)") == \
-        "ce_rows_kernel"
+    assert (
+        short("void unnamed>::ce_rows_kernel<common::bf16_t>(unnamed>::CeKernelParams)")
+        == "ce_rows_kernel"
+    )
     assert short("unnamed>::ce_reduce_kernel(CeReduceArgs)") == "ce_reduce_kernel"
-    assert short("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas") == \
-        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas"
+    assert (
+        short("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas")
+        == "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_kernel__5x_cublas"
+    )
 
 
 def test_every_launch_parsed_in_base_units():
     kernels = ncu_summary.parse_raw_csv(SYNTHETIC.read_text())
     assert [k["id"] for k in kernels] == [0, 1, 2, 3, 4]
     assert [k["name"] for k in kernels] == [
-        kernels[0]["full_name"], "linear_ce_rows_kernel", kernels[0]["full_name"],
-        "linear_ce_rows_kernel", "linear_block_grad_kernel"]
+        kernels[0]["full_name"],
+        "linear_ce_rows_kernel",
+        kernels[0]["full_name"],
+        "linear_ce_rows_kernel",
+        "linear_block_grad_kernel",
+    ]
     gemm, row, grad = kernels[0], kernels[1], kernels[4]
     assert gemm["duration_us"] == pytest.approx(338.8)
     assert grad["duration_us"] == pytest.approx(0.0125)
@@ -97,8 +110,11 @@ def test_row_totals_shares_and_groups():
     assert record["kernels"][1]["time_share"] == pytest.approx(144.4 / total)
     assert all("metrics" not in k for k in record["kernels"])
     groups = record["by_kernel"]
-    assert [g["name"] for g in groups] == [kernels[0]["name"], "linear_ce_rows_kernel",
-                                           "linear_block_grad_kernel"]
+    assert [g["name"] for g in groups] == [
+        kernels[0]["name"],
+        "linear_ce_rows_kernel",
+        "linear_block_grad_kernel",
+    ]
     assert record["dominant_kernel"] == kernels[0]["name"]
     gemm = groups[0]
     assert gemm["launches"] == 2
@@ -115,11 +131,13 @@ def test_row_totals_shares_and_groups():
 
 
 def test_units_row_absent_and_profiler_lines():
-    text = ('==PROF== Connected to process 1\n'
-            '"ID","Kernel Name","gpu__time_duration.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed"\n'
-            '"0","void k<int>(int)","1,500","n/a"\n'
-            '==WARNING== something\n'
-            '"1","void k<int>(int)","2","50"\n')
+    text = (
+        "==PROF== Connected to process 1\n"
+        '"ID","Kernel Name","gpu__time_duration.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed"\n'
+        '"0","void k<int>(int)","1,500","n/a"\n'
+        "==WARNING== something\n"
+        '"1","void k<int>(int)","2","50"\n'
+    )
     kernels = ncu_summary.parse_raw_csv(text)
     assert [k["duration_us"] for k in kernels] == [1500.0, 2.0]  # no units row: taken as is
     assert kernels[0]["dram_pct"] is None and kernels[1]["dram_pct"] == 50.0
@@ -131,20 +149,55 @@ def test_not_a_capture():
 
 
 def _write_manifest(directory, rows):
-    header = ("row\tlabel\top\tmode\toptions\tkind\tn\th\tv\tbudget_mib\tstatus\tseconds\tcsv"
-              "\tcommit\tncu_version\n")
+    header = (
+        "row\tlabel\top\tmode\toptions\tkind\tn\th\tv\tbudget_mib\tstatus\tseconds\tcsv"
+        "\tcommit\tncu_version\n"
+    )
     lines = ["\t".join(str(x) for x in row) + "\n" for row in rows]
     (directory / "rows.tsv").write_text(header + "".join(lines))
 
 
 def test_profile_directory(tmp_path, capsys):
     shutil.copy(SYNTHETIC, tmp_path / "linear-8192x4096x128256.csv")
-    _write_manifest(tmp_path, [
-        ("linear-8192x4096x128256", "perf-linear", "linear_ce", "fwdbwd", "plain", "", 8192,
-         4096, 128256, 512, 0, 41, "linear-8192x4096x128256.csv", "abc123", "2025.3.0"),
-        ("ce-32k", "perf-ce", "ce", "fwdbwd", "plain", "", 16384, 0, 32768, 512, 1, 3,
-         "ce-32k.csv", "abc123", "2025.3.0"),
-    ])
+    _write_manifest(
+        tmp_path,
+        [
+            (
+                "linear-8192x4096x128256",
+                "perf-linear",
+                "linear_ce",
+                "fwdbwd",
+                "plain",
+                "",
+                8192,
+                4096,
+                128256,
+                512,
+                0,
+                41,
+                "linear-8192x4096x128256.csv",
+                "abc123",
+                "2025.3.0",
+            ),
+            (
+                "ce-32k",
+                "perf-ce",
+                "ce",
+                "fwdbwd",
+                "plain",
+                "",
+                16384,
+                0,
+                32768,
+                512,
+                1,
+                3,
+                "ce-32k.csv",
+                "abc123",
+                "2025.3.0",
+            ),
+        ],
+    )
     status = ncu_summary.main([str(tmp_path), "--markdown"])
     assert status == 1  # the second row has no capture
     records = json.loads((tmp_path / "profile.json").read_text())
@@ -169,8 +222,11 @@ def test_ce_row_captured_on_an_h200():
     32768 bf16 fwd+grad, one op call = batch totals, row kernel, reduce."""
     text = (DATA / "ncu_raw_h200_ce_16384x32768.csv").read_text()
     kernels = ncu_summary.parse_raw_csv(text)
-    assert [k["name"] for k in kernels] == ["ce_batch_totals_kernel", "ce_rows_kernel",
-                                            "ce_reduce_kernel"]
+    assert [k["name"] for k in kernels] == [
+        "ce_batch_totals_kernel",
+        "ce_rows_kernel",
+        "ce_reduce_kernel",
+    ]
     rows = kernels[1]
     assert rows["duration_us"] == pytest.approx(632.416)  # "632,416" ns
     assert rows["dram_pct"] is not None and 50 < rows["dram_pct"] < 100  # gpu__dram_throughput
@@ -209,8 +265,9 @@ def test_instruction_mix_per_element():
     assert mix["thread_instructions"] == pytest.approx(32.0)
     assert mix["mufu_lanes"] == pytest.approx(3.2)
     assert mix["fma_lanes"] == pytest.approx(16.0)
-    missing = ncu_summary.per_element_mix({"thread_instructions": None, "xu_instructions": None,
-                                           "fma_instructions": 5.0}, 10, 10)
+    missing = ncu_summary.per_element_mix(
+        {"thread_instructions": None, "xu_instructions": None, "fma_instructions": 5.0}, 10, 10
+    )
     assert missing["thread_instructions"] is None and missing["mufu_lanes"] is None
     assert missing["fma_lanes"] == pytest.approx(1.6)
     assert ncu_summary.per_element_mix(kernel, None, 10) is None
