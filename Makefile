@@ -3,7 +3,7 @@ BUILD_DIR := build
 JOBS ?= $(shell nproc)
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps configure build test test-cpp test-python python-deps run clean
+.PHONY: all deps configure build test test-cpp test-python python-deps run lint format lint-deps clean
 
 # One seed for every test of a run (C++ and Python), printed first by each, so a failure in a log
 # replays with `make test XENT_TEST_SEED=N`; random unless given.
@@ -43,8 +43,39 @@ test-python: build python-deps
 
 test: test-cpp test-python
 
-run: build
-	@./$(BUILD_DIR)/tools/xent-bench
+# `make run` builds only the benchmark it runs: the CPU backend alone when this machine has no
+# NVIDIA GPU (no CUDA compile, no tests), the CUDA backend when it has one.
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+RUN_PRESET := $(if $(HAVE_GPU),default,cpu)
+RUN_BUILD_DIR := $(if $(HAVE_GPU),$(BUILD_DIR),$(BUILD_DIR)-cpu)
+
+run: deps
+	@echo "make run: configuring ($(if $(HAVE_GPU),CUDA: a GPU is present,CPU only: no GPU found)), preset $(RUN_PRESET)"
+	@cmake --preset $(RUN_PRESET) -Wno-dev -DXENT_BUILD_TESTS=OFF -DXENT_PYTHON=OFF \
+		>$(RUN_BUILD_DIR).configure.log 2>&1 || (cat $(RUN_BUILD_DIR).configure.log; exit 1)
+	@echo "make run: building xent-bench"
+	@cmake --build --preset $(RUN_PRESET) --target xent-bench -j $(JOBS)
+	@echo "make run: running $(RUN_BUILD_DIR)/tools/xent-bench"
+	@./$(RUN_BUILD_DIR)/tools/xent-bench
+
+# Format checks (CI runs them): clang-format for C++/CUDA, ruff for Python. `make format` applies
+# both. Versions are pinned (scripts/deps.sh, LINT_DEPS) so every machine formats alike.
+CLANG_FORMAT ?= $(shell command -v clang-format-14 || command -v clang-format)
+CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh')
+lint-deps: deps
+	@$(PYTHON) -m ruff --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet \
+		--disable-pip-version-check --root-user-action=ignore "ruff==0.17.6"
+
+lint: lint-deps
+	@$(CLANG_FORMAT) --dry-run -Werror --style=file $(CXX_SOURCES)
+	@$(PYTHON) -m ruff check --quiet .
+	@$(PYTHON) -m ruff format --check --quiet .
+	@echo "lint: clang-format and ruff clean ($(words $(CXX_SOURCES)) C++/CUDA files)"
+
+format: lint-deps
+	@$(CLANG_FORMAT) -i --style=file $(CXX_SOURCES)
+	@$(PYTHON) -m ruff check --fix --quiet .
+	@$(PYTHON) -m ruff format --quiet .
 
 clean:
 	rm -rf build build-* build.configure.log python/xent/_C.so

@@ -24,8 +24,9 @@ int main() {
                         /*target=*/{}, options, out);
 
   std::printf("forward KL %.3g, largest |grad| %.3g\n", loss,
-              std::fabs(*std::max_element(grad.begin(), grad.end(),
-                                          [](float a, float b) { return std::fabs(a) < std::fabs(b); })));
+              std::fabs(*std::max_element(grad.begin(), grad.end(), [](float a, float b) {
+                return std::fabs(a) < std::fabs(b);
+              })));
   bool ok = std::fabs(loss) < 1e-6;
   for (const float g : grad) ok = ok && std::fabs(g) < 1e-6;
   return ok ? 0 : 1;

@@ -21,8 +21,8 @@ int main() {
   out.grads.weight = xent::matrix(grad_weight.data(), xent::DType::f32, vocab, hidden);
   xent::linear_ce_forward(xent::matrix(h.data(), xent::DType::f32, rows, hidden),
                           xent::matrix(weight.data(), xent::DType::f32, vocab, hidden),
-                          /*bias=*/{}, xent::vector(target.data(), xent::DType::i64, rows),
-                          options, out);
+                          /*bias=*/{}, xent::vector(target.data(), xent::DType::i64, rows), options,
+                          out);
 
   // ∂W_c = Σ_n (1/V − 1{y_n=c})·h_n / N: class 0 is the target of one row of six.
   const double expected = (6 * 0.1 - 1) * 0.5 / 6;

@@ -39,7 +39,8 @@ int main() {
   const int64_t rows = 6, hidden = 5, vocab = 11;
   std::vector<float> h(rows * hidden), weight(vocab * hidden), logits(rows * vocab);
   for (std::size_t i = 0; i < h.size(); ++i) h[i] = std::sin(0.7f * static_cast<float>(i));
-  for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = std::cos(0.3f * static_cast<float>(i));
+  for (std::size_t i = 0; i < weight.size(); ++i)
+    weight[i] = std::cos(0.3f * static_cast<float>(i));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t v = 0; v < vocab; ++v) {
       float dot = 0;
@@ -54,8 +55,7 @@ int main() {
   xent::CeOutputs ce_out;
   ce_out.loss = xent::scalar(&ce_loss, xent::DType::f32);
   xent::ce_forward(xent::matrix(logits.data(), xent::DType::f32, rows, vocab),
-                   xent::vector(target.data(), xent::DType::i64, rows), xent::CeOptions{},
-                   ce_out);
+                   xent::vector(target.data(), xent::DType::i64, rows), xent::CeOptions{}, ce_out);
 
   float linear_loss = 0;
   xent::LinearCeOutputs linear_out;

@@ -10,12 +10,12 @@ namespace xent {
 struct CeOptions {
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::mean;
-  double label_smoothing = 0.0;    // ε in [0, 1]
-  double z_loss = 0.0;             // λ >= 0, weight of λ·lse²
-  std::optional<double> softcap;   // s > 0: x̃ = s·tanh(x/s)
-  double logit_scale = 1.0;        // a > 0, applied before anything else
-  TensorView class_weight;         // optional [V] fp32, non-negative
-  TensorView row_weight;           // optional [N] fp32
+  double label_smoothing = 0.0;   // ε in [0, 1]
+  double z_loss = 0.0;            // λ >= 0, weight of λ·lse²
+  std::optional<double> softcap;  // s > 0: x̃ = s·tanh(x/s)
+  double logit_scale = 1.0;       // a > 0, applied before anything else
+  TensorView class_weight;        // optional [V] fp32, non-negative
+  TensorView row_weight;          // optional [N] fp32
 };
 
 // Optional per-row and scalar statistics; an absent view is not computed. Floating results here
@@ -31,14 +31,13 @@ struct CeStats {
 };
 
 struct CeOutputs {
-  TensorView loss;         // required: scalar (sum, mean) or [N] (none); fp32 (fp64 inputs: fp64)
+  TensorView loss;  // required: scalar (sum, mean) or [N] (none); fp32 (fp64 inputs: fp64)
   CeStats stats;
   TensorView grad_logits;  // optional: ∂loss/∂logits written in the same pass (may alias logits)
 };
 
 // Bytes of workspace the op needs for these sizes on that device (0 on the CPU).
-std::size_t ce_workspace_size(int64_t rows, int64_t vocab, const CeOptions& options,
-                              Device device);
+std::size_t ce_workspace_size(int64_t rows, int64_t vocab, const CeOptions& options, Device device);
 
 // logits [N, V] (fp32, bf16, fp16; fp64 on the CPU), target [N] (int64 or int32).
 // When out.grad_logits is present the gradient is formed in the same pass, scaled by grad_output
@@ -65,7 +64,7 @@ struct EntropyGradient {
 
 // ce_backward with the entropy term; an absent `entropy` is the plain ce_backward.
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
-                 const EntropyGradient& entropy, const CeOptions& options,
-                 TensorView grad_logits, Workspace workspace = {}, Stream stream = {});
+                 const EntropyGradient& entropy, const CeOptions& options, TensorView grad_logits,
+                 Workspace workspace = {}, Stream stream = {});
 
 }  // namespace xent

@@ -23,8 +23,8 @@ struct DistillOptions {
 };
 
 struct DistillOutputs {
-  TensorView loss;           // required: scalar (sum, mean) or [N] (none), result dtype (ce.hpp)
-  TensorView grad_student;   // optional: ∂loss/∂student in the same pass (may alias student)
+  TensorView loss;          // required: scalar (sum, mean) or [N] (none), result dtype (ce.hpp)
+  TensorView grad_student;  // optional: ∂loss/∂student in the same pass (may alias student)
 };
 
 std::size_t distill_workspace_size(int64_t rows, int64_t vocab, const DistillOptions& options,

@@ -68,9 +68,9 @@ std::size_t distill_shard_workspace_size(int64_t rows, Device device);
 
 // jsd and tvd: gathered [P·N, kDistillShardStatsWidth] (rank-major, rank p's row n at p·N + n);
 // sums [N, kDistillShardSumsWidth].
-void distill_shard_sums(TensorView student, TensorView teacher, TensorView target,
-                        VocabShard shard, TensorView gathered, const DistillOptions& options,
-                        TensorView sums, Workspace workspace = {}, Stream stream = {});
+void distill_shard_sums(TensorView student, TensorView teacher, TensorView target, VocabShard shard,
+                        TensorView gathered, const DistillOptions& options, TensorView sums,
+                        Workspace workspace = {}, Stream stream = {});
 
 // The loss (scalar for sum/mean, [N] for none) of the N = `rows` rows from the gathered records
 // [P·N, kDistillShardStatsWidth], and for jsd and tvd the gathered sums [P·N,
@@ -85,7 +85,6 @@ void distill_shard_loss(TensorView gathered, TensorView gathered_sums, TensorVie
 void distill_shard_backward(TensorView student, TensorView teacher, TensorView target,
                             VocabShard shard, TensorView gathered, TensorView gathered_sums,
                             TensorView grad_output, const DistillOptions& options,
-                            TensorView grad_student, Workspace workspace = {},
-                            Stream stream = {});
+                            TensorView grad_student, Workspace workspace = {}, Stream stream = {});
 
 }  // namespace xent

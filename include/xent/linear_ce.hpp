@@ -6,7 +6,7 @@
 namespace xent {
 
 struct LinearCeOptions {
-  CeOptions ce;                                    // every option of §1
+  CeOptions ce;  // every option of §1
   // Bytes of extra memory the op may use. On CUDA it bounds everything beyond the inputs and
   // outputs: chunk buffers and the fp32 accumulators of 16-bit weight/bias gradients (a budget
   // too small for those accumulators selects a slower schedule that needs only small ones). On
@@ -62,8 +62,7 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
 // Recomputes the chunk logits and folds the per-row upstream gradient in before the products.
 void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
                         TensorView lse, TensorView grad_output, const LinearCeOptions& options,
-                        const LinearGradients& grads, Workspace workspace = {},
-                        Stream stream = {});
+                        const LinearGradients& grads, Workspace workspace = {}, Stream stream = {});
 
 // linear_ce_backward with the entropy term of ce.hpp's EntropyGradient (reduction none, lse of
 // the forward required): G = ∂loss/∂x + Σ_n g_H,n·∂H_n/∂x is formed in one pass per chunk.

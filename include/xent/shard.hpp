@@ -28,15 +28,15 @@ struct VocabShard {
 // argmax column holds the global column index bit-cast (int32 in fp32 records, int64 in fp64
 // records), so gathering moves it exactly; -1 when the slice is empty.
 enum CeShardColumn : int64_t {
-  kShardMax = 0,             // max of x̃ over the slice
-  kShardSumExp,              // Σ e^(x̃−max)
-  kShardSumExpShift,         // Σ e^(x̃−max)·(x̃−max)   (entropy)
-  kShardSumLogits,           // Σ x̃
-  kShardSumWeightedLogits,   // Σ w_i·x̃_i (w ≡ 1 without class weights)
-  kShardArgmax,              // first global column of the max (bit-cast)
-  kShardTargetLogit,         // x̃_y when y is in the slice, else 0
-  kShardTargetWeight,        // w_y (1 unweighted) when y is in the slice, else 0
-  kShardClassWeightSum,      // Σ w_i over the slice (its column count unweighted)
+  kShardMax = 0,            // max of x̃ over the slice
+  kShardSumExp,             // Σ e^(x̃−max)
+  kShardSumExpShift,        // Σ e^(x̃−max)·(x̃−max)   (entropy)
+  kShardSumLogits,          // Σ x̃
+  kShardSumWeightedLogits,  // Σ w_i·x̃_i (w ≡ 1 without class weights)
+  kShardArgmax,             // first global column of the max (bit-cast)
+  kShardTargetLogit,        // x̃_y when y is in the slice, else 0
+  kShardTargetWeight,       // w_y (1 unweighted) when y is in the slice, else 0
+  kShardClassWeightSum,     // Σ w_i over the slice (its column count unweighted)
   kCeShardStatsWidth
 };
 
@@ -59,9 +59,8 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
 // logits and grad_logits [n, Vl] may be a block of rows [first_row, first_row + n) of the batch
 // that target, gathered, row_weight and grad_output describe (the row chunks of a sharded
 // linear_ce): the mean divisors D and N_valid are always those of the whole batch.
-void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
-                       TensorView gathered, TensorView grad_output, const CeOptions& options,
-                       TensorView grad_logits, int64_t first_row = 0, Workspace workspace = {},
-                       Stream stream = {});
+void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard, TensorView gathered,
+                       TensorView grad_output, const CeOptions& options, TensorView grad_logits,
+                       int64_t first_row = 0, Workspace workspace = {}, Stream stream = {});
 
 }  // namespace xent

@@ -40,8 +40,8 @@ struct TensorView {
 // Inputs are taken through the same view type as outputs; xent never writes an input.
 inline TensorView matrix(const void* data, DType dtype, int64_t rows, int64_t cols,
                          int64_t row_stride = -1, Device device = {}) {
-  return TensorView{const_cast<void*>(data), dtype, 2, rows, cols,
-                    row_stride < 0 ? cols : row_stride, device};
+  return TensorView{
+      const_cast<void*>(data), dtype, 2, rows, cols, row_stride < 0 ? cols : row_stride, device};
 }
 inline TensorView vector(const void* data, DType dtype, int64_t length, Device device = {}) {
   return TensorView{const_cast<void*>(data), dtype, 1, length, 1, 1, device};

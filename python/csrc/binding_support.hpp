@@ -78,9 +78,8 @@ CeOptions make_ce_options(const char* function, int64_t ignore_index, c10::strin
 
 // The hard-label term of a distillation sees the student through the same softcap as the soft
 // term, so one `softcap` argument configures both.
-DistillOptions make_distill_options(const char* function, c10::string_view kind,
-                                    double temperature, double beta,
-                                    c10::optional<double> softcap, double soft_weight,
+DistillOptions make_distill_options(const char* function, c10::string_view kind, double temperature,
+                                    double beta, c10::optional<double> softcap, double soft_weight,
                                     double hard_weight, int64_t ignore_index,
                                     c10::string_view reduction, double label_smoothing,
                                     double z_loss, const TensorView& class_weight);

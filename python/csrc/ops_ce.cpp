@@ -18,8 +18,8 @@ CeForwardOutputs run_ce_forward(const char* function, const Tensor& logits, cons
                                 const c10::optional<Tensor>& class_weight,
                                 const c10::optional<Tensor>& row_weight, int64_t ignore_index,
                                 c10::string_view reduction, double label_smoothing, double z_loss,
-                                c10::optional<double> softcap, double logit_scale,
-                                bool with_stats, const Tensor* grad_logits,
+                                c10::optional<double> softcap, double logit_scale, bool with_stats,
+                                const Tensor* grad_logits,
                                 const c10::optional<Tensor>& grad_scale) {
   c10::DeviceGuard guard(logits.device());
   const Tensor logits_rows = contiguous_rows(logits);
@@ -27,15 +27,15 @@ CeForwardOutputs run_ce_forward(const char* function, const Tensor& logits, cons
   const auto class_weight32 = as_fp32_vector(class_weight);
   const auto row_weight32 = as_fp32_vector(row_weight);
   const auto grad_scale32 = as_result_dtype(grad_scale, logits);
-  const CeOptions options = make_ce_options(
-      function, ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale,
-      optional_vector_view(class_weight32, function, "class_weight"),
-      optional_vector_view(row_weight32, function, "row_weight"));
+  const CeOptions options =
+      make_ce_options(function, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                      logit_scale, optional_vector_view(class_weight32, function, "class_weight"),
+                      optional_vector_view(row_weight32, function, "row_weight"));
   const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
   const int64_t vocab = logits.dim() == 2 ? logits.size(1) : 0;
 
-  const LossOutputs outputs = make_loss_outputs(function, logits, options.reduction, rows,
-                                                with_stats);
+  const LossOutputs outputs =
+      make_loss_outputs(function, logits, options.reduction, rows, with_stats);
   CeOutputs out;
   out.loss = outputs.loss_view;
   out.stats = outputs.stats;
@@ -54,8 +54,7 @@ CeForwardOutputs ce_forward_op(const Tensor& logits, const Tensor& target,
                                const c10::optional<Tensor>& class_weight,
                                const c10::optional<Tensor>& row_weight, int64_t ignore_index,
                                c10::string_view reduction, double label_smoothing, double z_loss,
-                               c10::optional<double> softcap, double logit_scale,
-                               bool with_stats) {
+                               c10::optional<double> softcap, double logit_scale, bool with_stats) {
   return translate_errors([&] {
     return run_ce_forward("ce_forward", logits, target, class_weight, row_weight, ignore_index,
                           reduction, label_smoothing, z_loss, softcap, logit_scale, with_stats,
@@ -195,8 +194,11 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "Tensor grad_logprob, Tensor? grad_entropy, int ignore_index, float? softcap, "
       "float logit_scale) -> Tensor");
   xent::torch_binding::impl_on_devices(m, "ce_forward", &xent::torch_binding::ce_forward_op);
-  xent::torch_binding::impl_on_devices(m, "ce_forward_grad", &xent::torch_binding::ce_forward_grad_op);
-  xent::torch_binding::impl_on_devices(m, "ce_forward_grad_inplace", &xent::torch_binding::ce_forward_grad_inplace_op);
+  xent::torch_binding::impl_on_devices(m, "ce_forward_grad",
+                                       &xent::torch_binding::ce_forward_grad_op);
+  xent::torch_binding::impl_on_devices(m, "ce_forward_grad_inplace",
+                                       &xent::torch_binding::ce_forward_grad_inplace_op);
   xent::torch_binding::impl_on_devices(m, "ce_backward", &xent::torch_binding::ce_backward_op);
-  xent::torch_binding::impl_on_devices(m, "ce_logprob_backward", &xent::torch_binding::ce_logprob_backward_op);
+  xent::torch_binding::impl_on_devices(m, "ce_logprob_backward",
+                                       &xent::torch_binding::ce_logprob_backward_op);
 }

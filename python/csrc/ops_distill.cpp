@@ -34,9 +34,8 @@ DistillCall prepare_distill(const char* function, const Tensor& student, const T
   call.target_vector = target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
   call.class_weight32 = as_fp32_vector(class_weight);
   call.options = make_distill_options(
-      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-      reduction, label_smoothing, z_loss,
-      optional_vector_view(call.class_weight32, function, "class_weight"));
+      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+      label_smoothing, z_loss, optional_vector_view(call.class_weight32, function, "class_weight"));
   call.student_view = matrix_view(call.student_rows, function, "student");
   call.teacher_view = matrix_view(call.teacher_rows, function, "teacher");
   call.target_view = optional_vector_view(call.target_vector, function, "target");
@@ -59,10 +58,9 @@ Tensor run_distill_forward(const Tensor& student, const Tensor& teacher,
                            const Tensor* grad_student, const c10::optional<Tensor>& grad_scale) {
   constexpr const char* function = "distill_forward";
   c10::DeviceGuard guard(student.device());
-  const DistillCall call =
-      prepare_distill(function, student, teacher, target, class_weight, kind, temperature, beta,
-                      softcap, soft_weight, hard_weight, ignore_index, reduction,
-                      label_smoothing, z_loss);
+  const DistillCall call = prepare_distill(function, student, teacher, target, class_weight, kind,
+                                           temperature, beta, softcap, soft_weight, hard_weight,
+                                           ignore_index, reduction, label_smoothing, z_loss);
   const auto grad_scale32 = as_result_dtype(grad_scale, student);
   const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
   Tensor loss = new_loss(student, call.options.ce.reduction, rows);
@@ -107,12 +105,14 @@ std::tuple<Tensor, Tensor> distill_forward_grad_op(
 }
 
 // The gradient written over the student logits (no N×V memory added).
-Tensor distill_forward_grad_inplace_op(
-    const Tensor& student, const Tensor& teacher, const c10::optional<Tensor>& target,
-    const c10::optional<Tensor>& class_weight, c10::string_view kind, double temperature,
-    double beta, c10::optional<double> softcap, double soft_weight, double hard_weight,
-    int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
-    const c10::optional<Tensor>& grad_scale) {
+Tensor distill_forward_grad_inplace_op(const Tensor& student, const Tensor& teacher,
+                                       const c10::optional<Tensor>& target,
+                                       const c10::optional<Tensor>& class_weight,
+                                       c10::string_view kind, double temperature, double beta,
+                                       c10::optional<double> softcap, double soft_weight,
+                                       double hard_weight, int64_t ignore_index,
+                                       c10::string_view reduction, double label_smoothing,
+                                       double z_loss, const c10::optional<Tensor>& grad_scale) {
   return translate_errors([&] {
     require_in_place_rows("distill_forward", "student", student);
     return run_distill_forward(student, teacher, target, class_weight, kind, temperature, beta,
@@ -130,10 +130,9 @@ Tensor distill_backward_op(const Tensor& student, const Tensor& teacher,
   constexpr const char* function = "distill_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(student.device());
-    const DistillCall call =
-        prepare_distill(function, student, teacher, target, class_weight, kind, temperature,
-                        beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
-                        label_smoothing, z_loss);
+    const DistillCall call = prepare_distill(function, student, teacher, target, class_weight, kind,
+                                             temperature, beta, softcap, soft_weight, hard_weight,
+                                             ignore_index, reduction, label_smoothing, z_loss);
     const Tensor grad_output32 = grad_output.to(result_dtype(student)).contiguous();
     Tensor grad_student = at::empty(call.student_rows.sizes(), student.options());
     distill_backward(call.student_view, call.teacher_view, call.target_view,
@@ -168,8 +167,12 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "Tensor? class_weight, str kind, float temperature, float beta, float? softcap, "
       "float soft_weight, float hard_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss) -> Tensor");
-  xent::torch_binding::impl_on_devices(m, "distill_forward", &xent::torch_binding::distill_forward_op);
-  xent::torch_binding::impl_on_devices(m, "distill_forward_grad", &xent::torch_binding::distill_forward_grad_op);
-  xent::torch_binding::impl_on_devices(m, "distill_forward_grad_inplace", &xent::torch_binding::distill_forward_grad_inplace_op);
-  xent::torch_binding::impl_on_devices(m, "distill_backward", &xent::torch_binding::distill_backward_op);
+  xent::torch_binding::impl_on_devices(m, "distill_forward",
+                                       &xent::torch_binding::distill_forward_op);
+  xent::torch_binding::impl_on_devices(m, "distill_forward_grad",
+                                       &xent::torch_binding::distill_forward_grad_op);
+  xent::torch_binding::impl_on_devices(m, "distill_forward_grad_inplace",
+                                       &xent::torch_binding::distill_forward_grad_inplace_op);
+  xent::torch_binding::impl_on_devices(m, "distill_backward",
+                                       &xent::torch_binding::distill_backward_op);
 }

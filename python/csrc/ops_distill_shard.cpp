@@ -31,9 +31,9 @@ ShardSlices prepare_slices(const char* function, const Tensor& student, const Te
   s.teacher_rows = contiguous_rows(teacher);
   s.target_vector = target.has_value() ? c10::optional<Tensor>(target->contiguous()) : target;
   s.class_weight32 = as_fp32_vector(class_weight);
-  s.options = make_distill_options(function, kind, temperature, beta, softcap, soft_weight,
-                                   hard_weight, ignore_index, reduction, label_smoothing, z_loss,
-                                   optional_vector_view(s.class_weight32, function, "class_weight"));
+  s.options = make_distill_options(
+      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+      label_smoothing, z_loss, optional_vector_view(s.class_weight32, function, "class_weight"));
   s.student = matrix_view(s.student_rows, function, "student");
   s.teacher = matrix_view(s.teacher_rows, function, "teacher");
   s.target = optional_vector_view(s.target_vector, function, "target");
@@ -52,10 +52,10 @@ c10::optional<Tensor> contiguous_optional(const c10::optional<Tensor>& tensor) {
 Tensor distill_shard_stats_op(const Tensor& student, const Tensor& teacher,
                               const c10::optional<Tensor>& target,
                               const c10::optional<Tensor>& class_weight, int64_t vocab_offset,
-                              int64_t vocab, c10::string_view kind, double temperature,
-                              double beta, c10::optional<double> softcap, double soft_weight,
-                              double hard_weight, int64_t ignore_index,
-                              c10::string_view reduction, double label_smoothing, double z_loss) {
+                              int64_t vocab, c10::string_view kind, double temperature, double beta,
+                              c10::optional<double> softcap, double soft_weight, double hard_weight,
+                              int64_t ignore_index, c10::string_view reduction,
+                              double label_smoothing, double z_loss) {
   return translate_errors([&] {
     const char* function = "distill_shard_stats";
     c10::DeviceGuard guard(student.device());
@@ -102,9 +102,9 @@ Tensor distill_shard_sums_op(const Tensor& student, const Tensor& teacher,
 Tensor distill_shard_loss_op(const Tensor& gathered, const c10::optional<Tensor>& gathered_sums,
                              const c10::optional<Tensor>& target, int64_t rows, int64_t vocab,
                              c10::string_view kind, double temperature, double beta,
-                             c10::optional<double> softcap, double soft_weight,
-                             double hard_weight, int64_t ignore_index,
-                             c10::string_view reduction, double label_smoothing, double z_loss) {
+                             c10::optional<double> softcap, double soft_weight, double hard_weight,
+                             int64_t ignore_index, c10::string_view reduction,
+                             double label_smoothing, double z_loss) {
   return translate_errors([&] {
     const char* function = "distill_shard_loss";
     c10::DeviceGuard guard(gathered.device());
@@ -126,16 +126,13 @@ Tensor distill_shard_loss_op(const Tensor& gathered, const c10::optional<Tensor>
   });
 }
 
-Tensor distill_shard_backward_op(const Tensor& student, const Tensor& teacher,
-                                 const c10::optional<Tensor>& target, const Tensor& gathered,
-                                 const c10::optional<Tensor>& gathered_sums,
-                                 const Tensor& grad_output,
-                                 const c10::optional<Tensor>& class_weight, int64_t vocab_offset,
-                                 int64_t vocab, c10::string_view kind, double temperature,
-                                 double beta, c10::optional<double> softcap, double soft_weight,
-                                 double hard_weight, int64_t ignore_index,
-                                 c10::string_view reduction, double label_smoothing,
-                                 double z_loss) {
+Tensor distill_shard_backward_op(
+    const Tensor& student, const Tensor& teacher, const c10::optional<Tensor>& target,
+    const Tensor& gathered, const c10::optional<Tensor>& gathered_sums, const Tensor& grad_output,
+    const c10::optional<Tensor>& class_weight, int64_t vocab_offset, int64_t vocab,
+    c10::string_view kind, double temperature, double beta, c10::optional<double> softcap,
+    double soft_weight, double hard_weight, int64_t ignore_index, c10::string_view reduction,
+    double label_smoothing, double z_loss) {
   return translate_errors([&] {
     const char* function = "distill_shard_backward";
     c10::DeviceGuard guard(student.device());
@@ -162,22 +159,30 @@ Tensor distill_shard_backward_op(const Tensor& student, const Tensor& teacher,
 }  // namespace
 }  // namespace xent::torch_binding
 
-#define XENT_DISTILL_OPTIONS                                                                   \
-  "str kind, float temperature, float beta, float? softcap, float soft_weight, "               \
+#define XENT_DISTILL_OPTIONS                                                     \
+  "str kind, float temperature, float beta, float? softcap, float soft_weight, " \
   "float hard_weight, int ignore_index, str reduction, float label_smoothing, float z_loss"
 
 TORCH_LIBRARY_FRAGMENT(xent, m) {
-  m.def("distill_shard_stats(Tensor student, Tensor teacher, Tensor? target, "
-        "Tensor? class_weight, int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
-  m.def("distill_shard_sums(Tensor student, Tensor teacher, Tensor? target, Tensor gathered, "
-        "int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
-  m.def("distill_shard_loss(Tensor gathered, Tensor? gathered_sums, Tensor? target, int rows, "
-        "int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
-  m.def("distill_shard_backward(Tensor student, Tensor teacher, Tensor? target, "
-        "Tensor gathered, Tensor? gathered_sums, Tensor grad_output, Tensor? class_weight, "
-        "int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
-  xent::torch_binding::impl_on_devices(m, "distill_shard_stats", &xent::torch_binding::distill_shard_stats_op);
-  xent::torch_binding::impl_on_devices(m, "distill_shard_sums", &xent::torch_binding::distill_shard_sums_op);
-  xent::torch_binding::impl_on_devices(m, "distill_shard_loss", &xent::torch_binding::distill_shard_loss_op);
-  xent::torch_binding::impl_on_devices(m, "distill_shard_backward", &xent::torch_binding::distill_shard_backward_op);
+  m.def(
+      "distill_shard_stats(Tensor student, Tensor teacher, Tensor? target, "
+      "Tensor? class_weight, int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
+  m.def(
+      "distill_shard_sums(Tensor student, Tensor teacher, Tensor? target, Tensor gathered, "
+      "int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
+  m.def(
+      "distill_shard_loss(Tensor gathered, Tensor? gathered_sums, Tensor? target, int rows, "
+      "int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
+  m.def(
+      "distill_shard_backward(Tensor student, Tensor teacher, Tensor? target, "
+      "Tensor gathered, Tensor? gathered_sums, Tensor grad_output, Tensor? class_weight, "
+      "int vocab_offset, int vocab, " XENT_DISTILL_OPTIONS ") -> Tensor");
+  xent::torch_binding::impl_on_devices(m, "distill_shard_stats",
+                                       &xent::torch_binding::distill_shard_stats_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_sums",
+                                       &xent::torch_binding::distill_shard_sums_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_loss",
+                                       &xent::torch_binding::distill_shard_loss_op);
+  xent::torch_binding::impl_on_devices(m, "distill_shard_backward",
+                                       &xent::torch_binding::distill_shard_backward_op);
 }

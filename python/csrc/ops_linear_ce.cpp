@@ -65,16 +65,16 @@ GradientBuffers make_gradients(const char* function, const LinearInputs& inputs,
                                const c10::optional<Tensor>& accumulate_into = c10::nullopt) {
   GradientBuffers grads;
   const auto none = [&](const Tensor& like) { return at::empty({0}, like.options()); };
-  grads.hidden = grad_hidden ? at::empty(inputs.hidden.sizes(), inputs.hidden.options())
-                             : none(inputs.hidden);
+  grads.hidden =
+      grad_hidden ? at::empty(inputs.hidden.sizes(), inputs.hidden.options()) : none(inputs.hidden);
   const auto weight_options =
       inputs.weight.options().dtype(weight_grad_dtype.value_or(inputs.weight.scalar_type()));
   const bool added = grad_weight && accumulate_into.has_value();
   grads.weight = grad_weight && !added ? at::empty(inputs.weight.sizes(), weight_options)
                                        : none(inputs.weight);
   const bool with_bias = grad_bias && inputs.bias.has_value();
-  grads.bias = with_bias ? at::empty(inputs.bias->sizes(), inputs.bias->options())
-                         : none(inputs.weight);
+  grads.bias =
+      with_bias ? at::empty(inputs.bias->sizes(), inputs.bias->options()) : none(inputs.weight);
   if (grad_hidden) grads.views.hidden = matrix_view(grads.hidden, function, "grad_hidden");
   if (added) {
     // The core adds where the tensor is: a copy would take the gradient and be dropped.
@@ -135,9 +135,9 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
     const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
     const bool with_gradients = grad_hidden || grad_weight || grad_bias;
-    const std::size_t bytes = linear_ce_workspace_size(
-        rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, cached_options,
-        hidden_view.device, with_gradients);
+    const std::size_t bytes =
+        linear_ce_workspace_size(rows, hidden_view.cols, weight_view.rows, hidden_view.dtype,
+                                 cached_options, hidden_view.device, with_gradients);
     auto [buffer, workspace] = allocate_workspace(hidden, bytes);
     linear_ce_forward(hidden_view, weight_view, optional_vector_view(inputs.bias, function, "bias"),
                       vector_view(inputs.target, function, "target"), cached_options, out,
@@ -163,9 +163,9 @@ std::tuple<Tensor, Tensor, Tensor> run_linear_backward(
   const TensorView hidden_view = matrix_view(inputs.hidden, function, "hidden");
   const TensorView weight_view = matrix_view(inputs.weight, function, "weight");
   const int64_t rows = inputs.hidden.dim() >= 1 ? inputs.hidden.size(0) : 0;
-  const std::size_t bytes = linear_ce_workspace_size(
-      rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options, hidden_view.device,
-      true);
+  const std::size_t bytes =
+      linear_ce_workspace_size(rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options,
+                               hidden_view.device, true);
   auto [buffer, workspace] = allocate_workspace(inputs.hidden, bytes);
   linear_ce_backward(hidden_view, weight_view, optional_vector_view(inputs.bias, function, "bias"),
                      vector_view(inputs.target, function, "target"),
@@ -181,9 +181,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     const c10::optional<Tensor>& class_weight, const c10::optional<Tensor>& row_weight,
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
-    bool grad_hidden, bool grad_weight, bool grad_bias,
-    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype,
-    const c10::optional<Tensor>& accumulate_into) {
+    bool grad_hidden, bool grad_weight, bool grad_bias, const c10::optional<Tensor>& logits_cache,
+    c10::optional<at::ScalarType> weight_grad_dtype, const c10::optional<Tensor>& accumulate_into) {
   constexpr const char* function = "linear_ce_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -194,10 +193,9 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
-    return run_linear_backward(function, inputs, options, lse,
-                               grad_output.to(result_dtype(hidden)).contiguous(), EntropyGradient{},
-                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype,
-                               accumulate_into);
+    return run_linear_backward(
+        function, inputs, options, lse, grad_output.to(result_dtype(hidden)).contiguous(),
+        EntropyGradient{}, grad_hidden, grad_weight, grad_bias, weight_grad_dtype, accumulate_into);
   });
 }
 
@@ -240,18 +238,18 @@ void linear_ce_accumulate_correction_op(
 std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
     const Tensor& target, const Tensor& lse, const Tensor& entropy, const Tensor& grad_logprob,
-    const c10::optional<Tensor>& grad_entropy, int64_t ignore_index,
-    c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
-    bool grad_hidden, bool grad_weight, bool grad_bias,
-    const c10::optional<Tensor>& logits_cache, c10::optional<at::ScalarType> weight_grad_dtype) {
+    const c10::optional<Tensor>& grad_entropy, int64_t ignore_index, c10::optional<double> softcap,
+    double logit_scale, int64_t workspace_bytes, bool fp32_logits, bool grad_hidden,
+    bool grad_weight, bool grad_bias, const c10::optional<Tensor>& logits_cache,
+    c10::optional<at::ScalarType> weight_grad_dtype) {
   constexpr const char* function = "linear_logprob_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
-    const LinearInputs inputs = prepare_inputs(hidden, weight, bias, target, c10::nullopt,
-                                               c10::nullopt);
+    const LinearInputs inputs =
+        prepare_inputs(hidden, weight, bias, target, c10::nullopt, c10::nullopt);
     LinearCeOptions options =
-        make_linear_options(function, inputs, ignore_index, "none", 0.0, 0.0, softcap,
-                            logit_scale, workspace_bytes, fp32_logits);
+        make_linear_options(function, inputs, ignore_index, "none", 0.0, 0.0, softcap, logit_scale,
+                            workspace_bytes, fp32_logits);
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
     const Tensor entropy_vector = entropy.contiguous();
@@ -261,9 +259,9 @@ std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
       entropy_gradient.entropy = vector_view(entropy_vector, function, "entropy");
       entropy_gradient.grad = vector_view(*grad_entropy32, function, "grad_entropy");
     }
-    return run_linear_backward(function, inputs, options, lse,
-                               grad_logprob.to(result_dtype(hidden)).neg().contiguous(), entropy_gradient,
-                               grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
+    return run_linear_backward(
+        function, inputs, options, lse, grad_logprob.to(result_dtype(hidden)).neg().contiguous(),
+        entropy_gradient, grad_hidden, grad_weight, grad_bias, weight_grad_dtype);
   });
 }
 
@@ -298,8 +296,12 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float? softcap, float logit_scale, int workspace_bytes, bool fp32_logits, "
       "bool grad_hidden, bool grad_weight, bool grad_bias, Tensor? logits_cache, "
       "ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor)");
-  xent::torch_binding::impl_on_devices(m, "linear_ce_forward", &xent::torch_binding::linear_ce_forward_op);
-  xent::torch_binding::impl_on_devices(m, "linear_ce_backward", &xent::torch_binding::linear_ce_backward_op);
-  xent::torch_binding::impl_on_devices(m, "linear_ce_accumulate_correction", &xent::torch_binding::linear_ce_accumulate_correction_op);
-  xent::torch_binding::impl_on_devices(m, "linear_logprob_backward", &xent::torch_binding::linear_logprob_backward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_ce_forward",
+                                       &xent::torch_binding::linear_ce_forward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_ce_backward",
+                                       &xent::torch_binding::linear_ce_backward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_ce_accumulate_correction",
+                                       &xent::torch_binding::linear_ce_accumulate_correction_op);
+  xent::torch_binding::impl_on_devices(m, "linear_logprob_backward",
+                                       &xent::torch_binding::linear_logprob_backward_op);
 }

@@ -49,15 +49,15 @@ struct StudentGradients {
   LinearGradients views;
 };
 
-StudentGradients make_gradients(const char* function, const DistillInputs& inputs,
-                                bool grad_hidden, bool grad_weight) {
+StudentGradients make_gradients(const char* function, const DistillInputs& inputs, bool grad_hidden,
+                                bool grad_weight) {
   StudentGradients grads;
   const Tensor& hidden = inputs.student_hidden;
   const Tensor& weight = inputs.student_weight;
-  grads.hidden = grad_hidden ? at::empty(hidden.sizes(), hidden.options())
-                             : at::empty({0}, hidden.options());
-  grads.weight = grad_weight ? at::empty(weight.sizes(), weight.options())
-                             : at::empty({0}, weight.options());
+  grads.hidden =
+      grad_hidden ? at::empty(hidden.sizes(), hidden.options()) : at::empty({0}, hidden.options());
+  grads.weight =
+      grad_weight ? at::empty(weight.sizes(), weight.options()) : at::empty({0}, weight.options());
   if (grad_hidden) grads.views.hidden = matrix_view(grads.hidden, function, "grad_hidden");
   if (grad_weight) grads.views.weight = matrix_view(grads.weight, function, "grad_weight");
   return grads;
@@ -80,13 +80,12 @@ LinearDistillOptions make_options(const char* function, const DistillInputs& inp
                                   c10::string_view kind, double temperature, double beta,
                                   c10::optional<double> softcap, double soft_weight,
                                   double hard_weight, int64_t ignore_index,
-                                  c10::string_view reduction, double label_smoothing,
-                                  double z_loss, int64_t workspace_bytes, bool fp32_logits) {
+                                  c10::string_view reduction, double label_smoothing, double z_loss,
+                                  int64_t workspace_bytes, bool fp32_logits) {
   LinearDistillOptions options;
   options.distill = make_distill_options(
-      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
-      reduction, label_smoothing, z_loss,
-      optional_vector_view(inputs.class_weight, function, "class_weight"));
+      function, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+      label_smoothing, z_loss, optional_vector_view(inputs.class_weight, function, "class_weight"));
   options.workspace_budget = workspace_budget(workspace_bytes, options.workspace_budget);
   options.fp32_logits = fp32_logits;
   return options;
@@ -103,13 +102,12 @@ std::tuple<Tensor, Tensor, Tensor> linear_distill_forward_op(
   constexpr const char* function = "linear_distill_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(student_hidden.device());
-    const DistillInputs inputs = prepare_inputs(student_hidden, student_weight, teacher_logits,
-                                                teacher_hidden, teacher_weight, target,
-                                                class_weight);
-    const LinearDistillOptions options =
-        make_options(function, inputs, kind, temperature, beta, softcap, soft_weight,
-                     hard_weight, ignore_index, reduction, label_smoothing, z_loss,
-                     workspace_bytes, fp32_logits);
+    const DistillInputs inputs =
+        prepare_inputs(student_hidden, student_weight, teacher_logits, teacher_hidden,
+                       teacher_weight, target, class_weight);
+    const LinearDistillOptions options = make_options(
+        function, inputs, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+        reduction, label_smoothing, z_loss, workspace_bytes, fp32_logits);
     const int64_t rows = student_hidden.dim() >= 1 ? student_hidden.size(0) : 0;
     Tensor loss = new_loss(student_hidden, options.distill.ce.reduction, rows);
     StudentGradients grads = make_gradients(function, inputs, grad_hidden, grad_weight);
@@ -119,8 +117,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_distill_forward_op(
 
     const TensorView hidden_view = matrix_view(inputs.student_hidden, function, "student_hidden");
     const TensorView weight_view = matrix_view(inputs.student_weight, function, "student_weight");
-    const std::size_t bytes = workspace_bytes_for(inputs, options, hidden_view, weight_view,
-                                                  grad_hidden || grad_weight);
+    const std::size_t bytes =
+        workspace_bytes_for(inputs, options, hidden_view, weight_view, grad_hidden || grad_weight);
     auto [buffer, workspace] = allocate_workspace(student_hidden, bytes);
     linear_distill_forward(hidden_view, weight_view, teacher_views(function, inputs),
                            optional_vector_view(inputs.target, function, "target"), options, out,
@@ -136,18 +134,16 @@ std::tuple<Tensor, Tensor> linear_distill_backward_op(
     const Tensor& grad_output, const c10::optional<Tensor>& class_weight, c10::string_view kind,
     double temperature, double beta, c10::optional<double> softcap, double soft_weight,
     double hard_weight, int64_t ignore_index, c10::string_view reduction, double label_smoothing,
-    double z_loss, int64_t workspace_bytes, bool fp32_logits, bool grad_hidden,
-    bool grad_weight) {
+    double z_loss, int64_t workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight) {
   constexpr const char* function = "linear_distill_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(student_hidden.device());
-    const DistillInputs inputs = prepare_inputs(student_hidden, student_weight, teacher_logits,
-                                                teacher_hidden, teacher_weight, target,
-                                                class_weight);
-    const LinearDistillOptions options =
-        make_options(function, inputs, kind, temperature, beta, softcap, soft_weight,
-                     hard_weight, ignore_index, reduction, label_smoothing, z_loss,
-                     workspace_bytes, fp32_logits);
+    const DistillInputs inputs =
+        prepare_inputs(student_hidden, student_weight, teacher_logits, teacher_hidden,
+                       teacher_weight, target, class_weight);
+    const LinearDistillOptions options = make_options(
+        function, inputs, kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
+        reduction, label_smoothing, z_loss, workspace_bytes, fp32_logits);
     const Tensor grad_output32 = grad_output.to(result_dtype(student_hidden)).contiguous();
     StudentGradients grads = make_gradients(function, inputs, grad_hidden, grad_weight);
 
@@ -181,6 +177,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float? softcap, float soft_weight, float hard_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, int workspace_bytes, bool fp32_logits, "
       "bool grad_hidden, bool grad_weight) -> (Tensor, Tensor)");
-  xent::torch_binding::impl_on_devices(m, "linear_distill_forward", &xent::torch_binding::linear_distill_forward_op);
-  xent::torch_binding::impl_on_devices(m, "linear_distill_backward", &xent::torch_binding::linear_distill_backward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_distill_forward",
+                                       &xent::torch_binding::linear_distill_forward_op);
+  xent::torch_binding::impl_on_devices(m, "linear_distill_backward",
+                                       &xent::torch_binding::linear_distill_backward_op);
 }

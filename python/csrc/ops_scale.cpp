@@ -13,9 +13,9 @@ void scale_op(const at::Tensor& data, const at::Tensor& factor) {
     c10::DeviceGuard guard(data.device());
     require_in_place_rows(function, "data", data.dim() == 1 ? data.unsqueeze(0) : data);
     const at::Tensor factor32 = factor.to(at::kFloat).reshape({});
-    scale_in_place(data.dim() == 1 ? vector_view(data, function, "data")
-                                   : matrix_view(data, function, "data"),
-                   vector_view(factor32, function, "factor"), current_stream(data));
+    scale_in_place(
+        data.dim() == 1 ? vector_view(data, function, "data") : matrix_view(data, function, "data"),
+        vector_view(factor32, function, "factor"), current_stream(data));
   });
 }
 

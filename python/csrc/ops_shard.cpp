@@ -18,7 +18,8 @@ CeOptions shard_options(const char* function, const c10::optional<Tensor>& class
                         c10::string_view reduction, double label_smoothing, double z_loss,
                         c10::optional<double> softcap, double logit_scale) {
   return make_ce_options(function, ignore_index, reduction, label_smoothing, z_loss, softcap,
-                         logit_scale, optional_vector_view(class_weight32, function, "class_weight"),
+                         logit_scale,
+                         optional_vector_view(class_weight32, function, "class_weight"),
                          optional_vector_view(row_weight32, function, "row_weight"));
 }
 
@@ -34,9 +35,9 @@ Tensor ce_shard_stats_op(const Tensor& logits, const Tensor& target,
     const Tensor logits_rows = contiguous_rows(logits);
     const Tensor target_vector = contiguous_vector(target);
     const auto class_weight32 = as_fp32_vector(class_weight);
-    const CeOptions options = shard_options(function, class_weight32, c10::nullopt, ignore_index,
-                                            reduction, label_smoothing, z_loss, softcap,
-                                            logit_scale);
+    const CeOptions options =
+        shard_options(function, class_weight32, c10::nullopt, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap, logit_scale);
     const int64_t rows = logits.dim() >= 1 ? logits.size(0) : 0;
     const auto dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     Tensor partial = at::empty({rows, kCeShardStatsWidth}, logits.options().dtype(dtype));
@@ -59,9 +60,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_shard_loss
     const Tensor records = gathered.contiguous();
     const Tensor target_vector = contiguous_vector(target);
     const auto row_weight32 = as_fp32_vector(row_weight);
-    const CeOptions options = shard_options(function, c10::nullopt, row_weight32, ignore_index,
-                                            reduction, label_smoothing, z_loss, softcap,
-                                            logit_scale);
+    const CeOptions options =
+        shard_options(function, c10::nullopt, row_weight32, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap, logit_scale);
     const int64_t rows = target.dim() == 1 ? target.size(0) : 0;
     const auto f32 = gathered.options().dtype(result_dtype(gathered));
     Tensor loss = new_loss(records, options.reduction, rows);
@@ -86,8 +87,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> ce_shard_loss
     const TensorView records_view = matrix_view(records, function, "gathered");
     auto [buffer, workspace] =
         allocate_workspace(records, ce_shard_workspace_size(rows, records_view.device));
-    ce_shard_loss(records_view, vector_view(target_vector, function, "target"), {0, vocab},
-                  options, out, workspace, current_stream(records));
+    ce_shard_loss(records_view, vector_view(target_vector, function, "target"), {0, vocab}, options,
+                  out, workspace, current_stream(records));
     return std::make_tuple(loss, lse, logprob, entropy, argmax, accuracy, z_loss_value);
   });
 }
@@ -96,8 +97,7 @@ Tensor ce_shard_backward_op(const Tensor& logits, const Tensor& target, const Te
                             const Tensor& grad_output, const c10::optional<Tensor>& class_weight,
                             const c10::optional<Tensor>& row_weight, int64_t vocab_offset,
                             int64_t vocab, int64_t first_row, int64_t ignore_index,
-                            c10::string_view reduction,
-                            double label_smoothing, double z_loss,
+                            c10::string_view reduction, double label_smoothing, double z_loss,
                             c10::optional<double> softcap, double logit_scale) {
   return translate_errors([&] {
     const char* function = "ce_shard_backward";
@@ -108,9 +108,9 @@ Tensor ce_shard_backward_op(const Tensor& logits, const Tensor& target, const Te
     const Tensor grad_output32 = grad_output.to(result_dtype(logits)).contiguous();
     const auto class_weight32 = as_fp32_vector(class_weight);
     const auto row_weight32 = as_fp32_vector(row_weight);
-    const CeOptions options = shard_options(function, class_weight32, row_weight32, ignore_index,
-                                            reduction, label_smoothing, z_loss, softcap,
-                                            logit_scale);
+    const CeOptions options =
+        shard_options(function, class_weight32, row_weight32, ignore_index, reduction,
+                      label_smoothing, z_loss, softcap, logit_scale);
     const int64_t rows = target.dim() == 1 ? target.size(0) : 0;
     Tensor grad_logits = at::empty(logits_rows.sizes(), logits.options());
     const TensorView logits_view = matrix_view(logits_rows, function, "logits");
@@ -144,7 +144,9 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "int ignore_index, "
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale) "
       "-> Tensor");
-  xent::torch_binding::impl_on_devices(m, "ce_shard_stats", &xent::torch_binding::ce_shard_stats_op);
+  xent::torch_binding::impl_on_devices(m, "ce_shard_stats",
+                                       &xent::torch_binding::ce_shard_stats_op);
   xent::torch_binding::impl_on_devices(m, "ce_shard_loss", &xent::torch_binding::ce_shard_loss_op);
-  xent::torch_binding::impl_on_devices(m, "ce_shard_backward", &xent::torch_binding::ce_shard_backward_op);
+  xent::torch_binding::impl_on_devices(m, "ce_shard_backward",
+                                       &xent::torch_binding::ce_shard_backward_op);
 }

@@ -8,15 +8,19 @@ namespace xent::api {
 
 std::string shape_string(const TensorView& view) {
   switch (view.ndim) {
-    case -1: return "an absent tensor";
-    case 0: return "a scalar []";
-    case 1: return bracketed(view.rows);
+    case -1:
+      return "an absent tensor";
+    case 0:
+      return "a scalar []";
+    case 1:
+      return bracketed(view.rows);
     case 2: {
       std::string text = "[";
       text.append(std::to_string(view.rows)).append(", ").append(std::to_string(view.cols));
       return text.append("]");
     }
-    default: return std::to_string(view.ndim) + "-D tensor";
+    default:
+      return std::to_string(view.ndim) + "-D tensor";
   }
 }
 
@@ -46,8 +50,7 @@ std::string number_string(double value) {
 void ArgumentChecker::fail(const std::string& argument, const std::string& problem,
                            const std::string& got, const std::string& expected) const {
   throw Error(ErrorKind::invalid_argument, std::string(function_) + ": " + argument + " " +
-                                               problem + ": got " + got + "; expected " +
-                                               expected);
+                                               problem + ": got " + got + "; expected " + expected);
 }
 
 void ArgumentChecker::require_present(const TensorView& view, const char* name,
@@ -57,11 +60,12 @@ void ArgumentChecker::require_present(const TensorView& view, const char* name,
 
 void ArgumentChecker::require_absent(const TensorView& view, const char* name,
                                      const char* why) const {
-  if (view.present()) fail(name, "not allowed", shape_string(view), std::string("an absent tensor ") + why);
+  if (view.present())
+    fail(name, "not allowed", shape_string(view), std::string("an absent tensor ") + why);
 }
 
-void ArgumentChecker::matrix(const TensorView& view, const char* name, int64_t rows,
-                             int64_t cols, const std::string& what) const {
+void ArgumentChecker::matrix(const TensorView& view, const char* name, int64_t rows, int64_t cols,
+                             const std::string& what) const {
   if (view.ndim != 2 || view.rows < 0 || view.cols < 0 || (rows >= 0 && view.rows != rows) ||
       (cols >= 0 && view.cols != cols)) {
     fail(name, "has wrong shape", shape_string(view), what);
@@ -96,8 +100,7 @@ void ArgumentChecker::scalar(const TensorView& view, const char* name) const {
 void ArgumentChecker::loss_shaped(const TensorView& view, const char* name, Reduction reduction,
                                   int64_t rows) const {
   if (reduction == Reduction::none) {
-    vector(view, name, rows,
-           bracketed(rows, " (one value per row for reduction none)"));
+    vector(view, name, rows, bracketed(rows, " (one value per row for reduction none)"));
   } else {
     if (view.ndim != 0) {
       fail(name, "has wrong shape", shape_string(view),
@@ -174,9 +177,9 @@ void ArgumentChecker::no_overlap(const TensorView& output, const char* output_na
   if (exact && allow_in_place) return;
   fail(output_name, std::string("overlaps ") + input_name,
        exact ? "the same memory" : "a partial overlap",
-       allow_in_place ? std::string("exactly the memory of ") + input_name +
-                            " (in place) or no overlap"
-                      : std::string("no overlap with ") + input_name);
+       allow_in_place
+           ? std::string("exactly the memory of ") + input_name + " (in place) or no overlap"
+           : std::string("no overlap with ") + input_name);
 }
 
 void ArgumentChecker::in_unit_interval(double value, const char* name) const {
@@ -211,13 +214,13 @@ void ArgumentChecker::class_weights_valid(const TensorView& class_weight, int64_
 
 void ArgumentChecker::targets_in_range(const TensorView& target, int64_t vocab,
                                        int64_t ignore_index) const {
-  if (!target.present() || !on_cpu()) return;  // on a GPU the kernel flags them (docs/semantics.md §1)
+  if (!target.present() || !on_cpu())
+    return;  // on a GPU the kernel flags them (docs/semantics.md §1)
   for (int64_t n = 0; n < target.rows; ++n) {
     const int64_t y = target.dtype == DType::i32 ? static_cast<const int32_t*>(target.data)[n]
                                                  : static_cast<const int64_t*>(target.data)[n];
     if (y != ignore_index && (y < 0 || y >= vocab)) {
-      fail("target", "out of range",
-           "target[" + std::to_string(n) + "] = " + std::to_string(y),
+      fail("target", "out of range", "target[" + std::to_string(n) + "] = " + std::to_string(y),
            "a class index in [0, " + std::to_string(vocab) + ") or ignore_index (" +
                std::to_string(ignore_index) + ")");
     }
@@ -230,9 +233,9 @@ void require_backend(const char* function, Device device) {
   (void)device;
 #else
   if (device.kind == DeviceKind::cuda) {
-    throw Error(ErrorKind::runtime,
-                std::string(function) + ": device not available: got " + device_string(device) +
-                    "; expected a CPU tensor (xent was built without CUDA)");
+    throw Error(ErrorKind::runtime, std::string(function) + ": device not available: got " +
+                                        device_string(device) +
+                                        "; expected a CPU tensor (xent was built without CUDA)");
   }
 #endif
 }

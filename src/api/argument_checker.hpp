@@ -24,7 +24,8 @@ class ArgumentChecker {
   // `device` is the device of the op's primary input; every other tensor must be on it.
   // `input` is its dtype, which fixes the dtype of the op's results (see `result`).
   ArgumentChecker(const char* function, Device device, DType input = DType::f32)
-      : function_(function), device_(device),
+      : function_(function),
+        device_(device),
         result_dtype_(input == DType::f64 ? DType::f64 : DType::f32) {}
 
   const char* function() const { return function_; }
@@ -54,7 +55,9 @@ class ArgumentChecker {
   void floating_input(const TensorView& view, const char* name) const;
   void same_dtype(const TensorView& view, const char* name, const TensorView& reference,
                   const char* reference_name) const;
-  void fp32(const TensorView& view, const char* name) const { dtype_in(view, name, {DType::f32}, "float32"); }
+  void fp32(const TensorView& view, const char* name) const {
+    dtype_in(view, name, {DType::f32}, "float32");
+  }
   // Results (loss, statistics) and what comes back to them (grad_output, a saved lse) are float32
   // for fp32/bf16/fp16 inputs and float64 for float64 inputs: the op's compute type, so float64
   // math is never rounded to float32 on the way out (torch.autograd.gradcheck needs that).

@@ -90,9 +90,9 @@ void distill_shard_stats(TensorView student, TensorView teacher, TensorView targ
   cpu::distill_shard_stats(student, teacher, target, shard, options, partial, workspace, stream);
 }
 
-void distill_shard_sums(TensorView student, TensorView teacher, TensorView target,
-                        VocabShard shard, TensorView gathered, const DistillOptions& options,
-                        TensorView sums, Workspace workspace, Stream stream) {
+void distill_shard_sums(TensorView student, TensorView teacher, TensorView target, VocabShard shard,
+                        TensorView gathered, const DistillOptions& options, TensorView sums,
+                        Workspace workspace, Stream stream) {
   const api::ArgumentChecker check("distill_shard_sums", student.device, student.dtype);
   if (!distill_shard_needs_sums(options.kind)) {
     check.fail("kind", "has no pass-2 sums", distill_kind_name(options.kind),
@@ -165,8 +165,8 @@ void distill_shard_backward(TensorView student, TensorView teacher, TensorView t
                                         grad_output, options, grad_student, workspace, stream);
   }
 #endif
-  cpu::distill_shard_backward(student, teacher, target, shard, gathered, gathered_sums,
-                              grad_output, options, grad_student, workspace, stream);
+  cpu::distill_shard_backward(student, teacher, target, shard, gathered, gathered_sums, grad_output,
+                              options, grad_student, workspace, stream);
 }
 
 }  // namespace xent

@@ -46,8 +46,8 @@ void linear_ce_backward(TensorView hidden, TensorView weight, TensorView bias, T
                         TensorView lse, TensorView grad_output, const EntropyGradient& entropy,
                         const LinearCeOptions& options, const LinearGradients& grads,
                         Workspace workspace, Stream stream) {
-  api::validate_linear_ce_backward(hidden, weight, bias, target, lse, grad_output, options,
-                                   grads, workspace);
+  api::validate_linear_ce_backward(hidden, weight, bias, target, lse, grad_output, options, grads,
+                                   workspace);
   api::validate_entropy_gradient("linear_ce_backward", hidden.device, hidden.dtype, entropy, lse,
                                  options.ce.reduction, hidden.rows);
   api::require_backend("linear_ce_backward", hidden.device);

@@ -14,8 +14,8 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
   api::require_backend("linear_distill_workspace_size", device);
 #if defined(XENT_WITH_CUDA)
   if (device.kind == DeviceKind::cuda) {
-    return cuda::linear_distill_workspace_size(rows, student_hidden, teacher_hidden, vocab,
-                                               dtype, options, with_gradients);
+    return cuda::linear_distill_workspace_size(rows, student_hidden, teacher_hidden, vocab, dtype,
+                                               options, with_gradients);
   }
 #endif
   return cpu::linear_distill_workspace_size(rows, student_hidden, teacher_hidden, vocab, dtype,

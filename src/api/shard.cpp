@@ -24,7 +24,8 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
   api::check_shard(check, shard, logits.cols);
   api::check_target(check, target, logits.rows, "a [N] tensor", true);
   api::check_ce_options(check, options, logits.rows, logits.cols);
-  api::check_records(check, partial, "partial", logits.rows, kCeShardStatsWidth, false, logits.dtype);
+  api::check_records(check, partial, "partial", logits.rows, kCeShardStatsWidth, false,
+                     logits.dtype);
   check.same_device(partial, "partial");
   api::check_ce_values(check, TensorView{}, options, logits.cols);
   check.targets_in_range(target, shard.vocab, options.ignore_index);
@@ -60,7 +61,8 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
   api::check_ce_stats(check, out.stats, options.reduction, rows);
   check.require_absent(out.grad_logits, "grad_logits",
                        "ce_shard_loss reads no logits; use ce_shard_backward");
-  if (!check.on_cpu()) api::check_workspace(check, workspace, ce_shard_workspace_size(rows, gathered.device));
+  if (!check.on_cpu())
+    api::check_workspace(check, workspace, ce_shard_workspace_size(rows, gathered.device));
   check.targets_in_range(target, shard.vocab, options.ignore_index);
   api::require_backend("ce_shard_loss", gathered.device);
 #if defined(XENT_WITH_CUDA)
@@ -71,19 +73,19 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
   cpu::ce_shard_loss(gathered, target, shard, plain, out, workspace, stream);
 }
 
-void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
-                       TensorView gathered, TensorView grad_output, const CeOptions& options,
-                       TensorView grad_logits, int64_t first_row, Workspace workspace,
-                       Stream stream) {
+void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard, TensorView gathered,
+                       TensorView grad_output, const CeOptions& options, TensorView grad_logits,
+                       int64_t first_row, Workspace workspace, Stream stream) {
   const api::ArgumentChecker check("ce_shard_backward", logits.device, logits.dtype);
   api::check_logits(check, logits, "logits");
   const int64_t rows = target.present() ? target.rows : 0;
   api::check_shard(check, shard, logits.cols);
   api::check_target(check, target, rows, "a [N] tensor", true);
   if (first_row < 0 || first_row + logits.rows > rows) {
-    check.fail("first_row", "out of range",
-               std::to_string(first_row) + " with " + std::to_string(logits.rows) + " rows of logits",
-               "a block of rows inside the N = " + std::to_string(rows) + " rows of target");
+    check.fail(
+        "first_row", "out of range",
+        std::to_string(first_row) + " with " + std::to_string(logits.rows) + " rows of logits",
+        "a block of rows inside the N = " + std::to_string(rows) + " rows of target");
   }
   api::check_ce_options(check, options, rows, logits.cols);
   api::check_records(check, gathered, "gathered", rows, kCeShardStatsWidth, true, logits.dtype);
@@ -94,7 +96,8 @@ void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
                "the shape of logits " + api::shape_string(logits));
   check.same_dtype(grad_logits, "grad_logits", logits, "logits");
   check.no_overlap(grad_logits, "grad_logits", logits, "logits", true);
-  if (!check.on_cpu()) api::check_workspace(check, workspace, ce_shard_workspace_size(rows, logits.device));
+  if (!check.on_cpu())
+    api::check_workspace(check, workspace, ce_shard_workspace_size(rows, logits.device));
   api::check_ce_values(check, TensorView{}, options, logits.cols);
   check.targets_in_range(target, shard.vocab, options.ignore_index);
   api::require_backend("ce_shard_backward", logits.device);

@@ -15,7 +15,7 @@
                      Stream stream);                                                            \
   void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,                \
                          TensorView gathered, TensorView grad_output, const CeOptions& options, \
-                         TensorView grad_logits, int64_t first_row, Workspace workspace,    \
+                         TensorView grad_logits, int64_t first_row, Workspace workspace,        \
                          Stream stream);                                                        \
   void distill_shard_stats(TensorView student, TensorView teacher, TensorView target,           \
                            VocabShard shard, const DistillOptions& options, TensorView partial, \

@@ -26,7 +26,8 @@ void check_shard(const ArgumentChecker& check, VocabShard shard, int64_t cols) {
 
 void check_records(const ArgumentChecker& check, const TensorView& records, const char* name,
                    int64_t rows, int64_t width, bool gathered, DType dtype) {
-  check.require_present(records, name, rows_of(rows, width, "tensor of partial statistics").c_str());
+  check.require_present(records, name,
+                        rows_of(rows, width, "tensor of partial statistics").c_str());
   check.matrix(records, name, gathered ? -1 : rows, width,
                gathered ? rows_of(rows, width, "times the number of ranks, rank-major")
                         : rows_of(rows, width, "(one record per row)"));

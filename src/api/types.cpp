@@ -6,12 +6,18 @@ namespace xent {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::i32: return "int32";
+    case DType::f32:
+      return "float32";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+    case DType::i32:
+      return "int32";
   }
   return "unknown";
 }
@@ -19,31 +25,42 @@ const char* dtype_name(DType dtype) {
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f32:
-    case DType::i32: return 4;
+    case DType::i32:
+      return 4;
     case DType::bf16:
-    case DType::f16: return 2;
+    case DType::f16:
+      return 2;
     case DType::f64:
-    case DType::i64: return 8;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 const char* reduction_name(Reduction reduction) {
   switch (reduction) {
-    case Reduction::none: return "none";
-    case Reduction::sum: return "sum";
-    case Reduction::mean: return "mean";
+    case Reduction::none:
+      return "none";
+    case Reduction::sum:
+      return "sum";
+    case Reduction::mean:
+      return "mean";
   }
   return "unknown";
 }
 
 const char* distill_kind_name(DistillKind kind) {
   switch (kind) {
-    case DistillKind::forward_kl: return "forward_kl";
-    case DistillKind::reverse_kl: return "reverse_kl";
-    case DistillKind::jsd: return "jsd";
-    case DistillKind::soft_ce: return "soft_ce";
-    case DistillKind::tvd: return "tvd";
+    case DistillKind::forward_kl:
+      return "forward_kl";
+    case DistillKind::reverse_kl:
+      return "reverse_kl";
+    case DistillKind::jsd:
+      return "jsd";
+    case DistillKind::soft_ce:
+      return "soft_ce";
+    case DistillKind::tvd:
+      return "tvd";
   }
   return "unknown";
 }

@@ -36,8 +36,7 @@ void check_ce_options(const ArgumentChecker& check, const CeOptions& options, in
   if (options.softcap) check.positive_finite(*options.softcap, "softcap");
   check.positive_finite(options.logit_scale, "logit_scale");
   if (options.class_weight.present()) {
-    check.vector(options.class_weight, "class_weight", vocab,
-                 bracketed(vocab, " (one per class)"));
+    check.vector(options.class_weight, "class_weight", vocab, bracketed(vocab, " (one per class)"));
     check.fp32(options.class_weight, "class_weight");
   }
   if (options.row_weight.present()) {
@@ -49,8 +48,7 @@ void check_ce_options(const ArgumentChecker& check, const CeOptions& options, in
 void check_loss(const ArgumentChecker& check, const TensorView& loss, Reduction reduction,
                 int64_t rows) {
   check.require_present(loss, "loss",
-                        reduction == Reduction::none ? "a [N] float32 tensor"
-                                                     : "a float32 scalar");
+                        reduction == Reduction::none ? "a [N] float32 tensor" : "a float32 scalar");
   check.loss_shaped(loss, "loss", reduction, rows);
   check.result(loss, "loss");
 }
@@ -128,23 +126,24 @@ void validate_ce_forward(const TensorView& logits, const TensorView& target,
   check_loss(check, out.loss, options.reduction, rows);
   check_ce_stats(check, out.stats, options.reduction, rows);
   if (out.grad_logits.present()) {
-    check.matrix(out.grad_logits, "grad_logits", rows, vocab, "the shape of logits " + shape_string(logits));
+    check.matrix(out.grad_logits, "grad_logits", rows, vocab,
+                 "the shape of logits " + shape_string(logits));
     check.same_dtype(out.grad_logits, "grad_logits", logits, "logits");
     check.no_overlap(out.grad_logits, "grad_logits", logits, "logits", true);
   }
   check_grad_output(check, grad_output, options.reduction, rows);
 #if defined(XENT_WITH_CUDA)
-  if (!check.on_cpu()) check_workspace(check, workspace, cuda::ce_workspace_size(rows, vocab, options));
+  if (!check.on_cpu())
+    check_workspace(check, workspace, cuda::ce_workspace_size(rows, vocab, options));
 #else
   (void)workspace;
 #endif
   check_ce_values(check, target, options, vocab);
 }
 
-void validate_ce_backward(const TensorView& logits, const TensorView& target,
-                          const TensorView& lse, const TensorView& grad_output,
-                          const CeOptions& options, const TensorView& grad_logits,
-                          const Workspace& workspace) {
+void validate_ce_backward(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                          const TensorView& grad_output, const CeOptions& options,
+                          const TensorView& grad_logits, const Workspace& workspace) {
   const ArgumentChecker check("ce_backward", logits.device, logits.dtype);
   check_logits(check, logits, "logits");
   const int64_t rows = logits.rows, vocab = logits.cols;
@@ -156,11 +155,13 @@ void validate_ce_backward(const TensorView& logits, const TensorView& target,
   }
   check_grad_output(check, grad_output, options.reduction, rows);
   check.require_present(grad_logits, "grad_logits", "a tensor shaped like logits");
-  check.matrix(grad_logits, "grad_logits", rows, vocab, "the shape of logits " + shape_string(logits));
+  check.matrix(grad_logits, "grad_logits", rows, vocab,
+               "the shape of logits " + shape_string(logits));
   check.same_dtype(grad_logits, "grad_logits", logits, "logits");
   check.no_overlap(grad_logits, "grad_logits", logits, "logits", true);
 #if defined(XENT_WITH_CUDA)
-  if (!check.on_cpu()) check_workspace(check, workspace, cuda::ce_workspace_size(rows, vocab, options));
+  if (!check.on_cpu())
+    check_workspace(check, workspace, cuda::ce_workspace_size(rows, vocab, options));
 #else
   (void)workspace;
 #endif

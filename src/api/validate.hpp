@@ -12,10 +12,9 @@ namespace xent::api {
 void validate_ce_forward(const TensorView& logits, const TensorView& target,
                          const CeOptions& options, const CeOutputs& out,
                          const TensorView& grad_output, const Workspace& workspace);
-void validate_ce_backward(const TensorView& logits, const TensorView& target,
-                          const TensorView& lse, const TensorView& grad_output,
-                          const CeOptions& options, const TensorView& grad_logits,
-                          const Workspace& workspace);
+void validate_ce_backward(const TensorView& logits, const TensorView& target, const TensorView& lse,
+                          const TensorView& grad_output, const CeOptions& options,
+                          const TensorView& grad_logits, const Workspace& workspace);
 // The entropy term of a backward (ce.hpp EntropyGradient): reduction none, lse present, and
 // entropy and grad [N] fp32 on the op's device. Nothing is checked when it is absent.
 void validate_entropy_gradient(const char* function, Device device, DType input,
@@ -43,10 +42,9 @@ void validate_linear_ce_backward(const TensorView& hidden, const TensorView& wei
 
 void validate_linear_distill_forward(const TensorView& student_hidden,
                                      const TensorView& student_weight, const Teacher& teacher,
-                                     const TensorView& target,
-                                     const LinearDistillOptions& options,
-                                     const LinearDistillOutputs& out,
-                                     const TensorView& grad_output, const Workspace& workspace);
+                                     const TensorView& target, const LinearDistillOptions& options,
+                                     const LinearDistillOutputs& out, const TensorView& grad_output,
+                                     const Workspace& workspace);
 void validate_linear_distill_backward(const TensorView& student_hidden,
                                       const TensorView& student_weight, const Teacher& teacher,
                                       const TensorView& target, const TensorView& grad_output,

@@ -9,8 +9,8 @@ namespace {
 
 // hidden [N, H] and weight [V, H] of one dtype; bias [V] of that dtype when present.
 void check_linear_layer(const ArgumentChecker& check, const TensorView& hidden,
-                        const char* hidden_name, const TensorView& weight,
-                        const char* weight_name, const TensorView* bias) {
+                        const char* hidden_name, const TensorView& weight, const char* weight_name,
+                        const TensorView* bias) {
   check.require_present(hidden, hidden_name, "a [N, H] tensor");
   check.matrix(hidden, hidden_name, -1, -1, "a 2-D tensor [N, H]");
   check.floating_input(hidden, hidden_name);
@@ -70,8 +70,9 @@ void check_linear_gradients(const ArgumentChecker& check, const LinearGradients&
     check.vector(grads.bias, "grads.bias", bias.rows, "the shape of bias " + shape_string(bias));
     if (grads.bias.dtype != DType::f32) check.same_dtype(grads.bias, "grads.bias", bias, "bias");
   }
-  const std::pair<const TensorView*, const char*> outputs[] = {
-      {&grads.hidden, "grads.hidden"}, {&grads.weight, "grads.weight"}, {&grads.bias, "grads.bias"}};
+  const std::pair<const TensorView*, const char*> outputs[] = {{&grads.hidden, "grads.hidden"},
+                                                               {&grads.weight, "grads.weight"},
+                                                               {&grads.bias, "grads.bias"}};
   const std::pair<const TensorView*, const char*> inputs[] = {
       {&hidden, hidden_name}, {&weight, weight_name}, {&bias, "bias"}};
   for (const auto& [output, output_name] : outputs) {
@@ -106,8 +107,8 @@ void check_linear_memory(const ArgumentChecker& check, const cpu::LinearShape& s
 // The caller's logits cache: [N, V] in the chunk-logits dtype, disjoint from every other tensor
 // (the forward writes it while reading the inputs; the backward reads it while writing grads).
 void check_logits_cache(const ArgumentChecker& check, const LinearCeOptions& options,
-                        const TensorView& hidden, const TensorView& weight,
-                        const TensorView& bias, const LinearGradients& grads) {
+                        const TensorView& hidden, const TensorView& weight, const TensorView& bias,
+                        const LinearGradients& grads) {
   const TensorView& cache = options.logits_cache;
   if (!cache.present()) return;
   check.matrix(cache, "logits_cache", hidden.rows, weight.rows,
@@ -118,19 +119,22 @@ void check_logits_cache(const ArgumentChecker& check, const LinearCeOptions& opt
   } else {
     check.same_dtype(cache, "logits_cache", hidden, "hidden");
   }
-  const std::pair<const TensorView*, const char*> others[] = {
-      {&hidden, "hidden"},        {&weight, "weight"},      {&bias, "bias"},
-      {&grads.hidden, "grads.hidden"}, {&grads.weight, "grads.weight"}, {&grads.bias, "grads.bias"}};
+  const std::pair<const TensorView*, const char*> others[] = {{&hidden, "hidden"},
+                                                              {&weight, "weight"},
+                                                              {&bias, "bias"},
+                                                              {&grads.hidden, "grads.hidden"},
+                                                              {&grads.weight, "grads.weight"},
+                                                              {&grads.bias, "grads.bias"}};
   for (const auto& [other, other_name] : others) {
     check.no_overlap(cache, "logits_cache", *other, other_name, false);
   }
 }
 
-void check_linear_ce(const TensorView& hidden, const TensorView& weight,
-                     const TensorView& bias, const TensorView& target,
-                     const LinearCeOptions& options, const LinearGradients& grads,
-                     const TensorView& grad_output, const Workspace& workspace,
-                     const ArgumentChecker& check, const CeOutputs* loss_and_stats) {
+void check_linear_ce(const TensorView& hidden, const TensorView& weight, const TensorView& bias,
+                     const TensorView& target, const LinearCeOptions& options,
+                     const LinearGradients& grads, const TensorView& grad_output,
+                     const Workspace& workspace, const ArgumentChecker& check,
+                     const CeOutputs* loss_and_stats) {
   check_linear_layer(check, hidden, "hidden", weight, "weight", &bias);
   const int64_t rows = hidden.rows, vocab = weight.rows;
   check_target(check, target, rows, "a [N] tensor", true);
@@ -169,8 +173,8 @@ void validate_linear_ce_forward(const TensorView& hidden, const TensorView& weig
   CeOutputs loss_and_stats;
   loss_and_stats.loss = out.loss;
   loss_and_stats.stats = out.stats;
-  check_linear_ce(hidden, weight, bias, target, options, out.grads,
-                  grad_output, workspace, check, &loss_and_stats);
+  check_linear_ce(hidden, weight, bias, target, options, out.grads, grad_output, workspace, check,
+                  &loss_and_stats);
 }
 
 void validate_linear_ce_backward(const TensorView& hidden, const TensorView& weight,
@@ -183,8 +187,8 @@ void validate_linear_ce_backward(const TensorView& hidden, const TensorView& wei
     check.vector(lse, "lse", hidden.rows, bracketed(hidden.rows, " (one per row of hidden)"));
     check.result(lse, "lse");
   }
-  check_linear_ce(hidden, weight, bias, target, options, grads,
-                  grad_output, workspace, check, nullptr);
+  check_linear_ce(hidden, weight, bias, target, options, grads, grad_output, workspace, check,
+                  nullptr);
 }
 
 namespace {
@@ -229,7 +233,7 @@ void check_linear_distill(const ArgumentChecker& check, const TensorView& studen
   check_linear_gradients(check, grads, student_hidden, "student_hidden", student_weight,
                          "student_weight", TensorView{}, false);
   const std::pair<const TensorView*, const char*> outputs[] = {{&grads.hidden, "grads.hidden"},
-                                                              {&grads.weight, "grads.weight"}};
+                                                               {&grads.weight, "grads.weight"}};
   const std::pair<const TensorView*, const char*> teacher_inputs[] = {
       {&teacher.logits, "teacher.logits"},
       {&teacher.hidden, "teacher.hidden"},
@@ -251,9 +255,9 @@ void check_linear_distill(const ArgumentChecker& check, const TensorView& studen
   std::size_t device_workspace = 0;
 #if defined(XENT_WITH_CUDA)
   if (!check.on_cpu()) {
-    device_workspace = cuda::linear_distill_workspace_size(
-        rows, shape.hidden, shape.teacher_hidden, vocab, shape.dtype, options,
-        shape.with_gradients);
+    device_workspace =
+        cuda::linear_distill_workspace_size(rows, shape.hidden, shape.teacher_hidden, vocab,
+                                            shape.dtype, options, shape.with_gradients);
   }
 #endif
   check_linear_memory(check, shape, options.workspace_budget, workspace, device_workspace);
@@ -264,13 +268,13 @@ void check_linear_distill(const ArgumentChecker& check, const TensorView& studen
 
 void validate_linear_distill_forward(const TensorView& student_hidden,
                                      const TensorView& student_weight, const Teacher& teacher,
-                                     const TensorView& target,
-                                     const LinearDistillOptions& options,
-                                     const LinearDistillOutputs& out,
-                                     const TensorView& grad_output, const Workspace& workspace) {
-  const ArgumentChecker check("linear_distill_forward", student_hidden.device, student_hidden.dtype);
-  check_linear_distill(check, student_hidden, student_weight, teacher, target, options,
-                       &out.loss, out.grads, grad_output, workspace);
+                                     const TensorView& target, const LinearDistillOptions& options,
+                                     const LinearDistillOutputs& out, const TensorView& grad_output,
+                                     const Workspace& workspace) {
+  const ArgumentChecker check("linear_distill_forward", student_hidden.device,
+                              student_hidden.dtype);
+  check_linear_distill(check, student_hidden, student_weight, teacher, target, options, &out.loss,
+                       out.grads, grad_output, workspace);
 }
 
 void validate_linear_distill_backward(const TensorView& student_hidden,
@@ -278,7 +282,8 @@ void validate_linear_distill_backward(const TensorView& student_hidden,
                                       const TensorView& target, const TensorView& grad_output,
                                       const LinearDistillOptions& options,
                                       const LinearGradients& grads, const Workspace& workspace) {
-  const ArgumentChecker check("linear_distill_backward", student_hidden.device, student_hidden.dtype);
+  const ArgumentChecker check("linear_distill_backward", student_hidden.device,
+                              student_hidden.dtype);
   check_linear_distill(check, student_hidden, student_weight, teacher, target, options, nullptr,
                        grads, grad_output, workspace);
 }

@@ -31,9 +31,8 @@ struct Transform {
 template <class T, class I>
 XENT_HD bool argmax_wins(T other, I other_index, T value, I index) {
   const bool nan = value != value, other_nan = other != other;
-  return other_index >= 0 &&
-         (index < 0 || (other_nan && (!nan || other_index < index)) ||
-          (!nan && (other > value || (other == value && other_index < index))));
+  return other_index >= 0 && (index < 0 || (other_nan && (!nan || other_index < index)) ||
+                              (!nan && (other > value || (other == value && other_index < index))));
 }
 
 // Online statistics of one row of transformed logits v_i = x̃_i. sum_exp and sum_exp_shift are
@@ -118,10 +117,10 @@ struct IgnoredRow {
 template <class T>
 struct CeConstants {
   Transform<T> transform;
-  T smoothing = 0;          // ε
-  T z_loss = 0;             // λ
-  T vocab = 0;              // V
-  T class_weight_sum = 0;   // W = Σ w_i (V when unweighted)
+  T smoothing = 0;         // ε
+  T z_loss = 0;            // λ
+  T vocab = 0;             // V
+  T class_weight_sum = 0;  // W = Σ w_i (V when unweighted)
   bool weighted = false;
 };
 
@@ -162,8 +161,8 @@ XENT_HD CeGradRow<T> ce_grad_row(const CeConstants<T>& c, T lse, int64_t target,
   row.target = target;
   row.target_coef = coef * (T(1) - c.smoothing) * target_weight;
   row.smoothing_coef = coef * c.smoothing / c.vocab;
-  row.prob_coef = row.target_coef + row.smoothing_coef * c.class_weight_sum +
-                  T(2) * c.z_loss * lse * z_coef;
+  row.prob_coef =
+      row.target_coef + row.smoothing_coef * c.class_weight_sum + T(2) * c.z_loss * lse * z_coef;
   return row;
 }
 
@@ -179,8 +178,7 @@ XENT_HD T ce_grad_before_slope(const CeGradRow<T>& row, T p, bool is_target, T c
 }
 
 template <class T>
-XENT_HD T ce_grad_from_prob(const CeGradRow<T>& row, T p, T slope, bool is_target,
-                            T class_weight) {
+XENT_HD T ce_grad_from_prob(const CeGradRow<T>& row, T p, T slope, bool is_target, T class_weight) {
   return ce_grad_before_slope(row, p, is_target, class_weight) * slope;
 }
 
@@ -201,8 +199,8 @@ XENT_HD EntropyGradRow<T> entropy_grad_row(T grad_entropy, T lse, T entropy) {
 // ce_grad_from_prob plus g_H·∂H/∂x̃_i = −g_H·p_i·(x̃_i − S), both before the slope, so one pass
 // over the row forms the gradient of the loss and of the entropy. `value` is x̃_i.
 template <class T>
-XENT_HD T ce_entropy_grad_from_prob(const CeGradRow<T>& row, const EntropyGradRow<T>& entropy,
-                                    T p, T value, T slope, bool is_target, T class_weight) {
+XENT_HD T ce_entropy_grad_from_prob(const CeGradRow<T>& row, const EntropyGradRow<T>& entropy, T p,
+                                    T value, T slope, bool is_target, T class_weight) {
   const T g = ce_grad_before_slope(row, p, is_target, class_weight) -
               entropy.coef * p * (value - entropy.mean_logit);
   return g * slope;

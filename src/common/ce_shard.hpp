@@ -14,8 +14,8 @@ template <class T>
 struct ShardPartial {
   RowStats<T> stats;
   T target_logit = 0;
-  T target_weight = 0;      // w_y (1 without class weights) once merged
-  T class_weight_sum = 0;   // W (V without class weights) once merged
+  T target_weight = 0;     // w_y (1 without class weights) once merged
+  T class_weight_sum = 0;  // W (V without class weights) once merged
 };
 
 // The argmax travels bit-cast in a record column (exact for any index, unlike a float value).

@@ -39,8 +39,8 @@ struct DistillConstants {
 };
 
 template <class T>
-XENT_HD DistillConstants<T> make_distill_constants(DistillKindCode kind, T temperature,
-                                                   T softcap, T beta) {
+XENT_HD DistillConstants<T> make_distill_constants(DistillKindCode kind, T temperature, T softcap,
+                                                   T beta) {
   DistillConstants<T> c;
   c.kind = kind;
   c.transform.inv_temperature = T(1) / temperature;
@@ -65,8 +65,8 @@ XENT_HD bool distill_is_degenerate(const DistillConstants<T>& c) {
 
 template <class T>
 struct DistillTerm {
-  T loss;     // this element's contribution to the row loss
-  T prob_u;   // p_s·u, summed over the row for the gradient (kinds of distill_needs_sum_pu)
+  T loss;    // this element's contribution to the row loss
+  T prob_u;  // p_s·u, summed over the row for the gradient (kinds of distill_needs_sum_pu)
 };
 
 // 0·log 0 = 0: a zero probability contributes nothing, whatever the log says. NaN still passes
@@ -184,8 +184,7 @@ template <class T>
 XENT_HD T distill_grad_element(const DistillConstants<T>& c, T lse_s, T lse_t, T vs, T vt,
                                T sum_prob_u) {
   const T log_ps = vs - lse_s, log_pt = vt - lse_t;
-  return distill_grad_from_probs(c, log_ps, log_pt, std::exp(log_ps), std::exp(log_pt),
-                                 sum_prob_u);
+  return distill_grad_from_probs(c, log_ps, log_pt, std::exp(log_ps), std::exp(log_pt), sum_prob_u);
 }
 
 // tvd gradient without cancellation (an alternative to distill_grad_element for kind tvd).

@@ -134,9 +134,9 @@ XENT_HD void fold_distill_record(DistillKindCode kind, const T* a, const T* b, T
         part[kDistillShardLseStudent] == -infinity<T>()) {
       continue;  // an empty slice adds nothing (and −inf − −inf would be NaN)
     }
-    divergence += distill_slice_term(kind, part[kDistillShardLseTeacher] - lse_t,
-                                     part[kDistillShardLseStudent] - lse_s,
-                                     part[kDistillShardDivergence]);
+    divergence +=
+        distill_slice_term(kind, part[kDistillShardLseTeacher] - lse_t,
+                           part[kDistillShardLseStudent] - lse_s, part[kDistillShardDivergence]);
   }
   ShardPartial<T> hard = read_shard_record(a + kDistillShardHard);
   const ShardPartial<T> later = read_shard_record(b + kDistillShardHard);

@@ -48,7 +48,8 @@ XENT_HD float to_float(bf16_t v) { return bits_to_float(uint32_t{v.bits} << 16);
 // Round to nearest even; NaN stays NaN (quiet bit forced so truncation cannot make it Inf).
 XENT_HD bf16_t to_bf16(float f) {
   uint32_t bits = float_to_bits(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((bits >> 16) | 0x40u)};
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return bf16_t{static_cast<uint16_t>((bits >> 16) | 0x40u)};
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return bf16_t{static_cast<uint16_t>(bits >> 16)};
 }

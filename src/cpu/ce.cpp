@@ -19,18 +19,17 @@ void ce_forward_typed(TensorView logits, TensorView target, const CeOptions& opt
 #pragma omp parallel for schedule(static) if (rows * vocab >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
     S* grad = request.gradient ? row_pointer<S>(out.grad_logits, n) : nullptr;
-    results.store(n, ce_process_row(call, row_pointer<const S>(logits, n),
-                                    read_target(target, n), n, request,
-                                    upstream_of_row<T>(grad_output, options.reduction, n),
-                                    grad));
+    results.store(
+        n, ce_process_row(call, row_pointer<const S>(logits, n), read_target(target, n), n, request,
+                          upstream_of_row<T>(grad_output, options.reduction, n), grad));
   }
   results.finish(call, counts);
 }
 
 template <class S>
-void ce_backward_typed(TensorView logits, TensorView target, TensorView lse,
-                       TensorView grad_output, const EntropyGradient& entropy,
-                       const CeOptions& options, TensorView grad_logits) {
+void ce_backward_typed(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
+                       const EntropyGradient& entropy, const CeOptions& options,
+                       TensorView grad_logits) {
   using T = ComputeType<S>;
   const int64_t rows = logits.rows, vocab = logits.cols;
   const auto counts = count_valid_rows(target, rows, options.ignore_index, options.class_weight);
@@ -56,8 +55,8 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
 }
 
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
-                 const EntropyGradient& entropy, const CeOptions& options,
-                 TensorView grad_logits, Workspace, Stream) {
+                 const EntropyGradient& entropy, const CeOptions& options, TensorView grad_logits,
+                 Workspace, Stream) {
   dispatch_float(logits.dtype, [&](auto storage) {
     ce_backward_typed<decltype(storage)>(logits, target, lse, grad_output, entropy, options,
                                          grad_logits);

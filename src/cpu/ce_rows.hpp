@@ -15,7 +15,7 @@ namespace xent::cpu {
 // Valid rows of a call and the mean divisors derived from them; counted before any row is
 // processed so every gradient coefficient is known in the same pass as the loss.
 struct ValidCounts {
-  int64_t valid_rows = 0;       // N_valid
+  int64_t valid_rows = 0;        // N_valid
   double target_weight_sum = 0;  // Σ_{valid n} w_{y_n} (class weights), else N_valid
 };
 
@@ -74,8 +74,8 @@ CeCall<T> make_ce_call(const CeOptions& options, int64_t vocab, const ValidCount
   call.vocab = vocab;
   call.reduction = options.reduction;
   if (options.reduction == Reduction::mean) {
-    const double divisor = c.weighted ? counts.target_weight_sum
-                                      : static_cast<double>(counts.valid_rows);
+    const double divisor =
+        c.weighted ? counts.target_weight_sum : static_cast<double>(counts.valid_rows);
     call.loss_divisor = divisor;
     call.z_divisor = static_cast<double>(counts.valid_rows);
     call.loss_factor = divisor > 0 ? static_cast<T>(1.0 / divisor) : T(0);
@@ -89,8 +89,8 @@ template <class T>
 struct CeRowResult {
   using Ignored = common::IgnoredRow<T>;
   bool valid = false;
-  T loss = Ignored::loss;      // r_n·ℓ_n
-  T z_loss = Ignored::loss;    // r_n·ζ_n
+  T loss = Ignored::loss;    // r_n·ℓ_n
+  T z_loss = Ignored::loss;  // r_n·ζ_n
   T lse = Ignored::lse;
   T logprob = Ignored::logprob;
   T entropy = Ignored::entropy;
@@ -137,8 +137,7 @@ common::RowStats<T> ce_row_stats(const CeCall<T>& call, const S* x) {
 // `entropy` (may be null) adds the entropy term of the row (ce.hpp EntropyGradient).
 template <class T, class S, class G>
 void ce_write_row_gradient(const CeCall<T>& call, const S* x, G* grad, T lse, int64_t target,
-                           T coef, T z_coef,
-                           const common::EntropyGradRow<T>* entropy = nullptr) {
+                           T coef, T z_coef, const common::EntropyGradRow<T>* entropy = nullptr) {
   const auto& c = call.constants;
   const T target_weight = call.class_weight ? static_cast<T>(call.class_weight[target]) : T(1);
   const auto row = common::ce_grad_row(c, lse, target, target_weight, coef, z_coef);
@@ -254,7 +253,11 @@ template <class T>
 class CeResults {
  public:
   CeResults(TensorView loss, const CeStats& stats, Reduction reduction, int64_t rows)
-      : loss_out_(loss), stats_(stats), reduction_(reduction), loss_(rows), z_loss_(rows),
+      : loss_out_(loss),
+        stats_(stats),
+        reduction_(reduction),
+        loss_(rows),
+        z_loss_(rows),
         correct_(rows) {}
 
   // Called once per row, from any thread.
@@ -281,7 +284,7 @@ class CeResults {
       int64_t hits = 0;
       for (const char c : correct_) hits += c;
       write_result(stats_.accuracy, 0,
-                counts.valid_rows > 0 ? static_cast<double>(hits) / counts.valid_rows : 0.0);
+                   counts.valid_rows > 0 ? static_cast<double>(hits) / counts.valid_rows : 0.0);
     }
   }
 

@@ -113,9 +113,9 @@ void backward_typed(TensorView logits, TensorView target, VocabShard shard, Tens
     const T upstream = upstream_of_row<T>(grad_output, options.reduction, n);
     const T r = call.row_weight ? static_cast<T>(call.row_weight[n]) : T(1);
     // Target index local to the slice (outside [0, local) when another rank holds y).
-    const auto row = common::ce_grad_row(c, m.stats.lse(), y - shard.offset, m.target_weight,
-                                         upstream * r * call.loss_factor,
-                                         upstream * r * call.z_factor);
+    const auto row =
+        common::ce_grad_row(c, m.stats.lse(), y - shard.offset, m.target_weight,
+                            upstream * r * call.loss_factor, upstream * r * call.z_factor);
     for (int64_t i = 0; i < local; ++i) {
       const T w = call.class_weight ? static_cast<T>(call.class_weight[i]) : T(1);
       grad[i] = from_compute<S>(common::ce_grad_element(c, row, to_compute<T>(x[i]), i, w));
@@ -143,9 +143,9 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
   }
 }
 
-void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
-                       TensorView gathered, TensorView grad_output, const CeOptions& options,
-                       TensorView grad_logits, int64_t first_row, Workspace, Stream) {
+void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard, TensorView gathered,
+                       TensorView grad_output, const CeOptions& options, TensorView grad_logits,
+                       int64_t first_row, Workspace, Stream) {
   dispatch_float(logits.dtype, [&](auto storage) {
     backward_typed<decltype(storage)>(logits, target, shard, gathered, grad_output, options,
                                       grad_logits, first_row);

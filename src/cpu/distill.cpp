@@ -20,9 +20,8 @@ void distill_typed(TensorView student, TensorView teacher, TensorView target,
   const auto call = make_distill_call<T>(options, vocab, counts);
   const bool has_target = target.present();
   const bool want_loss = loss.present();
-  const T scalar = grad_output.present() && reduction != Reduction::none
-                       ? read_scalar<T>(grad_output, 0)
-                       : T(1);
+  const T scalar =
+      grad_output.present() && reduction != Reduction::none ? read_scalar<T>(grad_output, 0) : T(1);
 
   std::vector<T> soft(rows), hard_loss(rows), hard_z(rows);
 #pragma omp parallel for schedule(static) if (2 * rows * vocab >= kParallelWork)

@@ -36,9 +36,8 @@ DistillCall<T> make_distill_call(const DistillOptions& options, int64_t vocab,
   call.soft_factor = call.soft_weight;
   if (options.ce.reduction == Reduction::mean) {
     call.soft_divisor = static_cast<double>(counts.valid_rows);
-    call.soft_factor = counts.valid_rows > 0
-                           ? static_cast<T>(options.soft_weight / counts.valid_rows)
-                           : T(0);
+    call.soft_factor =
+        counts.valid_rows > 0 ? static_cast<T>(options.soft_weight / counts.valid_rows) : T(0);
   }
   call.hard = make_ce_call<T>(options.ce, vocab, counts);
   return call;
@@ -56,8 +55,8 @@ struct DistillRowResult {
 // gradient with respect to s, scaled by `upstream` (g or g_n), is written there; it may alias s.
 template <class T, class S, class U, class G>
 DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, const U* t,
-                                        int64_t target, bool has_target, int64_t row,
-                                        T upstream, G* grad, bool want_loss) {
+                                        int64_t target, bool has_target, int64_t row, T upstream,
+                                        G* grad, bool want_loss) {
   DistillRowResult<T> result;
   const int64_t vocab = call.vocab;
   if (has_target && target == call.hard.ignore_index) {
@@ -95,8 +94,8 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
   const bool with_hard = call.hard_weight != T(0) && has_target;
   common::CeGradRow<T> hard_row{};
   if (with_hard) {
-    const auto hard = ce_process_row<T, S, G>(call.hard, s, target, row, CeRowRequest{}, T(0),
-                                              nullptr);
+    const auto hard =
+        ce_process_row<T, S, G>(call.hard, s, target, row, CeRowRequest{}, T(0), nullptr);
     result.hard_loss = hard.loss;
     result.hard_z_loss = hard.z_loss;
     result.hard = hard.loss + hard.z_loss;

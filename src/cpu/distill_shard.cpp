@@ -33,9 +33,11 @@ common::DistillConstants<T> distill_constants(const DistillOptions& options) {
 
 template <class T, class S>
 T slice_lse(const common::DistillTransform<T>& transform, const S* x, int64_t columns) {
-  return blocked_row_stats<T>(columns, [&](common::RowStats<T>& stats, int64_t i) {
-           stats.add(transform.value(to_compute<T>(x[i])), i, T(1));
-         }).lse();
+  return blocked_row_stats<T>(columns,
+                              [&](common::RowStats<T>& stats, int64_t i) {
+                                stats.add(transform.value(to_compute<T>(x[i])), i, T(1));
+                              })
+      .lse();
 }
 
 bool with_hard_term(const DistillOptions& options, TensorView target) {
@@ -107,7 +109,8 @@ void sums_typed(TensorView student, TensorView teacher, TensorView target, Tenso
     double loss = 0, prob_u = 0;
     common::TvdSums<double> tvd;
     for (int64_t i = 0; i < local; ++i) {
-      const T vs = c.transform.value(to_compute<T>(s[i])), vt = c.transform.value(to_compute<T>(t[i]));
+      const T vs = c.transform.value(to_compute<T>(s[i])),
+              vt = c.transform.value(to_compute<T>(t[i]));
       const auto term = common::distill_term(c, lse_s, lse_t, vs, vt);
       loss += term.loss;
       prob_u += term.prob_u;
@@ -168,7 +171,8 @@ common::CeConstants<T> hard_constants(const MergedBatch<T>& batch, int64_t vocab
 template <class T>
 void loss_typed(TensorView gathered, TensorView gathered_sums, TensorView target, int64_t rows,
                 VocabShard shard, const DistillOptions& options, TensorView loss) {
-  const MergedBatch<T> batch = merge_batch<T>(gathered, gathered_sums, target, rows, shard, options);
+  const MergedBatch<T> batch =
+      merge_batch<T>(gathered, gathered_sums, target, rows, shard, options);
   const bool with_hard = !batch.hard.empty();
   const Reduction reduction = options.ce.reduction;
   std::vector<T> soft(rows), hard_loss(rows), hard_z(rows);
@@ -183,7 +187,8 @@ void loss_typed(TensorView gathered, TensorView gathered_sums, TensorView target
       const auto& h = batch.hard[n];
       const auto parts = common::ce_row_loss(hard_constants(batch, shard.vocab, n), h.stats,
                                              h.stats.lse(), h.target_logit, h.target_weight);
-      const T weight = batch.call.hard.row_weight ? static_cast<T>(batch.call.hard.row_weight[n]) : T(1);
+      const T weight =
+          batch.call.hard.row_weight ? static_cast<T>(batch.call.hard.row_weight[n]) : T(1);
       r.hard_loss = hard_loss[n] = weight * parts.loss;
       r.hard_z_loss = hard_z[n] = weight * parts.z_loss;
       r.hard = r.hard_loss + r.hard_z_loss;
@@ -221,7 +226,8 @@ void backward_typed(TensorView student, TensorView teacher, TensorView target, V
     const auto& m = batch.soft[n];
     const T upstream = upstream_of_row<T>(grad_output, options.ce.reduction, n);
     const T soft_coef = upstream * call.soft_factor;
-    const common::TvdGradRow<T> tvd_row = tvd ? common::tvd_grad_row(m.tvd) : common::TvdGradRow<T>{};
+    const common::TvdGradRow<T> tvd_row =
+        tvd ? common::tvd_grad_row(m.tvd) : common::TvdGradRow<T>{};
     common::CeConstants<T> hc{};
     common::CeGradRow<T> hard_row{};
     if (with_hard) {
@@ -240,8 +246,7 @@ void backward_typed(TensorView student, TensorView teacher, TensorView target, V
       const T row_grad =
           tvd ? common::tvd_grad_from_row(tvd_row, std::exp(vs - m.lse_student),
                                           std::exp(vt - m.lse_teacher))
-              : common::distill_grad_element(c, m.lse_student, m.lse_teacher, vs, vt,
-                                             m.sum_prob_u);
+              : common::distill_grad_element(c, m.lse_student, m.lse_teacher, vs, vt, m.sum_prob_u);
       T g = soft_coef * row_grad * c.transform.slope(x);
       if (with_hard) {
         const T w = local_call.class_weight ? static_cast<T>(local_call.class_weight[i]) : T(1);
@@ -264,9 +269,9 @@ void distill_shard_stats(TensorView student, TensorView teacher, TensorView targ
 
 std::size_t distill_shard_workspace_size(int64_t) { return 0; }
 
-void distill_shard_sums(TensorView student, TensorView teacher, TensorView target,
-                        VocabShard, TensorView gathered, const DistillOptions& options,
-                        TensorView sums, Workspace, Stream) {
+void distill_shard_sums(TensorView student, TensorView teacher, TensorView target, VocabShard,
+                        TensorView gathered, const DistillOptions& options, TensorView sums,
+                        Workspace, Stream) {
   dispatch_float(student.dtype, [&](auto storage) {
     sums_typed<decltype(storage)>(student, teacher, target, gathered, options, sums);
   });

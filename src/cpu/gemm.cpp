@@ -49,8 +49,8 @@ void multiply_tile(int64_t k, const T* a_strip, const T* b_strip,
 }
 
 template <class T>
-void fallback_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                   const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void fallback_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const int64_t column_blocks = (n + kColumns - 1) / kColumns;
   constexpr int64_t strips = kColumns / kTileColumns;
 #pragma omp parallel for schedule(static) if (m * n * k >= kParallelProductWork)

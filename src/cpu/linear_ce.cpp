@@ -43,8 +43,8 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
   LinearLayer<S> layer(hidden, weight, bias, plan.weight_copy, plan.bias_copy, cursor);
   std::unique_ptr<LinearGradientAccumulator<S>> accumulator;
   if (with_gradients) {
-    accumulator = std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor,
-                                                                 layer.vocab(), layer.width());
+    accumulator = std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor, layer.vocab(),
+                                                                 layer.width());
   }
   T* logits = cursor.take<T>(plan.logits);
   T* hidden_copy = cursor.take<T>(plan.hidden_copy);
@@ -79,15 +79,13 @@ void linear_ce_forward_typed(TensorView hidden, TensorView weight, TensorView bi
   const CeRowRequest request{any_gradient(out.grads)};
   CeResults<T> results(out.loss, out.stats, ce.reduction, rows);
   const bool fill_cache = options.logits_cache.present() && !any_gradient(out.grads);
-  for_each_chunk<S>(hidden, weight, bias, out.grads, options,
-                    fill_cache ? CacheUse::fill : CacheUse::none, workspace,
-                    [&](int64_t n, T* logits_row) {
-                      results.store(n, ce_process_row(call, logits_row, read_target(target, n),
-                                                      n, request,
-                                                      upstream_of_row<T>(grad_output,
-                                                                         ce.reduction, n),
-                                                      logits_row));
-                    });
+  for_each_chunk<S>(
+      hidden, weight, bias, out.grads, options, fill_cache ? CacheUse::fill : CacheUse::none,
+      workspace, [&](int64_t n, T* logits_row) {
+        results.store(n,
+                      ce_process_row(call, logits_row, read_target(target, n), n, request,
+                                     upstream_of_row<T>(grad_output, ce.reduction, n), logits_row));
+      });
   results.finish(call, counts);
 }
 
@@ -106,9 +104,8 @@ void linear_ce_backward_typed(TensorView hidden, TensorView weight, TensorView b
   for_each_chunk<S>(hidden, weight, bias, grads, options,
                     options.logits_cache.present() ? CacheUse::read : CacheUse::none, workspace,
                     [&](int64_t n, T* logits_row) {
-                      ce_backward_row(call, logits_row, logits_row, read_target(target, n), n,
-                                      lse, upstream_of_row<T>(grad_output, ce.reduction, n),
-                                      entropy);
+                      ce_backward_row(call, logits_row, logits_row, read_target(target, n), n, lse,
+                                      upstream_of_row<T>(grad_output, ce.reduction, n), entropy);
                     });
 }
 

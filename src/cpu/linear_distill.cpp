@@ -53,23 +53,21 @@ void linear_distill_typed(TensorView student_hidden, TensorView student_weight,
   const bool teacher_is_linear = !teacher.logits.present();
   const bool with_gradients = any_gradient(grads);
   const auto plan = plan_linear(
-      linear_distill_shape(rows, student_hidden.cols,
-                           teacher_is_linear ? teacher.hidden.cols : 0, vocab,
-                           student_hidden.dtype, with_gradients),
+      linear_distill_shape(rows, student_hidden.cols, teacher_is_linear ? teacher.hidden.cols : 0,
+                           vocab, student_hidden.dtype, with_gradients),
       options.workspace_budget);
 
   WorkspaceCursor cursor(workspace, plan.total_bytes());
-  LinearLayer<S> student(student_hidden, student_weight, TensorView{}, plan.weight_copy, 0,
-                         cursor);
+  LinearLayer<S> student(student_hidden, student_weight, TensorView{}, plan.weight_copy, 0, cursor);
   std::optional<LinearLayer<S>> teacher_layer;
   if (teacher_is_linear) {
-    teacher_layer.emplace(teacher.hidden, teacher.weight, TensorView{}, plan.teacher_weight_copy,
-                          0, cursor);
+    teacher_layer.emplace(teacher.hidden, teacher.weight, TensorView{}, plan.teacher_weight_copy, 0,
+                          cursor);
   }
   std::unique_ptr<LinearGradientAccumulator<S>> accumulator;
   if (with_gradients) {
-    accumulator = std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor, vocab,
-                                                                 student.width());
+    accumulator =
+        std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor, vocab, student.width());
   }
   T* logits = cursor.take<T>(plan.logits);
   T* hidden_copy = cursor.take<T>(plan.hidden_copy);
@@ -87,8 +85,7 @@ void linear_distill_typed(TensorView student_hidden, TensorView student_weight,
     const int64_t count = std::min(plan.chunk_rows, rows - row0);
     student.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
     if (teacher_layer) {
-      teacher_layer->logits(row0, count, teacher_hidden_copy, teacher_logits,
-                            !options.fp32_logits);
+      teacher_layer->logits(row0, count, teacher_hidden_copy, teacher_logits, !options.fp32_logits);
     } else {
       teacher_logits_chunk(teacher.logits, row0, count, teacher_logits);
     }

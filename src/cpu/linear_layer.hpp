@@ -36,8 +36,8 @@ class WorkspaceCursor {
   T* take(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     auto address = reinterpret_cast<std::uintptr_t>(next_);
-    const std::size_t pad = (LinearPlan::alignment - address % LinearPlan::alignment) %
-                            LinearPlan::alignment;
+    const std::size_t pad =
+        (LinearPlan::alignment - address % LinearPlan::alignment) % LinearPlan::alignment;
     T* result = reinterpret_cast<T*>(next_ + pad);
     next_ += pad + bytes;
     if (next_ > end_) {  // validation sized the workspace by the same plan: a bug if reached
@@ -85,15 +85,15 @@ void store_compute_rows(TensorView out, int64_t row0, int64_t rows, const T* sou
 #pragma omp parallel for schedule(static) if (rows * out.cols >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
       D* destination = row_pointer<D>(out, row0 + r);
-      for (int64_t i = 0; i < out.cols; ++i) destination[i] = from_compute<D>(source[r * stride + i]);
+      for (int64_t i = 0; i < out.cols; ++i)
+        destination[i] = from_compute<D>(source[r * stride + i]);
     }
   });
 }
 
 // The reverse: rows of `in` (any float dtype) into a dense compute-type buffer.
 template <class T>
-void load_compute_rows(TensorView in, int64_t row0, int64_t rows, T* destination,
-                       int64_t stride) {
+void load_compute_rows(TensorView in, int64_t row0, int64_t rows, T* destination, int64_t stride) {
   dispatch_float(in.dtype, [&](auto storage) {
     using D = decltype(storage);
 #pragma omp parallel for schedule(static) if (rows * in.cols >= kParallelWork)
@@ -125,8 +125,8 @@ class LinearLayer {
   // logits in that dtype would (docs/semantics.md §2).
   void logits(int64_t row0, int64_t rows, T* hidden_copy, T* logits, bool round_logits) const {
     const auto h = as_compute_matrix<T, S>(hidden_, row0, rows, hidden_copy);
-    gemm<T>(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data,
-            weight_.stride, T(0), logits, vocab_);
+    gemm<T>(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data, weight_.stride,
+            T(0), logits, vocab_);
     if (!bias_ && !(round_logits && !std::is_same_v<S, T>)) return;
 #pragma omp parallel for schedule(static) if (rows * vocab_ >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
@@ -184,10 +184,10 @@ class LinearGradientAccumulator {
     T* weight_buffer = cursor.take<T>(plan.grad_weight_accumulator);
     T* bias_buffer = cursor.take<T>(plan.grad_bias_accumulator);
     if (grads.weight.present()) {
-      grad_weight_ = direct<T>(grads.weight)
-                         ? ComputeMatrix<T>{static_cast<T*>(grads.weight.data),
-                                            grads.weight.row_stride}
-                         : ComputeMatrix<T>{own(weight_buffer, vocab * width), width};
+      grad_weight_ =
+          direct<T>(grads.weight)
+              ? ComputeMatrix<T>{static_cast<T*>(grads.weight.data), grads.weight.row_stride}
+              : ComputeMatrix<T>{own(weight_buffer, vocab * width), width};
       // accumulate_weight: the caller's buffer (the compute type, validated) keeps what it holds
       // and the chunk products add to it.
       if (!grads.accumulate_weight) {
@@ -195,8 +195,8 @@ class LinearGradientAccumulator {
       }
     }
     if (grads.bias.present()) {
-      grad_bias_ = direct<T>(grads.bias) ? static_cast<T*>(grads.bias.data)
-                                         : own(bias_buffer, vocab);
+      grad_bias_ =
+          direct<T>(grads.bias) ? static_cast<T*>(grads.bias.data) : own(bias_buffer, vocab);
       zero(grad_bias_, 1, vocab, vocab);
     }
   }
@@ -217,11 +217,11 @@ class LinearGradientAccumulator {
     const auto& w = layer.weight();
     if (grads_.hidden.present()) {
       if (direct<T>(grads_.hidden)) {
-        gemm<T>(false, false, rows, width_, vocab_, T(1), gradient, vocab_, w.data, w.stride,
-                T(0), row_pointer<T>(grads_.hidden, row0), grads_.hidden.row_stride);
+        gemm<T>(false, false, rows, width_, vocab_, T(1), gradient, vocab_, w.data, w.stride, T(0),
+                row_pointer<T>(grads_.hidden, row0), grads_.hidden.row_stride);
       } else {
-        gemm<T>(false, false, rows, width_, vocab_, T(1), gradient, vocab_, w.data, w.stride,
-                T(0), grad_hidden_copy_, width_);
+        gemm<T>(false, false, rows, width_, vocab_, T(1), gradient, vocab_, w.data, w.stride, T(0),
+                grad_hidden_copy_, width_);
         store_compute_rows(grads_.hidden, row0, rows, grad_hidden_copy_, width_);
       }
     }

@@ -10,9 +10,7 @@ std::size_t compute_size_of(DType dtype) { return dtype == DType::f64 ? 8 : 4; }
 // Inputs already in the compute type are used in place; others get a converted copy.
 bool needs_copy(DType dtype) { return dtype != DType::f32 && dtype != DType::f64; }
 
-std::size_t padded(std::size_t bytes) {
-  return bytes == 0 ? 0 : bytes + LinearPlan::alignment;
-}
+std::size_t padded(std::size_t bytes) { return bytes == 0 ? 0 : bytes + LinearPlan::alignment; }
 
 }  // namespace
 

@@ -25,13 +25,13 @@ struct LinearShape {
 // so a caller's workspace need not be aligned.
 struct LinearPlan {
   static constexpr std::size_t alignment = 64;
-  std::size_t compute_size = 4;   // bytes of the compute type (4, or 8 for fp64)
-  int64_t chunk_rows = 0;         // rows per chunk (0 when rows = 0)
-  std::size_t row_bytes = 0;      // chunk-buffer bytes per row: the smallest budget is this
+  std::size_t compute_size = 4;  // bytes of the compute type (4, or 8 for fp64)
+  int64_t chunk_rows = 0;        // rows per chunk (0 when rows = 0)
+  std::size_t row_bytes = 0;     // chunk-buffer bytes per row: the smallest budget is this
   // Fixed buffers (not part of the chunk budget).
-  std::size_t weight_copy = 0;         // V·H weight in the compute type (non-fp32 inputs)
-  std::size_t bias_copy = 0;           // V
-  std::size_t teacher_weight_copy = 0; // V·H_t
+  std::size_t weight_copy = 0;              // V·H weight in the compute type (non-fp32 inputs)
+  std::size_t bias_copy = 0;                // V
+  std::size_t teacher_weight_copy = 0;      // V·H_t
   std::size_t grad_weight_accumulator = 0;  // V·H (non-fp32 weight gradients)
   std::size_t grad_bias_accumulator = 0;    // V
   // Chunk buffers: logits (and their gradient, in place), hidden copy, hidden gradient, and for

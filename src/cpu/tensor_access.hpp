@@ -22,13 +22,21 @@ template <class Storage>
 using ComputeType = std::conditional_t<std::is_same_v<Storage, double>, double, float>;
 
 template <class T>
-inline T to_compute(float v) { return static_cast<T>(v); }
+inline T to_compute(float v) {
+  return static_cast<T>(v);
+}
 template <class T>
-inline T to_compute(double v) { return static_cast<T>(v); }
+inline T to_compute(double v) {
+  return static_cast<T>(v);
+}
 template <class T>
-inline T to_compute(bf16_t v) { return static_cast<T>(common::to_float(v)); }
+inline T to_compute(bf16_t v) {
+  return static_cast<T>(common::to_float(v));
+}
 template <class T>
-inline T to_compute(f16_t v) { return static_cast<T>(common::to_float(v)); }
+inline T to_compute(f16_t v) {
+  return static_cast<T>(common::to_float(v));
+}
 
 template <class Storage, class T>
 inline Storage from_compute(T v) {
@@ -56,10 +64,14 @@ inline Storage* row_pointer(const TensorView& view, int64_t row) {
 template <class F>
 decltype(auto) dispatch_float(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::bf16: return f(bf16_t{});
-    case DType::f16: return f(f16_t{});
-    case DType::f64: return f(double{});
-    default: return f(float{});
+    case DType::bf16:
+      return f(bf16_t{});
+    case DType::f16:
+      return f(f16_t{});
+    case DType::f64:
+      return f(double{});
+    default:
+      return f(float{});
   }
 }
 
@@ -67,12 +79,18 @@ decltype(auto) dispatch_float(DType dtype, F&& f) {
 template <class T>
 inline T read_scalar(const TensorView& view, int64_t i) {
   switch (view.dtype) {
-    case DType::f32: return static_cast<T>(static_cast<const float*>(view.data)[i]);
-    case DType::f64: return static_cast<T>(static_cast<const double*>(view.data)[i]);
-    case DType::bf16: return static_cast<T>(common::to_float(static_cast<const bf16_t*>(view.data)[i]));
-    case DType::f16: return static_cast<T>(common::to_float(static_cast<const f16_t*>(view.data)[i]));
-    case DType::i64: return static_cast<T>(static_cast<const int64_t*>(view.data)[i]);
-    case DType::i32: return static_cast<T>(static_cast<const int32_t*>(view.data)[i]);
+    case DType::f32:
+      return static_cast<T>(static_cast<const float*>(view.data)[i]);
+    case DType::f64:
+      return static_cast<T>(static_cast<const double*>(view.data)[i]);
+    case DType::bf16:
+      return static_cast<T>(common::to_float(static_cast<const bf16_t*>(view.data)[i]));
+    case DType::f16:
+      return static_cast<T>(common::to_float(static_cast<const f16_t*>(view.data)[i]));
+    case DType::i64:
+      return static_cast<T>(static_cast<const int64_t*>(view.data)[i]);
+    case DType::i32:
+      return static_cast<T>(static_cast<const int32_t*>(view.data)[i]);
   }
   return T(0);
 }

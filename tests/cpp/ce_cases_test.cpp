@@ -9,16 +9,16 @@ namespace xent::test {
 namespace {
 
 enum class CeCase {
-  odd_shape,         // N = 37, V = 1031 (the grid's shape) with padded rows
-  tiny_vocab,        // V = 2
-  single_class,      // V = 1: every valid row has loss 0
-  single_row,        // N = 1
-  wide_row,          // V = 50021 (past any per-block tile), few rows
+  odd_shape,     // N = 37, V = 1031 (the grid's shape) with padded rows
+  tiny_vocab,    // V = 2
+  single_class,  // V = 1: every valid row has loss 0
+  single_row,    // N = 1
+  wide_row,      // V = 50021 (past any per-block tile), few rows
   int32_target,
   custom_ignore_index,
   no_ignored_rows,
   all_rows_ignored,
-  empty_batch,       // N = 0
+  empty_batch,  // N = 0
   nan_row,
   targets_at_edges,  // targets 0 and V − 1
   in_place,          // grad_logits aliases logits
@@ -30,23 +30,40 @@ enum class CeCase {
 
 const char* case_name(CeCase c) {
   switch (c) {
-    case CeCase::odd_shape: return "padded_rows";
-    case CeCase::tiny_vocab: return "vocab2";
-    case CeCase::single_class: return "vocab1";
-    case CeCase::single_row: return "one_row";
-    case CeCase::wide_row: return "vocab50021";
-    case CeCase::int32_target: return "int32_target";
-    case CeCase::custom_ignore_index: return "ignore_index_minus1";
-    case CeCase::no_ignored_rows: return "no_ignored_rows";
-    case CeCase::all_rows_ignored: return "all_rows_ignored";
-    case CeCase::empty_batch: return "empty_batch";
-    case CeCase::nan_row: return "nan_row";
-    case CeCase::targets_at_edges: return "targets_at_edges";
-    case CeCase::in_place: return "in_place";
-    case CeCase::in_place_padded: return "in_place_padded";
-    case CeCase::unit_grad_output: return "absent_grad_output";
-    case CeCase::large_logits: return "large_logits";
-    case CeCase::all_options: return "all_options";
+    case CeCase::odd_shape:
+      return "padded_rows";
+    case CeCase::tiny_vocab:
+      return "vocab2";
+    case CeCase::single_class:
+      return "vocab1";
+    case CeCase::single_row:
+      return "one_row";
+    case CeCase::wide_row:
+      return "vocab50021";
+    case CeCase::int32_target:
+      return "int32_target";
+    case CeCase::custom_ignore_index:
+      return "ignore_index_minus1";
+    case CeCase::no_ignored_rows:
+      return "no_ignored_rows";
+    case CeCase::all_rows_ignored:
+      return "all_rows_ignored";
+    case CeCase::empty_batch:
+      return "empty_batch";
+    case CeCase::nan_row:
+      return "nan_row";
+    case CeCase::targets_at_edges:
+      return "targets_at_edges";
+    case CeCase::in_place:
+      return "in_place";
+    case CeCase::in_place_padded:
+      return "in_place_padded";
+    case CeCase::unit_grad_output:
+      return "absent_grad_output";
+    case CeCase::large_logits:
+      return "large_logits";
+    case CeCase::all_options:
+      return "all_options";
   }
   return "unknown";
 }
@@ -54,22 +71,57 @@ const char* case_name(CeCase c) {
 CeProblem problem_for(CeCase c) {
   CeProblem p;
   switch (c) {
-    case CeCase::odd_shape: p.row_stride = p.vocab + 9; break;
-    case CeCase::tiny_vocab: p.vocab = 2; break;
-    case CeCase::single_class: p.vocab = 1; break;
-    case CeCase::single_row: p.rows = 1; p.ignored_rows = false; break;
-    case CeCase::wide_row: p.rows = 5; p.vocab = 50021; break;
-    case CeCase::int32_target: p.target_dtype = DType::i32; break;
-    case CeCase::custom_ignore_index: p.ignore_index = -1; break;
-    case CeCase::no_ignored_rows: p.ignored_rows = false; break;
-    case CeCase::all_rows_ignored: p.all_ignored = true; break;
-    case CeCase::empty_batch: p.rows = 0; break;
-    case CeCase::nan_row: p.nan_row = true; break;
-    case CeCase::targets_at_edges: p.targets_at_edges = true; break;
-    case CeCase::in_place: p.in_place = true; break;
-    case CeCase::in_place_padded: p.in_place = true; p.row_stride = p.vocab + 3; break;
-    case CeCase::unit_grad_output: p.unit_grad_output = true; break;
-    case CeCase::large_logits: p.logit_sd = 25.0; break;
+    case CeCase::odd_shape:
+      p.row_stride = p.vocab + 9;
+      break;
+    case CeCase::tiny_vocab:
+      p.vocab = 2;
+      break;
+    case CeCase::single_class:
+      p.vocab = 1;
+      break;
+    case CeCase::single_row:
+      p.rows = 1;
+      p.ignored_rows = false;
+      break;
+    case CeCase::wide_row:
+      p.rows = 5;
+      p.vocab = 50021;
+      break;
+    case CeCase::int32_target:
+      p.target_dtype = DType::i32;
+      break;
+    case CeCase::custom_ignore_index:
+      p.ignore_index = -1;
+      break;
+    case CeCase::no_ignored_rows:
+      p.ignored_rows = false;
+      break;
+    case CeCase::all_rows_ignored:
+      p.all_ignored = true;
+      break;
+    case CeCase::empty_batch:
+      p.rows = 0;
+      break;
+    case CeCase::nan_row:
+      p.nan_row = true;
+      break;
+    case CeCase::targets_at_edges:
+      p.targets_at_edges = true;
+      break;
+    case CeCase::in_place:
+      p.in_place = true;
+      break;
+    case CeCase::in_place_padded:
+      p.in_place = true;
+      p.row_stride = p.vocab + 3;
+      break;
+    case CeCase::unit_grad_output:
+      p.unit_grad_output = true;
+      break;
+    case CeCase::large_logits:
+      p.logit_sd = 25.0;
+      break;
     case CeCase::all_options:
       p.options = kSmoothing | kZLoss | kSoftcap | kLogitScale | kClassWeight | kRowWeight;
       break;

@@ -8,8 +8,8 @@
 namespace xent::test {
 
 std::string ce_options_label(unsigned options) {
-  static const char* const names[kCeOptionCount] = {"smoothing", "zloss", "softcap",
-                                                    "scale", "classweight", "rowweight"};
+  static const char* const names[kCeOptionCount] = {"smoothing", "zloss",       "softcap",
+                                                    "scale",     "classweight", "rowweight"};
   return options_label(options, names, kCeOptionCount);
 }
 
@@ -101,9 +101,8 @@ double ce_transformed(const reference::CeSpec& spec, double x) {
 
 void check_ce(const CeProblem& p, Rng& rng) {
   const int64_t rows = p.rows, vocab = p.vocab;
-  const std::vector<int64_t> target = make_targets(rng, rows, vocab, p.ignore_index,
-                                                   p.ignored_rows, p.all_ignored,
-                                                   p.targets_at_edges);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, p.ignore_index, p.ignored_rows,
+                                                   p.all_ignored, p.targets_at_edges);
   Matrix x = rng.matrix(rows, vocab, p.logit_sd);
   // Planted targets make some rows right (accuracy is then not trivially 0).
   for (int64_t n = 0; n < rows; n += 3)
@@ -135,8 +134,7 @@ void check_ce(const CeProblem& p, Rng& rng) {
   }
   const double stat_cancellation =
       is_half(p.dtype) || net == 0.0 ? 1.0 : std::max(1.0, std::sqrt(terms / net));
-  const double stat_tol =
-      stat_tolerance(p.dtype, Family::logits, {}, ref.loss) * stat_cancellation;
+  const double stat_tol = stat_tolerance(p.dtype, Family::logits, {}, ref.loss) * stat_cancellation;
 
   auto check_loss = [&](const Tensor& loss, const char* step) {
     SCOPED_TRACE(step);
@@ -183,8 +181,8 @@ void check_ce(const CeProblem& p, Rng& rng) {
            accuracy = Tensor::scalar(stat), z_value = loss_tensor(p.reduction, rows, p.dtype);
     CeOutputs out;
     out.loss = loss.view();
-    out.stats = {lse.view(), logprob.view(), entropy.view(), argmax.view(), accuracy.view(),
-                 z_value.view()};
+    out.stats = {lse.view(),    logprob.view(),  entropy.view(),
+                 argmax.view(), accuracy.view(), z_value.view()};
     ce_forward(logits.view(), target_tensor.view(), setup.options, out, {}, scratch.workspace());
     finish();
     check_loss(loss, "loss");
@@ -204,8 +202,8 @@ void check_ce(const CeProblem& p, Rng& rng) {
     }
     if (!loss_nan_everywhere) {
       const std::vector<double> z_ref = without_row(ref.z_loss_value, 1, loss_skip);
-      EXPECT_TRUE(close("z_loss_value", without_row(z_value.download(), 1, loss_skip), z_ref,
-                        stat_tol));
+      EXPECT_TRUE(
+          close("z_loss_value", without_row(z_value.download(), 1, loss_skip), z_ref, stat_tol));
     }
 
     const std::vector<int64_t> arg = argmax.download_integers();
@@ -234,7 +232,8 @@ void check_ce(const CeProblem& p, Rng& rng) {
     // 2. Forward with the gradient formed in the same pass (in place when asked).
     SCOPED_TRACE("ce_forward, with gradient");
     Tensor loss2 = loss_tensor(p.reduction, rows, p.dtype);
-    Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
+    Tensor grad_storage =
+        p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
     Tensor& grad = p.in_place ? logits : grad_storage;
     CeOutputs out2;
     out2.loss = loss2.view();

@@ -39,12 +39,12 @@ struct CeProblem {
   unsigned options = 0;
   Reduction reduction = Reduction::mean;
   int64_t ignore_index = -100;
-  bool ignored_rows = true;      // every fifth row ignored
+  bool ignored_rows = true;  // every fifth row ignored
   bool all_ignored = false;
-  bool nan_row = false;          // one row holds a NaN logit
-  bool targets_at_edges = false; // targets 0 and V−1
-  bool in_place = false;         // grad_logits aliases logits
-  bool unit_grad_output = false; // grad_output absent (means 1)
+  bool nan_row = false;           // one row holds a NaN logit
+  bool targets_at_edges = false;  // targets 0 and V−1
+  bool in_place = false;          // grad_logits aliases logits
+  bool unit_grad_output = false;  // grad_output absent (means 1)
   double logit_sd = 2.0;
 };
 

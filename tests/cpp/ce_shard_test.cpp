@@ -89,8 +89,8 @@ void check_shards(const ShardProblem& p, Rng& rng) {
     for (Tensor* t : {&loss, &z_value, &lse, &logprob, &entropy, &argmax, &accuracy}) t->poison();
     CeOutputs out;
     out.loss = loss.view();
-    out.stats = {lse.view(), logprob.view(), entropy.view(), argmax.view(), accuracy.view(),
-                 z_value.view()};
+    out.stats = {lse.view(),    logprob.view(),  entropy.view(),
+                 argmax.view(), accuracy.view(), z_value.view()};
     ce_shard_loss(gathered_tensor.view(), target_tensor.view(), {0, vocab}, setup.options, out,
                   scratch.workspace());
     finish();
@@ -122,7 +122,8 @@ void check_shards(const ShardProblem& p, Rng& rng) {
     const int64_t split = s == 1 ? rows / 2 : rows;
     for (const auto& [begin, end] : {std::pair{int64_t{0}, split}, std::pair{split, rows}}) {
       if (begin == end) continue;
-      const Tensor block = Tensor::of(columns(rows_of(x, begin, end), offsets[s], p.widths[s]), p.dtype);
+      const Tensor block =
+          Tensor::of(columns(rows_of(x, begin, end), offsets[s], p.widths[s]), p.dtype);
       Tensor g = Tensor::matrix(p.dtype, end - begin, p.widths[s]);
       g.poison();
       ce_shard_backward(block.view(), target_tensor.view(), {offsets[s], vocab},
@@ -136,8 +137,8 @@ void check_shards(const ShardProblem& p, Rng& rng) {
               values[static_cast<std::size_t>((r - begin) * p.widths[s] + c)];
     }
   }
-  const double grad_tol = grad_tolerance(p.dtype, Family::logits,
-                                         rounded(ref.grad.values, p.dtype), ref.grad.values);
+  const double grad_tol =
+      grad_tolerance(p.dtype, Family::logits, rounded(ref.grad.values, p.dtype), ref.grad.values);
   EXPECT_TRUE(close("grad_logits", grad.values, ref.grad.values, grad_tol));
 }
 
@@ -168,7 +169,8 @@ INSTANTIATE_TEST_SUITE_P(Options, CeShardGrid,
 TEST(CeShard, EveryOptionOnOneSliceAndOnManySlices) {
   require_device();
   XENT_TEST_RNG(rng);
-  for (const auto& widths : std::vector<std::vector<int64_t>>{{1031}, {1, 1, 1029}, {344, 344, 343}}) {
+  for (const auto& widths :
+       std::vector<std::vector<int64_t>>{{1031}, {1, 1, 1029}, {344, 344, 343}}) {
     SCOPED_TRACE(::testing::Message() << "slices " << widths.size());
     ShardProblem p;
     p.options = kAllCeOptions;
@@ -181,14 +183,23 @@ TEST(CeShard, RejectsASliceOutsideTheVocabulary) {
   const Tensor logits = Tensor::of(Matrix(2, 4), DType::f32);
   const Tensor target = Tensor::of_integers({0, 1}, DType::i64);
   Tensor partial = Tensor::matrix(DType::f32, 2, kCeShardStatsWidth);
-  expect_invalid([&] { ce_shard_stats(logits.view(), target.view(), {7, 10}, {}, partial.view()); },
-                 "vocab_offset", "7");
-  expect_invalid([&] { ce_shard_stats(logits.view(), target.view(), {0, 0}, {}, partial.view()); },
-                 "vocab", "0");
+  expect_invalid(
+      [&] {
+        ce_shard_stats(logits.view(), target.view(), {7, 10}, {}, partial.view());
+      },
+      "vocab_offset", "7");
+  expect_invalid(
+      [&] {
+        ce_shard_stats(logits.view(), target.view(), {0, 0}, {}, partial.view());
+      },
+      "vocab", "0");
   if (!on_gpu()) {
     const Tensor bad = Tensor::of_integers({0, 10}, DType::i64);
-    expect_invalid([&] { ce_shard_stats(logits.view(), bad.view(), {0, 10}, {}, partial.view()); },
-                   "target", "10");
+    expect_invalid(
+        [&] {
+          ce_shard_stats(logits.view(), bad.view(), {0, 10}, {}, partial.view());
+        },
+        "target", "10");
   }
 }
 

@@ -17,7 +17,6 @@ TEST_P(CeGrid, MatchesReference) {
   check_ce(problem, rng);
 }
 
-
 INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, CeGrid,
                          ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
                                             ::testing::ValuesIn(ce_option_sets_up_to_pairs()),

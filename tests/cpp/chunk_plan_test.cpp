@@ -67,12 +67,13 @@ TEST_P(ChunkPlanBudget, StaysWithinBudgetAndCoversEveryRow) {
 
 INSTANTIATE_TEST_SUITE_P(
     PerfShapes, ChunkPlanBudget,
-    ::testing::Combine(::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
-                                         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
-                                         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
-                                         std::make_tuple(int64_t{65536}, int64_t{4096}, int64_t{256000}),
-                                         std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
-                       ::testing::Values(64, 512, 1024)));
+    ::testing::Combine(
+        ::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+                          std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+                          std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
+                          std::make_tuple(int64_t{65536}, int64_t{4096}, int64_t{256000}),
+                          std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
+        ::testing::Values(64, 512, 1024)));
 
 TEST(ChunkPlan, DefaultBudgetKeepsTheWeightGradientComputeBound) {
   // 512 MiB, bf16, V = 128256: the ∂W product must see K >= 1024 rows per chunk (chunk_plan.cpp).
@@ -160,9 +161,9 @@ TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
             << "only whole-row-count tiles write ∂W of a block without an accumulator";
         EXPECT_GE(plan.lse_bytes, static_cast<std::size_t>(rows) * request.saved_row_bytes);
         // Every logits buffer of a row has its tile, the teacher's on the next aligned boundary.
-        EXPECT_GE(plan.tile_buffer_bytes,
-                  static_cast<std::size_t>(plan.tile_rows) * plan.block_columns * 2 *
-                      request.logits_buffers_per_row);
+        EXPECT_GE(plan.tile_buffer_bytes, static_cast<std::size_t>(plan.tile_rows) *
+                                              plan.block_columns * 2 *
+                                              request.logits_buffers_per_row);
         EXPECT_LT(plan.accumulator_bytes, full_accumulator);
         EXPECT_GE(chunk_region_bytes(plan), plan.tile_buffer_bytes + plan.accumulator_bytes);
         break;
@@ -175,11 +176,12 @@ TEST_P(ChunkPlanTrainingBudget, EverythingFitsTheBudget) {
 
 INSTANTIATE_TEST_SUITE_P(
     PerfShapes, ChunkPlanTrainingBudget,
-    ::testing::Combine(::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
-                                         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
-                                         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
-                                         std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
-                       ::testing::Values(64, 512, 1024, 4096)));
+    ::testing::Combine(
+        ::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+                          std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+                          std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
+                          std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
+        ::testing::Values(64, 512, 1024, 4096)));
 
 // The schedule choices the cost model predicts (chunk_plan.cpp) for the docs/performance.md shapes.
 TEST(ChunkPlan, AccumulatorLargerThanTheBudgetGivesVocabularyBlocks) {
@@ -299,8 +301,8 @@ TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
   EXPECT_NEAR(blocks.predicted_ms,
               4 * product_ms + 4 * pass_ms + blocks_reread_ms(blocks, 2, 8192, 4096, 128256), 0.5);
   const double product2_ms = 2.0 * 8192 * 256000 * 2304 / 700e12 * 1e3;  // 13.8 ms
-  const double pass2_ms = 8192.0 * 256000 * 2 / 3e12 * 1e3;                // 1.40 ms
-  const double accumulator_ms = 8.0 * 256000 * 2304 / 3e12 * 1e3;           // 1.57 ms
+  const double pass2_ms = 8192.0 * 256000 * 2 / 3e12 * 1e3;              // 1.40 ms
+  const double accumulator_ms = 8.0 * 256000 * 2304 / 3e12 * 1e3;        // 1.57 ms
   const ChunkPlan rows = plan_chunks(training_request(8192, 2304, 256000, 3072 * kMiB));
   EXPECT_NEAR(rows.predicted_ms,
               3 * product2_ms + 2 * pass2_ms + rows.chunk_count * accumulator_ms +
@@ -362,11 +364,12 @@ TEST_P(StatisticsBlocksBudget, FitsTheBudgetWithTheHiddenAccumulator) {
 
 INSTANTIATE_TEST_SUITE_P(
     PerfShapes, StatisticsBlocksBudget,
-    ::testing::Combine(::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
-                                         std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
-                                         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
-                                         std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
-                       ::testing::Values(64, 256, 512, 1024)));
+    ::testing::Combine(
+        ::testing::Values(std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+                          std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+                          std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256}),
+                          std::make_tuple(int64_t{37}, int64_t{67}, int64_t{1031})),
+        ::testing::Values(64, 256, 512, 1024)));
 
 TEST(ChunkPlan, StatisticsBlocksReplaceRowChunksAtMidBudgets) {
   // At 512 MiB every docs/performance.md shape holds its ∂h accumulator (128 / 72 / 96 MiB) and blocks of
@@ -464,7 +467,8 @@ TEST(ChunkPlan, StatisticsBlocksNeedTheirHiddenAccumulator) {
 // The request of a call whose 16-bit ∂W output (V×H, written over) may hold (d)'s ∂h sums.
 ChunkRequest with_weight_grad_output(ChunkRequest request) {
   request.weight_grad_row_bytes = static_cast<std::size_t>(request.hidden) * 2;
-  request.weight_grad_bytes = static_cast<std::size_t>(request.vocab) * request.weight_grad_row_bytes;
+  request.weight_grad_bytes =
+      static_cast<std::size_t>(request.vocab) * request.weight_grad_row_bytes;
   return request;
 }
 
@@ -503,8 +507,8 @@ TEST(ChunkPlan, StatisticsBlocksKeepHiddenSumsInTheWeightGradient) {
         std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
     for (const std::size_t budget : {64 * kMiB, 128 * kMiB}) {
       if (rows == 32768 && budget > 64 * kMiB) continue;
-      SCOPED_TRACE(::testing::Message() << rows << ", " << hidden << ", " << vocab << " at "
-                                        << budget / kMiB << " MiB");
+      SCOPED_TRACE(::testing::Message()
+                   << rows << ", " << hidden << ", " << vocab << " at " << budget / kMiB << " MiB");
       const ChunkRequest request =
           with_weight_grad_output(statistics_request(rows, hidden, vocab, budget));
       const ChunkPlan plan = plan_chunks(request);
@@ -550,8 +554,8 @@ TEST(ChunkPlan, FusedGradientWavesAreCountedAndSteerTheBlockWidth) {
   // waves on 132 multiprocessors, of which 7 run (docs/archive/perf-notes.md decision 94). Priced, the
   // planner tries every width on the 256-column grid (3584 came from no block count before) and
   // takes blocks with fewer empty slots; unpriced (no tile given), the plan is as before.
-  const ChunkRequest unpriced = with_weight_grad_output(
-      statistics_request(8192, 4096, 128256, 64 * kMiB));
+  const ChunkRequest unpriced =
+      with_weight_grad_output(statistics_request(8192, 4096, 128256, 64 * kMiB));
   ChunkRequest priced = unpriced;
   priced.gradient_tile_rows = 128;
   priced.gradient_tile_columns = 256;
@@ -588,8 +592,8 @@ ChunkRequest sums_request(int64_t rows, int64_t hidden, int64_t vocab, std::size
 // `sweeps` 2 for jsd and tvd), keeping `records` bytes beside the chunk region.
 ChunkRequest distill_statistics_request(int64_t rows, int64_t hidden, int64_t vocab,
                                         std::size_t budget, int sweeps, std::size_t records) {
-  ChunkRequest request = with_weight_grad_output(
-      distill_request(training_request(rows, hidden, vocab, budget)));
+  ChunkRequest request =
+      with_weight_grad_output(distill_request(training_request(rows, hidden, vocab, budget)));
   request.bias_accumulator_bytes = 0;
   request.statistics_product = true;
   request.hidden_gradient = true;

@@ -118,9 +118,8 @@ TEST(CudaRowKernels, DISABLED_BandwidthProbe) {
         out.stats.lse = vector(scalars + 16 + rows, DType::f32, rows, device);
       }
       const Scratch scratch(ce_workspace_size(rows, vocab, options, device));
-      const double ms = median_ms([&] {
-        ce_forward(x, target.view(), options, out, {}, scratch.workspace());
-      });
+      const double ms =
+          median_ms([&] { ce_forward(x, target.view(), options, out, {}, scratch.workspace()); });
       check(cudaGetLastError(), "ce_forward");
       const double moved = variant == 1 ? bytes : 2.0 * bytes;
       const char* names[] = {"fwd+grad", "no grad", "fwd+grad all options"};
@@ -135,8 +134,8 @@ TEST(CudaRowKernels, DISABLED_BandwidthProbe) {
     cudaFree(grad);
   }
 
-  for (const auto& [drows, vocab] : {std::pair<int64_t, int64_t>{4096, 32768},
-                                     std::pair<int64_t, int64_t>{16384, 131072}}) {
+  for (const auto& [drows, vocab] :
+       {std::pair<int64_t, int64_t>{4096, 32768}, std::pair<int64_t, int64_t>{16384, 131072}}) {
     const std::size_t bytes = static_cast<std::size_t>(drows * vocab) * 2;
     void* student = random_buffer(bytes);
     void* teacher = random_buffer(bytes);

@@ -72,8 +72,8 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
   for (Tensor* t : {&loss, &lse, &logprob, &entropy, &argmax, &accuracy, &z_value}) t->poison();
   LinearCeOutputs out;
   out.loss = loss.view();
-  out.stats = {lse.view(), logprob.view(), entropy.view(), argmax.view(), accuracy.view(),
-               z_value.view()};
+  out.stats = {lse.view(),    logprob.view(),  entropy.view(),
+               argmax.view(), accuracy.view(), z_value.view()};
   if (!c.all_stats) out.stats.entropy = out.stats.argmax = out.stats.accuracy = TensorView();
 
   std::optional<HookScope> hook(std::in_place);
@@ -96,8 +96,8 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
 
   auto check_stat = [&](const char* what, const Tensor& t, const std::vector<double>& r,
                         const std::vector<double>& torch_values) {
-    EXPECT_TRUE(close(what, t.download(), r,
-                      stat_tolerance(c.dtype, Family::linear, torch_values, r)));
+    EXPECT_TRUE(
+        close(what, t.download(), r, stat_tolerance(c.dtype, Family::linear, torch_values, r)));
   };
   check_stat("loss", loss, ref.loss, torch.loss);
   check_stat("lse", lse, ref.lse, torch.lse);
@@ -162,15 +162,15 @@ constexpr unsigned kFusedOptions = kAllCeOptions;
 // row, far below the 64-wide K tile), 136 and 1032 (a K residue).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaFusedStats,
-    ::testing::Values(
-        FusedShapeCase{DType::bf16, 77, 8, 1, 0, Reduction::mean},
-        FusedShapeCase{DType::f16, 77, 64, 7, kFusedOptions, Reduction::sum},
-        FusedShapeCase{DType::bf16, 1000, 136, 129, 0, Reduction::none},
-        FusedShapeCase{DType::f16, 1000, 64, 129, kFusedOptions, Reduction::mean},
-        FusedShapeCase{DType::bf16, 77, 1032, 4099, kFusedOptions, Reduction::none},
-        FusedShapeCase{DType::f16, 300, 136, 4099, 0, Reduction::sum},
-        FusedShapeCase{DType::bf16, 1000, 64, 32003, kFusedOptions, Reduction::mean},
-        FusedShapeCase{DType::f16, 77, 136, 32003, kSoftcap | kLogitScale, Reduction::none}),
+    ::testing::Values(FusedShapeCase{DType::bf16, 77, 8, 1, 0, Reduction::mean},
+                      FusedShapeCase{DType::f16, 77, 64, 7, kFusedOptions, Reduction::sum},
+                      FusedShapeCase{DType::bf16, 1000, 136, 129, 0, Reduction::none},
+                      FusedShapeCase{DType::f16, 1000, 64, 129, kFusedOptions, Reduction::mean},
+                      FusedShapeCase{DType::bf16, 77, 1032, 4099, kFusedOptions, Reduction::none},
+                      FusedShapeCase{DType::f16, 300, 136, 4099, 0, Reduction::sum},
+                      FusedShapeCase{DType::bf16, 1000, 64, 32003, kFusedOptions, Reduction::mean},
+                      FusedShapeCase{DType::f16, 77, 136, 32003, kSoftcap | kLogitScale,
+                                     Reduction::none}),
     fused_case_name);
 
 // 200 rows (a residue row tile) of H = 72 (a K residue) with these options and vocabulary.
@@ -256,11 +256,11 @@ TEST_P(CudaFusedStatsNonFinite, MatchesCublasLtPath) {
   layer.weight.at(9, 0) = wide;
   layer.weight.at(9, 1) = wide;
   for (int64_t k = 0; k < hidden; ++k) layer.hidden.at(1, k) = std::nan("");  // all NaN
-  layer.hidden.at(2, 0) = big;                           // +Inf at 3, 700, 1030, 9; -Inf at 5
-  layer.hidden.at(3, 0) = -big;                          // the mirror image
+  layer.hidden.at(2, 0) = big;   // +Inf at 3, 700, 1030, 9; -Inf at 5
+  layer.hidden.at(3, 0) = -big;  // the mirror image
   layer.hidden.at(4, 0) = big;
-  layer.hidden.at(4, 1) = -big;                          // column 9: Inf − Inf = NaN
-  layer.hidden.at(5, 7) = std::nan("");                  // one NaN input: every logit NaN
+  layer.hidden.at(4, 1) = -big;          // column 9: Inf − Inf = NaN
+  layer.hidden.at(5, 7) = std::nan("");  // one NaN input: every logit NaN
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
 
   const Tensor hidden_t = Tensor::of(layer.hidden, dtype);
@@ -352,19 +352,31 @@ INSTANTIATE_TEST_SUITE_P(Rows, CudaFusedStatsNonFinite,
 // chunk, and take the fused path once that path would chunk the rows. Small budgets also split
 // the fused product into row chunks (here 1000 rows into chunks of whole 128-row tiles), which
 // must give the same outputs.
-enum class Policy { lean_default, lean_wide_hidden, extras_default, extras_small_budget,
-                    lean_fused_chunks, extras_fused_chunks };
+enum class Policy {
+  lean_default,
+  lean_wide_hidden,
+  extras_default,
+  extras_small_budget,
+  lean_fused_chunks,
+  extras_fused_chunks
+};
 
 class CudaFusedStatsPolicy : public ::testing::TestWithParam<Policy> {};
 
 std::string policy_name(const ::testing::TestParamInfo<Policy>& info) {
   switch (info.param) {
-    case Policy::lean_default: return "lean_default";
-    case Policy::lean_wide_hidden: return "lean_wide_hidden";
-    case Policy::extras_default: return "extras_default";
-    case Policy::extras_small_budget: return "extras_small_budget";
-    case Policy::lean_fused_chunks: return "lean_fused_chunks";
-    case Policy::extras_fused_chunks: return "extras_fused_chunks";
+    case Policy::lean_default:
+      return "lean_default";
+    case Policy::lean_wide_hidden:
+      return "lean_wide_hidden";
+    case Policy::extras_default:
+      return "extras_default";
+    case Policy::extras_small_budget:
+      return "extras_small_budget";
+    case Policy::lean_fused_chunks:
+      return "lean_fused_chunks";
+    case Policy::extras_fused_chunks:
+      return "extras_fused_chunks";
   }
   return "unknown";
 }
@@ -378,14 +390,20 @@ TEST_P(CudaFusedStatsPolicy, MatchesReference) {
   c.hidden = 64;
   c.vocab = 4099;  // 17 column tiles: 408 bytes of partials per row; logits 8.2 MB in bf16
   switch (GetParam()) {
-    case Policy::lean_default: c.all_stats = false; c.options = kZLoss | kLogitScale; break;
+    case Policy::lean_default:
+      c.all_stats = false;
+      c.options = kZLoss | kLogitScale;
+      break;
     case Policy::lean_wide_hidden:  // a wide H (and a K residue) takes the fused path too
       c.all_stats = false;
       c.rows = 40;
       c.hidden = 4104;
       c.vocab = 300;
       break;
-    case Policy::extras_default: c.expected = Path::fallback; c.options = kSmoothing; break;
+    case Policy::extras_default:
+      c.expected = Path::fallback;
+      c.options = kSmoothing;
+      break;
     case Policy::extras_small_budget:  // the cuBLASLt path would chunk; all partials fit
       c.options = kSmoothing | kSoftcap;
       c.budget = std::size_t{1} << 20;
@@ -404,9 +422,8 @@ TEST_P(CudaFusedStatsPolicy, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Default, CudaFusedStatsPolicy,
                          ::testing::Values(Policy::lean_default, Policy::lean_wide_hidden,
-                                           Policy::extras_default,
-                                           Policy::extras_small_budget, Policy::lean_fused_chunks,
-                                           Policy::extras_fused_chunks),
+                                           Policy::extras_default, Policy::extras_small_budget,
+                                           Policy::lean_fused_chunks, Policy::extras_fused_chunks),
                          policy_name);
 
 // A valid target outside [0, V) on the fused path: as on every GPU path, no synchronisation and
@@ -472,16 +489,22 @@ TEST_P(CudaFusedStatsFallback, MatchesReference) {
   FusedCase c;
   c.expected = Path::fallback;
   switch (GetParam()) {
-    case Decline::unaligned_hidden_rows: c.hidden = 67; break;  // 134-byte rows: no TMA stride
-    case Decline::switched_off: c.fused_switch = cuda::Forced::off; break;
+    case Decline::unaligned_hidden_rows:
+      c.hidden = 67;
+      break;  // 134-byte rows: no TMA stride
+    case Decline::switched_off:
+      c.fused_switch = cuda::Forced::off;
+      break;
   }
   check_fused_forward(c, rng);
 }
 
 std::string decline_name(const ::testing::TestParamInfo<Decline>& info) {
   switch (info.param) {
-    case Decline::unaligned_hidden_rows: return "unaligned_hidden_rows";
-    case Decline::switched_off: return "switched_off";
+    case Decline::unaligned_hidden_rows:
+      return "unaligned_hidden_rows";
+    case Decline::switched_off:
+      return "switched_off";
   }
   return "unknown";
 }

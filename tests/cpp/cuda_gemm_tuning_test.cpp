@@ -104,7 +104,6 @@ struct ProductCase {
 // 2·M·N·K ≥ 2^30 flops with N ≥ 520 and K at the default's limit: timed by default.
 constexpr int64_t kM = 1100, kK = 1024;
 
-
 TEST(CudaGemmTuning, WrittenOverProductIsTimedAndExact) {
   require_device();
   XENT_TEST_RNG(rng);

@@ -55,8 +55,8 @@ struct ReferenceCase {
   // they take the path only with the test hook's reference_path = on.
   bool statistics = false;
   cuda::Forced reference_path = cuda::Forced::planned;  // the test hook's, for the call
-  std::size_t budget = 0;                  // 0: the default workspace budget
-  bool expected = true;                    // the path must run (on compute capability 9.0)
+  std::size_t budget = 0;                               // 0: the default workspace budget
+  bool expected = true;  // the path must run (on compute capability 9.0)
 };
 
 void check_reference_step(const ReferenceCase& c, Rng& rng) {
@@ -129,8 +129,8 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
       out.stats.accuracy = accuracy.view();
     }
     out.grads = grads;
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, grad_output.view(), scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      grad_output.view(), scratch.workspace());
   }
   finish();
   const int64_t ran = cuda::reference_chunk_count() - before;
@@ -149,9 +149,9 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   auto check_stat = [&](const char* what, const Tensor& t, const std::vector<double>& r,
                         const std::vector<double>& torch_values, int64_t skip) {
     const std::vector<double> expected = without_row(r, 1, skip);
-    EXPECT_TRUE(close(what, without_row(t.download(), 1, skip), expected,
-                      stat_tolerance(c.dtype, Family::linear, without_row(torch_values, 1, skip),
-                                     expected)));
+    EXPECT_TRUE(close(
+        what, without_row(t.download(), 1, skip), expected,
+        stat_tolerance(c.dtype, Family::linear, without_row(torch_values, 1, skip), expected)));
   };
   if (!c.backward) {
     if (nan_row >= 0 && c.reduction != Reduction::none) {
@@ -402,9 +402,8 @@ INSTANTIATE_TEST_SUITE_P(
                       c.options = kReferenceOptions;
                       c.reduction = Reduction::none;
                     })},
-        SpecialCase{"statistics_smoothing", statistics_special([](ReferenceCase& c) {
-                      c.options = kSmoothingOptions;
-                    })},
+        SpecialCase{"statistics_smoothing",
+                    statistics_special([](ReferenceCase& c) { c.options = kSmoothingOptions; })},
         SpecialCase{"statistics_huge_losses", statistics_special([](ReferenceCase& c) {
                       c.logits_sd = 40.0;
                       c.options = kSoftcap | kLogitScale;
@@ -413,16 +412,16 @@ INSTANTIATE_TEST_SUITE_P(
                       c.nan_row = true;
                       c.reduction = Reduction::none;
                     })},
-        SpecialCase{"statistics_several_chunks", statistics_special([](ReferenceCase& c) {
-                      c.budget = std::size_t{3} << 20;
-                    })},
+        SpecialCase{"statistics_several_chunks",
+                    statistics_special([](ReferenceCase& c) { c.budget = std::size_t{3} << 20; })},
         // Below kReferenceStatisticsMinHidden the default keeps the row kernel for them; from
         // it on the default takes the statistics form.
         SpecialCase{"statistics_small_hidden_default", special([](ReferenceCase& c) {
                       c.statistics = true;
                       c.expected = false;
                     })},
-        SpecialCase{"statistics_large_hidden_default", [] {
+        SpecialCase{"statistics_large_hidden_default",
+                    [] {
                       ReferenceCase c;
                       c.rows = 77;
                       c.hidden = cuda::kReferenceStatisticsMinHidden;

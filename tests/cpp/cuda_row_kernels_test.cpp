@@ -44,8 +44,8 @@ TEST_P(CudaCeRowKernel, MatchesReference) {
 
 std::string ce_case_name(const ::testing::TestParamInfo<CeKernelCase>& info) {
   const auto [dtype, vocab, padding, options, in_place] = info.param;
-  return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" + std::to_string(padding) +
-         "_" + ce_options_label(options) + (in_place ? "_inplace" : "");
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" + std::to_string(padding) + "_" +
+         ce_options_label(options) + (in_place ? "_inplace" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -95,8 +95,7 @@ INSTANTIATE_TEST_SUITE_P(
     Paths, CudaCeManyRows,
     ::testing::Values(CeManyRowsCase{DType::bf16, 40000, 1500, 0, true, false},
                       CeManyRowsCase{DType::bf16, 4099, 3000, kAllCeOptions, false, true},
-                      CeManyRowsCase{DType::bf16, 131079, 700, kSmoothing | kZLoss, false,
-                                       false},
+                      CeManyRowsCase{DType::bf16, 131079, 700, kSmoothing | kZLoss, false, false},
                       CeManyRowsCase{DType::f32, 32768, 1200, kSoftcap, true, true},
                       CeManyRowsCase{DType::bf16, 32768, 600, kAllCeOptions, false, true},
                       CeManyRowsCase{DType::f16, 65531, 300, kSmoothing | kZLoss, true, false}),
@@ -128,7 +127,8 @@ TEST_P(CudaDistillRowKernel, MatchesReference) {
   hook.reset();
   // Two bf16 inputs of 200003 columns: 100 KB slices in a cluster of 8, so Hopper takes 16.
   int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, test_device().index), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, test_device().index),
+            cudaSuccess);
   if (dtype == DType::bf16 && vocab > 131072 && major >= 9) {
     EXPECT_GT(cuda::distill_rows_wide_cluster_launches(), wide_before);
   } else {
@@ -217,28 +217,26 @@ std::vector<TwoPassCase> two_pass_cases() {
   const std::vector<TwoPassCase> problems = {
       {DType::bf16, 70000, DistillKind::forward_kl, kTemperature, Reduction::mean, true, true, 0,
        false},
-      {DType::bf16, 70000, DistillKind::reverse_kl, kDistillSoftcap, Reduction::none, false,
-       false, 0, false},
+      {DType::bf16, 70000, DistillKind::reverse_kl, kDistillSoftcap, Reduction::none, false, false,
+       0, false},
       {DType::bf16, 200003, DistillKind::forward_kl, kNoTarget, Reduction::sum, false, false, 0,
        false},
       {DType::f32, 300007, DistillKind::reverse_kl, 0, Reduction::mean, false, true, 0, false},
-      {DType::f16, 4099, DistillKind::forward_kl, kTemperature | kDistillSoftcap,
-       Reduction::none, false, false, 3, false},
+      {DType::f16, 4099, DistillKind::forward_kl, kTemperature | kDistillSoftcap, Reduction::none,
+       false, false, 3, false},
       {DType::f32, 1031, DistillKind::reverse_kl, kTemperature, Reduction::sum, true, false, 1,
        false},
-      {DType::bf16, 4099, DistillKind::reverse_kl, kHardAndSoft, Reduction::mean, false, false,
-       0, false},
+      {DType::bf16, 4099, DistillKind::reverse_kl, kHardAndSoft, Reduction::mean, false, false, 0,
+       false},
       {DType::bf16, 70000, DistillKind::soft_ce, kTemperature, Reduction::none, true, false, 0,
        false},
-      {DType::f16, 4099, DistillKind::soft_ce, kDistillSoftcap | kNoTarget, Reduction::sum,
-       false, false, 5, false},
+      {DType::f16, 4099, DistillKind::soft_ce, kDistillSoftcap | kNoTarget, Reduction::sum, false,
+       false, 5, false},
       {DType::bf16, 70000, DistillKind::jsd, kDistillSoftcap, Reduction::mean, false, true, 0,
        false},
-      {DType::f32, 300007, DistillKind::jsd, kTemperature, Reduction::none, true, false, 0,
-       false},
+      {DType::f32, 300007, DistillKind::jsd, kTemperature, Reduction::none, true, false, 0, false},
       {DType::f16, 70001, DistillKind::tvd, kNoTarget, Reduction::mean, false, false, 0, false},
-      {DType::bf16, 200003, DistillKind::tvd, kTemperature, Reduction::sum, true, true, 0,
-       false},
+      {DType::bf16, 200003, DistillKind::tvd, kTemperature, Reduction::sum, true, true, 0, false},
       {DType::bf16, 70001, DistillKind::forward_kl, kHardAndSoft | kTemperature, Reduction::mean,
        true, true, 0, false},
       {DType::f32, 300007, DistillKind::soft_ce, kHardAndSoft, Reduction::none, false, false, 0,
@@ -310,14 +308,15 @@ TEST(CudaCeGraph, CapturedForwardReplaysToTheSameBits) {
     CeOutputs out;
     out.loss = loss.view();
     out.grad_logits = grad.view();
-    ce_forward(logits.view(), target.view(), options, out, {}, scratch.workspace(),
-               Stream{stream});
+    ce_forward(logits.view(), target.view(), options, out, {}, scratch.workspace(), Stream{stream});
   };
-  Tensor direct_loss = Tensor::scalar(DType::f32), direct_grad = Tensor::matrix(DType::bf16, rows, vocab);
+  Tensor direct_loss = Tensor::scalar(DType::f32),
+         direct_grad = Tensor::matrix(DType::bf16, rows, vocab);
   run(direct_loss, direct_grad);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
 
-  Tensor graph_loss = Tensor::scalar(DType::f32), graph_grad = Tensor::matrix(DType::bf16, rows, vocab);
+  Tensor graph_loss = Tensor::scalar(DType::f32),
+         graph_grad = Tensor::matrix(DType::bf16, rows, vocab);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
   run(graph_loss, graph_grad);

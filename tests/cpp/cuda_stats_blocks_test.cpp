@@ -98,8 +98,8 @@ struct ForcedVariant {
     hook->fused_gradient = fused_gradient(v) ? Forced::on : Forced::off;
     hook->hidden_sums =
         sums_in_weight_grad(v) ? cuda::HiddenSums::weight_grad : cuda::HiddenSums::workspace;
-    hook->hidden_sums_head = sums_in_hidden_grad(v, hidden) ? cuda::HiddenSumsHead::always
-                                                            : cuda::HiddenSumsHead::never;
+    hook->hidden_sums_head =
+        sums_in_hidden_grad(v, hidden) ? cuda::HiddenSumsHead::always : cuda::HiddenSumsHead::never;
     if (dtype == DType::f16) hook->hidden_sums_staged_rows = 3;
     if (v == Variant::chunks_fused) hook->reference_path = Forced::off;
   }
@@ -110,12 +110,11 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant, int64_t 
   if (!plan.fits_budget) return false;
   if (variant == Variant::chunks_fused) {
     // one: a chunk of all rows; several: several row chunks.
-    return row_chunks(plan) && (blocks == Blocks::one ? plan.chunk_count == 1
-                                                      : plan.chunk_count >= 2);
+    return row_chunks(plan) &&
+           (blocks == Blocks::one ? plan.chunk_count == 1 : plan.chunk_count >= 2);
   }
-  const cuda::Schedule schedule = statistics_schedule(variant)
-                                      ? cuda::Schedule::statistics_blocks
-                                      : cuda::Schedule::vocabulary_blocks;
+  const cuda::Schedule schedule = statistics_schedule(variant) ? cuda::Schedule::statistics_blocks
+                                                               : cuda::Schedule::vocabulary_blocks;
   if (plan.schedule != schedule) return false;
   if (plan.hidden_sums_in_weight_grad != sums_in_weight_grad(variant)) return false;
   // ... and the first rows' sums in the ∂h output (contiguous and 16-bit here) where asked.
@@ -126,9 +125,12 @@ bool takes(const cuda::ChunkPlan& plan, Blocks blocks, Variant variant, int64_t 
     return false;
   }
   switch (blocks) {
-    case Blocks::one: return plan.block_count == 1;
-    case Blocks::several: return plan.block_count >= 3 && plan.tile_count == 1;
-    case Blocks::row_tiles: return plan.block_count >= 2 && plan.tile_count >= 2;
+    case Blocks::one:
+      return plan.block_count == 1;
+    case Blocks::several:
+      return plan.block_count >= 3 && plan.tile_count == 1;
+    case Blocks::row_tiles:
+      return plan.block_count >= 2 && plan.tile_count >= 2;
   }
   return false;
 }
@@ -142,14 +144,14 @@ std::size_t budget_for(const StatsBlocksCase& c, const LinearCeOptions& base,
   std::size_t budget = options.workspace_budget;
   for (; budget >= 4096; budget -= budget / 16) {
     options.workspace_budget = budget;
-    const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype,
-                                                            options, grads, statistics);
+    const cuda::ChunkPlan plan =
+        cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options, grads, statistics);
     if (takes(plan, c.blocks, c.variant, c.hidden)) break;
   }
   options.workspace_budget = budget;
-  EXPECT_TRUE(takes(cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options,
-                                               grads, statistics),
-                    c.blocks, c.variant, c.hidden))
+  EXPECT_TRUE(takes(
+      cuda::linear_ce_chunk_plan(c.rows, c.hidden, c.vocab, c.dtype, options, grads, statistics),
+      c.blocks, c.variant, c.hidden))
       << "no workspace_budget gives the blocked plan this case asks for";
   return budget;
 }
@@ -182,9 +184,8 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const Tensor target_tensor = Tensor::of_integers(target, DType::i64);
   const Tensor grad_output = upstream_tensor(upstream, c.reduction, rows, c.dtype);
   Tensor grad_hidden = c.want_hidden ? Tensor::matrix(c.dtype, rows, hidden_size) : Tensor();
-  Tensor grad_weight = c.weight != WeightGrad::none
-                           ? Tensor::matrix(weight_dtype, vocab, hidden_size)
-                           : Tensor();
+  Tensor grad_weight =
+      c.weight != WeightGrad::none ? Tensor::matrix(weight_dtype, vocab, hidden_size) : Tensor();
   Tensor grad_bias = want_bias ? Tensor::vector(c.dtype, vocab) : Tensor();
   LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
   grads.accumulate_weight = c.weight == WeightGrad::accumulate_fp32;
@@ -193,8 +194,8 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   options.ce = setup.options;
   options.workspace_budget = budget_for(c, options, grads);
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
-  const Scratch scratch(linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype, options,
-                                                 test_device(), true));
+  const Scratch scratch(
+      linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype, options, test_device(), true));
 
   // The buffer ∂W is added into starts from these values; the check subtracts them.
   const Matrix prefill = rng.matrix(vocab, hidden_size, 0.01);
@@ -215,8 +216,7 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
           &torch_weight = torch_grads.weight.values;
     if (grad_bias.present()) {
       EXPECT_TRUE(close("grads.bias", grad_bias.download(), ref_grads.bias,
-                        grad_tolerance(c.dtype, Family::linear, torch_grads.bias,
-                                       ref_grads.bias)));
+                        grad_tolerance(c.dtype, Family::linear, torch_grads.bias, ref_grads.bias)));
     }
     if (grad_hidden.present()) {
       EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), ref_hidden,
@@ -245,8 +245,8 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     EXPECT_EQ(ran, sm90 || plan.schedule != cuda::Schedule::statistics_blocks ? 1 : 0)
         << "the schedule of this case did not run";
     const bool fused_ran = cuda::fused_grad_count() > fused_before;
-    EXPECT_EQ(fused_ran, sm90 && fused_gradient(c.variant) &&
-                             (c.variant != Variant::chunks_fused || with_lse))
+    EXPECT_EQ(fused_ran,
+              sm90 && fused_gradient(c.variant) && (c.variant != Variant::chunks_fused || with_lse))
         << "the fused gradient product " << (fused_ran ? "ran" : "did not run");
   };
 
@@ -298,10 +298,10 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
     out.loss = loss.view();
     out.stats.lse = lse.view();
     out.stats.entropy = entropy.view();
-    const Scratch forward_scratch(linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype,
-                                                           options, test_device(), false));
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, {}, forward_scratch.workspace());
+    const Scratch forward_scratch(
+        linear_ce_workspace_size(rows, hidden_size, vocab, c.dtype, options, test_device(), false));
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      {}, forward_scratch.workspace());
     finish();
   }
   const std::vector<double> grad_entropy = rng.uniform_vector(rows, -1.0, 1.0);
@@ -330,8 +330,8 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
 }
 
 // (dtype, N, H, V, options, reduction, weight gradient, ∂h wanted, blocks)
-using StatsBlocksParam = std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction,
-                                    WeightGrad, bool, Blocks>;
+using StatsBlocksParam =
+    std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction, WeightGrad, bool, Blocks>;
 
 class CudaStatisticsBlocks
     : public ::testing::TestWithParam<std::tuple<Variant, StatsBlocksParam>> {};
@@ -350,16 +350,19 @@ std::string stats_blocks_name(
     const ::testing::TestParamInfo<std::tuple<Variant, StatsBlocksParam>>& info) {
   const auto [dtype, rows, hidden, vocab, options, reduction, weight, want_hidden, blocks] =
       std::get<1>(info.param);
-  static const char* variants[] = {"d_fused",          "d_cublaslt",        "c_fused",
-                                   "c_cublaslt",       "chunks_fused",      "d_fused_sums_in_dW",
+  static const char* variants[] = {"d_fused",
+                                   "d_cublaslt",
+                                   "c_fused",
+                                   "c_cublaslt",
+                                   "chunks_fused",
+                                   "d_fused_sums_in_dW",
                                    "d_cublaslt_sums_in_dW"};
   static const char* weights[] = {"dW", "dWfp32", "dWadded", "nodW"};
   static const char* block_names[] = {"one", "several", "row_tiles"};
   return std::string(variants[static_cast<int>(std::get<0>(info.param))]) + "_" +
          short_name(dtype) + "_" +
          linear_case_label(rows, hidden, vocab, options & ~kBiasBit, reduction) +
-         ((options & kBiasBit) != 0 ? "_bias" : "") +
-         "_" + weights[static_cast<int>(weight)] +
+         ((options & kBiasBit) != 0 ? "_bias" : "") + "_" + weights[static_cast<int>(weight)] +
          (want_hidden ? "" : "_nodh") + "_" + block_names[static_cast<int>(blocks)];
 }
 
@@ -371,18 +374,18 @@ constexpr unsigned kFusedOptions = kAllCeOptions;
 // option the fused product takes alone and together, every reduction (none with a per-row
 // upstream gradient), each weight-gradient form, ∂h absent, and the three block layouts.
 const StatsBlocksParam kGrid[] = {
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::none, WeightGrad::same_dtype,
-                     true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
-                     true, Blocks::one},
-    StatsBlocksParam{DType::f16, 300, 72, 4099, 0, Reduction::sum, WeightGrad::same_dtype,
-                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::none, WeightGrad::same_dtype, true,
+                     Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype, true,
+                     Blocks::one},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, 0, Reduction::sum, WeightGrad::same_dtype, true,
+                     Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, kSmoothing, Reduction::mean,
                      WeightGrad::same_dtype, true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, kZLoss, Reduction::none,
-                     WeightGrad::same_dtype, true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, kSoftcap, Reduction::sum,
-                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kZLoss, Reduction::none, WeightGrad::same_dtype,
+                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kSoftcap, Reduction::sum, WeightGrad::same_dtype,
+                     true, Blocks::several},
     StatsBlocksParam{DType::f16, 300, 72, 4099, kLogitScale, Reduction::mean,
                      WeightGrad::same_dtype, true, Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, kRowWeight, Reduction::mean,
@@ -393,24 +396,24 @@ const StatsBlocksParam kGrid[] = {
                      WeightGrad::same_dtype, true, Blocks::several},
     StatsBlocksParam{DType::bf16, 300, 72, 4099, kFusedOptions, Reduction::none,
                      WeightGrad::same_dtype, true, Blocks::several},
-    StatsBlocksParam{DType::f16, 300, 72, 4099, kFusedOptions, Reduction::mean,
-                     WeightGrad::fp32, true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean,
-                     WeightGrad::accumulate_fp32, true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, kBiasBit, Reduction::none,
-                     WeightGrad::same_dtype, true, Blocks::several},
+    StatsBlocksParam{DType::f16, 300, 72, 4099, kFusedOptions, Reduction::mean, WeightGrad::fp32,
+                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::accumulate_fp32,
+                     true, Blocks::several},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, kBiasBit, Reduction::none, WeightGrad::same_dtype,
+                     true, Blocks::several},
     StatsBlocksParam{DType::f16, 1000, 136, 4099, kBiasBit | kFusedOptions, Reduction::sum,
                      WeightGrad::same_dtype, true, Blocks::row_tiles},
-    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype,
-                     false, Blocks::several},
-    StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none,
-                     WeightGrad::same_dtype, true, Blocks::row_tiles},
-    StatsBlocksParam{DType::f16, 1000, 136, 4099, kFusedOptions, Reduction::sum,
-                     WeightGrad::fp32, true, Blocks::row_tiles},
+    StatsBlocksParam{DType::bf16, 300, 72, 4099, 0, Reduction::mean, WeightGrad::same_dtype, false,
+                     Blocks::several},
+    StatsBlocksParam{DType::bf16, 1000, 136, 4099, 0, Reduction::none, WeightGrad::same_dtype, true,
+                     Blocks::row_tiles},
+    StatsBlocksParam{DType::f16, 1000, 136, 4099, kFusedOptions, Reduction::sum, WeightGrad::fp32,
+                     true, Blocks::row_tiles},
     StatsBlocksParam{DType::bf16, 77, 8, 32003, kSmoothing | kZLoss, Reduction::mean,
                      WeightGrad::same_dtype, true, Blocks::several},
-    StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none,
-                     WeightGrad::same_dtype, true, Blocks::several}};
+    StatsBlocksParam{DType::bf16, 200, 1032, 2051, 0, Reduction::none, WeightGrad::same_dtype, true,
+                     Blocks::several}};
 
 // Every grid case in every variant whose plan the planner makes at some budget (budget_for
 // asserts it), which leaves out for (c): one block of all V (its first pass already chunks the
@@ -466,8 +469,9 @@ TEST(CudaFusedGradientShare, ManyTilesPerCta) {
     StatsBlocksCase c;
     c.variant = Variant::statistics_fused;
     std::tie(c.dtype, c.rows, c.hidden, c.vocab, c.options, c.reduction, c.weight, c.want_hidden,
-             c.blocks) = StatsBlocksParam{DType::bf16, 1100, 40, 20011, 0, Reduction::none,
-                                          WeightGrad::same_dtype, true, Blocks::one};
+             c.blocks) = StatsBlocksParam{
+        DType::bf16, 1100,       40, 20011, 0, Reduction::none, WeightGrad::same_dtype,
+        true,        Blocks::one};
     check_statistics_blocks(c, rng);
     std::tie(c.dtype, c.options, c.reduction) =
         std::make_tuple(DType::f16, kFusedOptions, Reduction::mean);

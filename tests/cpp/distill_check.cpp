@@ -69,8 +69,8 @@ void check_distill(const DistillProblem& p, Rng& rng) {
   const HardWeightTensors weights =
       p.hard_weights ? add_hard_weights(setup, rng, rows, vocab) : HardWeightTensors{};
   const bool with_target = !(p.options & kNoTarget);
-  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, p.ignored_rows,
-                                                   p.all_ignored, false);
+  const std::vector<int64_t> target =
+      make_targets(rng, rows, vocab, -100, p.ignored_rows, p.all_ignored, false);
   Matrix student = rng.matrix(rows, vocab, p.logit_sd);
   Matrix teacher = p.teacher_sd > 0 ? rng.matrix(rows, vocab, p.teacher_sd)
                                     : make_teacher(rng, student, p.logit_sd);
@@ -102,11 +102,11 @@ void check_distill(const DistillProblem& p, Rng& rng) {
     for (double v : m->values)
       if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
   const double ulp = p.dtype == DType::f64 ? 0x1p-52 : 0x1p-23;
-  const std::vector<double> midpoint_grad = without_row(
-      tvd_ties_at_midpoint(student, teacher, with_target ? &target : nullptr, setup.spec, upstream,
-                           8 * ulp * (largest + 8.0))
-          .grad.values,
-      vocab, nan_row);
+  const std::vector<double> midpoint_grad =
+      without_row(tvd_ties_at_midpoint(student, teacher, with_target ? &target : nullptr,
+                                       setup.spec, upstream, 8 * ulp * (largest + 8.0))
+                      .grad.values,
+                  vocab, nan_row);
   const double grad_tol =
       grad_tolerance(p.dtype, Family::logits, rounded(ref_grad, p.dtype), ref_grad) +
       2 * relative_error(midpoint_grad, ref_grad);
@@ -143,8 +143,7 @@ void check_distill(const DistillProblem& p, Rng& rng) {
     finish();
     check_loss(loss);
   }
-  Tensor grad_storage =
-      p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
+  Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
   Tensor& grad = p.in_place ? student_tensor : grad_storage;
   {
     SCOPED_TRACE("distill_forward, with gradient");

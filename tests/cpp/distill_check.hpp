@@ -45,12 +45,12 @@ struct DistillProblem {
   Reduction reduction = Reduction::mean;
   bool ignored_rows = true;
   bool all_ignored = false;
-  bool nan_row = false;         // one student row holds a NaN
-  bool in_place = false;        // grad_student aliases student
+  bool nan_row = false;   // one student row holds a NaN
+  bool in_place = false;  // grad_student aliases student
   bool unit_grad_output = false;
   double logit_sd = 2.0;
-  double teacher_sd = 0.0;      // > 0: a teacher independent of the student, this peaked
-  bool hard_weights = false;    // class and row weights on the hard term (with kHardAndSoft)
+  double teacher_sd = 0.0;    // > 0: a teacher independent of the student, this peaked
+  bool hard_weights = false;  // class and row weights on the hard term (with kHardAndSoft)
 };
 
 void check_distill(const DistillProblem& problem, Rng& rng);

@@ -76,8 +76,8 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
   const bool with_target = !(p.options & kNoTarget);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, true);
   Matrix student = rng.matrix(rows, vocab, 2.0);
-  Matrix teacher = p.teacher_sd > 0 ? rng.matrix(rows, vocab, p.teacher_sd)
-                                    : make_teacher(rng, student, 2.0);
+  Matrix teacher =
+      p.teacher_sd > 0 ? rng.matrix(rows, vocab, p.teacher_sd) : make_teacher(rng, student, 2.0);
   const int64_t nan_row = p.nan_row && (!with_target || target[3] != -100) ? 3 : -1;
   if (nan_row >= 0) student.at(nan_row, 2) = std::numeric_limits<double>::quiet_NaN();
   student = rounded(student, p.dtype);
@@ -148,8 +148,8 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
       SCOPED_TRACE("distill_shard_loss");
       Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
       loss.poison();
-      distill_shard_loss(merged.view(), merged_sums.view(), target_tensor.view(), rows,
-                         {0, vocab}, setup.options, loss.view(), scratch.workspace());
+      distill_shard_loss(merged.view(), merged_sums.view(), target_tensor.view(), rows, {0, vocab},
+                         setup.options, loss.view(), scratch.workspace());
       finish();
       std::vector<double> out = loss.download();
       std::vector<double> expected = ref.loss;
@@ -160,8 +160,8 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
           EXPECT_TRUE(std::isnan(out[nan_row])) << "NaN row loss " << out[nan_row];
           out[nan_row] = expected[nan_row] = 0;
         }
-        EXPECT_TRUE(close("loss", out, expected,
-                          stat_tolerance(p.dtype, Family::logits, {}, expected)));
+        EXPECT_TRUE(
+            close("loss", out, expected, stat_tolerance(p.dtype, Family::logits, {}, expected)));
       }
     }
 
@@ -201,7 +201,8 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
                              8 * ulp * (largest + 8.0) * static_cast<double>(1 + folds))
             .grad.values;
     if (nan_row >= 0) {
-      for (int64_t i = 0; i < vocab; ++i) midpoint[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
+      for (int64_t i = 0; i < vocab; ++i)
+        midpoint[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
     }
     const double grad_tol =
         grad_tolerance(p.dtype, Family::logits, rounded(expected, p.dtype), expected) +
@@ -323,26 +324,34 @@ TEST(DistillShard, RejectsBadRecordsAndKinds) {
   const Tensor target = Tensor::of_integers({0, 1}, DType::i64);
   Tensor partial = Tensor::matrix(DType::f32, 2, kDistillShardStatsWidth);
   DistillOptions options;
-  expect_invalid([&] {
-    distill_shard_stats(logits.view(), logits.view(), target.view(), {7, 10}, options,
-                        partial.view());
-  }, "vocab_offset", "7");
+  expect_invalid(
+      [&] {
+        distill_shard_stats(logits.view(), logits.view(), target.view(), {7, 10}, options,
+                            partial.view());
+      },
+      "vocab_offset", "7");
   Tensor narrow = Tensor::matrix(DType::f32, 2, kCeShardStatsWidth);
-  expect_invalid([&] {
-    distill_shard_stats(logits.view(), logits.view(), target.view(), {0, 10}, options,
-                        narrow.view());
-  }, "partial", "9");
+  expect_invalid(
+      [&] {
+        distill_shard_stats(logits.view(), logits.view(), target.view(), {0, 10}, options,
+                            narrow.view());
+      },
+      "partial", "9");
   Tensor sums = Tensor::matrix(DType::f32, 2, kDistillShardSumsWidth);
-  expect_invalid([&] {
-    distill_shard_sums(logits.view(), logits.view(), target.view(), {0, 10}, partial.view(),
-                       options, sums.view());
-  }, "kind", "forward_kl");
+  expect_invalid(
+      [&] {
+        distill_shard_sums(logits.view(), logits.view(), target.view(), {0, 10}, partial.view(),
+                           options, sums.view());
+      },
+      "kind", "forward_kl");
   options.kind = DistillKind::jsd;
   Tensor loss = Tensor::scalar(DType::f32);
-  expect_invalid([&] {
-    distill_shard_loss(partial.view(), Tensor().view(), target.view(), 2, {0, 10}, options,
-                       loss.view());
-  }, "gathered_sums", "absent");
+  expect_invalid(
+      [&] {
+        distill_shard_loss(partial.view(), Tensor().view(), target.view(), 2, {0, 10}, options,
+                           loss.view());
+      },
+      "gathered_sums", "absent");
 }
 
 }  // namespace

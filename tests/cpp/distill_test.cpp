@@ -28,7 +28,6 @@ std::string grid_name(const ::testing::TestParamInfo<DistillGridParam>& info) {
          reduction_label(std::get<3>(info.param));
 }
 
-
 // fp32 gets the whole grid, bf16 each option alone, fp16 and fp64 (CPU) a cross-section: every
 // dtype meets every kind, and the suite stays fast.
 INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, DistillGrid,
@@ -52,13 +51,12 @@ std::vector<DType> other_dtypes() {
   return dtypes;
 }
 
-INSTANTIATE_TEST_SUITE_P(OtherDtypes, DistillGrid,
-                         ::testing::Combine(::testing::ValuesIn(other_dtypes()),
-                                            ::testing::ValuesIn(kKinds),
-                                            ::testing::Values(kTemperature | kDistillSoftcap,
-                                                              kHardAndSoft),
-                                            ::testing::Values(Reduction::none, Reduction::mean)),
-                         grid_name);
+INSTANTIATE_TEST_SUITE_P(
+    OtherDtypes, DistillGrid,
+    ::testing::Combine(::testing::ValuesIn(other_dtypes()), ::testing::ValuesIn(kKinds),
+                       ::testing::Values(kTemperature | kDistillSoftcap, kHardAndSoft),
+                       ::testing::Values(Reduction::none, Reduction::mean)),
+    grid_name);
 
 // ---- special cases ----------------------------------------------------------------------------
 
@@ -78,17 +76,28 @@ enum class DistillCase {
 
 const char* case_name(DistillCase c) {
   switch (c) {
-    case DistillCase::jsd_beta_0: return "jsd_beta0";
-    case DistillCase::jsd_beta_quarter: return "jsd_beta025";
-    case DistillCase::jsd_beta_1: return "jsd_beta1";
-    case DistillCase::all_rows_ignored: return "all_rows_ignored";
-    case DistillCase::empty_batch: return "empty_batch";
-    case DistillCase::nan_row: return "nan_row";
-    case DistillCase::in_place: return "in_place";
-    case DistillCase::padded_rows: return "padded_rows";
-    case DistillCase::absent_grad_output: return "absent_grad_output";
-    case DistillCase::peaked_teacher: return "peaked";
-    case DistillCase::small_vocab: return "vocab3";
+    case DistillCase::jsd_beta_0:
+      return "jsd_beta0";
+    case DistillCase::jsd_beta_quarter:
+      return "jsd_beta025";
+    case DistillCase::jsd_beta_1:
+      return "jsd_beta1";
+    case DistillCase::all_rows_ignored:
+      return "all_rows_ignored";
+    case DistillCase::empty_batch:
+      return "empty_batch";
+    case DistillCase::nan_row:
+      return "nan_row";
+    case DistillCase::in_place:
+      return "in_place";
+    case DistillCase::padded_rows:
+      return "padded_rows";
+    case DistillCase::absent_grad_output:
+      return "absent_grad_output";
+    case DistillCase::peaked_teacher:
+      return "peaked";
+    case DistillCase::small_vocab:
+      return "vocab3";
   }
   return "unknown";
 }
@@ -108,17 +117,44 @@ TEST_P(DistillCases, MatchesReference) {
   p.kind = kind;
   p.reduction = reduction;
   switch (which) {
-    case DistillCase::jsd_beta_0: p.kind = DistillKind::jsd; p.beta = 0.0; break;
-    case DistillCase::jsd_beta_quarter: p.kind = DistillKind::jsd; p.beta = 0.25; break;
-    case DistillCase::jsd_beta_1: p.kind = DistillKind::jsd; p.beta = 1.0; break;
-    case DistillCase::all_rows_ignored: p.all_ignored = true; p.options = kHardAndSoft; break;
-    case DistillCase::empty_batch: p.rows = 0; break;
-    case DistillCase::nan_row: p.nan_row = true; break;
-    case DistillCase::in_place: p.in_place = true; p.options = kTemperature; break;
-    case DistillCase::padded_rows: p.row_stride = p.vocab + 5; break;
-    case DistillCase::absent_grad_output: p.unit_grad_output = true; break;
-    case DistillCase::peaked_teacher: p.teacher_sd = 30.0; break;
-    case DistillCase::small_vocab: p.vocab = 3; break;
+    case DistillCase::jsd_beta_0:
+      p.kind = DistillKind::jsd;
+      p.beta = 0.0;
+      break;
+    case DistillCase::jsd_beta_quarter:
+      p.kind = DistillKind::jsd;
+      p.beta = 0.25;
+      break;
+    case DistillCase::jsd_beta_1:
+      p.kind = DistillKind::jsd;
+      p.beta = 1.0;
+      break;
+    case DistillCase::all_rows_ignored:
+      p.all_ignored = true;
+      p.options = kHardAndSoft;
+      break;
+    case DistillCase::empty_batch:
+      p.rows = 0;
+      break;
+    case DistillCase::nan_row:
+      p.nan_row = true;
+      break;
+    case DistillCase::in_place:
+      p.in_place = true;
+      p.options = kTemperature;
+      break;
+    case DistillCase::padded_rows:
+      p.row_stride = p.vocab + 5;
+      break;
+    case DistillCase::absent_grad_output:
+      p.unit_grad_output = true;
+      break;
+    case DistillCase::peaked_teacher:
+      p.teacher_sd = 30.0;
+      break;
+    case DistillCase::small_vocab:
+      p.vocab = 3;
+      break;
   }
   check_distill(p, rng);
 }
@@ -132,13 +168,13 @@ std::string case_param_name(const ::testing::TestParamInfo<DistillCaseParam>& in
          reduction_label(std::get<3>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    JsdBeta, DistillCases,
-    ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                       ::testing::Values(DistillCase::jsd_beta_0, DistillCase::jsd_beta_quarter,
-                                         DistillCase::jsd_beta_1),
-                       ::testing::Values(DistillKind::jsd), kAllReductions),
-    case_param_name);
+INSTANTIATE_TEST_SUITE_P(JsdBeta, DistillCases,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
+                                            ::testing::Values(DistillCase::jsd_beta_0,
+                                                              DistillCase::jsd_beta_quarter,
+                                                              DistillCase::jsd_beta_1),
+                                            ::testing::Values(DistillKind::jsd), kAllReductions),
+                         case_param_name);
 
 const auto kSpecialCases = ::testing::Values(
     DistillCase::all_rows_ignored, DistillCase::empty_batch, DistillCase::nan_row,

@@ -34,8 +34,10 @@ struct Call {
 
   // Outputs, poisoned.
   Tensor loss = Tensor::scalar(DType::f32);
-  Tensor stat_lse = Tensor::vector(DType::f32, kRows), stat_logprob = Tensor::vector(DType::f32, kRows),
-         stat_entropy = Tensor::vector(DType::f32, kRows), stat_argmax = Tensor::vector(DType::i64, kRows),
+  Tensor stat_lse = Tensor::vector(DType::f32, kRows),
+         stat_logprob = Tensor::vector(DType::f32, kRows),
+         stat_entropy = Tensor::vector(DType::f32, kRows),
+         stat_argmax = Tensor::vector(DType::i64, kRows),
          stat_accuracy = Tensor::scalar(DType::f32), stat_z = Tensor::scalar(DType::f32);
   Tensor grad_logits = Tensor::matrix(DType::f32, kRows, kVocab);
   Tensor grad_hidden = Tensor::matrix(DType::f32, kRows, kHidden);
@@ -71,22 +73,28 @@ struct Call {
     grad_weight_view = grad_weight.view();
     grad_bias_view = grad_bias.view();
     linear_teacher = Teacher{{}, teacher_hidden.view(), teacher_weight.view()};
-    stats = {stat_lse.view(), stat_logprob.view(), stat_entropy.view(), stat_argmax.view(),
-             stat_accuracy.view(), stat_z.view()};
+    stats = {stat_lse.view(),    stat_logprob.view(),  stat_entropy.view(),
+             stat_argmax.view(), stat_accuracy.view(), stat_z.view()};
   }
 
   bool outputs_untouched() const {
-    for (const Tensor* t : {&loss, &stat_lse, &stat_logprob, &stat_entropy, &stat_argmax,
-                            &stat_accuracy, &stat_z, &grad_logits, &grad_hidden, &grad_weight,
-                            &grad_bias})
+    for (const Tensor* t :
+         {&loss, &stat_lse, &stat_logprob, &stat_entropy, &stat_argmax, &stat_accuracy, &stat_z,
+          &grad_logits, &grad_hidden, &grad_weight, &grad_bias})
       if (!t->untouched()) return false;
     return true;
   }
 };
 
 enum class Entry {
-  ce_forward, ce_backward, distill_forward, distill_backward, linear_ce_forward,
-  linear_ce_backward, linear_distill_forward, linear_distill_backward
+  ce_forward,
+  ce_backward,
+  distill_forward,
+  distill_backward,
+  linear_ce_forward,
+  linear_ce_backward,
+  linear_distill_forward,
+  linear_distill_backward
 };
 
 // Workspaces are sized from the (valid) sizes; errors are raised before any is used.
@@ -113,8 +121,8 @@ void invoke(Entry entry, Call& c) {
     }
     case Entry::distill_backward: {
       const Scratch s(distill_workspace_size(kRows, kVocab, DistillOptions{}, device));
-      distill_backward(c.logits_view, c.teacher_view, c.target_view, c.grad_output_view,
-                       c.distill, c.grad_logits_view, s.workspace());
+      distill_backward(c.logits_view, c.teacher_view, c.target_view, c.grad_output_view, c.distill,
+                       c.grad_logits_view, s.workspace());
       break;
     }
     case Entry::linear_ce_forward:
@@ -122,9 +130,9 @@ void invoke(Entry entry, Call& c) {
       c.linear_ce.ce = c.ce;
       c.linear_ce.workspace_budget = c.budget;
       LinearCeOptions sizing;
-      const Scratch s(on_gpu() ? linear_ce_workspace_size(kRows, kHidden, kVocab, c.dtype, sizing,
-                                                          device, true)
-                               : 0);
+      const Scratch s(
+          on_gpu() ? linear_ce_workspace_size(kRows, kHidden, kVocab, c.dtype, sizing, device, true)
+                   : 0);
       const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view,
                                   c.accumulate_weight};
       if (entry == Entry::linear_ce_forward) {
@@ -141,10 +149,10 @@ void invoke(Entry entry, Call& c) {
       c.linear_distill.distill = c.distill;
       c.linear_distill.workspace_budget = c.budget;
       LinearDistillOptions sizing;
-      const Scratch s(on_gpu() ? linear_distill_workspace_size(kRows, kHidden, kTeacherHidden,
-                                                               kVocab, c.dtype, sizing, device,
-                                                               true)
-                               : 0);
+      const Scratch s(on_gpu()
+                          ? linear_distill_workspace_size(kRows, kHidden, kTeacherHidden, kVocab,
+                                                          c.dtype, sizing, device, true)
+                          : 0);
       const LinearGradients grads{c.grad_hidden_view, c.grad_weight_view, c.grad_bias_view,
                                   c.accumulate_weight};
       if (entry == Entry::linear_distill_forward) {
@@ -201,147 +209,240 @@ std::vector<ErrorCase> error_cases() {
   // ---- ce (§1) ----
   for (const Entry e : {E::ce_forward, E::ce_backward}) {
     const std::string f = e == E::ce_forward ? "ce_forward_" : "ce_backward_";
-    add(f + "target_above_vocab", e, [](Call& c) {
-      c.target_values[2] = kVocab;
-      c.target.upload_integers(c.target_values);
-    }, "target", "= 97", true);
-    add(f + "target_negative", e, [](Call& c) {
-      c.target_values[1] = -5;
-      c.target.upload_integers(c.target_values);
-    }, "target", "-5", true);
-    add(f + "label_smoothing_above_1", e, [](Call& c) { c.ce.label_smoothing = 1.5; },
+    add(
+        f + "target_above_vocab", e,
+        [](Call& c) {
+          c.target_values[2] = kVocab;
+          c.target.upload_integers(c.target_values);
+        },
+        "target", "= 97", true);
+    add(
+        f + "target_negative", e,
+        [](Call& c) {
+          c.target_values[1] = -5;
+          c.target.upload_integers(c.target_values);
+        },
+        "target", "-5", true);
+    add(
+        f + "label_smoothing_above_1", e, [](Call& c) { c.ce.label_smoothing = 1.5; },
         "label_smoothing", "1.5");
-    add(f + "label_smoothing_negative", e, [](Call& c) { c.ce.label_smoothing = -0.25; },
+    add(
+        f + "label_smoothing_negative", e, [](Call& c) { c.ce.label_smoothing = -0.25; },
         "label_smoothing", "-0.25");
-    add(f + "z_loss_negative", e, [](Call& c) { c.ce.z_loss = -0.5; }, "z_loss", "-0.5");
-    add(f + "softcap_zero", e, [](Call& c) { c.ce.softcap = 0.0; }, "softcap", "got 0");
-    add(f + "softcap_negative", e, [](Call& c) { c.ce.softcap = -3.0; }, "softcap", "-3");
-    add(f + "logit_scale_zero", e, [](Call& c) { c.ce.logit_scale = 0.0; }, "logit_scale", "got 0");
-    add(f + "logit_scale_negative", e, [](Call& c) { c.ce.logit_scale = -2.0; }, "logit_scale", "-2");
-    add(f + "logit_scale_inf", e, [](Call& c) { c.ce.logit_scale = kInf; }, "logit_scale", "inf");
-    add(f + "logit_scale_nan", e, [](Call& c) { c.ce.logit_scale = kNaN; }, "logit_scale", "nan");
-    add(f + "target_length", e, [](Call& c) {
-      c.target_view = Keep::hold(Tensor::of_integers({1, 2, 3}, DType::i64));
-    }, "target", "[3]");
-    add(f + "target_float", e, [](Call& c) { c.target_view = retyped(c.target_view, DType::f32); },
+    add(
+        f + "z_loss_negative", e, [](Call& c) { c.ce.z_loss = -0.5; }, "z_loss", "-0.5");
+    add(
+        f + "softcap_zero", e, [](Call& c) { c.ce.softcap = 0.0; }, "softcap", "got 0");
+    add(
+        f + "softcap_negative", e, [](Call& c) { c.ce.softcap = -3.0; }, "softcap", "-3");
+    add(
+        f + "logit_scale_zero", e, [](Call& c) { c.ce.logit_scale = 0.0; }, "logit_scale", "got 0");
+    add(
+        f + "logit_scale_negative", e, [](Call& c) { c.ce.logit_scale = -2.0; }, "logit_scale",
+        "-2");
+    add(
+        f + "logit_scale_inf", e, [](Call& c) { c.ce.logit_scale = kInf; }, "logit_scale", "inf");
+    add(
+        f + "logit_scale_nan", e, [](Call& c) { c.ce.logit_scale = kNaN; }, "logit_scale", "nan");
+    add(
+        f + "target_length", e,
+        [](Call& c) {
+          c.target_view = Keep::hold(Tensor::of_integers({1, 2, 3}, DType::i64));
+        },
+        "target", "[3]");
+    add(
+        f + "target_float", e, [](Call& c) { c.target_view = retyped(c.target_view, DType::f32); },
         "target", "float32");
-    add(f + "logits_integer", e, [](Call& c) { c.logits_view = retyped(c.logits_view, DType::i64); },
-        "logits", "int64");
-    add(f + "no_classes", e, [](Call& c) { c.logits_view.cols = 0; }, "logits", "V = 0");
-    add(f + "class_weight_length", e, [](Call& c) {
-      c.ce.class_weight = Keep::hold(Tensor::of(std::vector<double>(kVocab - 1, 1.0), DType::f32));
-    }, "class_weight", "[96]");
-    add(f + "class_weight_dtype", e, [](Call& c) {
-      c.ce.class_weight = Keep::hold(Tensor::of(std::vector<double>(kVocab, 1.0), DType::bf16));
-    }, "class_weight", "bfloat16");
-    add(f + "class_weight_negative", e, [](Call& c) {
-      std::vector<double> w(kVocab, 1.0);
-      w[4] = -1.0;
-      c.ce.class_weight = Keep::hold(Tensor::of(w, DType::f32));
-    }, "class_weight", "-1", true);
-    add(f + "row_weight_length", e, [](Call& c) {
-      c.ce.row_weight = Keep::hold(Tensor::of(std::vector<double>(kRows + 1, 1.0), DType::f32));
-    }, "row_weight", "[8]");
-    add(f + "grad_logits_shape", e, [](Call& c) { c.grad_logits_view.cols = kVocab - 1; },
+    add(
+        f + "logits_integer", e,
+        [](Call& c) { c.logits_view = retyped(c.logits_view, DType::i64); }, "logits", "int64");
+    add(
+        f + "no_classes", e, [](Call& c) { c.logits_view.cols = 0; }, "logits", "V = 0");
+    add(
+        f + "class_weight_length", e,
+        [](Call& c) {
+          c.ce.class_weight =
+              Keep::hold(Tensor::of(std::vector<double>(kVocab - 1, 1.0), DType::f32));
+        },
+        "class_weight", "[96]");
+    add(
+        f + "class_weight_dtype", e,
+        [](Call& c) {
+          c.ce.class_weight = Keep::hold(Tensor::of(std::vector<double>(kVocab, 1.0), DType::bf16));
+        },
+        "class_weight", "bfloat16");
+    add(
+        f + "class_weight_negative", e,
+        [](Call& c) {
+          std::vector<double> w(kVocab, 1.0);
+          w[4] = -1.0;
+          c.ce.class_weight = Keep::hold(Tensor::of(w, DType::f32));
+        },
+        "class_weight", "-1", true);
+    add(
+        f + "row_weight_length", e,
+        [](Call& c) {
+          c.ce.row_weight = Keep::hold(Tensor::of(std::vector<double>(kRows + 1, 1.0), DType::f32));
+        },
+        "row_weight", "[8]");
+    add(
+        f + "grad_logits_shape", e, [](Call& c) { c.grad_logits_view.cols = kVocab - 1; },
         "grad_logits", "[7, 96]");
-    add(f + "grad_logits_dtype", e, [](Call& c) {
-      c.grad_logits_view = retyped(c.grad_logits_view, DType::bf16);
-    }, "grad_logits", "bfloat16");
-    add(f + "grad_output_shape", e, [](Call& c) {
-      c.grad_output_view = Keep::hold(Tensor::of(std::vector<double>(kRows, 1.0), DType::f32));
-    }, "grad_output", "[7]");
-    add(f + "grad_logits_partial_overlap", e, [](Call& c) {
-      c.grad_logits_view = c.logits_view;
-      c.grad_logits_view.data = static_cast<float*>(c.logits_view.data) + kVocab;
-      c.grad_logits_view.rows = kRows - 1;
-      c.logits_view.rows = kRows - 1;
-      c.target_view.rows = kRows - 1;
-      c.lse_view.rows = kRows - 1;
-      c.stats = {};
-    }, "grad_logits", "partial overlap");
+    add(
+        f + "grad_logits_dtype", e,
+        [](Call& c) { c.grad_logits_view = retyped(c.grad_logits_view, DType::bf16); },
+        "grad_logits", "bfloat16");
+    add(
+        f + "grad_output_shape", e,
+        [](Call& c) {
+          c.grad_output_view = Keep::hold(Tensor::of(std::vector<double>(kRows, 1.0), DType::f32));
+        },
+        "grad_output", "[7]");
+    add(
+        f + "grad_logits_partial_overlap", e,
+        [](Call& c) {
+          c.grad_logits_view = c.logits_view;
+          c.grad_logits_view.data = static_cast<float*>(c.logits_view.data) + kVocab;
+          c.grad_logits_view.rows = kRows - 1;
+          c.logits_view.rows = kRows - 1;
+          c.target_view.rows = kRows - 1;
+          c.lse_view.rows = kRows - 1;
+          c.stats = {};
+        },
+        "grad_logits", "partial overlap");
   }
-  add("ce_forward_loss_missing", E::ce_forward, [](Call& c) { c.loss_view = {}; }, "loss",
+  add(
+      "ce_forward_loss_missing", E::ce_forward, [](Call& c) { c.loss_view = {}; }, "loss",
       "absent");
-  add("ce_forward_loss_shape_for_none", E::ce_forward,
+  add(
+      "ce_forward_loss_shape_for_none", E::ce_forward,
       [](Call& c) { c.ce.reduction = Reduction::none; }, "loss", "scalar");
-  add("ce_forward_argmax_dtype", E::ce_forward,
+  add(
+      "ce_forward_argmax_dtype", E::ce_forward,
       [](Call& c) { c.stats.argmax = retyped(c.stats.argmax, DType::f32); }, "argmax", "float32");
-  add("ce_backward_lse_length", E::ce_backward, [](Call& c) { c.lse_view.rows = kRows - 1; },
-      "lse", "[6]");
-  add("ce_backward_grad_logits_missing", E::ce_backward, [](Call& c) { c.grad_logits_view = {}; },
+  add(
+      "ce_backward_lse_length", E::ce_backward, [](Call& c) { c.lse_view.rows = kRows - 1; }, "lse",
+      "[6]");
+  add(
+      "ce_backward_grad_logits_missing", E::ce_backward, [](Call& c) { c.grad_logits_view = {}; },
       "grad_logits", "absent");
 
   // ---- distill (§3) ----
   for (const Entry e : {E::distill_forward, E::distill_backward}) {
     const std::string f = e == E::distill_forward ? "distill_forward_" : "distill_backward_";
-    add(f + "temperature_zero", e, [](Call& c) { c.distill.temperature = 0; }, "temperature", "got 0");
-    add(f + "temperature_negative", e, [](Call& c) { c.distill.temperature = -1.5; },
-        "temperature", "-1.5");
-    add(f + "temperature_nan", e, [](Call& c) { c.distill.temperature = kNaN; }, "temperature",
+    add(
+        f + "temperature_zero", e, [](Call& c) { c.distill.temperature = 0; }, "temperature",
+        "got 0");
+    add(
+        f + "temperature_negative", e, [](Call& c) { c.distill.temperature = -1.5; }, "temperature",
+        "-1.5");
+    add(
+        f + "temperature_nan", e, [](Call& c) { c.distill.temperature = kNaN; }, "temperature",
         "nan");
-    add(f + "beta_above_1", e, [](Call& c) { c.distill.beta = 1.25; }, "beta", "1.25");
-    add(f + "beta_negative", e, [](Call& c) { c.distill.beta = -0.1; }, "beta", "-0.1");
-    add(f + "softcap_zero", e, [](Call& c) { c.distill.softcap = 0.0; }, "softcap", "got 0");
-    add(f + "soft_weight_negative", e, [](Call& c) { c.distill.soft_weight = -1; }, "soft_weight", "-1");
-    add(f + "hard_weight_without_target", e, [](Call& c) {
-      c.distill.hard_weight = 0.5;
-      c.target_view = {};
-    }, "target", "absent");
-    add(f + "teacher_shape", e, [](Call& c) { c.teacher_view.cols = kVocab - 1; }, "teacher",
+    add(
+        f + "beta_above_1", e, [](Call& c) { c.distill.beta = 1.25; }, "beta", "1.25");
+    add(
+        f + "beta_negative", e, [](Call& c) { c.distill.beta = -0.1; }, "beta", "-0.1");
+    add(
+        f + "softcap_zero", e, [](Call& c) { c.distill.softcap = 0.0; }, "softcap", "got 0");
+    add(
+        f + "soft_weight_negative", e, [](Call& c) { c.distill.soft_weight = -1; }, "soft_weight",
+        "-1");
+    add(
+        f + "hard_weight_without_target", e,
+        [](Call& c) {
+          c.distill.hard_weight = 0.5;
+          c.target_view = {};
+        },
+        "target", "absent");
+    add(
+        f + "teacher_shape", e, [](Call& c) { c.teacher_view.cols = kVocab - 1; }, "teacher",
         "[7, 96]");
-    add(f + "teacher_dtype", e, [](Call& c) { c.teacher_view = retyped(c.teacher_view, DType::f16); },
-        "teacher", "float16");
-    add(f + "teacher_missing", e, [](Call& c) { c.teacher_view = {}; }, "teacher", "absent");
-    add(f + "target_above_vocab", e, [](Call& c) {
-      c.target_values[0] = kVocab + 3;
-      c.target.upload_integers(c.target_values);
-    }, "target", "100", true);
-    add(f + "hard_label_smoothing", e, [](Call& c) { c.distill.ce.label_smoothing = 2; },
+    add(
+        f + "teacher_dtype", e,
+        [](Call& c) { c.teacher_view = retyped(c.teacher_view, DType::f16); }, "teacher",
+        "float16");
+    add(
+        f + "teacher_missing", e, [](Call& c) { c.teacher_view = {}; }, "teacher", "absent");
+    add(
+        f + "target_above_vocab", e,
+        [](Call& c) {
+          c.target_values[0] = kVocab + 3;
+          c.target.upload_integers(c.target_values);
+        },
+        "target", "100", true);
+    add(
+        f + "hard_label_smoothing", e, [](Call& c) { c.distill.ce.label_smoothing = 2; },
         "label_smoothing", "got 2");
-    add(f + "grad_student_shape", e, [](Call& c) { c.grad_logits_view.rows = kRows + 1; },
+    add(
+        f + "grad_student_shape", e, [](Call& c) { c.grad_logits_view.rows = kRows + 1; },
         "grad_student", "[8, 97]");
   }
 
   // ---- linear_ce (§2) ----
   for (const Entry e : {E::linear_ce_forward, E::linear_ce_backward}) {
     const std::string f = e == E::linear_ce_forward ? "linear_ce_forward_" : "linear_ce_backward_";
-    add(f + "weight_hidden_size", e, [](Call& c) { c.weight_view.cols = kHidden - 1; }, "weight",
+    add(
+        f + "weight_hidden_size", e, [](Call& c) { c.weight_view.cols = kHidden - 1; }, "weight",
         "[97, 10]");
-    add(f + "weight_dtype", e, [](Call& c) { c.weight_view = retyped(c.weight_view, DType::f16); },
+    add(
+        f + "weight_dtype", e, [](Call& c) { c.weight_view = retyped(c.weight_view, DType::f16); },
         "weight", "float16");
-    add(f + "bias_length", e, [](Call& c) { c.bias_view.rows = kVocab - 1; }, "bias", "[96]");
-    add(f + "budget_too_small", e, [](Call& c) { c.budget = 1; }, "workspace_budget", "got 1 ");
-    add(f + "grad_weight_dtype", e, [](Call& c) {
-      c.grad_weight_view = retyped(c.grad_weight_view, DType::f16);
-    }, "grads.weight", "float16");
-    add(f + "grad_bias_without_bias", e, [](Call& c) { c.bias_view = {}; }, "grads.bias", "[97]");
-    add(f + "grad_hidden_shape", e, [](Call& c) { c.grad_hidden_view.rows = kRows - 1; },
+    add(
+        f + "bias_length", e, [](Call& c) { c.bias_view.rows = kVocab - 1; }, "bias", "[96]");
+    add(
+        f + "budget_too_small", e, [](Call& c) { c.budget = 1; }, "workspace_budget", "got 1 ");
+    add(
+        f + "grad_weight_dtype", e,
+        [](Call& c) { c.grad_weight_view = retyped(c.grad_weight_view, DType::f16); },
+        "grads.weight", "float16");
+    add(
+        f + "grad_bias_without_bias", e, [](Call& c) { c.bias_view = {}; }, "grads.bias", "[97]");
+    add(
+        f + "grad_hidden_shape", e, [](Call& c) { c.grad_hidden_view.rows = kRows - 1; },
         "grads.hidden", "[6, 11]");
-    add(f + "label_smoothing", e, [](Call& c) { c.ce.label_smoothing = 1.5; }, "label_smoothing",
+    add(
+        f + "label_smoothing", e, [](Call& c) { c.ce.label_smoothing = 1.5; }, "label_smoothing",
         "1.5");
-    add(f + "softcap_negative", e, [](Call& c) { c.ce.softcap = -1.0; }, "softcap", "-1");
-    add(f + "target_above_vocab", e, [](Call& c) {
-      c.target_values[3] = kVocab;
-      c.target.upload_integers(c.target_values);
-    }, "target", "= 97", true);
+    add(
+        f + "softcap_negative", e, [](Call& c) { c.ce.softcap = -1.0; }, "softcap", "-1");
+    add(
+        f + "target_above_vocab", e,
+        [](Call& c) {
+          c.target_values[3] = kVocab;
+          c.target.upload_integers(c.target_values);
+        },
+        "target", "= 97", true);
     // accumulate_weight: an fp32 [V, H] buffer on the op's device (float64 for float64 layers).
-    add(f + "accumulate_weight_without_buffer", e, [](Call& c) {
-      c.accumulate_weight = true;
-      c.grad_weight_view = {};
-    }, "grads.weight", "missing");
-    add(f + "accumulate_weight_16_bit_buffer", e, [](Call& c) {
-      c.accumulate_weight = true;
-      c.grad_weight_view = retyped(c.grad_weight_view, DType::bf16);
-    }, "grads.weight", "accumulate_weight: got bfloat16");
-    add(f + "accumulate_weight_shape", e, [](Call& c) {
-      c.accumulate_weight = true;
-      c.grad_weight_view.rows = kVocab - 1;
-    }, "grads.weight", "[96, 11]");
+    add(
+        f + "accumulate_weight_without_buffer", e,
+        [](Call& c) {
+          c.accumulate_weight = true;
+          c.grad_weight_view = {};
+        },
+        "grads.weight", "missing");
+    add(
+        f + "accumulate_weight_16_bit_buffer", e,
+        [](Call& c) {
+          c.accumulate_weight = true;
+          c.grad_weight_view = retyped(c.grad_weight_view, DType::bf16);
+        },
+        "grads.weight", "accumulate_weight: got bfloat16");
+    add(
+        f + "accumulate_weight_shape", e,
+        [](Call& c) {
+          c.accumulate_weight = true;
+          c.grad_weight_view.rows = kVocab - 1;
+        },
+        "grads.weight", "[96, 11]");
     if (on_gpu()) {
-      add(f + "accumulate_weight_on_host", e, [](Call& c) {
-        c.accumulate_weight = true;
-        c.grad_weight_view.device = Device{DeviceKind::cpu, 0};
-      }, "grads.weight", "cpu:0");
+      add(
+          f + "accumulate_weight_on_host", e,
+          [](Call& c) {
+            c.accumulate_weight = true;
+            c.grad_weight_view.device = Device{DeviceKind::cpu, 0};
+          },
+          "grads.weight", "cpu:0");
     }
   }
 
@@ -350,69 +451,108 @@ std::vector<ErrorCase> error_cases() {
     const std::string f =
         e == E::linear_distill_forward ? "linear_distill_forward_" : "linear_distill_backward_";
     const auto no_bias = [](Call& c) { c.grad_bias_view = {}; };
-    add(f + "teacher_both_forms", e, [=](Call& c) {
-      no_bias(c);
-      c.linear_teacher.logits = c.teacher_view;
-    }, "teacher", "logits and hidden/weight");
-    add(f + "teacher_neither_form", e, [=](Call& c) {
-      no_bias(c);
-      c.linear_teacher = {};
-    }, "teacher", "neither");
-    add(f + "teacher_hidden_rows", e, [=](Call& c) {
-      no_bias(c);
-      c.linear_teacher.hidden.rows = kRows - 2;
-    }, "teacher.hidden", "[5, 5]");
-    add(f + "teacher_weight_rows", e, [=](Call& c) {
-      no_bias(c);
-      c.linear_teacher.weight.rows = kVocab - 2;
-    }, "teacher.weight", "[95, 5]");
-    add(f + "teacher_logits_shape", e, [=](Call& c) {
-      no_bias(c);
-      c.linear_teacher = {c.teacher_view, {}, {}};
-      c.linear_teacher.logits.cols = kVocab - 1;
-    }, "teacher.logits", "[7, 96]");
-    add(f + "grad_bias_present", e, [](Call&) {}, "grads.bias", "[97]");
-    add(f + "temperature_zero", e, [=](Call& c) {
-      no_bias(c);
-      c.distill.temperature = 0;
-    }, "temperature", "got 0");
-    add(f + "student_weight_hidden_size", e, [=](Call& c) {
-      no_bias(c);
-      c.weight_view.cols = kHidden + 1;
-    }, "student_weight", "[97, 12]");
-    add(f + "budget_too_small", e, [=](Call& c) {
-      no_bias(c);
-      c.budget = 1;
-    }, "workspace_budget", "got 1 ");
-    add(f + "accumulate_weight_16_bit_buffer", e, [=](Call& c) {
-      no_bias(c);
-      c.accumulate_weight = true;
-      c.grad_weight_view = retyped(c.grad_weight_view, DType::f16);
-    }, "grads.weight", "accumulate_weight: got float16");
+    add(
+        f + "teacher_both_forms", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.linear_teacher.logits = c.teacher_view;
+        },
+        "teacher", "logits and hidden/weight");
+    add(
+        f + "teacher_neither_form", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.linear_teacher = {};
+        },
+        "teacher", "neither");
+    add(
+        f + "teacher_hidden_rows", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.linear_teacher.hidden.rows = kRows - 2;
+        },
+        "teacher.hidden", "[5, 5]");
+    add(
+        f + "teacher_weight_rows", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.linear_teacher.weight.rows = kVocab - 2;
+        },
+        "teacher.weight", "[95, 5]");
+    add(
+        f + "teacher_logits_shape", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.linear_teacher = {c.teacher_view, {}, {}};
+          c.linear_teacher.logits.cols = kVocab - 1;
+        },
+        "teacher.logits", "[7, 96]");
+    add(
+        f + "grad_bias_present", e, [](Call&) {}, "grads.bias", "[97]");
+    add(
+        f + "temperature_zero", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.distill.temperature = 0;
+        },
+        "temperature", "got 0");
+    add(
+        f + "student_weight_hidden_size", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.weight_view.cols = kHidden + 1;
+        },
+        "student_weight", "[97, 12]");
+    add(
+        f + "budget_too_small", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.budget = 1;
+        },
+        "workspace_budget", "got 1 ");
+    add(
+        f + "accumulate_weight_16_bit_buffer", e,
+        [=](Call& c) {
+          no_bias(c);
+          c.accumulate_weight = true;
+          c.grad_weight_view = retyped(c.grad_weight_view, DType::f16);
+        },
+        "grads.weight", "accumulate_weight: got float16");
   }
   if (on_gpu()) {
-    add("ce_forward_float64_on_gpu", E::ce_forward, [](Call& c) {
-      c.logits_view = retyped(c.logits_view, DType::f64);
-      c.grad_logits_view = {};
-    }, "logits", "float64");
+    add(
+        "ce_forward_float64_on_gpu", E::ce_forward,
+        [](Call& c) {
+          c.logits_view = retyped(c.logits_view, DType::f64);
+          c.grad_logits_view = {};
+        },
+        "logits", "float64");
   } else {
     // Results follow the input: float64 for float64 inputs, float32 otherwise (the views are
     // only retyped: validation rejects them before any element is read).
-    add("ce_forward_float64_logits_float32_loss", E::ce_forward, [](Call& c) {
-      c.logits_view = retyped(c.logits_view, DType::f64);
-    }, "loss", "expected float64");
-    add("ce_forward_float32_logits_float64_loss", E::ce_forward, [](Call& c) {
-      c.loss_view = retyped(c.loss_view, DType::f64);
-    }, "loss", "expected float32");
-    add("ce_backward_float64_logits_float32_grad_output", E::ce_backward, [](Call& c) {
-      c.logits_view = retyped(c.logits_view, DType::f64);
-      c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
-      c.lse_view = {};
-    }, "grad_output", "expected float64");
-    add("ce_backward_float64_logits_float32_lse", E::ce_backward, [](Call& c) {
-      c.logits_view = retyped(c.logits_view, DType::f64);
-      c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
-    }, "lse", "expected float64");
+    add(
+        "ce_forward_float64_logits_float32_loss", E::ce_forward,
+        [](Call& c) { c.logits_view = retyped(c.logits_view, DType::f64); }, "loss",
+        "expected float64");
+    add(
+        "ce_forward_float32_logits_float64_loss", E::ce_forward,
+        [](Call& c) { c.loss_view = retyped(c.loss_view, DType::f64); }, "loss",
+        "expected float32");
+    add(
+        "ce_backward_float64_logits_float32_grad_output", E::ce_backward,
+        [](Call& c) {
+          c.logits_view = retyped(c.logits_view, DType::f64);
+          c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
+          c.lse_view = {};
+        },
+        "grad_output", "expected float64");
+    add(
+        "ce_backward_float64_logits_float32_lse", E::ce_backward,
+        [](Call& c) {
+          c.logits_view = retyped(c.logits_view, DType::f64);
+          c.grad_logits_view = retyped(c.grad_logits_view, DType::f64);
+        },
+        "lse", "expected float64");
   }
   return cases;
 }

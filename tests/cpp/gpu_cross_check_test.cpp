@@ -63,7 +63,8 @@ TEST_P(CrossCheck, Ce) {
   const reference::CeResult ref = reference::ce(x, target, setup.spec, upstream);
 
   // CUDA.
-  const Tensor logits = Tensor::of(x, dtype), target_tensor = Tensor::of_integers(target, DType::i64);
+  const Tensor logits = Tensor::of(x, dtype),
+               target_tensor = Tensor::of_integers(target, DType::i64);
   const Tensor grad_output = upstream_tensor(upstream, Reduction::none, rows);
   Tensor loss = Tensor::vector(DType::f32, rows), lse = Tensor::vector(DType::f32, rows),
          grad = Tensor::matrix(dtype, rows, vocab);
@@ -81,7 +82,8 @@ TEST_P(CrossCheck, Ce) {
   HostTensor h_grad_output = HostTensor::of(upstream.values, DType::f32);
   HostTensor h_class = HostTensor::of(setup.spec.class_weight, DType::f32);
   HostTensor h_row = HostTensor::of(setup.spec.row_weight, DType::f32);
-  HostTensor h_loss = HostTensor::output(DType::f32, 1, rows), h_lse = HostTensor::output(DType::f32, 1, rows),
+  HostTensor h_loss = HostTensor::output(DType::f32, 1, rows),
+             h_lse = HostTensor::output(DType::f32, 1, rows),
              h_grad = HostTensor::output(dtype, 2, rows, vocab);
   CeOptions cpu_options = setup.options;
   cpu_options.class_weight = h_class.view();
@@ -95,9 +97,9 @@ TEST_P(CrossCheck, Ce) {
   const double stat_tol = stat_tolerance(dtype, Family::logits, {}, ref.loss);
   expect_agree("loss", loss.download(), h_loss.values(), ref.loss, stat_tol);
   expect_agree("lse", lse.download(), h_lse.values(), ref.lse, stat_tol);
-  expect_agree("grad_logits", grad.download(), h_grad.values(), ref.grad.values,
-               grad_tolerance(dtype, Family::logits, rounded(ref.grad.values, dtype),
-                              ref.grad.values));
+  expect_agree(
+      "grad_logits", grad.download(), h_grad.values(), ref.grad.values,
+      grad_tolerance(dtype, Family::logits, rounded(ref.grad.values, dtype), ref.grad.values));
 }
 
 TEST_P(CrossCheck, Distill) {
@@ -107,8 +109,8 @@ TEST_P(CrossCheck, Distill) {
   const Matrix s = rounded(rng.matrix(rows, vocab, 2.0), dtype);
   const Matrix t = rounded(make_teacher(rng, s, 2.0), dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
-  for (const DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl,
-                                 DistillKind::jsd, DistillKind::soft_ce, DistillKind::tvd}) {
+  for (const DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl, DistillKind::jsd,
+                                 DistillKind::soft_ce, DistillKind::tvd}) {
     SCOPED_TRACE(distill_kind_name(kind));
     const DistillSetup setup =
         make_distill_setup(kind, kTemperature | kHardAndSoft, Reduction::mean, 0.5);
@@ -136,10 +138,10 @@ TEST_P(CrossCheck, Distill) {
         tvd_ties_at_midpoint(s, t, &target, setup.spec, upstream, 1e-5);
     expect_agree("loss", loss.download(), h_loss.values(), ref.loss,
                  stat_tolerance(dtype, Family::logits, {}, ref.loss));
-    expect_agree("grad_student", grad.download(), h_grad.values(), ref.grad.values,
-                 grad_tolerance(dtype, Family::logits, rounded(ref.grad.values, dtype),
-                                ref.grad.values) +
-                     2 * relative_error(midpoint.grad.values, ref.grad.values));
+    expect_agree(
+        "grad_student", grad.download(), h_grad.values(), ref.grad.values,
+        grad_tolerance(dtype, Family::logits, rounded(ref.grad.values, dtype), ref.grad.values) +
+            2 * relative_error(midpoint.grad.values, ref.grad.values));
   }
 }
 
@@ -186,12 +188,12 @@ TEST_P(CrossCheck, LinearCe) {
 
   expect_agree("loss", loss.download(), h_loss.values(), ref.ce.loss,
                stat_tolerance(dtype, Family::linear, torch.loss, ref.ce.loss));
-  expect_agree("grads.hidden", dh.download(), h_dh.values(), ref.grads.hidden.values,
-               grad_tolerance(dtype, Family::linear, torch_grads.hidden.values,
-                              ref.grads.hidden.values));
-  expect_agree("grads.weight", dw.download(), h_dw.values(), ref.grads.weight.values,
-               grad_tolerance(dtype, Family::linear, torch_grads.weight.values,
-                              ref.grads.weight.values));
+  expect_agree(
+      "grads.hidden", dh.download(), h_dh.values(), ref.grads.hidden.values,
+      grad_tolerance(dtype, Family::linear, torch_grads.hidden.values, ref.grads.hidden.values));
+  expect_agree(
+      "grads.weight", dw.download(), h_dw.values(), ref.grads.weight.values,
+      grad_tolerance(dtype, Family::linear, torch_grads.weight.values, ref.grads.weight.values));
   expect_agree("grads.bias", db.download(), h_db.values(), ref.grads.bias,
                grad_tolerance(dtype, Family::linear, torch_grads.bias, ref.grads.bias));
 }
@@ -201,10 +203,11 @@ TEST_P(CrossCheck, LinearDistill) {
   const DType dtype = GetParam();
   const int64_t rows = 259, hidden = 128, teacher_hidden = 96, vocab = 8191;
   const LinearLayer student = make_linear_layer(rng, rows, hidden, vocab, false, 2.0, dtype);
-  const LinearLayer teacher = make_linear_layer(rng, rows, teacher_hidden, vocab, false, 2.0, dtype);
+  const LinearLayer teacher =
+      make_linear_layer(rng, rows, teacher_hidden, vocab, false, 2.0, dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
-  const DistillSetup setup = make_distill_setup(DistillKind::reverse_kl, kTemperature,
-                                                Reduction::none, 0.5);
+  const DistillSetup setup =
+      make_distill_setup(DistillKind::reverse_kl, kTemperature, Reduction::none, 0.5);
   const reference::Upstream upstream = make_upstream(rng, Reduction::none, rows, false);
   const Matrix s = reference::linear_logits(student.hidden, student.weight, {});
   const Matrix t = reference::linear_logits(teacher.hidden, teacher.weight, {});
@@ -234,8 +237,9 @@ TEST_P(CrossCheck, LinearDistill) {
   finish();
 
   HostTensor hh = HostTensor::of(student.hidden, dtype), hw = HostTensor::of(student.weight, dtype),
-             hth = HostTensor::of(teacher.hidden, dtype), htw = HostTensor::of(teacher.weight, dtype),
-             hy = HostTensor::of_integers(target), hg = HostTensor::of(upstream.values, DType::f32);
+             hth = HostTensor::of(teacher.hidden, dtype),
+             htw = HostTensor::of(teacher.weight, dtype), hy = HostTensor::of_integers(target),
+             hg = HostTensor::of(upstream.values, DType::f32);
   HostTensor h_loss = HostTensor::output(DType::f32, 1, rows),
              h_dh = HostTensor::output(dtype, 2, rows, hidden),
              h_dw = HostTensor::output(dtype, 2, vocab, hidden);
@@ -244,12 +248,12 @@ TEST_P(CrossCheck, LinearDistill) {
 
   expect_agree("loss", loss.download(), h_loss.values(), ref.loss,
                stat_tolerance(dtype, Family::linear, torch.loss, ref.loss));
-  expect_agree("grads.hidden", dh.download(), h_dh.values(), ref_grads.hidden.values,
-               grad_tolerance(dtype, Family::linear, torch_grads.hidden.values,
-                              ref_grads.hidden.values));
-  expect_agree("grads.weight", dw.download(), h_dw.values(), ref_grads.weight.values,
-               grad_tolerance(dtype, Family::linear, torch_grads.weight.values,
-                              ref_grads.weight.values));
+  expect_agree(
+      "grads.hidden", dh.download(), h_dh.values(), ref_grads.hidden.values,
+      grad_tolerance(dtype, Family::linear, torch_grads.hidden.values, ref_grads.hidden.values));
+  expect_agree(
+      "grads.weight", dw.download(), h_dw.values(), ref_grads.weight.values,
+      grad_tolerance(dtype, Family::linear, torch_grads.weight.values, ref_grads.weight.values));
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, CrossCheck, ::testing::Values(DType::f32, DType::bf16, DType::f16),

@@ -100,8 +100,9 @@ TEST(GpuHuge, CeBeyondTwoToThe31Elements) {
     if (target[n] == -100) continue;
     const int64_t pattern = n % kPatterns;
     const double lse_value = pattern_stats.lse[pattern];
-    const double smoothing_part = pattern_stats.loss[pattern] - (1 - spec.label_smoothing) *
-                                                                     (lse_value - patterns.at(pattern, 0));
+    const double smoothing_part =
+        pattern_stats.loss[pattern] -
+        (1 - spec.label_smoothing) * (lse_value - patterns.at(pattern, 0));
     expected_loss[n] =
         (1 - spec.label_smoothing) * (lse_value - patterns.at(pattern, target[n])) + smoothing_part;
   }
@@ -174,8 +175,8 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
     }
   }
   hook.reset();
-  EXPECT_TRUE(close("grads.weight, small budget against default", grad_weights[1],
-                    grad_weights[0], 1e-4));
+  EXPECT_TRUE(
+      close("grads.weight, small budget against default", grad_weights[1], grad_weights[0], 1e-4));
 
   // Sampled rows against the float64 reference (rows are independent under `none`).
   const std::vector<int64_t> sampled = {0, 1, 777, 32768, 50001, kRows - 1};
@@ -195,8 +196,8 @@ TEST(GpuHuge, LinearCeAtDefaultBudget) {
   }
   reference::CeSpec spec;
   spec.reduction = Reduction::none;
-  const reference::LinearCeResult ref = reference::linear_ce(sample_hidden, layer.weight, {},
-                                                             sample_target, spec, sample_upstream);
+  const reference::LinearCeResult ref =
+      reference::linear_ce(sample_hidden, layer.weight, {}, sample_target, spec, sample_upstream);
   const Matrix logits = reference::linear_logits(sample_hidden, layer.weight, {});
   const reference::CeResult torch =
       reference::ce(rounded(logits, DType::bf16), sample_target, spec, sample_upstream);

@@ -41,9 +41,12 @@ struct Shape {
 // only where the blocks are wider still.
 Shape shape_for(WeightSchedule schedule) {
   switch (schedule) {
-    case WeightSchedule::blocks: return Shape{23, 256, 16411};
-    case WeightSchedule::block_tiles: return Shape{37, 256, 24593};
-    default: return Shape{37, 67, 1031};
+    case WeightSchedule::blocks:
+      return Shape{23, 256, 16411};
+    case WeightSchedule::block_tiles:
+      return Shape{37, 256, 24593};
+    default:
+      return Shape{37, 67, 1031};
   }
 }
 
@@ -54,10 +57,14 @@ bool takes(const cuda::ChunkPlan& plan, WeightSchedule schedule) {
   const bool blocked = plan.schedule == cuda::Schedule::vocabulary_blocks ||
                        plan.schedule == cuda::Schedule::statistics_blocks;
   switch (schedule) {
-    case WeightSchedule::one_chunk: return !blocked && plan.chunk_count == 1;
-    case WeightSchedule::row_chunks: return !blocked && plan.chunk_count > 1;
-    case WeightSchedule::blocks: return blocked && plan.block_count >= 2 && plan.tile_count == 1;
-    case WeightSchedule::block_tiles: return blocked && plan.tile_count > 1;
+    case WeightSchedule::one_chunk:
+      return !blocked && plan.chunk_count == 1;
+    case WeightSchedule::row_chunks:
+      return !blocked && plan.chunk_count > 1;
+    case WeightSchedule::blocks:
+      return blocked && plan.block_count >= 2 && plan.tile_count == 1;
+    case WeightSchedule::block_tiles:
+      return blocked && plan.tile_count > 1;
   }
   return false;
 }
@@ -127,10 +134,10 @@ struct Prefilled {
   Matrix values;
   Tensor buffer;
   Prefilled(Rng& rng, const Matrix& grad_weight, DType dtype)
-      : values(rounded(rng.matrix(grad_weight.rows, grad_weight.cols,
-                                  norm(grad_weight.values) /
-                                      std::sqrt(double(grad_weight.values.size()))),
-                       dtype)),
+      : values(rounded(
+            rng.matrix(grad_weight.rows, grad_weight.cols,
+                       norm(grad_weight.values) / std::sqrt(double(grad_weight.values.size()))),
+            dtype)),
         buffer(Tensor::of(values, dtype)) {}
   void refill() { buffer.upload(values.values); }
   // What the calls since the prefill added, per call (divided by `calls`).
@@ -155,8 +162,8 @@ WeightReference weight_reference(const Matrix& grad, const Matrix& torch_grad,
 
 void expect_added(const char* what, const Prefilled& prefilled, int calls,
                   const std::vector<double>& ref, const std::vector<double>& torch, DType dtype) {
-  EXPECT_TRUE(close(what, prefilled.added(calls), ref,
-                    grad_tolerance(dtype, Family::linear, torch, ref)));
+  EXPECT_TRUE(
+      close(what, prefilled.added(calls), ref, grad_tolerance(dtype, Family::linear, torch, ref)));
 }
 
 using AccumulateParam = std::tuple<DType, WeightSchedule, Reduction>;
@@ -207,9 +214,9 @@ TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
     EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), grads_ref.ref.hidden.values,
                       grad_tolerance(dtype, Family::linear, grads_ref.torch.hidden.values,
                                      grads_ref.ref.hidden.values)));
-    EXPECT_TRUE(close("grads.bias", grad_bias.download(), grads_ref.ref.bias,
-                      grad_tolerance(dtype, Family::linear, grads_ref.torch.bias,
-                                     grads_ref.ref.bias)));
+    EXPECT_TRUE(
+        close("grads.bias", grad_bias.download(), grads_ref.ref.bias,
+              grad_tolerance(dtype, Family::linear, grads_ref.torch.bias, grads_ref.ref.bias)));
   };
 
   Tensor loss = loss_tensor(reduction, rows, dtype);
@@ -221,8 +228,8 @@ TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
     out.stats.lse = lse.view();
     out.stats.entropy = entropy.view();
     out.grads = grads;
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, grad_output.view(), scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      grad_output.view(), scratch.workspace());
     finish();
     expect_added("buffer − prefill", prefilled, 1, grads_ref.ref.weight.values,
                  grads_ref.torch.weight.values, dtype);
@@ -251,8 +258,8 @@ TEST_P(LinearCeAccumulate, AddsIntoTheBuffer) {
     for (std::size_t i = 0; i < g.values.size(); ++i) g.values[i] += e.values[i];
     return g;
   };
-  const WeightReference entropy_ref = weight_reference(
-      with_entropy(logits, ref), with_entropy(torch_logits, torch), layer, dtype);
+  const WeightReference entropy_ref =
+      weight_reference(with_entropy(logits, ref), with_entropy(torch_logits, torch), layer, dtype);
   const Tensor grad_entropy = Tensor::of(grad_entropy_values, buffer_dtype);
   prefilled.refill();
   linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), lse.view(),
@@ -270,13 +277,12 @@ std::vector<DType> accumulate_dtypes() {
 }
 
 std::string accumulate_name(const ::testing::TestParamInfo<AccumulateParam>& info) {
-  return short_name(std::get<0>(info.param)) + "_" + schedule_name(std::get<1>(info.param)) +
-         "_" + reduction_label(std::get<2>(info.param));
+  return short_name(std::get<0>(info.param)) + "_" + schedule_name(std::get<1>(info.param)) + "_" +
+         reduction_label(std::get<2>(info.param));
 }
 
-const auto kSchedules =
-    ::testing::Values(WeightSchedule::one_chunk, WeightSchedule::row_chunks,
-                      WeightSchedule::blocks, WeightSchedule::block_tiles);
+const auto kSchedules = ::testing::Values(WeightSchedule::one_chunk, WeightSchedule::row_chunks,
+                                          WeightSchedule::blocks, WeightSchedule::block_tiles);
 
 INSTANTIATE_TEST_SUITE_P(Schedules, LinearCeAccumulate,
                          ::testing::Combine(::testing::ValuesIn(accumulate_dtypes()), kSchedules,
@@ -297,8 +303,8 @@ TEST_P(LinearDistillAccumulate, AddsIntoTheBuffer) {
   const Matrix torch_logits = is_half(dtype) ? rounded(logits, dtype) : logits;
   const WeightReference grads_ref = weight_reference(
       reference::distill(logits, teacher_logits, &target, setup.spec, upstream).grad,
-      reference::distill(torch_logits, teacher_logits, &target, setup.spec, upstream).grad,
-      student, dtype);
+      reference::distill(torch_logits, teacher_logits, &target, setup.spec, upstream).grad, student,
+      dtype);
 
   const Tensor hidden = Tensor::of(student.hidden, dtype);
   const Tensor weight = Tensor::of(student.weight, dtype);
@@ -314,13 +320,12 @@ TEST_P(LinearDistillAccumulate, AddsIntoTheBuffer) {
   options.distill = setup.options;
   options.workspace_budget = budget_for(schedule, shape, dtype, options, grads);
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
-  const Scratch scratch(on_gpu() ? linear_distill_workspace_size(rows, hidden_size, 0, vocab,
-                                                                 dtype, options, test_device(),
-                                                                 true)
+  const Scratch scratch(on_gpu() ? linear_distill_workspace_size(rows, hidden_size, 0, vocab, dtype,
+                                                                 options, test_device(), true)
                                  : 0);
   Tensor loss = loss_tensor(reduction, rows, dtype);
-  linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
-                         options, {loss.view(), grads}, grad_output.view(), scratch.workspace());
+  linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(), options,
+                         {loss.view(), grads}, grad_output.view(), scratch.workspace());
   finish();
   expect_added("forward: buffer − prefill", prefilled, 1, grads_ref.ref.weight.values,
                grads_ref.torch.weight.values, dtype);
@@ -332,8 +337,8 @@ TEST_P(LinearDistillAccumulate, AddsIntoTheBuffer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, LinearDistillAccumulate,
-                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                                            kSchedules, ::testing::Values(Reduction::sum)),
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16), kSchedules,
+                                            ::testing::Values(Reduction::sum)),
                          accumulate_name);
 
 // ---- an empty batch adds nothing; a float64 layer takes a float64 buffer ----------------------
@@ -343,8 +348,8 @@ TEST(LinearCeAccumulateEdges, EmptyBatchLeavesTheBufferAsItWas) {
   XENT_TEST_RNG(rng);
   const int64_t hidden_size = 67, vocab = 1031;
   const Tensor hidden = Tensor::matrix(DType::bf16, 0, hidden_size);
-  const Tensor weight = Tensor::of(rounded(rng.matrix(vocab, hidden_size, 0.2), DType::bf16),
-                                   DType::bf16);
+  const Tensor weight =
+      Tensor::of(rounded(rng.matrix(vocab, hidden_size, 0.2), DType::bf16), DType::bf16);
   const Tensor target = Tensor::vector(DType::i64, 0);
   const Matrix prefill = rounded(rng.matrix(vocab, hidden_size, 1.0), DType::f32);
   Tensor buffer = Tensor::of(prefill, DType::f32);
@@ -371,19 +376,21 @@ TEST(LinearCeAccumulateEdges, BufferDtypeFollowsTheLayer) {
   auto call = [&](DType layer_dtype, DType buffer_dtype) {
     const Tensor hidden = Tensor::of(rng.matrix(rows, hidden_size, 1.0), layer_dtype);
     const Tensor weight = Tensor::of(rng.matrix(vocab, hidden_size, 0.3), layer_dtype);
-    const Tensor target = Tensor::of_integers(make_targets(rng, rows, vocab, -100, false, false,
-                                                           false), DType::i64);
+    const Tensor target =
+        Tensor::of_integers(make_targets(rng, rows, vocab, -100, false, false, false), DType::i64);
     Tensor buffer = Tensor::matrix(buffer_dtype, vocab, hidden_size);
     LinearGradients grads{{}, buffer.view(), {}};
     grads.accumulate_weight = true;
     Tensor loss = Tensor::scalar(result_dtype(layer_dtype));
-    const Scratch scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab,
-                                                              layer_dtype, {}, test_device(), true)
+    const Scratch scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab, layer_dtype,
+                                                              {}, test_device(), true)
                                    : 0);
-    expect_invalid([&] {
-      linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), {},
-                        {loss.view(), {}, grads}, {}, scratch.workspace());
-    }, "grads.weight", std::string("accumulate_weight: got ") + dtype_name(buffer_dtype));
+    expect_invalid(
+        [&] {
+          linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), {},
+                            {loss.view(), {}, grads}, {}, scratch.workspace());
+        },
+        "grads.weight", std::string("accumulate_weight: got ") + dtype_name(buffer_dtype));
     EXPECT_TRUE(buffer.untouched() && loss.untouched()) << "an output was written before the error";
   };
   call(DType::bf16, DType::bf16);  // the layer's dtype: not where fp32 sums can go

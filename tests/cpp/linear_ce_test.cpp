@@ -23,7 +23,7 @@ struct LinearCeProblem {
   bool targets_at_edges = false;
   bool unit_grad_output = false;
   bool caller_workspace = false;  // CPU: pass the queried workspace instead of none
-  bool logits_cache = false;  // pass a caller-owned [N, V] cache to forward and backwards
+  bool logits_cache = false;      // pass a caller-owned [N, V] cache to forward and backwards
   bool want_hidden = true, want_weight = true;
 };
 
@@ -59,9 +59,8 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
   options.ce = setup.options;
   options.fp32_logits = p.fp32_logits;
   // A forward without gradients fills the cache; the backwards below read their logits from it.
-  Tensor logits_cache = p.logits_cache
-                            ? Tensor::matrix(p.fp32_logits ? DType::f32 : p.dtype, rows, vocab)
-                            : Tensor();
+  Tensor logits_cache =
+      p.logits_cache ? Tensor::matrix(p.fp32_logits ? DType::f32 : p.dtype, rows, vocab) : Tensor();
   options.logits_cache = logits_cache.view();
   auto scratch_for = [&](const LinearCeOptions& o, bool with_gradients) {
     const bool query = on_gpu() || p.caller_workspace;
@@ -82,8 +81,8 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     out.grads = {grad_h.view(), grad_w.view(), grad_b.view()};
     try {
       const Scratch scratch = scratch_for(trial, true);
-      linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), trial,
-                        out, {}, scratch.workspace());
+      linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), trial, out,
+                        {}, scratch.workspace());
       finish();
     } catch (const Error& e) {
       if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
@@ -98,9 +97,9 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
   auto check_stat = [&](const char* what, const Tensor& t, const std::vector<double>& ref_values,
                         const std::vector<double>& torch_values, int64_t skip) {
     const std::vector<double> r = without_row(ref_values, 1, skip);
-    EXPECT_TRUE(close(what, without_row(t.download(), 1, skip), r,
-                      stat_tolerance(p.dtype, Family::linear,
-                                     without_row(torch_values, 1, skip), r)));
+    EXPECT_TRUE(
+        close(what, without_row(t.download(), 1, skip), r,
+              stat_tolerance(p.dtype, Family::linear, without_row(torch_values, 1, skip), r)));
   };
   auto check_loss = [&](const Tensor& loss) {
     if (loss_all_nan) {
@@ -126,8 +125,7 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     }
     if (grad_bias.present()) {
       EXPECT_TRUE(close("grads.bias", grad_bias.download(), ref_grads.bias,
-                        grad_tolerance(p.dtype, Family::linear, torch_grads.bias,
-                                       ref_grads.bias)));
+                        grad_tolerance(p.dtype, Family::linear, torch_grads.bias, ref_grads.bias)));
     }
   };
 
@@ -141,11 +139,11 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
            z_value = loss_tensor(p.reduction, rows, p.dtype);
     LinearCeOutputs out;
     out.loss = loss.view();
-    out.stats = {lse.view(), logprob.view(), entropy.view(), argmax.view(), accuracy.view(),
-                 z_value.view()};
+    out.stats = {lse.view(),    logprob.view(),  entropy.view(),
+                 argmax.view(), accuracy.view(), z_value.view()};
     const Scratch scratch = scratch_for(options, false);
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, {}, scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      {}, scratch.workspace());
     finish();
     check_loss(loss);
     check_stat("lse", lse, ref.lse, torch.lse, nan_row);
@@ -162,8 +160,8 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     }
     // Logits formed by fp32 products (rounded to bf16/fp16 in chunks) tie within this.
     const double tie = half ? 2e-2 : 1e-4;
-    check_argmax_accuracy(argmax.download_integers(), accuracy.download()[0], target, -100,
-                          logits, setup.spec, ref, nan_row, tie);
+    check_argmax_accuracy(argmax.download_integers(), accuracy.download()[0], target, -100, logits,
+                          setup.spec, ref, nan_row, tie);
   }
 
   if (logits_cache.present()) {
@@ -176,8 +174,7 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
 
   Tensor grad_hidden =
       p.want_hidden ? Tensor::matrix(p.dtype, rows, p.hidden, p.hidden_stride) : Tensor();
-  Tensor grad_weight =
-      p.want_weight ? Tensor::matrix(param_dtype, vocab, p.hidden) : Tensor();
+  Tensor grad_weight = p.want_weight ? Tensor::matrix(param_dtype, vocab, p.hidden) : Tensor();
   Tensor grad_bias = p.want_weight && p.bias ? Tensor::vector(param_dtype, vocab) : Tensor();
   const LinearGradients grads{grad_hidden.view(), grad_weight.view(), grad_bias.view()};
   {
@@ -187,8 +184,8 @@ void check_linear_ce(const LinearCeProblem& p, Rng& rng) {
     out.loss = loss.view();
     out.grads = grads;
     const Scratch scratch = scratch_for(options, true);
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, grad_output.view(), scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      grad_output.view(), scratch.workspace());
     finish();
     check_loss(loss);
     check_grads(grad_hidden, grad_weight, grad_bias);
@@ -220,7 +217,6 @@ TEST_P(LinearCeGrid, MatchesReference) {
   check_linear_ce(p, rng);
 }
 
-
 INSTANTIATE_TEST_SUITE_P(OptionsUpToPairs, LinearCeGrid,
                          ::testing::Combine(::testing::Values(DType::f32),
                                             ::testing::ValuesIn(ce_option_sets_up_to_pairs()),
@@ -250,19 +246,49 @@ INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearCeGrid,
 // ---- chunk budgets and special cases ---------------------------------------------------------
 
 enum class LinearCase {
-  smallest_budget, several_chunks, uneven_chunks, no_bias, fp32_logits, fp32_param_grads,
-  all_rows_ignored, empty_batch, nan_row, padded_hidden, absent_grad_output, caller_workspace,
-  logits_cache, hidden_grad_only, weight_grads_only, wide_vocab, all_options, targets_at_edges,
-  smallest_budget_cache, smallest_budget_fp32_logits,
+  smallest_budget,
+  several_chunks,
+  uneven_chunks,
+  no_bias,
+  fp32_logits,
+  fp32_param_grads,
+  all_rows_ignored,
+  empty_batch,
+  nan_row,
+  padded_hidden,
+  absent_grad_output,
+  caller_workspace,
+  logits_cache,
+  hidden_grad_only,
+  weight_grads_only,
+  wide_vocab,
+  all_options,
+  targets_at_edges,
+  smallest_budget_cache,
+  smallest_budget_fp32_logits,
 };
 
 const char* case_name(LinearCase c) {
-  static const char* names[] = {
-      "smallest_budget", "several_chunks", "uneven_chunks", "no_bias", "fp32_logits",
-      "fp32_param_grads", "all_rows_ignored", "empty_batch", "nan_row", "padded_hidden",
-      "absent_grad_output", "caller_workspace", "logits_cache", "hidden_grad_only",
-      "weight_grads_only", "vocab5003", "all_options", "targets_at_edges",
-      "smallest_budget_cache", "smallest_budget_fp32_logits"};
+  static const char* names[] = {"smallest_budget",
+                                "several_chunks",
+                                "uneven_chunks",
+                                "no_bias",
+                                "fp32_logits",
+                                "fp32_param_grads",
+                                "all_rows_ignored",
+                                "empty_batch",
+                                "nan_row",
+                                "padded_hidden",
+                                "absent_grad_output",
+                                "caller_workspace",
+                                "logits_cache",
+                                "hidden_grad_only",
+                                "weight_grads_only",
+                                "vocab5003",
+                                "all_options",
+                                "targets_at_edges",
+                                "smallest_budget_cache",
+                                "smallest_budget_fp32_logits"};
   return names[static_cast<int>(c)];
 }
 
@@ -278,30 +304,78 @@ TEST_P(LinearCeCases, MatchesReference) {
   LinearCase which;
   std::tie(p.dtype, which, p.reduction) = GetParam();
   switch (which) {
-    case LinearCase::smallest_budget: p.budget = Budget::smallest; p.rows = 11; break;
-    case LinearCase::several_chunks: p.budget = Budget::several_chunks; break;
-    case LinearCase::uneven_chunks: p.budget = Budget::uneven_chunks; p.options = kSmoothing | kZLoss; break;
-    case LinearCase::no_bias: p.bias = false; break;
-    case LinearCase::fp32_logits: p.fp32_logits = true; break;
-    case LinearCase::fp32_param_grads: p.fp32_param_grads = true; break;
-    case LinearCase::all_rows_ignored: p.all_ignored = true; break;
-    case LinearCase::empty_batch: p.rows = 0; break;
-    case LinearCase::nan_row: p.nan_row = true; break;
-    case LinearCase::padded_hidden: p.hidden_stride = p.hidden + 5; break;
-    case LinearCase::absent_grad_output: p.unit_grad_output = true; break;
-    case LinearCase::caller_workspace: p.caller_workspace = true; p.budget = Budget::several_chunks; break;
-    case LinearCase::logits_cache: p.logits_cache = true; break;
-    case LinearCase::hidden_grad_only: p.want_weight = false; break;
-    case LinearCase::weight_grads_only: p.want_hidden = false; break;
-    case LinearCase::wide_vocab: p.rows = 7; p.vocab = 5003; break;
-    case LinearCase::all_options: p.options = kAllCeOptions; p.budget = Budget::uneven_chunks; break;
-    case LinearCase::targets_at_edges: p.targets_at_edges = true; p.options = kSmoothing; break;
+    case LinearCase::smallest_budget:
+      p.budget = Budget::smallest;
+      p.rows = 11;
+      break;
+    case LinearCase::several_chunks:
+      p.budget = Budget::several_chunks;
+      break;
+    case LinearCase::uneven_chunks:
+      p.budget = Budget::uneven_chunks;
+      p.options = kSmoothing | kZLoss;
+      break;
+    case LinearCase::no_bias:
+      p.bias = false;
+      break;
+    case LinearCase::fp32_logits:
+      p.fp32_logits = true;
+      break;
+    case LinearCase::fp32_param_grads:
+      p.fp32_param_grads = true;
+      break;
+    case LinearCase::all_rows_ignored:
+      p.all_ignored = true;
+      break;
+    case LinearCase::empty_batch:
+      p.rows = 0;
+      break;
+    case LinearCase::nan_row:
+      p.nan_row = true;
+      break;
+    case LinearCase::padded_hidden:
+      p.hidden_stride = p.hidden + 5;
+      break;
+    case LinearCase::absent_grad_output:
+      p.unit_grad_output = true;
+      break;
+    case LinearCase::caller_workspace:
+      p.caller_workspace = true;
+      p.budget = Budget::several_chunks;
+      break;
+    case LinearCase::logits_cache:
+      p.logits_cache = true;
+      break;
+    case LinearCase::hidden_grad_only:
+      p.want_weight = false;
+      break;
+    case LinearCase::weight_grads_only:
+      p.want_hidden = false;
+      break;
+    case LinearCase::wide_vocab:
+      p.rows = 7;
+      p.vocab = 5003;
+      break;
+    case LinearCase::all_options:
+      p.options = kAllCeOptions;
+      p.budget = Budget::uneven_chunks;
+      break;
+    case LinearCase::targets_at_edges:
+      p.targets_at_edges = true;
+      p.options = kSmoothing;
+      break;
     // On CUDA the smallest budget takes the vocabulary-blocked schedule: its ∂W pass then reads
     // each block from the logits cache, or narrows fp32 block logits before the products.
     case LinearCase::smallest_budget_cache:
-      p.budget = Budget::smallest; p.rows = 11; p.logits_cache = true; break;
+      p.budget = Budget::smallest;
+      p.rows = 11;
+      p.logits_cache = true;
+      break;
     case LinearCase::smallest_budget_fp32_logits:
-      p.budget = Budget::smallest; p.rows = 11; p.fp32_logits = true; break;
+      p.budget = Budget::smallest;
+      p.rows = 11;
+      p.fp32_logits = true;
+      break;
   }
   check_linear_ce(p, rng);
 }
@@ -315,16 +389,14 @@ INSTANTIATE_TEST_SUITE_P(
     Special, LinearCeCases,
     ::testing::Combine(
         ::testing::Values(DType::f32, DType::bf16),
-        ::testing::Values(LinearCase::smallest_budget, LinearCase::several_chunks,
-                          LinearCase::uneven_chunks, LinearCase::no_bias, LinearCase::fp32_logits,
-                          LinearCase::fp32_param_grads, LinearCase::all_rows_ignored,
-                          LinearCase::empty_batch, LinearCase::nan_row, LinearCase::padded_hidden,
-                          LinearCase::absent_grad_output, LinearCase::caller_workspace,
-                          LinearCase::logits_cache, LinearCase::hidden_grad_only,
-                          LinearCase::weight_grads_only, LinearCase::wide_vocab,
-                          LinearCase::all_options, LinearCase::targets_at_edges,
-                          LinearCase::smallest_budget_cache,
-                          LinearCase::smallest_budget_fp32_logits),
+        ::testing::Values(
+            LinearCase::smallest_budget, LinearCase::several_chunks, LinearCase::uneven_chunks,
+            LinearCase::no_bias, LinearCase::fp32_logits, LinearCase::fp32_param_grads,
+            LinearCase::all_rows_ignored, LinearCase::empty_batch, LinearCase::nan_row,
+            LinearCase::padded_hidden, LinearCase::absent_grad_output, LinearCase::caller_workspace,
+            LinearCase::logits_cache, LinearCase::hidden_grad_only, LinearCase::weight_grads_only,
+            LinearCase::wide_vocab, LinearCase::all_options, LinearCase::targets_at_edges,
+            LinearCase::smallest_budget_cache, LinearCase::smallest_budget_fp32_logits),
         ::testing::Values(Reduction::none, Reduction::mean)),
     case_param_name);
 

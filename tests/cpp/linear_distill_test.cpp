@@ -141,8 +141,10 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const Tensor weight = Tensor::of(student.weight, p.dtype);
   const Tensor teacher_logits_tensor =
       p.teacher_as_logits ? Tensor::of(teacher_logits, p.teacher_logits_dtype) : Tensor();
-  const Tensor teacher_hidden = p.teacher_as_logits ? Tensor() : Tensor::of(teacher.hidden, p.dtype);
-  const Tensor teacher_weight = p.teacher_as_logits ? Tensor() : Tensor::of(teacher.weight, p.dtype);
+  const Tensor teacher_hidden =
+      p.teacher_as_logits ? Tensor() : Tensor::of(teacher.hidden, p.dtype);
+  const Tensor teacher_weight =
+      p.teacher_as_logits ? Tensor() : Tensor::of(teacher.weight, p.dtype);
   const Teacher teacher_views{teacher_logits_tensor.view(), teacher_hidden.view(),
                               teacher_weight.view()};
   const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
@@ -153,10 +155,10 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   options.fp32_logits = p.fp32_logits;
   const int64_t teacher_h = p.teacher_as_logits ? 0 : p.teacher_hidden;
   auto scratch_for = [&](const LinearDistillOptions& o, bool with_gradients) {
-    return Scratch(on_gpu() ? linear_distill_workspace_size(rows, p.hidden, teacher_h, vocab,
-                                                            p.dtype, o, test_device(),
-                                                            with_gradients)
-                            : 0);
+    return Scratch(on_gpu()
+                       ? linear_distill_workspace_size(rows, p.hidden, teacher_h, vocab, p.dtype, o,
+                                                       test_device(), with_gradients)
+                       : 0);
   };
 #if XENT_TEST_ON_GPU
   const BlockedScheduleSwitches switches(p);
@@ -175,35 +177,36 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
                                             test_device(), true));
   }
 #endif
-  if (!p.blocked) options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
-    LinearDistillOptions trial = options;
-    trial.workspace_budget = bytes;
-    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
-    LinearDistillOutputs out;
-    out.loss = loss.view();
-    // With every gradient, the call that needs the most chunk memory per row.
-    Tensor grad_h = Tensor::matrix(p.dtype, rows, p.hidden);
-    Tensor grad_w = Tensor::matrix(param_dtype, vocab, p.hidden);
-    out.grads = {grad_h.view(), grad_w.view(), {}};
-    try {
-      const Scratch scratch = scratch_for(trial, true);
-      linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
-                             trial, out, {}, scratch.workspace());
-      finish();
-      // The forward without gradients too: below the smallest row chunk, blocks can still
-      // train where the loss alone, in row chunks, cannot run.
-      LinearDistillOutputs loss_only;
-      loss_only.loss = loss.view();
-      const Scratch loss_scratch = scratch_for(trial, false);
-      linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
-                             trial, loss_only, {}, loss_scratch.workspace());
-      finish();
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
-      throw;
-    }
-    return true;
-  });
+  if (!p.blocked)
+    options.workspace_budget = budget_bytes(p.budget, [&](std::size_t bytes) {
+      LinearDistillOptions trial = options;
+      trial.workspace_budget = bytes;
+      Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
+      LinearDistillOutputs out;
+      out.loss = loss.view();
+      // With every gradient, the call that needs the most chunk memory per row.
+      Tensor grad_h = Tensor::matrix(p.dtype, rows, p.hidden);
+      Tensor grad_w = Tensor::matrix(param_dtype, vocab, p.hidden);
+      out.grads = {grad_h.view(), grad_w.view(), {}};
+      try {
+        const Scratch scratch = scratch_for(trial, true);
+        linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                               trial, out, {}, scratch.workspace());
+        finish();
+        // The forward without gradients too: below the smallest row chunk, blocks can still
+        // train where the loss alone, in row chunks, cannot run.
+        LinearDistillOutputs loss_only;
+        loss_only.loss = loss.view();
+        const Scratch loss_scratch = scratch_for(trial, false);
+        linear_distill_forward(hidden.view(), weight.view(), teacher_views, target_tensor.view(),
+                               trial, loss_only, {}, loss_scratch.workspace());
+        finish();
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
+        throw;
+      }
+      return true;
+    });
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
 
   const double loss_tol = stat_tolerance(p.dtype, Family::linear, torch.loss, ref.loss);
@@ -221,12 +224,14 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
     if (grad_hidden.present()) {
       EXPECT_TRUE(close("grads.hidden", grad_hidden.download(), ref_grads.hidden.values,
                         grad_tolerance(p.dtype, Family::linear, torch_grads.hidden.values,
-                                       ref_grads.hidden.values) + hidden_slack));
+                                       ref_grads.hidden.values) +
+                            hidden_slack));
     }
     if (grad_weight.present()) {
       EXPECT_TRUE(close("grads.weight", grad_weight.download(), ref_grads.weight.values,
                         grad_tolerance(p.dtype, Family::linear, torch_grads.weight.values,
-                                       ref_grads.weight.values) + weight_slack));
+                                       ref_grads.weight.values) +
+                            weight_slack));
     }
   };
 
@@ -322,16 +327,25 @@ INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearDistillGrid,
 // ---- teacher forms, budgets and special cases -------------------------------------------------
 
 enum class LinearDistillCase {
-  teacher_logits, teacher_logits_f32, smallest_budget, uneven_chunks, fp32_logits,
-  fp32_param_grads, all_rows_ignored, empty_batch, absent_grad_output, hidden_grad_only,
-  weight_grad_only, jsd_beta_quarter,
+  teacher_logits,
+  teacher_logits_f32,
+  smallest_budget,
+  uneven_chunks,
+  fp32_logits,
+  fp32_param_grads,
+  all_rows_ignored,
+  empty_batch,
+  absent_grad_output,
+  hidden_grad_only,
+  weight_grad_only,
+  jsd_beta_quarter,
 };
 
 const char* case_name(LinearDistillCase c) {
-  static const char* names[] = {
-      "teacher_logits", "teacher_logits_f32", "smallest_budget", "uneven_chunks", "fp32_logits",
-      "fp32_param_grads", "all_rows_ignored", "empty_batch", "absent_grad_output",
-      "hidden_grad_only", "weight_grad_only", "jsd_beta025"};
+  static const char* names[] = {"teacher_logits",   "teacher_logits_f32", "smallest_budget",
+                                "uneven_chunks",    "fp32_logits",        "fp32_param_grads",
+                                "all_rows_ignored", "empty_batch",        "absent_grad_output",
+                                "hidden_grad_only", "weight_grad_only",   "jsd_beta025"};
   return names[static_cast<int>(c)];
 }
 
@@ -349,25 +363,47 @@ TEST_P(LinearDistillCases, MatchesReference) {
   p.reduction = Reduction::mean;
   p.teacher_logits_dtype = p.dtype;
   switch (which) {
-    case LinearDistillCase::teacher_logits: p.teacher_as_logits = true; break;
+    case LinearDistillCase::teacher_logits:
+      p.teacher_as_logits = true;
+      break;
     case LinearDistillCase::teacher_logits_f32:
       p.teacher_as_logits = true;
       p.teacher_logits_dtype = DType::f32;
       p.reduction = Reduction::none;
       break;
-    case LinearDistillCase::smallest_budget: p.budget = Budget::smallest; p.rows = 11; break;
+    case LinearDistillCase::smallest_budget:
+      p.budget = Budget::smallest;
+      p.rows = 11;
+      break;
     case LinearDistillCase::uneven_chunks:
       p.budget = Budget::uneven_chunks;
       p.reduction = Reduction::none;
       break;
-    case LinearDistillCase::fp32_logits: p.fp32_logits = true; break;
-    case LinearDistillCase::fp32_param_grads: p.fp32_param_grads = true; break;
-    case LinearDistillCase::all_rows_ignored: p.all_ignored = true; break;
-    case LinearDistillCase::empty_batch: p.rows = 0; break;
-    case LinearDistillCase::absent_grad_output: p.unit_grad_output = true; break;
-    case LinearDistillCase::hidden_grad_only: p.want_weight = false; break;
-    case LinearDistillCase::weight_grad_only: p.want_hidden = false; break;
-    case LinearDistillCase::jsd_beta_quarter: p.kind = DistillKind::jsd; p.beta = 0.25; break;
+    case LinearDistillCase::fp32_logits:
+      p.fp32_logits = true;
+      break;
+    case LinearDistillCase::fp32_param_grads:
+      p.fp32_param_grads = true;
+      break;
+    case LinearDistillCase::all_rows_ignored:
+      p.all_ignored = true;
+      break;
+    case LinearDistillCase::empty_batch:
+      p.rows = 0;
+      break;
+    case LinearDistillCase::absent_grad_output:
+      p.unit_grad_output = true;
+      break;
+    case LinearDistillCase::hidden_grad_only:
+      p.want_weight = false;
+      break;
+    case LinearDistillCase::weight_grad_only:
+      p.want_hidden = false;
+      break;
+    case LinearDistillCase::jsd_beta_quarter:
+      p.kind = DistillKind::jsd;
+      p.beta = 0.25;
+      break;
   }
   check_linear_distill(p, rng);
 }
@@ -386,17 +422,15 @@ INSTANTIATE_TEST_SUITE_P(
                           LinearDistillCase::fp32_logits, LinearDistillCase::fp32_param_grads,
                           LinearDistillCase::all_rows_ignored, LinearDistillCase::empty_batch,
                           LinearDistillCase::absent_grad_output,
-                          LinearDistillCase::hidden_grad_only,
-                          LinearDistillCase::weight_grad_only),
+                          LinearDistillCase::hidden_grad_only, LinearDistillCase::weight_grad_only),
         ::testing::Values(DistillKind::forward_kl, DistillKind::reverse_kl)),
     case_param_name);
 
-INSTANTIATE_TEST_SUITE_P(
-    JsdBeta, LinearDistillCases,
-    ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                       ::testing::Values(LinearDistillCase::jsd_beta_quarter),
-                       ::testing::Values(DistillKind::jsd)),
-    case_param_name);
+INSTANTIATE_TEST_SUITE_P(JsdBeta, LinearDistillCases,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
+                                            ::testing::Values(LinearDistillCase::jsd_beta_quarter),
+                                            ::testing::Values(DistillKind::jsd)),
+                         case_param_name);
 
 #if XENT_TEST_ON_GPU
 // ---- the vocabulary-blocked schedule: every kind and option through the block gradients -------
@@ -430,7 +464,8 @@ TEST_P(LinearDistillBlocked, MatchesReference) {
   p.teacher_logits_dtype = DType::bf16;
   p.blocked = true;
   switch (variant) {
-    case BlockedVariant::hidden_teacher: break;
+    case BlockedVariant::hidden_teacher:
+      break;
     case BlockedVariant::fp32_logits_none:
       p.fp32_logits = true;
       p.reduction = Reduction::none;
@@ -463,8 +498,8 @@ std::string blocked_name(const ::testing::TestParamInfo<BlockedParam>& info) {
 INSTANTIATE_TEST_SUITE_P(
     EveryKindAndOption, LinearDistillBlocked,
     ::testing::Combine(::testing::ValuesIn(kKinds),
-                       ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft,
-                                         kNoTarget, kTemperature | kDistillSoftcap | kHardAndSoft),
+                       ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft, kNoTarget,
+                                         kTemperature | kDistillSoftcap | kHardAndSoft),
                        ::testing::Values(BlockedVariant::hidden_teacher,
                                          BlockedVariant::fp32_logits_none,
                                          BlockedVariant::logits_row_tiles,
@@ -475,17 +510,17 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- schedule (d): the row statistics block by block too, ∂h summed over the blocks ----------
 
 enum class StatisticsVariant {
-  hidden_teacher,      // bf16, teacher hidden + weight, mean, ignored rows; ∂h sums in the workspace
-  sums_in_outputs,     // fp32 chunk logits, reduction none; ∂h sums in ∂W, the first rows' in ∂h
-  logits_row_tiles,    // teacher logits, 600 rows in several tiles, sum; ∂h sums in the workspace
-  f32_teacher_f16,     // fp16 student, fp32 teacher logits converted per tile; sums in ∂W and ∂h,
-                       // three rows staged for the in-place narrowing
-  weight_only,         // ∂W alone: no ∂h sums
-  hard_weights,        // class and row weights on the hard term (each block's class weights)
+  hidden_teacher,   // bf16, teacher hidden + weight, mean, ignored rows; ∂h sums in the workspace
+  sums_in_outputs,  // fp32 chunk logits, reduction none; ∂h sums in ∂W, the first rows' in ∂h
+  logits_row_tiles,  // teacher logits, 600 rows in several tiles, sum; ∂h sums in the workspace
+  f32_teacher_f16,   // fp16 student, fp32 teacher logits converted per tile; sums in ∂W and ∂h,
+                     // three rows staged for the in-place narrowing
+  weight_only,       // ∂W alone: no ∂h sums
+  hard_weights,      // class and row weights on the hard term (each block's class weights)
 };
 
 const char* statistics_variant_name(StatisticsVariant v) {
-  static const char* names[] = {"hidden_teacher",   "sums_in_outputs", "logits_row_tiles",
+  static const char* names[] = {"hidden_teacher",  "sums_in_outputs", "logits_row_tiles",
                                 "f32_teacher_f16", "weight_only",     "hard_weights"};
   return names[static_cast<int>(v)];
 }
@@ -505,7 +540,8 @@ TEST_P(LinearDistillStatisticsBlocks, MatchesReference) {
   p.teacher_logits_dtype = DType::bf16;
   p.blocked = p.statistics = true;
   switch (variant) {
-    case StatisticsVariant::hidden_teacher: break;
+    case StatisticsVariant::hidden_teacher:
+      break;
     case StatisticsVariant::sums_in_outputs:
       p.fp32_logits = true;
       p.reduction = Reduction::none;
@@ -523,8 +559,12 @@ TEST_P(LinearDistillStatisticsBlocks, MatchesReference) {
       p.teacher_logits_dtype = DType::f32;
       p.sums_in_weight_grad = p.sums_head = p.staged_rows = true;
       break;
-    case StatisticsVariant::weight_only: p.want_hidden = false; break;
-    case StatisticsVariant::hard_weights: p.hard_weights = true; break;
+    case StatisticsVariant::weight_only:
+      p.want_hidden = false;
+      break;
+    case StatisticsVariant::hard_weights:
+      p.hard_weights = true;
+      break;
   }
   check_linear_distill(p, rng);
 }
@@ -537,15 +577,13 @@ std::string statistics_name(const ::testing::TestParamInfo<StatisticsParam>& inf
 
 INSTANTIATE_TEST_SUITE_P(
     EveryKindAndOption, LinearDistillStatisticsBlocks,
-    ::testing::Combine(::testing::ValuesIn(kKinds),
-                       ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft,
-                                         kNoTarget, kTemperature | kDistillSoftcap | kHardAndSoft),
-                       ::testing::Values(StatisticsVariant::hidden_teacher,
-                                         StatisticsVariant::sums_in_outputs,
-                                         StatisticsVariant::logits_row_tiles,
-                                         StatisticsVariant::f32_teacher_f16,
-                                         StatisticsVariant::weight_only,
-                                         StatisticsVariant::hard_weights)),
+    ::testing::Combine(
+        ::testing::ValuesIn(kKinds),
+        ::testing::Values(0u, kTemperature, kDistillSoftcap, kHardAndSoft, kNoTarget,
+                          kTemperature | kDistillSoftcap | kHardAndSoft),
+        ::testing::Values(StatisticsVariant::hidden_teacher, StatisticsVariant::sums_in_outputs,
+                          StatisticsVariant::logits_row_tiles, StatisticsVariant::f32_teacher_f16,
+                          StatisticsVariant::weight_only, StatisticsVariant::hard_weights)),
     statistics_name);
 #endif
 

@@ -51,8 +51,10 @@ std::vector<double> entropy_reference(const reference::CeResult& ref,
 struct RowOutputs {
   Tensor loss, lse, logprob, entropy;
   explicit RowOutputs(int64_t rows)
-      : loss(Tensor::vector(DType::f32, rows)), lse(Tensor::vector(DType::f32, rows)),
-        logprob(Tensor::vector(DType::f32, rows)), entropy(Tensor::vector(DType::f32, rows)) {}
+      : loss(Tensor::vector(DType::f32, rows)),
+        lse(Tensor::vector(DType::f32, rows)),
+        logprob(Tensor::vector(DType::f32, rows)),
+        entropy(Tensor::vector(DType::f32, rows)) {}
   CeStats stats() const {
     CeStats stats;
     stats.lse = lse.view();
@@ -122,12 +124,12 @@ TEST_P(LogprobLogits, MatchesReference) {
   EXPECT_TRUE(close("grad_logits", grad.download(), ref_grad.values, grad_tol));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Grid, LogprobLogits,
-    ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
-                       ::testing::Values(1.0, 0.7, 1.6),
-                       ::testing::Values(0u, kSoftcap, kSmoothing | kZLoss | kRowWeight)),
-    grid_name<LogitsParam>);
+INSTANTIATE_TEST_SUITE_P(Grid, LogprobLogits,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16, DType::f16),
+                                            ::testing::Values(1.0, 0.7, 1.6),
+                                            ::testing::Values(0u, kSoftcap,
+                                                              kSmoothing | kZLoss | kRowWeight)),
+                         grid_name<LogitsParam>);
 
 TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
   const int64_t rows = 3, vocab = 5;
@@ -139,21 +141,27 @@ TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
   CeOptions options;
   options.reduction = Reduction::none;
   const Scratch scratch(ce_workspace_size(rows, vocab, options, test_device()));
-  expect_invalid([&] {
-    ce_backward(logits.view(), target.view(), {}, row.view(), {other.view(), row.view()},
-                options, grad.view(), scratch.workspace());
-  }, "lse", "missing");
-  expect_invalid([&] {
-    ce_backward(logits.view(), target.view(), row.view(), row.view(),
-                {other.view(), short_row.view()}, options, grad.view(), scratch.workspace());
-  }, "entropy.grad", "[2]");
+  expect_invalid(
+      [&] {
+        ce_backward(logits.view(), target.view(), {}, row.view(), {other.view(), row.view()},
+                    options, grad.view(), scratch.workspace());
+      },
+      "lse", "missing");
+  expect_invalid(
+      [&] {
+        ce_backward(logits.view(), target.view(), row.view(), row.view(),
+                    {other.view(), short_row.view()}, options, grad.view(), scratch.workspace());
+      },
+      "entropy.grad", "[2]");
   CeOptions mean = options;
   mean.reduction = Reduction::mean;
   const Tensor scalar = Tensor::scalar(DType::f32);
-  expect_invalid([&] {
-    ce_backward(logits.view(), target.view(), row.view(), scalar.view(),
-                {other.view(), row.view()}, mean, grad.view(), scratch.workspace());
-  }, "entropy", "mean");
+  expect_invalid(
+      [&] {
+        ce_backward(logits.view(), target.view(), row.view(), scalar.view(),
+                    {other.view(), row.view()}, mean, grad.view(), scratch.workspace());
+      },
+      "entropy", "mean");
 }
 
 // ---- fused with the linear layer --------------------------------------------------------------
@@ -219,8 +227,8 @@ TEST_P(LogprobLinear, MatchesReference) {
   out.stats = row_outputs.stats();
   {
     const Scratch scratch = scratch_for(options, false);
-    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options,
-                      out, {}, scratch.workspace());
+    linear_ce_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), options, out,
+                      {}, scratch.workspace());
     finish();
   }
   EXPECT_TRUE(close("logprob", logprob.download(), ref.logprob,
@@ -238,9 +246,8 @@ TEST_P(LogprobLinear, MatchesReference) {
   const EntropyGradient entropy_grad{entropy.view(), grad_entropy.view()};
   auto backward = [&](const LinearCeOptions& o) {
     const Scratch scratch = scratch_for(o, true);
-    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(),
-                       lse.view(), grad_output.view(), entropy_grad, o, grads,
-                       scratch.workspace());
+    linear_ce_backward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), lse.view(),
+                       grad_output.view(), entropy_grad, o, grads, scratch.workspace());
     finish();
   };
   options.workspace_budget = budget_bytes(budget, [&](std::size_t bytes) {
@@ -273,8 +280,7 @@ TEST_P(LogprobLinear, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Grid, LogprobLinear,
-    ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                       ::testing::Values(1.0, 0.6),
+    ::testing::Combine(::testing::Values(DType::f32, DType::bf16), ::testing::Values(1.0, 0.6),
                        ::testing::Values(Budget::default_budget, Budget::smallest,
                                          Budget::several_chunks, Budget::uneven_chunks),
                        ::testing::Bool()),

@@ -108,7 +108,8 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
 
   // Reduction; `mean` with nothing valid gives 0 (the one deviation from PyTorch).
   const double loss_divisor = spec.reduction == Reduction::mean ? denominator : 1.0;
-  const double z_divisor = spec.reduction == Reduction::mean ? static_cast<double>(valid_rows) : 1.0;
+  const double z_divisor =
+      spec.reduction == Reduction::mean ? static_cast<double>(valid_rows) : 1.0;
   auto part = [](double value, double divisor) { return divisor > 0 ? value / divisor : 0.0; };
   if (spec.reduction == Reduction::none) {
     r.loss.assign(rows, 0.0);
@@ -145,8 +146,9 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
                             (eps / static_cast<double>(vocab)) * (class_weight_total * p[i] - wi);
       const double d_z = 2.0 * lambda * full_lse[n] * p[i];
       r.grad.at(n, i) = (c * d_loss + cz * d_z) * ce_slope(spec, logits.at(n, i));
-      const double loss_terms = (1.0 - eps) * wy * (p[i] + (i == y ? 1.0 : 0.0)) +
-                                (eps / static_cast<double>(vocab)) * (class_weight_total * p[i] + wi);
+      const double loss_terms =
+          (1.0 - eps) * wy * (p[i] + (i == y ? 1.0 : 0.0)) +
+          (eps / static_cast<double>(vocab)) * (class_weight_total * p[i] + wi);
       r.grad_magnitude.at(n, i) = (std::abs(c) * loss_terms + std::abs(cz * d_z)) *
                                   std::abs(ce_slope(spec, logits.at(n, i)));
     }
@@ -205,8 +207,7 @@ DistillResult distill(const Matrix& student, const Matrix& teacher,
                       const Upstream& upstream) {
   const int64_t rows = student.rows, vocab = student.cols;
   const double beta = spec.beta;
-  const bool degenerate_jsd =
-      spec.kind == DistillKind::jsd && (beta == 0.0 || beta == 1.0);
+  const bool degenerate_jsd = spec.kind == DistillKind::jsd && (beta == 0.0 || beta == 1.0);
   auto is_valid = [&](int64_t n) {
     return target == nullptr || (*target)[n] != spec.ce.ignore_index;
   };
@@ -343,9 +344,8 @@ LinearCeResult linear_ce(const Matrix& hidden, const Matrix& weight,
 }
 
 LinearDistillResult linear_distill(const Matrix& student_hidden, const Matrix& student_weight,
-                                   const Matrix& teacher_logits,
-                                   const std::vector<int64_t>* target, const DistillSpec& spec,
-                                   const Upstream& upstream) {
+                                   const Matrix& teacher_logits, const std::vector<int64_t>* target,
+                                   const DistillSpec& spec, const Upstream& upstream) {
   LinearDistillResult r;
   r.distill = distill(linear_logits(student_hidden, student_weight, {}), teacher_logits, target,
                       spec, upstream);

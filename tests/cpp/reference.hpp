@@ -43,15 +43,15 @@ struct Upstream {
 };
 
 struct CeResult {
-  std::vector<double> loss;          // 1 value (sum, mean) or N (none)
-  std::vector<double> z_loss_value;  // shaped like loss
-  std::vector<double> lse;           // 0 for ignored rows
-  std::vector<double> logprob;       // 0 for ignored rows
-  std::vector<double> entropy;       // 0 for ignored rows
-  std::vector<int64_t> argmax;       // -1 for ignored rows
+  std::vector<double> loss;             // 1 value (sum, mean) or N (none)
+  std::vector<double> z_loss_value;     // shaped like loss
+  std::vector<double> lse;              // 0 for ignored rows
+  std::vector<double> logprob;          // 0 for ignored rows
+  std::vector<double> entropy;          // 0 for ignored rows
+  std::vector<int64_t> argmax;          // -1 for ignored rows
   std::vector<double> transformed_max;  // max of x̃ per row (to judge argmax ties)
   double accuracy = 0.0;
-  Matrix grad;                       // ∂loss/∂logits when wanted
+  Matrix grad;  // ∂loss/∂logits when wanted
   // The same sum with every term taken in magnitude: the scale of an fp32 gradient's rounding
   // error, which p_y − 1 cancels when a row is peaked (its net value can be far smaller).
   Matrix grad_magnitude;
@@ -94,9 +94,9 @@ DistillResult distill(const Matrix& student, const Matrix& teacher,
 Matrix linear_logits(const Matrix& hidden, const Matrix& weight, const std::vector<double>& bias);
 
 struct LinearGrads {
-  Matrix hidden;              // G·W
-  Matrix weight;              // Gᵀ·h
-  std::vector<double> bias;   // Σ_n G_n
+  Matrix hidden;             // G·W
+  Matrix weight;             // Gᵀ·h
+  std::vector<double> bias;  // Σ_n G_n
 };
 LinearGrads linear_backward(const Matrix& grad_logits, const Matrix& hidden, const Matrix& weight);
 
@@ -113,8 +113,7 @@ struct LinearDistillResult {
   LinearGrads grads;  // student hidden and weight (bias unused)
 };
 LinearDistillResult linear_distill(const Matrix& student_hidden, const Matrix& student_weight,
-                                   const Matrix& teacher_logits,
-                                   const std::vector<int64_t>* target, const DistillSpec& spec,
-                                   const Upstream& upstream);
+                                   const Matrix& teacher_logits, const std::vector<int64_t>* target,
+                                   const DistillSpec& spec, const Upstream& upstream);
 
 }  // namespace xent::test::reference

@@ -18,8 +18,8 @@ constexpr double kStep = 1e-5;
 double weighted_total(const std::vector<double>& loss, const Upstream& upstream) {
   double total = 0.0;
   for (std::size_t k = 0; k < loss.size(); ++k)
-    total += loss[k] * (upstream.values.size() == loss.size() ? upstream.values[k]
-                                                             : upstream.values[0]);
+    total +=
+        loss[k] * (upstream.values.size() == loss.size() ? upstream.values[k] : upstream.values[0]);
   return total;
 }
 
@@ -51,7 +51,12 @@ Upstream random_upstream(Rng& rng, Reduction reduction, int64_t rows) {
 // ---- cross-entropy ----------------------------------------------------------------------------
 
 enum CeOption : unsigned {
-  kSmoothing = 1, kZLoss = 2, kSoftcap = 4, kScale = 8, kClassWeight = 16, kRowWeight = 32,
+  kSmoothing = 1,
+  kZLoss = 2,
+  kSoftcap = 4,
+  kScale = 8,
+  kClassWeight = 16,
+  kRowWeight = 32,
   kAllCeOptions = 63
 };
 
@@ -79,9 +84,10 @@ TEST_P(ReferenceCeGradient, MatchesFiniteDifferences) {
   const CeSpec spec = ce_spec(rng, options, reduction, rows, vocab);
   const Upstream upstream = random_upstream(rng, reduction, rows);
   const auto result = reference::ce(logits, target, spec, upstream);
-  expect_matches_differences(logits.values, result.grad.values, [&] {
-    return weighted_total(reference::ce(logits, target, spec, {}).loss, upstream);
-  }, "logits");
+  expect_matches_differences(
+      logits.values, result.grad.values,
+      [&] { return weighted_total(reference::ce(logits, target, spec, {}).loss, upstream); },
+      "logits");
 }
 
 std::string ce_param_name(const ::testing::TestParamInfo<CeParam>& info) {
@@ -109,14 +115,17 @@ TEST_P(ReferenceEntropyGradient, MatchesFiniteDifferences) {
   const std::vector<double> grad_entropy = rng.uniform_vector(rows, -2.0, 2.0);
   const auto analytic = reference::entropy_grad(logits, target, spec, grad_entropy);
   for (int64_t i = 0; i < vocab; ++i) EXPECT_EQ(analytic.at(1, i), 0.0);
-  expect_matches_differences(logits.values, analytic.values, [&] {
-    const auto entropy = reference::ce(logits, target, spec, {}).entropy;
-    double total = 0.0;
-    for (int64_t n = 0; n < rows; ++n) {
-      if (target[n] != spec.ignore_index) total += grad_entropy[n] * entropy[n];
-    }
-    return total;
-  }, "logits");
+  expect_matches_differences(
+      logits.values, analytic.values,
+      [&] {
+        const auto entropy = reference::ce(logits, target, spec, {}).entropy;
+        double total = 0.0;
+        for (int64_t n = 0; n < rows; ++n) {
+          if (target[n] != spec.ignore_index) total += grad_entropy[n] * entropy[n];
+        }
+        return total;
+      },
+      "logits");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transforms, ReferenceEntropyGradient,
@@ -181,15 +190,18 @@ TEST_P(ReferenceDistillGradient, MatchesFiniteDifferences) {
   const DistillSpec spec = distill_spec(kind, variant, reduction);
   const Upstream upstream = random_upstream(rng, reduction, rows);
   const auto result = reference::distill(student, teacher, target_or_null, spec, upstream);
-  expect_matches_differences(student.values, result.grad.values, [&] {
-    return weighted_total(
-        reference::distill(student, teacher, target_or_null, spec, {}).loss, upstream);
-  }, "student");
+  expect_matches_differences(
+      student.values, result.grad.values,
+      [&] {
+        return weighted_total(reference::distill(student, teacher, target_or_null, spec, {}).loss,
+                              upstream);
+      },
+      "student");
 }
 
 std::string distill_param_name(const ::testing::TestParamInfo<DistillParam>& info) {
-  static const char* variants[] = {"plain", "temperature", "softcap", "hard_soft", "no_target",
-                                   "beta"};
+  static const char* variants[] = {"plain",     "temperature", "softcap",
+                                   "hard_soft", "no_target",   "beta"};
   return std::string(distill_kind_name(std::get<0>(info.param))) + "_" +
          variants[std::get<1>(info.param)] + "_" + reduction_label(std::get<2>(info.param));
 }
@@ -206,8 +218,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ReferenceDistill, IdenticalDistributionsGiveZero) {
   XENT_TEST_RNG(rng);
   const Matrix logits = rng.matrix(3, 9, 2.0);
-  for (DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl, DistillKind::jsd,
-                           DistillKind::tvd}) {
+  for (DistillKind kind :
+       {DistillKind::forward_kl, DistillKind::reverse_kl, DistillKind::jsd, DistillKind::tvd}) {
     DistillSpec spec;
     spec.kind = kind;
     EXPECT_NEAR(reference::distill(logits, logits, nullptr, spec, {}).loss[0], 0.0, 1e-14);
@@ -261,11 +273,11 @@ TEST_P(ReferenceLinearCeGradient, MatchesFiniteDifferences) {
   expect_matches_differences(bias, result.grads.bias, objective, "bias");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachOption, ReferenceLinearCeGradient,
-    ::testing::Combine(::testing::Values(0u, kAllCeOptions),
-                       ::testing::Values(Reduction::none, Reduction::sum, Reduction::mean)),
-    ce_param_name);
+INSTANTIATE_TEST_SUITE_P(EachOption, ReferenceLinearCeGradient,
+                         ::testing::Combine(::testing::Values(0u, kAllCeOptions),
+                                            ::testing::Values(Reduction::none, Reduction::sum,
+                                                              Reduction::mean)),
+                         ce_param_name);
 
 class ReferenceLinearDistillGradient : public ::testing::TestWithParam<DistillParam> {};
 

@@ -13,8 +13,8 @@ class ScaleInPlace : public ::testing::TestWithParam<DType> {
 std::vector<double> scaled(const std::vector<double>& values, DType dtype, double factor) {
   std::vector<double> out(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
-    out[i] = round_to(dtype, static_cast<double>(static_cast<float>(values[i]) *
-                                                 static_cast<float>(factor)));
+    out[i] = round_to(
+        dtype, static_cast<double>(static_cast<float>(values[i]) * static_cast<float>(factor)));
   }
   return out;
 }

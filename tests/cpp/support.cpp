@@ -65,10 +65,14 @@ bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; 
 
 double round_to(DType dtype, double value) {
   switch (dtype) {
-    case DType::f32: return static_cast<float>(value);
-    case DType::bf16: return common::to_float(common::to_bf16(static_cast<float>(value)));
-    case DType::f16: return common::to_float(common::to_f16(static_cast<float>(value)));
-    default: return value;
+    case DType::f32:
+      return static_cast<float>(value);
+    case DType::bf16:
+      return common::to_float(common::to_bf16(static_cast<float>(value)));
+    case DType::f16:
+      return common::to_float(common::to_f16(static_cast<float>(value)));
+    default:
+      return value;
   }
 }
 std::vector<double> rounded(std::vector<double> values, DType dtype) {
@@ -87,20 +91,29 @@ Matrix columns(const Matrix& m, int64_t begin, int64_t width) {
 }
 std::string short_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::f64: return "f64";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::f64:
+      return "f64";
+    case DType::i64:
+      return "i64";
+    case DType::i32:
+      return "i32";
   }
   return "unknown";
 }
 std::string reduction_label(Reduction reduction) {
   switch (reduction) {
-    case Reduction::none: return "none";
-    case Reduction::sum: return "sum";
-    case Reduction::mean: return "mean";
+    case Reduction::none:
+      return "none";
+    case Reduction::sum:
+      return "sum";
+    case Reduction::mean:
+      return "mean";
   }
   return "unknown";
 }
@@ -149,20 +162,50 @@ void poison_element(DType dtype, unsigned char* out) {
 
 double read_element(DType dtype, const unsigned char* in) {
   switch (dtype) {
-    case DType::f32: { float v; std::memcpy(&v, in, 4); return v; }
-    case DType::f64: { double v; std::memcpy(&v, in, 8); return v; }
-    case DType::bf16: { common::bf16_t v; std::memcpy(&v, in, 2); return common::to_float(v); }
-    case DType::f16: { common::f16_t v; std::memcpy(&v, in, 2); return common::to_float(v); }
-    case DType::i64: { int64_t v; std::memcpy(&v, in, 8); return static_cast<double>(v); }
-    case DType::i32: { int32_t v; std::memcpy(&v, in, 4); return v; }
+    case DType::f32: {
+      float v;
+      std::memcpy(&v, in, 4);
+      return v;
+    }
+    case DType::f64: {
+      double v;
+      std::memcpy(&v, in, 8);
+      return v;
+    }
+    case DType::bf16: {
+      common::bf16_t v;
+      std::memcpy(&v, in, 2);
+      return common::to_float(v);
+    }
+    case DType::f16: {
+      common::f16_t v;
+      std::memcpy(&v, in, 2);
+      return common::to_float(v);
+    }
+    case DType::i64: {
+      int64_t v;
+      std::memcpy(&v, in, 8);
+      return static_cast<double>(v);
+    }
+    case DType::i32: {
+      int32_t v;
+      std::memcpy(&v, in, 4);
+      return v;
+    }
   }
   return 0.0;
 }
 
 void write_element(DType dtype, double value, unsigned char* out) {
   switch (dtype) {
-    case DType::f32: { const float v = static_cast<float>(value); std::memcpy(out, &v, 4); break; }
-    case DType::f64: std::memcpy(out, &value, 8); break;
+    case DType::f32: {
+      const float v = static_cast<float>(value);
+      std::memcpy(out, &v, 4);
+      break;
+    }
+    case DType::f64:
+      std::memcpy(out, &value, 8);
+      break;
     case DType::bf16: {
       const common::bf16_t v = common::to_bf16(static_cast<float>(value));
       std::memcpy(out, &v, 2);
@@ -173,8 +216,16 @@ void write_element(DType dtype, double value, unsigned char* out) {
       std::memcpy(out, &v, 2);
       break;
     }
-    case DType::i64: { const int64_t v = static_cast<int64_t>(value); std::memcpy(out, &v, 8); break; }
-    case DType::i32: { const int32_t v = static_cast<int32_t>(value); std::memcpy(out, &v, 4); break; }
+    case DType::i64: {
+      const int64_t v = static_cast<int64_t>(value);
+      std::memcpy(out, &v, 8);
+      break;
+    }
+    case DType::i32: {
+      const int32_t v = static_cast<int32_t>(value);
+      std::memcpy(out, &v, 4);
+      break;
+    }
   }
 }
 }  // namespace
@@ -239,9 +290,12 @@ TensorView Tensor::view() const {
   data = device_.get();
 #endif
   switch (ndim_) {
-    case 0: return xent::scalar(data, dtype_, test_device());
-    case 1: return xent::vector(data, dtype_, rows_, test_device());
-    default: return xent::matrix(data, dtype_, rows_, cols_, stride_, test_device());
+    case 0:
+      return xent::scalar(data, dtype_, test_device());
+    case 1:
+      return xent::vector(data, dtype_, rows_, test_device());
+    default:
+      return xent::matrix(data, dtype_, rows_, cols_, stride_, test_device());
   }
 }
 
@@ -296,7 +350,8 @@ std::vector<double> Tensor::download() const {
   out.reserve(static_cast<std::size_t>(rows_ * cols_));
   for (int64_t r = 0; r < rows_; ++r)
     for (int64_t c = 0; c < cols_; ++c)
-      out.push_back(read_element(dtype_, host_.data() + static_cast<std::size_t>(r * stride_ + c) * size));
+      out.push_back(
+          read_element(dtype_, host_.data() + static_cast<std::size_t>(r * stride_ + c) * size));
   return out;
 }
 std::vector<int64_t> Tensor::download_integers() const {
@@ -398,8 +453,10 @@ double relative_error(const std::vector<double>& out, const std::vector<double>&
 double grad_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref) {
   switch (input) {
-    case DType::f32: return family == Family::logits ? 1e-5 : 1e-4;
-    case DType::f64: return family == Family::logits ? 1e-10 : 1e-9;
+    case DType::f32:
+      return family == Family::logits ? 1e-5 : 1e-4;
+    case DType::f64:
+      return family == Family::logits ? 1e-10 : 1e-9;
     // The op and PyTorch round the same quantities at different places (chunk boundaries, the
     // products' summation order), so their errors are independent draws of one size: the op's
     // exceeded PyTorch's by up to 21 % on few-row linear cases (1 seed in 338), hence the 1.5.
@@ -411,9 +468,12 @@ double grad_tolerance(DType input, Family family, const std::vector<double>& tor
 double stat_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref) {
   switch (input) {
-    case DType::f32: return family == Family::logits ? 1e-5 : 1e-4;
-    case DType::f64: return family == Family::logits ? 1e-10 : 1e-9;
-    default: return (torch_like.empty() ? 0.0 : relative_error(torch_like, ref)) + 1e-3;
+    case DType::f32:
+      return family == Family::logits ? 1e-5 : 1e-4;
+    case DType::f64:
+      return family == Family::logits ? 1e-10 : 1e-9;
+    default:
+      return (torch_like.empty() ? 0.0 : relative_error(torch_like, ref)) + 1e-3;
   }
 }
 
@@ -424,13 +484,13 @@ double stat_tolerance(DType input, Family family, const std::vector<double>& tor
            << what << ": " << out.size() << " values, expected " << ref.size();
   for (std::size_t i = 0; i < out.size(); ++i)
     if (std::isfinite(ref[i]) && !std::isfinite(out[i]))
-      return ::testing::AssertionFailure() << what << "[" << i << "] = " << out[i]
-                                           << " where the reference is " << ref[i]
-                                           << " (unwritten elements read as NaN)";
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "] = " << out[i] << " where the reference is " << ref[i]
+             << " (unwritten elements read as NaN)";
   const double error = relative_error(out, ref);
   if (!(error <= tol))
-    return ::testing::AssertionFailure() << what << ": relative error " << error
-                                         << " exceeds " << tol << " (‖ref‖ = " << norm(ref) << ")";
+    return ::testing::AssertionFailure() << what << ": relative error " << error << " exceeds "
+                                         << tol << " (‖ref‖ = " << norm(ref) << ")";
   return ::testing::AssertionSuccess();
 }
 

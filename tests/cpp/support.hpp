@@ -94,10 +94,10 @@ class Tensor {
 
   void upload(const std::vector<double>& dense);  // rows × cols values, row-major
   void upload_integers(const std::vector<int64_t>& values);
-  void poison();                                   // every byte, padding included
-  std::vector<double> download() const;            // dense, padding left out
+  void poison();                         // every byte, padding included
+  std::vector<double> download() const;  // dense, padding left out
   std::vector<int64_t> download_integers() const;
-  bool untouched() const;                          // still entirely poisoned
+  bool untouched() const;  // still entirely poisoned
   bool padding_untouched() const;
 
  private:

@@ -76,7 +76,8 @@ int run_tests(int argc, char** argv) {
       source = "--seed";
       chosen = true;
     } else {
-      std::cerr << "xent tests: unknown argument '" << argv[i] << "' (expected --seed=N or gtest flags)\n";
+      std::cerr << "xent tests: unknown argument '" << argv[i]
+                << "' (expected --seed=N or gtest flags)\n";
       return 2;
     }
   }
@@ -94,8 +95,7 @@ int run_tests(int argc, char** argv) {
   // gtest_discover_tests parses the listing: nothing else may be printed then.
   if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
   std::cout << "xent tests: XENT_TEST_SEED=" << seed << " (" << source
-            << "; replay with XENT_TEST_SEED=" << seed << " or --seed=" << seed << ")"
-            << std::endl;
+            << "; replay with XENT_TEST_SEED=" << seed << " or --seed=" << seed << ")" << std::endl;
   ::testing::UnitTest::GetInstance()->listeners().Append(new SeedPrinter);
   return RUN_ALL_TESTS();
 }

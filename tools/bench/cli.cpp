@@ -9,10 +9,14 @@ namespace xent::bench {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::ce: return "ce";
-    case Op::linear_ce: return "linear_ce";
-    case Op::distill: return "distill";
-    case Op::linear_distill: return "linear_distill";
+    case Op::ce:
+      return "ce";
+    case Op::linear_ce:
+      return "linear_ce";
+    case Op::distill:
+      return "distill";
+    case Op::linear_distill:
+      return "linear_distill";
   }
   return "?";
 }
@@ -63,7 +67,8 @@ void print_help() {
       "  --mode fwd|fwdbwd      forward only, or forward and backward (default fwdbwd)\n"
       "  --repeat K             timed repetitions (default 3 CPU, 50 CUDA)\n"
       "  --warmup K             untimed repetitions first (default 1 CPU, 5 CUDA)\n"
-      "  --suite S              perf-ce|perf-distill|perf-linear|perf: the docs/performance.md rows (CUDA)\n"
+      "  --suite S              perf-ce|perf-distill|perf-linear|perf: the docs/performance.md "
+      "rows (CUDA)\n"
       "  --no-naive             skip the naive form (no time, memory or agreement for it)\n"
       "  --profile-one-call     per case, one more xent call between cudaProfilerStart and\n"
       "                         cudaProfilerStop, after the first call and before the timed\n"
@@ -159,16 +164,17 @@ Config parse_command_line(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") {
       config.help = true;
     } else if (flag == "--op") {
-      c.op = parse_choice<Op>(flag, value(), {{"ce", Op::ce}, {"linear_ce", Op::linear_ce},
-                                              {"distill", Op::distill},
-                                              {"linear_distill", Op::linear_distill}});
+      c.op = parse_choice<Op>(flag, value(),
+                              {{"ce", Op::ce},
+                               {"linear_ce", Op::linear_ce},
+                               {"distill", Op::distill},
+                               {"linear_distill", Op::linear_distill}});
     } else if (flag == "--device") {
       config.device = parse_choice<DeviceChoice>(
           flag, value(), {{"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}});
     } else if (flag == "--dtype") {
-      c.dtype = parse_choice<DType>(flag, value(),
-                                    {{"bf16", DType::bf16}, {"fp16", DType::f16},
-                                     {"fp32", DType::f32}});
+      c.dtype = parse_choice<DType>(
+          flag, value(), {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"fp32", DType::f32}});
       config.dtype_given = true;
     } else if (flag == "--n") {
       c.n = parse_positive(flag, value(), int64_t{1} << 24);
@@ -177,10 +183,12 @@ Config parse_command_line(int argc, char** argv) {
     } else if (flag == "--v") {
       c.v = parse_positive(flag, value(), int64_t{1} << 22);
     } else if (flag == "--kind") {
-      c.kind = parse_choice<DistillKind>(
-          flag, value(), {{"forward_kl", DistillKind::forward_kl},
-                          {"reverse_kl", DistillKind::reverse_kl}, {"jsd", DistillKind::jsd},
-                          {"soft_ce", DistillKind::soft_ce}, {"tvd", DistillKind::tvd}});
+      c.kind = parse_choice<DistillKind>(flag, value(),
+                                         {{"forward_kl", DistillKind::forward_kl},
+                                          {"reverse_kl", DistillKind::reverse_kl},
+                                          {"jsd", DistillKind::jsd},
+                                          {"soft_ce", DistillKind::soft_ce},
+                                          {"tvd", DistillKind::tvd}});
     } else if (flag == "--reduction") {
       c.reduction = parse_choice<Reduction>(
           flag, value(),
@@ -228,15 +236,19 @@ Config parse_command_line(int argc, char** argv) {
     throw UsageError{"--fp32-logits applies to --op linear_ce and linear_distill only"};
   const bool distillation = c.op == Op::distill || c.op == Op::linear_distill;
   if (distillation && !c.options.hard &&
-      (c.options.smoothing || c.options.z_loss || c.options.logit_scale ||
-       c.options.class_weight || c.options.row_weight))
-    throw UsageError{"--options: distillation takes softcap, and hard with the ce options of "
-                     "its hard-label term; got '" + c.options.describe() + "'"};
+      (c.options.smoothing || c.options.z_loss || c.options.logit_scale || c.options.class_weight ||
+       c.options.row_weight))
+    throw UsageError{
+        "--options: distillation takes softcap, and hard with the ce options of "
+        "its hard-label term; got '" +
+        c.options.describe() + "'"};
   if (c.options.hard && !distillation)
     throw UsageError{"--options hard applies to --op distill and linear_distill only"};
   if (c.options.hard && (c.options.logit_scale || c.options.softcap))
-    throw UsageError{"--options hard: the naive form and these runs take smoothing, z_loss, "
-                     "class_weight and row_weight beside it; got '" + c.options.describe() + "'"};
+    throw UsageError{
+        "--options hard: the naive form and these runs take smoothing, z_loss, "
+        "class_weight and row_weight beside it; got '" +
+        c.options.describe() + "'"};
   if (c.options.hard && config.naive)
     throw UsageError{"--options hard: the naive form has no hard-label term; add --no-naive"};
   return config;

@@ -44,22 +44,22 @@ struct Case {
   OptionSet options;
   std::size_t budget_bytes = std::size_t{512} << 20;
   bool fp32_logits = false;  // linear ops: chunk logits in fp32, not rounded to the input dtype
-  std::string label;  // the suite row it belongs to, or empty
+  std::string label;         // the suite row it belongs to, or empty
 };
 
 struct Config {
   DeviceChoice device = DeviceChoice::best;
-  Case single;             // the case of --op/--n/...; zeros and dtype_given=false mean defaults
+  Case single;  // the case of --op/--n/...; zeros and dtype_given=false mean defaults
   bool dtype_given = false;
-  std::vector<Case> cases;  // filled by resolve_cases once the device is known
-  int repeat = 0;         // 0: the device's default
-  int warmup = -1;        // -1: the device's default
-  bool naive = true;      // also time the naive (materialised logits) form
-  bool check = true;      // compare xent against the naive form
-  std::string json_path;  // empty: no JSON
-  std::string compare;    // "torch": also run tools/compare_torch.py on the same cases
-  std::string suite;      // the suite name, for the records
-  double max_error = -1;  // >= 0: exit 1 unless every xent record ran and agrees within it
+  std::vector<Case> cases;        // filled by resolve_cases once the device is known
+  int repeat = 0;                 // 0: the device's default
+  int warmup = -1;                // -1: the device's default
+  bool naive = true;              // also time the naive (materialised logits) form
+  bool check = true;              // compare xent against the naive form
+  std::string json_path;          // empty: no JSON
+  std::string compare;            // "torch": also run tools/compare_torch.py on the same cases
+  std::string suite;              // the suite name, for the records
+  double max_error = -1;          // >= 0: exit 1 unless every xent record ran and agrees within it
   bool profile_one_call = false;  // one extra xent call per case inside the profiler range
   bool help = false;
 };

@@ -52,11 +52,20 @@ class CpuDevice final : public BenchDevice {
     for (int64_t i = 0; i < count; ++i) {
       const float value = low + span * uniform01(seed, static_cast<uint64_t>(i));
       switch (dtype) {
-        case DType::f32: static_cast<float*>(data)[i] = value; break;
-        case DType::bf16: static_cast<common::bf16_t*>(data)[i] = common::to_bf16(value); break;
-        case DType::f16: static_cast<common::f16_t*>(data)[i] = common::to_f16(value); break;
-        case DType::f64: static_cast<double*>(data)[i] = value; break;
-        default: break;
+        case DType::f32:
+          static_cast<float*>(data)[i] = value;
+          break;
+        case DType::bf16:
+          static_cast<common::bf16_t*>(data)[i] = common::to_bf16(value);
+          break;
+        case DType::f16:
+          static_cast<common::f16_t*>(data)[i] = common::to_f16(value);
+          break;
+        case DType::f64:
+          static_cast<double*>(data)[i] = value;
+          break;
+        default:
+          break;
       }
     }
   }
@@ -73,8 +82,7 @@ class CpuDevice final : public BenchDevice {
     std::memcpy(data, host, bytes);
   }
 
-  std::vector<double> time(const std::function<void(int)>& fn, int warmup,
-                           int repeat) override {
+  std::vector<double> time(const std::function<void(int)>& fn, int warmup, int repeat) override {
     for (int i = 0; i < warmup; ++i) fn(i);
     std::vector<double> times;
     for (int i = 0; i < repeat; ++i) {

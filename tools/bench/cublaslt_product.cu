@@ -22,9 +22,12 @@ void check(cublasStatus_t status, const char* what) {
 
 cudaDataType_t cuda_type(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -66,9 +69,11 @@ Plan make_plan(const RowMajor& a, bool transpose_a, const RowMajor& b, bool tran
   const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   check(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                       sizeof op_first), "transa");
+                                       sizeof op_first),
+        "transa");
   check(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                       sizeof op_second), "transb");
+                                       sizeof op_second),
+        "transb");
   // Column-major view of row-major storage [rows × cols] is [cols × rows] with ld = cols.
   check(cublasLtMatrixLayoutCreate(&plan.first, cuda_type(b.dtype), b.cols, b.rows, b.cols),
         "layout");
@@ -77,8 +82,7 @@ Plan make_plan(const RowMajor& a, bool transpose_a, const RowMajor& b, bool tran
   check(cublasLtMatrixLayoutCreate(&plan.out, cuda_type(c_dtype), n, m, n), "layout");
   cublasLtMatmulPreference_t preference = nullptr;
   check(cublasLtMatmulPreferenceCreate(&preference), "preference");
-  check(cublasLtMatmulPreferenceSetAttribute(preference,
-                                             CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &kWorkspaceBytes, sizeof kWorkspaceBytes),
         "preference");
   cublasLtMatmulHeuristicResult_t heuristic{};
@@ -95,11 +99,17 @@ Plan make_plan(const RowMajor& a, bool transpose_a, const RowMajor& b, bool tran
 
 }  // namespace
 
-void lt_product(const RowMajor& a, bool transpose_a, const RowMajor& b, bool transpose_b,
-                void* c, DType c_dtype, void* stream) {
+void lt_product(const RowMajor& a, bool transpose_a, const RowMajor& b, bool transpose_b, void* c,
+                DType c_dtype, void* stream) {
   static std::map<PlanKey, Plan> plans;
-  const PlanKey key{a.rows, a.cols, b.rows, b.cols, static_cast<int>(a.dtype),
-                    static_cast<int>(b.dtype), static_cast<int>(c_dtype), transpose_a,
+  const PlanKey key{a.rows,
+                    a.cols,
+                    b.rows,
+                    b.cols,
+                    static_cast<int>(a.dtype),
+                    static_cast<int>(b.dtype),
+                    static_cast<int>(c_dtype),
+                    transpose_a,
                     transpose_b};
   auto found = plans.find(key);
   if (found == plans.end())
@@ -107,9 +117,9 @@ void lt_product(const RowMajor& a, bool transpose_a, const RowMajor& b, bool tra
   const Plan& plan = found->second;
   const float alpha = 1, beta = 0;
   LtState& lt = state();
-  check(cublasLtMatmul(lt.handle, plan.operation, &alpha, b.data, plan.first, a.data,
-                       plan.second, &beta, c, plan.out, c, plan.out, &plan.algo, lt.workspace,
-                       kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
+  check(cublasLtMatmul(lt.handle, plan.operation, &alpha, b.data, plan.first, a.data, plan.second,
+                       &beta, c, plan.out, c, plan.out, &plan.algo, lt.workspace, kWorkspaceBytes,
+                       static_cast<cudaStream_t>(stream)),
         "matmul");
 }
 

@@ -16,7 +16,7 @@ struct RowMajor {
 
 // c[M×N] = op(a)·op(b) on `stream`, where op transposes when asked; c has its own dtype (fp32 or
 // the operands'). Throws std::runtime_error when cuBLASLt fails or has no algorithm.
-void lt_product(const RowMajor& a, bool transpose_a, const RowMajor& b, bool transpose_b,
-                void* c, DType c_dtype, void* stream);
+void lt_product(const RowMajor& a, bool transpose_a, const RowMajor& b, bool transpose_b, void* c,
+                DType c_dtype, void* stream);
 
 }  // namespace xent::bench

@@ -41,8 +41,8 @@ __global__ void fill_uniform_kernel(T* data, int64_t count, float low, float spa
 __global__ void fill_targets_kernel(int64_t* data, int64_t count, int64_t vocab, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x)
-    data[i] = static_cast<int64_t>(mix64(seed + static_cast<uint64_t>(i)) %
-                                   static_cast<uint64_t>(vocab));
+    data[i] =
+        static_cast<int64_t>(mix64(seed + static_cast<uint64_t>(i)) % static_cast<uint64_t>(vocab));
 }
 
 int grid_for(int64_t count) {
@@ -111,8 +111,7 @@ class CudaDevice final : public BenchDevice {
     synchronize();
   }
 
-  std::vector<double> time(const std::function<void(int)>& fn, int warmup,
-                           int repeat) override {
+  std::vector<double> time(const std::function<void(int)>& fn, int warmup, int repeat) override {
     for (int i = 0; i < warmup; ++i) fn(i);
     std::vector<cudaEvent_t> events(2 * static_cast<std::size_t>(repeat));
     for (cudaEvent_t& event : events) check(cudaEventCreate(&event), "cudaEventCreate");

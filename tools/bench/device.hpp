@@ -35,8 +35,7 @@ class BenchDevice {
 
   // Runs fn `warmup` times, then `repeat` timed times; returns each time in milliseconds.
   // fn receives the repetition index so it can rotate among input copies.
-  virtual std::vector<double> time(const std::function<void(int)>& fn, int warmup,
-                                   int repeat) = 0;
+  virtual std::vector<double> time(const std::function<void(int)>& fn, int warmup, int repeat) = 0;
   virtual void synchronize() = 0;
   // Bracket the one op call a profiler should capture (CUDA: cudaProfilerStart/Stop, seen by
   // `ncu --profile-from-start off`), so warm-up, timing, fills and ceilings stay out of it.

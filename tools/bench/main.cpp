@@ -21,8 +21,7 @@ std::unique_ptr<BenchDevice> open_device(DeviceChoice choice) {
 #if defined(XENT_BENCH_CUDA)
   if (choice != DeviceChoice::cpu) {
     if (auto cuda = make_cuda_device()) return cuda;
-    if (choice == DeviceChoice::cuda)
-      throw UsageError{"--device cuda: no CUDA GPU is visible"};
+    if (choice == DeviceChoice::cuda) throw UsageError{"--device cuda: no CUDA GPU is visible"};
   }
 #else
   if (choice == DeviceChoice::cuda)
@@ -38,15 +37,16 @@ int run_torch_comparison(const Config& config) {
     std::string command = std::string("python3 '") + XENT_SOURCE_DIR + "/tools/compare_torch.py'" +
                           " --op " + op_name(c.op) + " --n " + std::to_string(c.n) + " --v " +
                           std::to_string(c.v) + " --dtype " +
-                          (c.dtype == xent::DType::bf16   ? "bf16"
+                          (c.dtype == xent::DType::bf16  ? "bf16"
                            : c.dtype == xent::DType::f16 ? "fp16"
-                                                          : "fp32") +
+                                                         : "fp32") +
                           " --mode " + mode_name(c.mode);
     if (c.h > 0) command += " --h " + std::to_string(c.h);
     if (c.op == Op::distill || c.op == Op::linear_distill)
       command += std::string(" --kind ") + xent::distill_kind_name(c.kind);
     if (config.device == DeviceChoice::cpu) command += " --device cpu";
-    if (!config.json_path.empty()) command += " --json '" + config.json_path + ".torch.json' --append";
+    if (!config.json_path.empty())
+      command += " --json '" + config.json_path + ".torch.json' --append";
     std::fprintf(stderr, "[xent-bench] %s\n", command.c_str());
     if (std::system(command.c_str()) != 0) status = 1;
   }
@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
     }
     device = open_device(config.device);
     if (!config.suite.empty() && device->device().kind != xent::DeviceKind::cuda)
-      throw UsageError{"--suite " + config.suite + ": the docs/performance.md suites run on CUDA only"};
+      throw UsageError{"--suite " + config.suite +
+                       ": the docs/performance.md suites run on CUDA only"};
     resolve_cases(config, device->device().kind);
   } catch (const UsageError& error) {
     std::fprintf(stderr, "xent-bench: %s\n", error.message.c_str());

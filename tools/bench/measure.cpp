@@ -28,14 +28,17 @@ std::vector<double> to_host_doubles(BenchDevice& device, const TensorView& view)
   device.to_host(raw.data(), view.data, raw.size());
   for (int64_t i = 0; i < count; ++i) {
     switch (view.dtype) {
-      case DType::f32: values[i] = reinterpret_cast<const float*>(raw.data())[i]; break;
+      case DType::f32:
+        values[i] = reinterpret_cast<const float*>(raw.data())[i];
+        break;
       case DType::bf16:
         values[i] = common::to_float(reinterpret_cast<const common::bf16_t*>(raw.data())[i]);
         break;
       case DType::f16:
         values[i] = common::to_float(reinterpret_cast<const common::f16_t*>(raw.data())[i]);
         break;
-      default: break;
+      default:
+        break;
     }
   }
   return values;
@@ -161,9 +164,9 @@ void measure_case(BenchDevice& device, const Case& c, const MeasureSettings& set
     xent_record.peak_extra_bytes =
         std::max(workspace_bytes + outputs_bytes(out),
                  in_use_after > in_use_before ? in_use_after - in_use_before : std::size_t{0});
-    const auto times = device.time(
-        [&](int i) { run_xent(p, p.inputs(i % p.copies()), out, ws, device.stream()); },
-        settings.warmup, settings.repeat);
+    const auto times =
+        device.time([&](int i) { run_xent(p, p.inputs(i % p.copies()), out, ws, device.stream()); },
+                    settings.warmup, settings.repeat);
     xent_record.time = summarize(times);
     set_ratio(xent_record, c, gemm_floor);
     std::fprintf(stderr, "[xent-bench] xent  %s: median %.3f ms\n", title.c_str(),

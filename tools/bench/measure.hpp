@@ -14,7 +14,7 @@ struct MeasureSettings {
   int warmup = 1;
   bool naive = true;
   bool check = true;
-  double copy_bandwidth = 0;  // B of this run (0 on the CPU)
+  double copy_bandwidth = 0;      // B of this run (0 on the CPU)
   bool profile_one_call = false;  // see Config::profile_one_call
 };
 

@@ -16,19 +16,30 @@ namespace {
 
 float load(const TensorView& view, int64_t index) {
   switch (view.dtype) {
-    case DType::f32: return static_cast<const float*>(view.data)[index];
-    case DType::bf16: return common::to_float(static_cast<const common::bf16_t*>(view.data)[index]);
-    case DType::f16: return common::to_float(static_cast<const common::f16_t*>(view.data)[index]);
-    default: return 0;
+    case DType::f32:
+      return static_cast<const float*>(view.data)[index];
+    case DType::bf16:
+      return common::to_float(static_cast<const common::bf16_t*>(view.data)[index]);
+    case DType::f16:
+      return common::to_float(static_cast<const common::f16_t*>(view.data)[index]);
+    default:
+      return 0;
   }
 }
 
 void store(const TensorView& view, int64_t index, float value) {
   switch (view.dtype) {
-    case DType::f32: static_cast<float*>(view.data)[index] = value; break;
-    case DType::bf16: static_cast<common::bf16_t*>(view.data)[index] = common::to_bf16(value); break;
-    case DType::f16: static_cast<common::f16_t*>(view.data)[index] = common::to_f16(value); break;
-    default: break;
+    case DType::f32:
+      static_cast<float*>(view.data)[index] = value;
+      break;
+    case DType::bf16:
+      static_cast<common::bf16_t*>(view.data)[index] = common::to_bf16(value);
+      break;
+    case DType::f16:
+      static_cast<common::f16_t*>(view.data)[index] = common::to_f16(value);
+      break;
+    default:
+      break;
   }
 }
 
@@ -142,9 +153,9 @@ void cross_entropy(const Case& c, const Inputs& in, const float* x, const NaiveS
     }
     const int64_t y = target[n];
     for (int64_t i = 0; i < vocab; ++i)
-      grad[n * vocab + i] = static_cast<float>(naive::ce_gradient(
-          params, coef, z_coef, s.row_lse[n], x[n * vocab + i], i == y, class_weight(y),
-          class_weight(i)));
+      grad[n * vocab + i] = static_cast<float>(
+          naive::ce_gradient(params, coef, z_coef, s.row_lse[n], x[n * vocab + i], i == y,
+                             class_weight(y), class_weight(i)));
   }
 }
 
@@ -156,8 +167,10 @@ void distillation(const Case& c, const float* s_logits, const float* t_logits,
   const int kind = static_cast<int>(c.kind);
   auto lse_of = [&](const float* row) {
     double max = -INFINITY, sum = 0;
-    for (int64_t i = 0; i < vocab; ++i) max = std::fmax(max, naive::distill_transformed(cap, row[i]));
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(naive::distill_transformed(cap, row[i]) - max);
+    for (int64_t i = 0; i < vocab; ++i)
+      max = std::fmax(max, naive::distill_transformed(cap, row[i]));
+    for (int64_t i = 0; i < vocab; ++i)
+      sum += std::exp(naive::distill_transformed(cap, row[i]) - max);
     return max + std::log(sum);
   };
 #pragma omp parallel for schedule(static)
@@ -202,7 +215,8 @@ void distillation(const Case& c, const float* s_logits, const float* t_logits,
   }
 }
 
-void write_loss(const Case& c, const NaiveScratch& s, const Totals& totals, const TensorView& loss) {
+void write_loss(const Case& c, const NaiveScratch& s, const Totals& totals,
+                const TensorView& loss) {
   auto* out = static_cast<float*>(loss.data);
   if (c.reduction == Reduction::none) {
     for (int64_t n = 0; n < c.n; ++n) out[n] = static_cast<float>(s.row_loss[n] + s.row_z[n]);

@@ -78,9 +78,14 @@ void convert(const void* in, DType in_dtype, void* out, DType out_dtype, int64_t
     }
   };
   switch (out_dtype) {
-    case DType::bf16: launch(static_cast<common::bf16_t*>(out)); break;
-    case DType::f16: launch(static_cast<common::f16_t*>(out)); break;
-    default: launch(static_cast<float*>(out));
+    case DType::bf16:
+      launch(static_cast<common::bf16_t*>(out));
+      break;
+    case DType::f16:
+      launch(static_cast<common::f16_t*>(out));
+      break;
+    default:
+      launch(static_cast<float*>(out));
   }
   check_launch("convert");
 }
@@ -146,8 +151,7 @@ __global__ void totals_kernel(int64_t rows, const double* row_loss, const double
 }
 
 __global__ void loss_kernel(Reduction reduction, int64_t rows, const double* row_loss,
-                            const double* row_z, bool distill, const double* totals,
-                            float* loss) {
+                            const double* row_z, bool distill, const double* totals, float* loss) {
   if (reduction == Reduction::none) {
     for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < rows;
          n += int64_t{gridDim.x} * blockDim.x)
@@ -180,8 +184,8 @@ __device__ void row_coefficients(Reduction reduction, const float* grad_output,
 __global__ void ce_grad_kernel(const float* x, int64_t vocab, naive::CeParams p,
                                const double* totals, const int64_t* target,
                                const float* class_weight, const float* row_weight,
-                               const float* grad_output, Reduction reduction,
-                               const double* row_lse, float* grad) {
+                               const float* grad_output, Reduction reduction, const double* row_lse,
+                               float* grad) {
   const int64_t n = blockIdx.x;
   p.weight_sum = totals[4];
   double coef, z_coef;
@@ -189,9 +193,9 @@ __global__ void ce_grad_kernel(const float* x, int64_t vocab, naive::CeParams p,
   const int64_t y = target[n];
   const double w_y = class_weight ? class_weight[y] : 1.0;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    grad[n * vocab + i] = static_cast<float>(
-        naive::ce_gradient(p, coef, z_coef, row_lse[n], x[n * vocab + i], i == y, w_y,
-                           class_weight ? class_weight[i] : 1.0));
+    grad[n * vocab + i] =
+        static_cast<float>(naive::ce_gradient(p, coef, z_coef, row_lse[n], x[n * vocab + i], i == y,
+                                              w_y, class_weight ? class_weight[i] : 1.0));
 }
 
 __device__ double row_lse_of(const float* row, int64_t vocab, double softcap) {
@@ -241,10 +245,11 @@ __global__ void distill_grad_kernel(const float* s, const float* t, int64_t voca
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     const float x = s[n * vocab + i];
     const double log_ps = naive::distill_transformed(softcap, x) - row_z[n];
-    const double log_pt = naive::distill_transformed(softcap, t[n * vocab + i]) - row_denominator[n];
-    grad[n * vocab + i] = static_cast<float>(
-        coef * naive::distill_dlogit(kind, beta, log_ps, log_pt, row_lse[n]) *
-        naive::distill_slope(softcap, x));
+    const double log_pt =
+        naive::distill_transformed(softcap, t[n * vocab + i]) - row_denominator[n];
+    grad[n * vocab + i] =
+        static_cast<float>(coef * naive::distill_dlogit(kind, beta, log_ps, log_pt, row_lse[n]) *
+                           naive::distill_slope(softcap, x));
   }
 }
 
@@ -264,8 +269,8 @@ void naive_cuda(const Case& c, const Inputs& in, const Outputs& out, void* scrat
   const float* logits = nullptr;
   const float* teacher = nullptr;
   if (is_linear(c.op)) {
-    lt_product(as_row_major(in.hidden), false, as_row_major(in.weight), true, s.logits,
-               DType::f32, stream);
+    lt_product(as_row_major(in.hidden), false, as_row_major(in.weight), true, s.logits, DType::f32,
+               stream);
     logits = s.logits;
     if (c.op == Op::linear_distill) {
       lt_product(as_row_major(in.teacher_hidden), false, as_row_major(in.teacher_weight), true,
@@ -297,9 +302,9 @@ void naive_cuda(const Case& c, const Inputs& in, const Outputs& out, void* scrat
   params.scale = c.options.logit_scale ? kLogitScale : 1;
   params.vocab = double(c.v);
   if (distill) {
-    distill_stats_kernel<<<rows, kThreads, 0, stream>>>(logits, teacher, c.v, int(c.kind),
-                                                        softcap, beta, s.row_loss, s.row_z,
-                                                        s.row_lse, s.row_denominator);
+    distill_stats_kernel<<<rows, kThreads, 0, stream>>>(logits, teacher, c.v, int(c.kind), softcap,
+                                                        beta, s.row_loss, s.row_z, s.row_lse,
+                                                        s.row_denominator);
   } else {
     class_weight_sum_kernel<<<1, kThreads, 0, stream>>>(class_weight, c.v, s.totals);
     ce_stats_kernel<<<rows, kThreads, 0, stream>>>(logits, c.v, params, s.totals, target,
@@ -313,10 +318,9 @@ void naive_cuda(const Case& c, const Inputs& in, const Outputs& out, void* scrat
   check_launch("row kernels");
   if (!grads) return;
   if (distill) {
-    distill_grad_kernel<<<rows, kThreads, 0, stream>>>(logits, teacher, c.v, int(c.kind), softcap,
-                                                       beta, s.totals, grad_output, c.reduction,
-                                                       s.row_z, s.row_lse, s.row_denominator,
-                                                       s.grad);
+    distill_grad_kernel<<<rows, kThreads, 0, stream>>>(
+        logits, teacher, c.v, int(c.kind), softcap, beta, s.totals, grad_output, c.reduction,
+        s.row_z, s.row_lse, s.row_denominator, s.grad);
   } else {
     ce_grad_kernel<<<rows, kThreads, 0, stream>>>(logits, c.v, params, s.totals, target,
                                                   class_weight, row_weight, grad_output,

@@ -60,21 +60,24 @@ XENT_HD double xlog(double p, double log_ratio) { return p == 0 ? 0.0 : p * log_
 XENT_HD DistillTerm distill_term(int kind, double beta, double log_ps, double log_pt) {
   const double ps = exp(log_ps), pt = exp(log_pt);
   switch (kind) {
-    case 0: return {xlog(pt, log_pt - log_ps), 0};
-    case 1: return {xlog(ps, log_ps - log_pt), log_ps - log_pt};
+    case 0:
+      return {xlog(pt, log_pt - log_ps), 0};
+    case 1:
+      return {xlog(ps, log_ps - log_pt), log_ps - log_pt};
     case 2: {
       if (beta == 0 || beta == 1) return {0, 0};
       const double log_m = log(beta * pt + (1 - beta) * ps);
       return {beta * xlog(pt, log_pt - log_m) + (1 - beta) * xlog(ps, log_ps - log_m),
               (1 - beta) * (log_ps - log_m)};
     }
-    case 3: return {-xlog(pt, log_ps), 0};
-    default: return {0.5 * fabs(pt - ps), ps > pt ? 0.5 : (ps < pt ? -0.5 : 0.0)};
+    case 3:
+      return {-xlog(pt, log_ps), 0};
+    default:
+      return {0.5 * fabs(pt - ps), ps > pt ? 0.5 : (ps < pt ? -0.5 : 0.0)};
   }
 }
 
-XENT_HD double distill_dlogit(int kind, double beta, double log_ps, double log_pt,
-                              double sum_pd) {
+XENT_HD double distill_dlogit(int kind, double beta, double log_ps, double log_pt, double sum_pd) {
   const double ps = exp(log_ps), pt = exp(log_pt);
   if (kind == 0 || kind == 3) return ps - pt;
   if (ps == 0) return 0;

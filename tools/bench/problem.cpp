@@ -16,8 +16,8 @@ std::size_t elements_bytes(int64_t count, DType dtype) {
 }
 
 std::size_t Problem::input_bytes(const Case& c) {
-  const int64_t matrices = c.op == Op::ce ? c.n * c.v
-                           : c.op == Op::distill ? 2 * c.n * c.v
+  const int64_t matrices = c.op == Op::ce          ? c.n * c.v
+                           : c.op == Op::distill   ? 2 * c.n * c.v
                            : c.op == Op::linear_ce ? (c.n + c.v) * c.h
                                                    : 2 * (c.n + c.v) * c.h;
   std::size_t bytes = elements_bytes(matrices, c.dtype) + elements_bytes(c.n, DType::i64);
@@ -75,10 +75,8 @@ Problem::Problem(BenchDevice& device, const Case& c, int copies)
     }
     in.target = add_vector(DType::i64, n, 0, 0);
     const bool weighted = !is_distill(c.op) || c.options.hard;
-    if (c.options.class_weight && weighted)
-      in.class_weight = add_vector(DType::f32, v, 0.5f, 1.5f);
-    if (c.options.row_weight && weighted)
-      in.row_weight = add_vector(DType::f32, n, 0.0f, 2.0f);
+    if (c.options.class_weight && weighted) in.class_weight = add_vector(DType::f32, v, 0.5f, 1.5f);
+    if (c.options.row_weight && weighted) in.row_weight = add_vector(DType::f32, n, 0.0f, 2.0f);
     if (c.mode == Mode::fwdbwd && c.reduction == Reduction::none)
       in.grad_output = add_vector(DType::f32, n, 0.5f, 1.5f);
     inputs_.push_back(in);

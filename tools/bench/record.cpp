@@ -95,15 +95,13 @@ void print_table(const std::vector<Record>& records) {
   for (const Record& r : records) {
     const Case& c = r.spec;
     std::printf("%-26s %-6s %-20s %-8s %-14s ", op_text(c).c_str(), r.impl.c_str(),
-                shape_text(c).c_str(), dtype_name(c.dtype),
-                options_text(c).c_str());
+                shape_text(c).c_str(), dtype_name(c.dtype), options_text(c).c_str());
     if (!r.error.empty()) {
       std::printf("error: %s\n", r.error.c_str());
       continue;
     }
-    std::printf("%10s %10s %10s %10s %8s %10s %10s\n",
-                number(r.time.median_ms, "%.3f").c_str(), number(r.time.p20_ms, "%.3f").c_str(),
-                number(r.time.p80_ms, "%.3f").c_str(),
+    std::printf("%10s %10s %10s %10s %8s %10s %10s\n", number(r.time.median_ms, "%.3f").c_str(),
+                number(r.time.p20_ms, "%.3f").c_str(), number(r.time.p80_ms, "%.3f").c_str(),
                 number(static_cast<double>(r.peak_extra_bytes) / (1 << 20), "%.1f").c_str(),
                 number(r.ratio, "%.3f").c_str(), number(r.loss_rel_err, "%.2e").c_str(),
                 number(r.grad_rel_err, "%.2e").c_str());
@@ -114,14 +112,14 @@ void print_table(const std::vector<Record>& records) {
     const Record& naive = records[i + 1];
     if (x.impl != "xent" || naive.impl != "naive" || !x.error.empty() || !naive.error.empty())
       continue;
-    std::printf("%s %s: xent takes %.2fx the naive time and %.2fx its extra memory (%.1f vs "
-                "%.1f MiB)\n",
-                op_text(x.spec).c_str(), shape_text(x.spec).c_str(),
-                x.time.median_ms / naive.time.median_ms,
-                static_cast<double>(x.peak_extra_bytes) /
-                    static_cast<double>(naive.peak_extra_bytes),
-                static_cast<double>(x.peak_extra_bytes) / (1 << 20),
-                static_cast<double>(naive.peak_extra_bytes) / (1 << 20));
+    std::printf(
+        "%s %s: xent takes %.2fx the naive time and %.2fx its extra memory (%.1f vs "
+        "%.1f MiB)\n",
+        op_text(x.spec).c_str(), shape_text(x.spec).c_str(),
+        x.time.median_ms / naive.time.median_ms,
+        static_cast<double>(x.peak_extra_bytes) / static_cast<double>(naive.peak_extra_bytes),
+        static_cast<double>(x.peak_extra_bytes) / (1 << 20),
+        static_cast<double>(naive.peak_extra_bytes) / (1 << 20));
   }
   bool any_ceiling = false;
   for (const Record& r : records) {
@@ -163,16 +161,16 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
     const Record& r = records[i];
     const Case& c = r.spec;
     file << "  {\"op\": \"" << op_name(c.op) << "\", \"impl\": \"" << escaped(r.impl)
-         << "\", \"mode\": \"" << mode_name(c.mode) << "\", \"options\": \""
-         << c.options.describe() << "\", \"reduction\": \"" << reduction_name(c.reduction)
-         << "\", \"kind\": "
-         << quoted(c.op == Op::distill || c.op == Op::linear_distill ? distill_kind_name(c.kind) : nullptr)
+         << "\", \"mode\": \"" << mode_name(c.mode) << "\", \"options\": \"" << c.options.describe()
+         << "\", \"reduction\": \"" << reduction_name(c.reduction) << "\", \"kind\": "
+         << quoted(c.op == Op::distill || c.op == Op::linear_distill ? distill_kind_name(c.kind)
+                                                                     : nullptr)
          << ", \"dtype\": \"" << dtype_name(c.dtype) << "\", \"n\": " << c.n << ", \"h\": " << c.h
          << ", \"v\": " << c.v << ", \"budget_bytes\": " << c.budget_bytes
-         << ", \"fp32_logits\": " << (c.fp32_logits ? "true" : "false")
-         << ", \"label\": \"" << escaped(c.label) << "\", \"device\": \""
-         << escaped(r.device_name) << "\", \"time_ms\": {\"median\": "
-         << json_number(r.time.median_ms) << ", \"p20\": " << json_number(r.time.p20_ms)
+         << ", \"fp32_logits\": " << (c.fp32_logits ? "true" : "false") << ", \"label\": \""
+         << escaped(c.label) << "\", \"device\": \"" << escaped(r.device_name)
+         << "\", \"time_ms\": {\"median\": " << json_number(r.time.median_ms)
+         << ", \"p20\": " << json_number(r.time.p20_ms)
          << ", \"p80\": " << json_number(r.time.p80_ms) << ", \"samples\": " << r.time.samples
          << "}, \"copy_bandwidth_bytes_per_s\": "
          << json_number(r.copy_bandwidth > 0 ? r.copy_bandwidth : NAN)
@@ -181,9 +179,9 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
          << "\", \"min_bytes\": " << r.min_bytes << ", \"peak_extra_bytes\": " << r.peak_extra_bytes
          << ", \"workspace_bytes\": " << r.workspace_bytes
          << ", \"loss_rel_err\": " << json_number(r.loss_rel_err)
-         << ", \"grad_rel_err\": " << json_number(r.grad_rel_err) << ", \"error\": "
-         << quoted(r.error.empty() ? nullptr : r.error.c_str()) << ", \"commit\": \""
-         << commit << "\"}" << (i + 1 < records.size() ? "," : "") << "\n";
+         << ", \"grad_rel_err\": " << json_number(r.grad_rel_err)
+         << ", \"error\": " << quoted(r.error.empty() ? nullptr : r.error.c_str())
+         << ", \"commit\": \"" << commit << "\"}" << (i + 1 < records.size() ? "," : "") << "\n";
   }
   file << "]\n";
   if (!file) throw std::runtime_error("cannot write " + path);

@@ -12,15 +12,15 @@
 namespace xent::bench {
 
 struct Record {
-  std::string impl;         // "xent" or "naive"
+  std::string impl;  // "xent" or "naive"
   Case spec;
   std::string device_name;
   TimeSummary time;
-  double copy_bandwidth = 0;  // B, bytes/s; 0 when not measured
-  double gemm_floor_ms = 0;   // F; 0 when not measured or not a linear op
-  double ratio = NAN;         // min bytes / time / B (ce, distill) or time / F (linear)
-  std::string ratio_kind;     // "bandwidth" or "gemm"
-  std::size_t min_bytes = 0;  // bytes the bandwidth ratio counts
+  double copy_bandwidth = 0;         // B, bytes/s; 0 when not measured
+  double gemm_floor_ms = 0;          // F; 0 when not measured or not a linear op
+  double ratio = NAN;                // min bytes / time / B (ce, distill) or time / F (linear)
+  std::string ratio_kind;            // "bandwidth" or "gemm"
+  std::size_t min_bytes = 0;         // bytes the bandwidth ratio counts
   std::size_t peak_extra_bytes = 0;  // beyond inputs and their gradients
   std::size_t workspace_bytes = 0;
   double loss_rel_err = NAN;  // against naive (xent records only)

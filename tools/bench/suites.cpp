@@ -53,8 +53,8 @@ void add_ce(std::vector<Case>& cases) {
 }
 
 void add_distill(std::vector<Case>& cases) {
-  for (const DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl,
-                                 DistillKind::jsd, DistillKind::soft_ce, DistillKind::tvd}) {
+  for (const DistillKind kind : {DistillKind::forward_kl, DistillKind::reverse_kl, DistillKind::jsd,
+                                 DistillKind::soft_ce, DistillKind::tvd}) {
     cases.push_back(make(Op::distill, 4096, 0, 32768, "perf-distill", Mode::fwdbwd, kind));
     cases.push_back(make(Op::distill, 16384, 0, 131072, "perf-distill", Mode::fwdbwd, kind));
   }
@@ -69,8 +69,10 @@ void add_linear(std::vector<Case>& cases) {
   small_budget.budget_bytes = std::size_t{128} << 20;
   cases.push_back(small_budget);
   // docs/performance.md: mean with z-loss, smoothing and softcap on, at the first shape.
-  Case with_options = make(Op::linear_ce, 8192, 4096, 128256, "perf-linear z-loss smoothing softcap");
-  with_options.options.z_loss = with_options.options.smoothing = with_options.options.softcap = true;
+  Case with_options =
+      make(Op::linear_ce, 8192, 4096, 128256, "perf-linear z-loss smoothing softcap");
+  with_options.options.z_loss = with_options.options.smoothing = with_options.options.softcap =
+      true;
   cases.push_back(with_options);
 }
 

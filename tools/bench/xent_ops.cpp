@@ -28,8 +28,10 @@ std::size_t xent_workspace_bytes(const Problem& p, Device device) {
   const Inputs& in = p.inputs(0);
   const bool grads = c.mode == Mode::fwdbwd;
   switch (c.op) {
-    case Op::ce: return ce_workspace_size(c.n, c.v, p.ce_options(in), device);
-    case Op::distill: return distill_workspace_size(c.n, c.v, p.distill_options(in), device);
+    case Op::ce:
+      return ce_workspace_size(c.n, c.v, p.ce_options(in), device);
+    case Op::distill:
+      return distill_workspace_size(c.n, c.v, p.distill_options(in), device);
     case Op::linear_ce:
       return linear_ce_workspace_size(c.n, c.h, c.v, c.dtype, linear_ce_options(p, in), device,
                                       grads);
@@ -40,8 +42,7 @@ std::size_t xent_workspace_bytes(const Problem& p, Device device) {
   return 0;
 }
 
-void run_xent(const Problem& p, const Inputs& in, const Outputs& out, Workspace ws,
-              Stream stream) {
+void run_xent(const Problem& p, const Inputs& in, const Outputs& out, Workspace ws, Stream stream) {
   const Case& c = p.spec();
   const bool grads = c.mode == Mode::fwdbwd;
   // sum/mean: the gradient is formed in the forward pass; none needs the real g_n afterwards.
@@ -54,18 +55,16 @@ void run_xent(const Problem& p, const Inputs& in, const Outputs& out, Workspace 
       if (separate_backward) outputs.stats.lse = out.lse;
       ce_forward(in.logits, in.target, o, outputs, {}, ws, stream);
       if (separate_backward)
-        ce_backward(in.logits, in.target, out.lse, in.grad_output, o, out.grad_logits, ws,
-                    stream);
+        ce_backward(in.logits, in.target, out.lse, in.grad_output, o, out.grad_logits, ws, stream);
       return;
     }
     case Op::distill: {
       const DistillOptions o = p.distill_options(in);
       distill_forward(in.logits, in.teacher, in.target, o,
-                      {out.loss, fused_backward ? out.grad_logits : TensorView{}}, {}, ws,
-                      stream);
+                      {out.loss, fused_backward ? out.grad_logits : TensorView{}}, {}, ws, stream);
       if (separate_backward)
-        distill_backward(in.logits, in.teacher, in.target, in.grad_output, o, out.grad_logits,
-                         ws, stream);
+        distill_backward(in.logits, in.teacher, in.target, in.grad_output, o, out.grad_logits, ws,
+                         stream);
       return;
     }
     case Op::linear_ce: {

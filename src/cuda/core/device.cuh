@@ -91,7 +91,9 @@ using common::f16_t;
 // Storage types are plain 16-bit words; the hardware conversions are used on the device (cvt.rn
 // matches the round-to-nearest-even of common::to_bf16/to_f16, including NaN and overflow).
 __device__ __forceinline__ float load_float(float v) { return v; }
-__device__ __forceinline__ float load_float(bf16_t v) { return __uint_as_float(uint32_t{v.bits} << 16); }
+__device__ __forceinline__ float load_float(bf16_t v) {
+  return __uint_as_float(uint32_t{v.bits} << 16);
+}
 __device__ __forceinline__ float load_float(f16_t v) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
@@ -101,7 +103,9 @@ __device__ __forceinline__ float load_float(f16_t v) {
 template <class S>
 __device__ __forceinline__ S store_float(float v);
 template <>
-__device__ __forceinline__ float store_float<float>(float v) { return v; }
+__device__ __forceinline__ float store_float<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ bf16_t store_float<bf16_t>(float v) {
   uint16_t bits;
@@ -199,20 +203,28 @@ inline bool rows_are_vector_aligned(const void* pointer, int64_t row_stride, std
 // ---- device-side error state ---------------------------------------------------------------------
 
 // Which op raised the error, so check_errors can name it as the CPU backend does.
-enum class OpCode : int32_t { none = 0, ce_forward, ce_backward, distill_forward, distill_backward,
-                              linear_ce_forward, linear_ce_backward, linear_distill_forward,
-                              linear_distill_backward };
+enum class OpCode : int32_t {
+  none = 0,
+  ce_forward,
+  ce_backward,
+  distill_forward,
+  distill_backward,
+  linear_ce_forward,
+  linear_ce_backward,
+  linear_distill_forward,
+  linear_distill_backward
+};
 const char* op_name(OpCode op);
 
 // Filled by the first kernel that finds an out-of-range target (the batch pre-pass, which sees
 // every row in one CTA, so "first" is the lowest row index of that call), cleared by
 // check_errors. Later calls never overwrite a pending error.
 struct DeviceErrorState {
-  int32_t pending;   // 0: none
-  int32_t op;        // OpCode
-  int64_t row;       // first offending row
-  int64_t value;     // its target value
-  int64_t vocab;     // V of that call
+  int32_t pending;  // 0: none
+  int32_t op;       // OpCode
+  int64_t row;      // first offending row
+  int64_t value;    // its target value
+  int64_t vocab;    // V of that call
   int64_t ignore_index;
 };
 

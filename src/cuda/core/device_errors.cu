@@ -15,15 +15,24 @@ __device__ DeviceErrorState g_error_state;
 
 const char* op_name(OpCode op) {
   switch (op) {
-    case OpCode::ce_forward: return "ce_forward";
-    case OpCode::ce_backward: return "ce_backward";
-    case OpCode::distill_forward: return "distill_forward";
-    case OpCode::distill_backward: return "distill_backward";
-    case OpCode::linear_ce_forward: return "linear_ce_forward";
-    case OpCode::linear_ce_backward: return "linear_ce_backward";
-    case OpCode::linear_distill_forward: return "linear_distill_forward";
-    case OpCode::linear_distill_backward: return "linear_distill_backward";
-    case OpCode::none: break;
+    case OpCode::ce_forward:
+      return "ce_forward";
+    case OpCode::ce_backward:
+      return "ce_backward";
+    case OpCode::distill_forward:
+      return "distill_forward";
+    case OpCode::distill_backward:
+      return "distill_backward";
+    case OpCode::linear_ce_forward:
+      return "linear_ce_forward";
+    case OpCode::linear_ce_backward:
+      return "linear_ce_backward";
+    case OpCode::linear_distill_forward:
+      return "linear_distill_forward";
+    case OpCode::linear_distill_backward:
+      return "linear_distill_backward";
+    case OpCode::none:
+      break;
   }
   return "xent";
 }

@@ -30,12 +30,15 @@ void check_cublas(cublasStatus_t status, const char* call) {
 
 cudaDataType_t cuda_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
     default:
-      throw Error(ErrorKind::runtime, std::string("gemm: dtype ") + dtype_name(dtype) +
-                                          " has no matrix-product path");
+      throw Error(ErrorKind::runtime,
+                  std::string("gemm: dtype ") + dtype_name(dtype) + " has no matrix-product path");
   }
 }
 
@@ -140,9 +143,12 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
 enum class Tuning { off, short_inner, all };
 Tuning tuning_mode() {
   switch (test_hook().gemm_tuning) {
-    case GemmTuning::off: return Tuning::off;
-    case GemmTuning::all: return Tuning::all;
-    default: return Tuning::short_inner;
+    case GemmTuning::off:
+      return Tuning::off;
+    case GemmTuning::all:
+      return Tuning::all;
+    default:
+      return Tuning::short_inner;
   }
 }
 
@@ -170,8 +176,8 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
   const GemmMatrix& first = *cm.first;
   const GemmMatrix& second = *cm.second;
   // A stored row-major [rows, cols] is column-major [cols, rows] with ld = stride.
-  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, cuda_type(first.dtype),
-                                               first.cols, first.rows, first.stride));
+  XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, cuda_type(first.dtype), first.cols,
+                                               first.rows, first.stride));
   XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, cuda_type(second.dtype),
                                                second.cols, second.rows, second.stride));
   XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, cuda_type(p.c.dtype), p.c.cols,
@@ -209,8 +215,8 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
   plan->candidate_count = found;
-  const double flops = 2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) *
-                       static_cast<double>(cm.k);
+  const double flops =
+      2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) * static_cast<double>(cm.k);
   const Tuning mode = tuning_mode();
   plan->tuned = found == 1 || flops < kTuneMinFlops || mode == Tuning::off ||
                 (mode == Tuning::short_inner && cm.k > kTuneMaxInner);
@@ -223,8 +229,8 @@ cublasStatus_t run_product(cublasLtHandle_t handle, const Plan& plan, int candid
   const cublasLtMatmulHeuristicResult_t& algo = plan.candidates[candidate];
   return cublasLtMatmul(handle, plan.desc, &product.alpha, cm.first->data, plan.layout_a,
                         cm.second->data, plan.layout_b, &product.beta, product.c.data,
-                        plan.layout_c, const_cast<void*>(product.c.data), plan.layout_c,
-                        &algo.algo, scratch.data, algo.workspaceSize, stream);
+                        plan.layout_c, const_cast<void*>(product.c.data), plan.layout_c, &algo.algo,
+                        scratch.data, algo.workspaceSize, stream);
 }
 
 // Times every candidate on the product's own operands and keeps the fastest (decision 58). Only
@@ -260,8 +266,8 @@ void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
   for (int round = 0; round < kRounds; ++round) {
     for (int i = 0; i < count; ++i) {
       float ms = 0.0f;
-      XENT_CUDA_CHECK(cudaEventElapsedTime(&ms, events[round * count + i],
-                                           events[1 + round * count + i]));
+      XENT_CUDA_CHECK(
+          cudaEventElapsedTime(&ms, events[round * count + i], events[1 + round * count + i]));
       best[i] = round == 0 ? ms : std::min(best[i], ms);
     }
   }
@@ -313,9 +319,14 @@ void fill_bias_to(const GemmMatrix& c, const B* bias, cudaStream_t stream) {
 void fill_bias(const GemmMatrix& c, const void* bias, DType bias_dtype, cudaStream_t stream) {
   if (c.rows == 0 || c.cols == 0) return;
   switch (bias_dtype) {
-    case DType::f32: fill_bias_to(c, static_cast<const float*>(bias), stream); break;
-    case DType::bf16: fill_bias_to(c, static_cast<const bf16_t*>(bias), stream); break;
-    default: fill_bias_to(c, static_cast<const f16_t*>(bias), stream);
+    case DType::f32:
+      fill_bias_to(c, static_cast<const float*>(bias), stream);
+      break;
+    case DType::bf16:
+      fill_bias_to(c, static_cast<const bf16_t*>(bias), stream);
+      break;
+    default:
+      fill_bias_to(c, static_cast<const f16_t*>(bias), stream);
   }
 }
 

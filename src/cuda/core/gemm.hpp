@@ -46,13 +46,13 @@ inline GemmMatrix gemm_matrix(const TensorView& view, int64_t first_row, int64_t
 }
 
 struct GemmProduct {
-  GemmMatrix a;          // A, or Aᵀ when a_transposed
+  GemmMatrix a;  // A, or Aᵀ when a_transposed
   bool a_transposed = false;
-  GemmMatrix b;          // B, or Bᵀ when b_transposed
+  GemmMatrix b;  // B, or Bᵀ when b_transposed
   bool b_transposed = false;
-  GemmMatrix c;          // output [M, N]; fp32 or the operands' dtype
+  GemmMatrix c;  // output [M, N]; fp32 or the operands' dtype
   float alpha = 1;
-  float beta = 0;        // 1: accumulate into c (c must then be fp32 for exact accumulation)
+  float beta = 0;              // 1: accumulate into c (c must then be fp32 for exact accumulation)
   const void* bias = nullptr;  // [N], operand dtype, added to every row of c (beta must be 0;
                                // rounded once with the product's sum)
 };

@@ -59,18 +59,26 @@ void scale_in_place(TensorView data, TensorView factor, Stream stream) {
   DeviceGuard guard(data.device.index);
   const int sms = multiprocessor_count(data.device.index);
   const bool contiguous = rows == 1 || stride == cols;
-  const ScaleParams p{data.data, static_cast<const float*>(factor.data), rows, cols, stride,
-                      contiguous && reinterpret_cast<uintptr_t>(data.data) % 16 == 0};
+  const ScaleParams p{data.data, static_cast<const float*>(factor.data),
+                      rows,      cols,
+                      stride,    contiguous && reinterpret_cast<uintptr_t>(data.data) % 16 == 0};
   // A few waves of resident blocks: enough loads in flight to stream the tensor when the factor
   // is not 1, and a launch that retires in microseconds when it is.
   const int64_t wanted = (rows * cols + kThreads * 8 - 1) / (kThreads * 8);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(wanted, int64_t{sms} * 8));
   const cudaStream_t s = stream_of(stream);
   switch (data.dtype) {
-    case DType::f32: scale_kernel<float><<<grid, kThreads, 0, s>>>(p); break;
-    case DType::bf16: scale_kernel<bf16_t><<<grid, kThreads, 0, s>>>(p); break;
-    case DType::f16: scale_kernel<f16_t><<<grid, kThreads, 0, s>>>(p); break;
-    default: break;  // validated: no other dtype reaches a CUDA backend
+    case DType::f32:
+      scale_kernel<float><<<grid, kThreads, 0, s>>>(p);
+      break;
+    case DType::bf16:
+      scale_kernel<bf16_t><<<grid, kThreads, 0, s>>>(p);
+      break;
+    case DType::f16:
+      scale_kernel<f16_t><<<grid, kThreads, 0, s>>>(p);
+      break;
+    default:
+      break;  // validated: no other dtype reaches a CUDA backend
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

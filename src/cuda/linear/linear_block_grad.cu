@@ -47,8 +47,8 @@ void launch_block_grad(const CeBlockGradParams& p, dim3 grid, cudaStream_t strea
 }
 
 template <bool kEntropy>
-__global__ void __launch_bounds__(256) grad_records_kernel(const BlockGradArgs a,
-                                                            CeGradRecord* records) {
+__global__ void __launch_bounds__(256)
+    grad_records_kernel(const BlockGradArgs a, CeGradRecord* records) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= a.rows) return;
   const common::CeConstants<float> c = make_ce_constants(a.options, a.vocab, a.totals);
@@ -76,9 +76,15 @@ void block_grad_from_lse(const BlockGradArgs& args, cudaStream_t stream) {
                                   rows_are_vector_aligned(args.grad, args.grad_stride, element));
   const dim3 grid = block_grad_grid(p);
   switch (args.dtype) {
-    case DType::f32: launch_block_grad<float>(p, grid, stream); break;
-    case DType::bf16: launch_block_grad<bf16_t>(p, grid, stream); break;
-    default: launch_block_grad<f16_t>(p, grid, stream); break;
+    case DType::f32:
+      launch_block_grad<float>(p, grid, stream);
+      break;
+    case DType::bf16:
+      launch_block_grad<bf16_t>(p, grid, stream);
+      break;
+    default:
+      launch_block_grad<f16_t>(p, grid, stream);
+      break;
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

@@ -72,8 +72,8 @@ struct CeGradRecord {
 
 __device__ __forceinline__ CeGradRecord grad_record_of(const CeBlockRow& r) {
   CeGradRecord record;
-  record.coefs = make_float4(r.grad.lse, r.grad.prob_coef, r.grad.target_coef,
-                             r.grad.smoothing_coef);
+  record.coefs =
+      make_float4(r.grad.lse, r.grad.prob_coef, r.grad.target_coef, r.grad.smoothing_coef);
   const float state = !r.valid ? 1.0f : !r.in_range ? 2.0f : 0.0f;
   record.more = make_float4(__int_as_float(static_cast<int32_t>(r.target_column)), state,
                             r.entropy.coef, r.entropy.mean_logit);

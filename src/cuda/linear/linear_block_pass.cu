@@ -110,9 +110,8 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   const std::size_t element = dtype_size(logits_dtype);
   const TensorView& cache = pass.logits_cache;
   char* tile = static_cast<char*>(pass.region);
-  char* second_tile =
-      tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
-                      static_cast<std::size_t>(chunks.block_columns) * element);
+  char* second_tile = tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
+                                      static_cast<std::size_t>(chunks.block_columns) * element);
   float* accumulator = reinterpret_cast<float*>(tile + align_up(chunks.tile_buffer_bytes));
   // Tiles of fewer than N rows accumulate ∂W of the block: in place for an fp32 ∂W, else in the
   // fp32 block accumulator, written back once per block.
@@ -121,9 +120,9 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   const bool sum_hidden = pass.hidden_accumulator != nullptr;
   const HiddenSumsPlace sums = hidden_sums_place(pass);
   // Blocks whose ∂W rows hold the ∂h sums write their ∂W in a second sweep, after ∂h.
-  const int64_t deferred_first =
-      sum_hidden && chunks.hidden_sums_in_weight_grad ? chunks.deferred_first_block
-                                                      : chunks.block_count;
+  const int64_t deferred_first = sum_hidden && chunks.hidden_sums_in_weight_grad
+                                     ? chunks.deferred_first_block
+                                     : chunks.block_count;
 
   // One block: every tile's gradient, then ∂W of the tile (with_weight), its ∂h sums
   // (with_hidden) and its ∂bias (with_bias: once per block, in the block's first sweep).
@@ -176,8 +175,8 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
         // One product per run of rows whose sums are contiguous (a tile across the head's end
         // takes two).
         for (int64_t part = first; part < first + count;) {
-          const int64_t end = part < sums.head_rows ? std::min(first + count, sums.head_rows)
-                                                    : first + count;
+          const int64_t end =
+              part < sums.head_rows ? std::min(first + count, sums.head_rows) : first + count;
           GemmProduct hidden_product;
           hidden_product.a = gemm_rows(gradient, part - first, end - part);
           hidden_product.b = weight_block;

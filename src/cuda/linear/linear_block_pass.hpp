@@ -27,7 +27,7 @@ struct BlockTile {
   // Where the step writes the tile's gradient (the tile buffer, row stride `columns`, which may
   // be where the logits are), its columns of V and its dtype (the logits dtype).
   BlockGradTile gradient;
-  int64_t first_row = 0;  // gradient.rows rows of the batch from here
+  int64_t first_row = 0;         // gradient.rows rows of the batch from here
   const void* logits = nullptr;  // the tile's logits: row 0 is first_row
   int64_t logits_stride = 0;
   // The tile region's second logits buffer (distillation's teacher rows), free for the step when

@@ -55,8 +55,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
       return;
     }
     // The fused product declined these operands: the cuBLASLt schedules.
-    plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, false,
-                              candidate);
+    plan =
+        plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads, false, candidate);
   }
   if (!plan.chunks.fits_budget) {
     throw_budget_too_small(call.op, call.options.workspace_budget, plan.chunks.total_bytes);
@@ -69,8 +69,7 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
     const LinearCePlan with_scratch = plan_for_gradients(
         rows, hidden, vocab, dtype, call.options, call.grads, statistics, true,
         reference_chunk_row_bytes(
-            vocab, hidden,
-            call.grads.hidden.present() && !reference.hidden_product_in_weight_grad,
+            vocab, hidden, call.grads.hidden.present() && !reference.hidden_product_in_weight_grad,
             reference_statistics_wanted(call.stats)));
     reference.on = reference_plan_accepted(plan, with_scratch);
     if (reference.on) plan = with_scratch;

@@ -143,8 +143,8 @@ void batch_totals(const LinearCeCall& call, CeBatchTotals* totals, cudaStream_t 
 // and entropy); then per vocabulary block the block's logits, its gradient from the lse, ∂W of
 // the block and ∂h += G·W_block into an fp32 N×H accumulator in the chunk region, written to
 // grads.hidden at the end. False, having launched nothing, when the fused product declines.
-bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
-                           Workspace workspace, cudaStream_t stream) {
+bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan, Workspace workspace,
+                           cudaStream_t stream) {
   const ChunkPlan& chunks = plan.chunks;
   WorkspaceCarver carver(workspace);
   char* region = static_cast<char*>(carver.take(chunk_region_bytes(chunks)));

@@ -33,8 +33,8 @@ struct LinearCeCall {
 struct CeBlockPass {
   const LinearCeCall& call;
   const LinearCePlan& plan;
-  void* region;             // tile buffer, then the block accumulator
-  const float* lse;         // [N] from pass 1
+  void* region;      // tile buffer, then the block accumulator
+  const float* lse;  // [N] from pass 1
   GemmScratch scratch;
   const CeBatchTotals* totals;
   CeRowOptions row_options;
@@ -72,8 +72,8 @@ void form_grad_records(const CeBlockPass& pass, cudaStream_t stream);
 void batch_totals(const LinearCeCall& call, CeBatchTotals* totals, cudaStream_t stream);
 
 // Schedule (d); false, having launched nothing, when the fused product declines.
-bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan,
-                           Workspace workspace, cudaStream_t stream);
+bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan, Workspace workspace,
+                           cudaStream_t stream);
 
 // Schedules (a)-(c): row chunks of logits by cuBLASLt and the ce row kernel, or (a) and (b)
 // through the per-row reference path where `reference` says so.

@@ -115,7 +115,8 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   auto cache_at = [&](int64_t row, int64_t column) -> void* {
     return static_cast<char*>(cache.data) +
            (static_cast<std::size_t>(row) * static_cast<std::size_t>(cache.row_stride) +
-            static_cast<std::size_t>(column)) * logits_element;
+            static_cast<std::size_t>(column)) *
+               logits_element;
   };
   // Where a chunk's logits are (the cache, or the chunk buffer) and their row stride.
   auto logits_of = [&](int64_t chunk) -> void* {
@@ -131,8 +132,8 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     forward.a = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
     forward.b = weight;
     forward.b_transposed = true;
-    forward.c = GemmMatrix{logits_of(chunk), plan.logits_dtype, row_count(chunk), vocab,
-                           logits_stride};
+    forward.c =
+        GemmMatrix{logits_of(chunk), plan.logits_dtype, row_count(chunk), vocab, logits_stride};
     forward.bias = call.bias.present() ? call.bias.data : nullptr;
     gemm(forward, scratch, stream);
   };
@@ -165,8 +166,8 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     }
     if (stats) {
       if (stats->z_loss_value.present()) {
-        args.row_z_loss = sum_or_mean ? row_z_loss + first
-                                      : offset_rows<float>(stats->z_loss_value, first);
+        args.row_z_loss =
+            sum_or_mean ? row_z_loss + first : offset_rows<float>(stats->z_loss_value, first);
       }
       if (want_accuracy) args.row_correct = row_correct + first;
       args.lse = offset_rows<float>(stats->lse, first);
@@ -220,7 +221,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // A backward that brings the forward's lse forms each chunk's gradient with the fused gradient
   // product where eligible (fused_grad.cuh) and the reference path does not run: no logits
   // written, no row kernel, the gradient in the operand dtype (row stride V) for the products.
-  CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr, scratch,
+  CeBlockPass fused_pass{call,   plan,        chunk_buffer,     nullptr,   scratch,
                          totals, row_options, per_row_upstream, read_cache};
   fused_pass.lse = static_cast<const float*>(call.lse.data);
   fused_pass.records = records;
@@ -259,8 +260,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     part.weight = weight;
     part.records = records + first;
     part.scratch = static_cast<char*>(buffer_of(chunk)) +
-                   reference_scratch_offset(chunk_rows, vocab, logits_element,
-                                            reference_smoothing);
+                   reference_scratch_offset(chunk_rows, vocab, logits_element, reference_smoothing);
     part.hidden_product = reference.hidden_product_in_weight_grad
                               ? static_cast<float*>(grads.weight.data)
                               : static_cast<float*>(part.scratch);

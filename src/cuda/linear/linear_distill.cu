@@ -39,9 +39,8 @@ char statistics_blocks_switch() {
 // teacher logits (ignored otherwise); rows of another dtype than the student chunk are converted.
 // sums_scratch: the outputs that (d) may keep its ∂h sums in (hidden_sums.hpp).
 LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
-                                      const LinearDistillOptions& options,
-                                      bool teacher_from_hidden, DType teacher_dtype,
-                                      const LinearGradients& grads,
+                                      const LinearDistillOptions& options, bool teacher_from_hidden,
+                                      DType teacher_dtype, const LinearGradients& grads,
                                       const HiddenSumsScratch& sums_scratch) {
   LinearDistillPlan plan;
   plan.logits_dtype = options.fp32_logits ? DType::f32 : dtype;
@@ -54,7 +53,8 @@ LinearDistillPlan plan_linear_distill(int64_t rows, int64_t hidden, int64_t voca
   request.logits_buffers_per_row = plan.teacher_buffer ? 2 : 1;
   request.budget_bytes = options.workspace_budget;
   // The row chunks' statistics for the two-pass distillation (distill_two_pass.cuh) as well.
-  const std::size_t statistics_bytes = static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics);
+  const std::size_t statistics_bytes =
+      static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics);
   request.fixed_bytes = row_scratch_bytes(rows) + align_up(statistics_bytes);
   // A 16-bit ∂W over several chunks needs fp32 accumulation, inside the budget (chunk_plan.hpp).
   request.weight_gradient = grads.weight.present();
@@ -88,13 +88,12 @@ LinearDistillPlan fit_to_workspace(int64_t rows, int64_t hidden, int64_t vocab, 
                                    std::size_t workspace_bytes) {
   LinearDistillOptions fitted = options;
   const HiddenSumsScratch sums_scratch = hidden_sums_scratch(grads);
-  LinearDistillPlan plan = plan_linear_distill(rows, hidden, vocab, dtype, fitted,
-                                               teacher_from_hidden, teacher_dtype, grads,
-                                               sums_scratch);
+  LinearDistillPlan plan = plan_linear_distill(
+      rows, hidden, vocab, dtype, fitted, teacher_from_hidden, teacher_dtype, grads, sums_scratch);
   auto shrinkable = [&](const ChunkPlan& chunks) {
-    return chunks.schedule == Schedule::statistics_blocks ? chunks.tile_rows > 1 ||
-                                                                chunks.block_columns > 1
-                                                          : chunks.chunk_rows > 1;
+    return chunks.schedule == Schedule::statistics_blocks
+               ? chunks.tile_rows > 1 || chunks.block_columns > 1
+               : chunks.chunk_rows > 1;
   };
   while (plan.chunks.total_bytes > workspace_bytes && shrinkable(plan.chunks) &&
          fitted.workspace_budget > 0) {
@@ -146,12 +145,11 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
   // Vocabulary-blocked schedule (chunk_plan.cpp (c)): the row chunks form loss, ∂h and the row
   // statistics; ∂W follows block by block (run_block_pass).
   const bool blocked = plan.chunks.schedule == Schedule::vocabulary_blocks && want_weight;
-  auto* statistics = blocked ? static_cast<DistillRowStatistics*>(carver.take(plan.chunks.lse_bytes))
-                             : nullptr;
+  auto* statistics =
+      blocked ? static_cast<DistillRowStatistics*>(carver.take(plan.chunks.lse_bytes)) : nullptr;
   // The teacher half of each chunk buffer follows the student half.
   const std::size_t student_bytes = static_cast<std::size_t>(plan.chunks.chunk_rows) *
-                                    static_cast<std::size_t>(vocab) *
-                                    dtype_size(plan.logits_dtype);
+                                    static_cast<std::size_t>(vocab) * dtype_size(plan.logits_dtype);
   char* teacher_buffer = plan.teacher_buffer ? chunk_buffer + student_bytes : nullptr;
 
   const DistillRowOptions row_options = distill_row_options(distill);
@@ -167,8 +165,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
                           : nullptr;
   batch.op = call.op;
   ce_batch_totals(batch, totals, stream);
-  const DistillPasses pass{call, plan, scratch, totals, row_options,
-                           !sum_or_mean && call.grad_output.present()};
+  const DistillPasses pass{call,   plan,        scratch,
+                           totals, row_options, !sum_or_mean && call.grad_output.present()};
 
   const int64_t chunk_rows = plan.chunks.chunk_rows;
   const DType operand_dtype = call.student_hidden.dtype;
@@ -188,8 +186,8 @@ void run_linear_distill(const LinearDistillCall& call, Workspace workspace, cuda
     gemm(student, scratch, stream);
 
     DistillRowsArgs args;
-    args.teacher = teacher_rows(pass, first, count, 0, vocab, teacher_buffer,
-                                args.teacher_row_stride, stream);
+    args.teacher =
+        teacher_rows(pass, first, count, 0, vocab, teacher_buffer, args.teacher_row_stride, stream);
     args.student = chunk_buffer;
     args.student_row_stride = vocab;
     args.dtype = plan.logits_dtype;
@@ -249,8 +247,7 @@ int64_t linear_distill_runs(Schedule schedule) {
 }
 
 ChunkPlan linear_distill_chunk_plan(int64_t rows, int64_t student_hidden, int64_t teacher_hidden,
-                                    int64_t vocab, DType dtype,
-                                    const LinearDistillOptions& options,
+                                    int64_t vocab, DType dtype, const LinearDistillOptions& options,
                                     DType teacher_logits_dtype, const LinearGradients& grads) {
   return plan_linear_distill(rows, student_hidden, vocab, dtype, options, teacher_hidden > 0,
                              teacher_logits_dtype, grads, hidden_sums_scratch(grads))
@@ -274,10 +271,10 @@ std::size_t linear_distill_workspace_size(int64_t rows, int64_t student_hidden,
   const DType logits_dtype = options.fp32_logits ? DType::f32 : dtype;
   const DType converted_teacher = logits_dtype == DType::f32 ? DType::bf16 : DType::f32;
   auto consider = [&](const LinearGradients& grads, const HiddenSumsScratch& sums_scratch) {
-    bytes = std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
-                                                teacher_from_hidden, logits_dtype, grads,
-                                                sums_scratch)
-                                .chunks.total_bytes);
+    bytes =
+        std::max(bytes, plan_linear_distill(rows, student_hidden, vocab, dtype, options,
+                                            teacher_from_hidden, logits_dtype, grads, sums_scratch)
+                            .chunks.total_bytes);
     if (teacher_from_hidden) return;
     const ChunkPlan converting = plan_linear_distill(rows, student_hidden, vocab, dtype, options,
                                                      false, converted_teacher, grads, sums_scratch)

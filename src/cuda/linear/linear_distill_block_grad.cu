@@ -52,18 +52,18 @@ __global__ void __launch_bounds__(kBlockGradThreads)
   common::CeGradRow<float> hard_row{};
   if (with_hard) {
     const float r = a.row_weight ? a.row_weight[row] : 1.0f;
-    const float target_weight = a.target_weight   ? a.target_weight[row]
+    const float target_weight = a.target_weight     ? a.target_weight[row]
                                 : o.ce.class_weight ? o.ce.class_weight[target]
                                                     : 1.0f;
-    hard_row = distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, target_weight,
-                                     upstream, r);
+    hard_row =
+        distill_hard_grad_row(o, hc, a.totals, stats.hard_lse, target, target_weight, upstream, r);
   }
-  DistillHardColumns hard_columns;  // columns of this segment
+  DistillHardColumns hard_columns;                               // columns of this segment
   hard_columns.target_column = target - a.first_column - begin;  // may lie outside the segment
-  hard_columns.class_weight = with_hard && o.ce.class_weight && hc.smoothing > 0
-                                  ? o.ce.class_weight + (a.first_column -
-                                                         a.class_weight_first_column) + begin
-                                  : nullptr;
+  hard_columns.class_weight =
+      with_hard && o.ce.class_weight && hc.smoothing > 0
+          ? o.ce.class_weight + (a.first_column - a.class_weight_first_column) + begin
+          : nullptr;
   hard_columns.columns = length;
 
   with_distill_transform(dc.transform, [&](const auto& transform) {
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kBlockGradThreads)
       auto element = [&](int64_t i, float x, float t) {
         const ElementProbs e = element_probs(transform.value(x), transform.value(t),
                                              grad_row.lse_student, grad_row.lse_teacher);
-        return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc,
-                                           hard_row, hard_columns, i);
+        return distill_element_grad<kKind>(dc, grad_row, transform, x, e, with_hard, hc, hard_row,
+                                           hard_columns, i);
       };
       write_segment(grad, length, p.vector_ok, element, student, teacher);
     });

@@ -18,7 +18,7 @@ struct DistillBlockGradArgs : BlockGradTile {
   int64_t student_stride = 0;
   const void* teacher = nullptr;  // the same rows and columns of the teacher, same dtype
   int64_t teacher_stride = 0;
-  const void* target = nullptr;   // tile rows, or null (every row valid, no hard term)
+  const void* target = nullptr;  // tile rows, or null (every row valid, no hard term)
   DType target_dtype = DType::i64;
   const DistillRowStatistics* statistics = nullptr;  // tile rows, from the first pass
   const float* row_weight = nullptr;                 // tile rows or null (hard term)

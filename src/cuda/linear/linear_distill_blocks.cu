@@ -19,8 +19,8 @@ namespace {
 // hidden rows [first, first + count) · weight rows [first_column, first_column + columns)ᵀ into
 // `buffer` ([count, columns], the chunk logits dtype).
 void form_logits(const DistillPasses& pass, const TensorView& hidden, const TensorView& weight,
-                 int64_t first, int64_t count, int64_t first_column, int64_t columns,
-                 void* buffer, cudaStream_t stream) {
+                 int64_t first, int64_t count, int64_t first_column, int64_t columns, void* buffer,
+                 cudaStream_t stream) {
   GemmProduct product;
   product.a = gemm_matrix(hidden, first, count);
   product.b = gemm_matrix(weight, first_column, columns);
@@ -54,9 +54,8 @@ const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count
   return source;
 }
 
-void run_block_pass(const DistillPasses& pass, void* region,
-                    const DistillRowStatistics* statistics, float* hidden_sums,
-                    cudaStream_t stream) {
+void run_block_pass(const DistillPasses& pass, void* region, const DistillRowStatistics* statistics,
+                    float* hidden_sums, cudaStream_t stream) {
   const LinearDistillCall& call = pass.call;
   BlockPassInputs inputs;
   inputs.hidden_accumulator = hidden_sums;
@@ -100,9 +99,9 @@ namespace {
 // The tile of rows [first, first + count) and columns [first_column, first_column + columns):
 // the student's logits formed into `student_buffer`, the teacher's formed, converted or read in
 // place (teacher_rows).
-DistillTile form_tile(const DistillPasses& pass, int64_t first, int64_t count,
-                      int64_t first_column, int64_t columns, void* student_buffer,
-                      void* teacher_buffer, cudaStream_t stream) {
+DistillTile form_tile(const DistillPasses& pass, int64_t first, int64_t count, int64_t first_column,
+                      int64_t columns, void* student_buffer, void* teacher_buffer,
+                      cudaStream_t stream) {
   const LinearDistillCall& call = pass.call;
   const DType logits_dtype = pass.plan.logits_dtype;
   const Device device = call.student_hidden.device;
@@ -143,14 +142,13 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   const DistillRowOptions row_options = distill_row_options(distill);
   const Reduction reduction = distill.ce.reduction;
   const bool sum_or_mean = reduction != Reduction::none;
-  const DistillPasses pass{call, plan, scratch, totals, row_options,
-                           !sum_or_mean && call.grad_output.present()};
+  const DistillPasses pass{call,   plan,        scratch,
+                           totals, row_options, !sum_or_mean && call.grad_output.present()};
   // The tiles of pass 1 take the places pass 2's take (linear_block_pass.cu).
   char* student_buffer = region;
-  char* teacher_buffer =
-      region + align_up(static_cast<std::size_t>(chunks.tile_rows) *
-                        static_cast<std::size_t>(chunks.block_columns) *
-                        dtype_size(plan.logits_dtype));
+  char* teacher_buffer = region + align_up(static_cast<std::size_t>(chunks.tile_rows) *
+                                           static_cast<std::size_t>(chunks.block_columns) *
+                                           dtype_size(plan.logits_dtype));
   auto sweep = [&](auto&& add_tile) {
     for (int64_t block = 0; block < chunks.block_count; ++block) {
       const int64_t first_column = block * chunks.block_columns;
@@ -175,8 +173,9 @@ void run_statistics_blocks(const LinearDistillCall& call, const LinearDistillPla
   }
 
   const bool hard_term = row_options.hard_weight > 0 && call.target.present();
-  DistillMergeRequest merge{records.running, with_sums ? records.running_sums : nullptr, rows, 1,
-                            vocab, call.target, distill};
+  DistillMergeRequest merge{
+      records.running, with_sums ? records.running_sums : nullptr, rows, 1, vocab, call.target,
+      distill};
   merge.grad_output = sum_or_mean && call.grad_output.present()
                           ? static_cast<const float*>(call.grad_output.data)
                           : nullptr;

@@ -53,9 +53,8 @@ const void* teacher_rows(const DistillPasses& pass, int64_t first, int64_t count
 // columns, the student (and teacher) logits of the block again and the block's gradient
 // elementwise from the row statistics of pass 1, then ∂W of the block, and in schedule (d) its
 // share of ∂h summed in fp32 at `hidden_sums` (null: ∂h formed in pass 1, or not wanted).
-void run_block_pass(const DistillPasses& pass, void* region,
-                    const DistillRowStatistics* statistics, float* hidden_sums,
-                    cudaStream_t stream);
+void run_block_pass(const DistillPasses& pass, void* region, const DistillRowStatistics* statistics,
+                    float* hidden_sums, cudaStream_t stream);
 
 // The per-row loss parts of sum/mean (fp32 [N]); the hard term's are read only with a target.
 struct DistillRowLosses {

@@ -20,8 +20,8 @@ unsigned blocks_for(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 4096));
 }
 
-__global__ void fold_records_kernel(common::DistillKindCode kind, float* running,
-                                    const float* tile, int64_t rows) {
+__global__ void fold_records_kernel(common::DistillKindCode kind, float* running, const float* tile,
+                                    int64_t rows) {
   for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < rows;
        n += int64_t{gridDim.x} * blockDim.x) {
     common::fold_distill_record(kind, running + n * kRecord, tile + n * kRecord,
@@ -82,9 +82,9 @@ void add_tile_records(const DistillRecords& records, const DistillTile& tile,
   float* running = records.running + tile.first_row * kRecord;
   float* out = first_block ? running : records.tile;
   cuda::distill_shard_stats(tile.student, tile.teacher, tile.target,
-                      VocabShard{tile.first_column, tile.vocab}, block_options(options, tile),
-                      record_rows(out, rows, kRecord, tile.student.device), records.shard,
-                      Stream{stream});
+                            VocabShard{tile.first_column, tile.vocab}, block_options(options, tile),
+                            record_rows(out, rows, kRecord, tile.student.device), records.shard,
+                            Stream{stream});
   if (first_block) return;
   fold_records_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(
       static_cast<common::DistillKindCode>(options.kind), running, records.tile, rows);
@@ -97,11 +97,11 @@ void add_tile_sums(const DistillRecords& records, const DistillTile& tile,
   float* running = records.running_sums + tile.first_row * kSums;
   float* out = first_block ? running : records.tile_sums;
   const Device device = tile.student.device;
-  cuda::distill_shard_sums(tile.student, tile.teacher, tile.target,
-                     VocabShard{tile.first_column, tile.vocab},
-                     record_rows(records.running + tile.first_row * kRecord, rows, kRecord, device),
-                     block_options(options, tile), record_rows(out, rows, kSums, device),
-                     Workspace{}, Stream{stream});
+  cuda::distill_shard_sums(
+      tile.student, tile.teacher, tile.target, VocabShard{tile.first_column, tile.vocab},
+      record_rows(records.running + tile.first_row * kRecord, rows, kRecord, device),
+      block_options(options, tile), record_rows(out, rows, kSums, device), Workspace{},
+      Stream{stream});
   if (first_block) return;
   add_sums_kernel<<<blocks_for(rows * kSums), kThreads, 0, stream>>>(running, records.tile_sums,
                                                                      rows * kSums);

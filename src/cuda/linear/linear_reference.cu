@@ -123,8 +123,8 @@ struct RowParams {
 // x: StagedLogit) in place of the lse, coefficients (1, 0, 0), its target and state. Also
 // empties the fallback list of the chunk.
 template <class S>
-__global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const Operands o,
-                                                                          const RowParams p) {
+__global__ void __launch_bounds__(kBlockThreads)
+    reference_records_kernel(const Operands o, const RowParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0) p.fallback[0] = 0;
   const CeRowsArgs& a = p.rows;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(kBlockThreads) reference_records_kernel(const 
 }
 
 // A row's loss parts and statistics as the ce row kernel writes them (ignored rows: IgnoredRow).
-__device__ void write_row_outputs(const CeRowsArgs& a, int64_t row, float loss, float z,
-                                  float lse, float logprob) {
+__device__ void write_row_outputs(const CeRowsArgs& a, int64_t row, float loss, float z, float lse,
+                                  float logprob) {
   if (a.row_loss) a.row_loss[row] = loss;
   if (a.row_z_loss) a.row_z_loss[row] = z;
   if (a.row_total) a.row_total[row] = loss + z;
@@ -184,8 +184,8 @@ __device__ void write_valid_row(const CeRowsArgs& a, const common::CeConstants<f
 
 // The gradient coefficients of that row (the row kernel's, from the same totals).
 __device__ common::CeGradRow<float> row_gradient(const CeRowsArgs& a,
-                                                 const common::CeConstants<float>& c,
-                                                 int64_t row, int64_t target, float lse) {
+                                                 const common::CeConstants<float>& c, int64_t row,
+                                                 int64_t target, float lse) {
   const float row_weight = a.row_weight ? a.row_weight[row] : 1.0f;
   const float target_weight = a.options.class_weight ? a.options.class_weight[target] : 1.0f;
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
@@ -214,8 +214,8 @@ __device__ void to_fallback(const RowParams& p, int64_t row, float scale = 1.0f)
 // range to the fallback list. With label smoothing the row's Σ_i w_i·x̃_i = a·(h_n·w̄), kept for
 // the fallback too.
 template <class S>
-__global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const Operands o,
-                                                                         const RowParams p) {
+__global__ void __launch_bounds__(kBlockThreads)
+    reference_finish_kernel(const Operands o, const RowParams p) {
   const CeRowsArgs& a = p.rows;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= a.rows) return;  // per warp
@@ -252,9 +252,9 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
   }
   float smoothing_sum = 0.0f;
   if (p.weight_sum != nullptr && valid && in_range) {  // per warp
-    smoothing_sum = a.options.logit_scale *
-                    warp_dot(static_cast<const S*>(o.hidden) + row * o.hidden_stride,
-                             p.weight_sum, o.hidden_size, o.vectors);
+    smoothing_sum =
+        a.options.logit_scale * warp_dot(static_cast<const S*>(o.hidden) + row * o.hidden_stride,
+                                         p.weight_sum, o.hidden_size, o.vectors);
   }
   if (lane_id() != 0) return;
   if (p.smoothing_sums) p.smoothing_sums[row] = smoothing_sum;
@@ -303,8 +303,8 @@ __global__ void __launch_bounds__(kBlockThreads) reference_finish_kernel(const O
   set_row_scales(p, row, s, grad.smoothing_coef * slope);
   // H = lse − Σ p·x̃ = ln Σ − Σ e^(x̃ − r)·(x̃ − r) / Σ, in the reference's frame as RowStats keeps
   // it in the max's (no cancellation against lse).
-  if (statistics) write_row_statistics(a, row, logf(sum) - shift / sum, best_column,
-                                       best_column == target);
+  if (statistics)
+    write_row_statistics(a, row, logf(sum) - shift / sum, best_column, best_column == target);
   static_cast<S*>(const_cast<void*>(a.logits))[row * a.row_stride + target] =
       store_float<S>(e_target);
 }
@@ -320,8 +320,8 @@ __device__ __forceinline__ void split_columns(int64_t vocab, int split, int64_t&
 // the split's logits by warp dot products, rounded to the operands' dtype, written raw over
 // the row's E, and the split's (max, Σ e^(x̃ − max)) into slice_stats; the target's raw logit.
 template <class S>
-__global__ void __launch_bounds__(kBlockThreads) fallback_logits_kernel(const Operands o,
-                                                                        const RowParams p) {
+__global__ void __launch_bounds__(kBlockThreads)
+    fallback_logits_kernel(const Operands o, const RowParams p) {
   __shared__ common::RowStats<float> warp_stats[kWarpsPerBlock];
   const CeRowsArgs& a = p.rows;
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -460,9 +460,14 @@ void scale_product_rows(const float* product, int64_t rows, int64_t cols, const 
         product, rows, cols, scale, uniform, weight_sum, typed, out.row_stride);
   };
   switch (out.dtype) {
-    case DType::f32: launch(static_cast<float*>(out.data)); break;
-    case DType::bf16: launch(static_cast<bf16_t*>(out.data)); break;
-    default: launch(static_cast<f16_t*>(out.data));
+    case DType::f32:
+      launch(static_cast<float*>(out.data));
+      break;
+    case DType::bf16:
+      launch(static_cast<bf16_t*>(out.data));
+      break;
+    default:
+      launch(static_cast<f16_t*>(out.data));
   }
   XENT_CUDA_CHECK_LAUNCH();
 }
@@ -600,10 +605,9 @@ bool run_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
                        chunk.hidden_sum, stream);
       S* exps_rows = static_cast<S*>(const_cast<void*>(a.logits)) + rows * a.row_stride;
       uniform_rows_kernel<<<elementwise_blocks(kUniformRows * (vocab + hidden)),
-                            kElementwiseThreads, 0, stream>>>(a.options.class_weight, vocab,
-                                                              exps_rows, a.row_stride,
-                                                              chunk.hidden_sum, hidden,
-                                                              scaled + rows * hidden);
+                            kElementwiseThreads, 0, stream>>>(
+          a.options.class_weight, vocab, exps_rows, a.row_stride, chunk.hidden_sum, hidden,
+          scaled + rows * hidden);
       XENT_CUDA_CHECK_LAUNCH();
     }
     GemmProduct weight_product;
@@ -636,8 +640,8 @@ bool reference_statistics_preferred(int64_t hidden) {
   return hidden >= kReferenceStatisticsMinHidden || test_hook().reference_path == Forced::on;
 }
 
-std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
-                                      bool hidden_product_in_scratch, bool statistics) {
+std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden, bool hidden_product_in_scratch,
+                                      bool statistics) {
   const std::size_t tiles =
       static_cast<std::size_t>((vocab + kFusedTileColumns - 1) / kFusedTileColumns);
   const std::size_t tile_sums = statistics ? 4 : 1;  // Σ; and Σ·(x̃ − r), max, argmax
@@ -656,8 +660,8 @@ std::size_t reference_fixed_bytes(int64_t rows, int64_t hidden, bool smoothing) 
   std::size_t bytes = 2 * row_floats + align_up((n + 1) * sizeof(int32_t));
   if (smoothing) {  // k_n and Σ w·x̃ per row; w̄, U and their partials
     const std::size_t h = static_cast<std::size_t>(std::max<int64_t>(hidden, 0));
-    bytes += 2 * row_floats + 2 * align_up(h * sizeof(float)) +
-             weighted_row_sum_scratch_bytes(hidden);
+    bytes +=
+        2 * row_floats + 2 * align_up(h * sizeof(float)) + weighted_row_sum_scratch_bytes(hidden);
   }
   return bytes;
 }
@@ -680,8 +684,11 @@ bool reference_chunk(const ReferenceChunk& chunk, cudaStream_t stream) {
   if (chunk.rows.rows <= 0) return true;
   bool ran = false;
   switch (chunk.hidden_rows.dtype) {
-    case DType::bf16: ran = run_chunk<bf16_t>(chunk, stream); break;
-    default: return false;  // f16 holds e^(x̃ − r) only up to a loss of 11 nats
+    case DType::bf16:
+      ran = run_chunk<bf16_t>(chunk, stream);
+      break;
+    default:
+      return false;  // f16 holds e^(x̃ − r) only up to a loss of 11 nats
   }
   if (ran) reference_chunks.fetch_add(1, std::memory_order_relaxed);
   return ran;

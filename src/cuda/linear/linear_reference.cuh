@@ -86,8 +86,8 @@ bool reference_path_enabled();
 // product row (else it lies in the ∂W output, which holds nothing yet when a 16-bit ∂W is
 // written once or summed in the workspace), and 256 bytes that keep the scratch 256-byte
 // aligned.
-std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden,
-                                      bool hidden_product_in_scratch, bool statistics);
+std::size_t reference_chunk_row_bytes(int64_t vocab, int64_t hidden, bool hidden_product_in_scratch,
+                                      bool statistics);
 // Bytes of the per-row arrays for all rows (scales, target logits, the fallback's row list) and,
 // with label smoothing, its per-row and H-long arrays (k_n, Σ w·x̃, w̄, U, their partials).
 std::size_t reference_fixed_bytes(int64_t rows, int64_t hidden, bool smoothing);
@@ -105,8 +105,8 @@ struct ReferenceChunk {
   // (grad is only checked to be the buffer).
   // With label smoothing the buffer holds kUniformRows rows of V after the chunk's rows.
   CeRowsArgs rows;
-  GemmMatrix hidden_rows;  // h of the chunk's rows
-  GemmMatrix weight;       // W [V, H]
+  GemmMatrix hidden_rows;           // h of the chunk's rows
+  GemmMatrix weight;                // W [V, H]
   CeGradRecord* records = nullptr;  // [rows] of the chunk
   void* scratch = nullptr;          // rows × (reference_chunk_row_bytes − 256), 256-aligned
   float* hidden_product = nullptr;  // [rows, H] fp32: the scratch, or the ∂W output's memory

@@ -61,8 +61,7 @@ __global__ void __launch_bounds__(32 * kColumnSumWarps)
 // Contiguous case (the accumulators are dense): four elements per thread from one 16-byte load,
 // and no per-element index division. Used when source and destination are both 16-byte aligned.
 template <class D>
-__global__ void write_dense_from_fp32_kernel(const float4* source, D* destination,
-                                             int64_t quads) {
+__global__ void write_dense_from_fp32_kernel(const float4* source, D* destination, int64_t quads) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < quads;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float4 v = source[i];
@@ -81,8 +80,7 @@ __global__ void write_from_fp32_kernel(const float* source, int64_t source_strid
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / cols, col = i % cols;
-    destination[row * destination_stride + col] =
-        store_float<D>(source[row * source_stride + col]);
+    destination[row * destination_stride + col] = store_float<D>(source[row * source_stride + col]);
   }
 }
 
@@ -177,8 +175,8 @@ GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients&
   if (grads.weight.present() && plan.schedule != Schedule::vocabulary_blocks) {
     sums.weight_in_workspace = plan.schedule == Schedule::row_chunks_accumulated;
     if (sums.weight_in_workspace) {
-      sums.weight = carver.take(static_cast<std::size_t>(vocab) *
-                                static_cast<std::size_t>(hidden) * sizeof(float));
+      sums.weight = carver.take(static_cast<std::size_t>(vocab) * static_cast<std::size_t>(hidden) *
+                                sizeof(float));
       sums.weight_dtype = DType::f32;
       sums.weight_stride = hidden;
     } else {
@@ -190,10 +188,10 @@ GradientSums carve_gradient_sums(WorkspaceCarver& carver, const LinearGradients&
   }
   if (grads.bias.present()) {
     sums.bias_in_workspace = grads.bias.dtype != DType::f32;
-    sums.bias = sums.bias_in_workspace
-                    ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) *
-                                                      sizeof(float)))
-                    : static_cast<float*>(grads.bias.data);
+    sums.bias =
+        sums.bias_in_workspace
+            ? static_cast<float*>(carver.take(static_cast<std::size_t>(vocab) * sizeof(float)))
+            : static_cast<float*>(grads.bias.data);
   }
   return sums;
 }
@@ -214,8 +212,8 @@ void accumulate_chunk_gradients(const GemmMatrix& gradient, const GemmMatrix& hi
     product.a = gradient;
     product.a_transposed = true;
     product.b = hidden_rows;
-    product.c = GemmMatrix{sums.weight, sums.weight_dtype, weight.rows, weight.cols,
-                           sums.weight_stride};
+    product.c =
+        GemmMatrix{sums.weight, sums.weight_dtype, weight.rows, weight.cols, sums.weight_stride};
     product.beta = first_chunk && !sums.weight_added ? 0.0f : 1.0f;
     gemm(product, scratch, stream);
   }
@@ -249,9 +247,14 @@ void accumulate_column_sums(const void* matrix, DType dtype, int64_t rows, int64
                                                                  accumulator, accumulate);
   };
   switch (dtype) {
-    case DType::f32: launch(static_cast<const float*>(matrix)); break;
-    case DType::bf16: launch(static_cast<const bf16_t*>(matrix)); break;
-    default: launch(static_cast<const f16_t*>(matrix));
+    case DType::f32:
+      launch(static_cast<const float*>(matrix));
+      break;
+    case DType::bf16:
+      launch(static_cast<const bf16_t*>(matrix));
+      break;
+    default:
+      launch(static_cast<const f16_t*>(matrix));
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

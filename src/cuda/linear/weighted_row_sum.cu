@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(32 * kSliceWarps)
 }
 
 __global__ void add_slices_kernel(const float* partials, int64_t cols, float* out) {
-  for (int64_t column = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       column < cols; column += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t column = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; column < cols;
+       column += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float total = 0.0f;
     for (int slice = 0; slice < kRowSumSlices; ++slice) total += partials[slice * cols + column];
     out[column] = total;
@@ -69,8 +69,7 @@ std::size_t weighted_row_sum_scratch_bytes(int64_t cols) {
 void weighted_row_sum(const void* matrix, DType dtype, int64_t rows, int64_t cols, int64_t stride,
                       const float* coef, float* partials, float* out, cudaStream_t stream) {
   if (cols <= 0) return;
-  const dim3 grid(static_cast<unsigned>((cols + kSliceColumns - 1) / kSliceColumns),
-                  kRowSumSlices);
+  const dim3 grid(static_cast<unsigned>((cols + kSliceColumns - 1) / kSliceColumns), kRowSumSlices);
   const bool vectors = cols % kColumnsPerLane == 0 && rows_are_vector_aligned(matrix, stride, 2);
   if (dtype == DType::bf16) {
     slice_sums_kernel<<<grid, 32 * kSliceWarps, 0, stream>>>(

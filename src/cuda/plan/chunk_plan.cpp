@@ -143,8 +143,8 @@ double reread_ms(const Model& m, double products, int64_t chunks, int64_t blocks
   const double extra_chunks = static_cast<double>(std::max<int64_t>(chunks - 1, 0));
   const double extra_blocks = static_cast<double>(std::max<int64_t>(blocks - 1, 0));
   const double extra_tiles = static_cast<double>(std::max<int64_t>(tiles - 1, 0));
-  return products * ((extra_chunks + extra_tiles) * m.weight_reread_ms +
-                     extra_blocks * m.hidden_reread_ms);
+  return products *
+         ((extra_chunks + extra_tiles) * m.weight_reread_ms + extra_blocks * m.hidden_reread_ms);
 }
 
 // Bytes reserved before any chunk buffer.
@@ -269,9 +269,8 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
     plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
   }
   plan.tile_count = count_of(rows, plan.tile_rows);
-  const std::size_t one_tile =
-      static_cast<std::size_t>(plan.tile_rows) * static_cast<std::size_t>(plan.block_columns) *
-      element;
+  const std::size_t one_tile = static_cast<std::size_t>(plan.tile_rows) *
+                               static_cast<std::size_t>(plan.block_columns) * element;
   plan.tile_buffer_bytes =
       buffers > 1 ? align_up(one_tile) * static_cast<std::size_t>(buffers - 1) + one_tile
                   : one_tile;
@@ -280,15 +279,15 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   // the gradient once.
   const int products = request.products_per_logits_chunk + 1;
   const int launches = request.products_per_logits_chunk + 2;
-  plan.predicted_ms = 2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
-                      gradient_waves_ms(request, m, plan, plan.block_count) +
-                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
-                      reread_ms(m, products, plan.chunk_count, 0, 0) +
-                      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
-                      row_tiles_ms(m, plan.tile_count) +
-                      (launches * plan.chunk_count +
-                       launches * plan.block_count * plan.tile_count) *
-                          kLaunchSeconds * 1e3;
+  plan.predicted_ms =
+      2 * products * m.product_ms + 2 * (buffers + 1) * m.pass_ms +
+      gradient_waves_ms(request, m, plan, plan.block_count) +
+      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+      reread_ms(m, products, plan.chunk_count, 0, 0) +
+      reread_ms(m, products, 0, plan.block_count, plan.tile_count) +
+      row_tiles_ms(m, plan.tile_count) +
+      (launches * plan.chunk_count + launches * plan.block_count * plan.tile_count) *
+          kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.chunk_count = plan.tile_count = 0;
   plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
   return plan;
@@ -299,8 +298,8 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
 // output), so ∂W holds the other rows' only.
 struct HiddenSumsInWeightGrad {
   bool fits = false;
-  std::size_t offset = 0;   // bytes into ∂W
-  int64_t first_row = 0;    // the first row of ∂W they reach
+  std::size_t offset = 0;  // bytes into ∂W
+  int64_t first_row = 0;   // the first row of ∂W they reach
 };
 
 HiddenSumsInWeightGrad hidden_sums_in_weight_grad(const ChunkRequest& request,
@@ -330,8 +329,8 @@ int64_t hidden_sums_head_rows(const ChunkRequest& request, const ChunkPlan& plan
   }
   const std::size_t row_bytes = static_cast<std::size_t>(request.hidden) * 4;
   if (chunk_region_bytes(plan) < row_bytes) return 0;
-  int64_t rows = std::min<int64_t>(request.rows,
-                                   static_cast<int64_t>(request.hidden_grad_bytes / row_bytes));
+  int64_t rows =
+      std::min<int64_t>(request.rows, static_cast<int64_t>(request.hidden_grad_bytes / row_bytes));
   if (plan.tile_count > 1 && plan.tile_rows > 0) rows = rows / plan.tile_rows * plan.tile_rows;
   return rows;
 }
@@ -340,10 +339,10 @@ int64_t hidden_sums_head_rows(const ChunkRequest& request, const ChunkPlan& plan
 double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
                       int64_t deferred_first_block) {
   const int64_t blocks = plan.block_count - deferred_first_block;
-  return request.vocab > 0 ? static_cast<double>(std::min(request.vocab,
-                                                          blocks * plan.block_columns)) /
-                                 static_cast<double>(request.vocab)
-                           : 0.0;
+  return request.vocab > 0
+             ? static_cast<double>(std::min(request.vocab, blocks * plan.block_columns)) /
+                   static_cast<double>(request.vocab)
+             : 0.0;
 }
 
 // Schedule (d): the (c) block shape for these columns, with pass 1 replaced by the fused
@@ -355,8 +354,8 @@ double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
 // a cuBLASLt product, docs/archive/perf-notes.md decisions 41, 43), the block gradient's read and write
 // of N×V, the ∂h accumulator's read and write per block after the first (8·N·H bytes), and the
 // deferred blocks' second logits product and gradient.
-ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
-                                int64_t max_columns, bool in_weight_grad) {
+ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns,
+                                bool in_weight_grad) {
   ChunkRequest blocks_only = request;
   const HiddenSumsInWeightGrad place = hidden_sums_in_weight_grad(request);
   in_weight_grad = in_weight_grad && place.fits;
@@ -396,10 +395,9 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
     int64_t head_rows = hidden_sums_head_rows(request, plan);
     HiddenSumsInWeightGrad sums = hidden_sums_in_weight_grad(request, head_rows);
     if (head_rows > 0 && request.hidden_sums_head == HiddenSumsHead::planned) {
-      const bool straddles = head_rows < request.rows &&
-                             (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
-      const double head_split_ms =
-          straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
+      const bool straddles =
+          head_rows < request.rows && (plan.tile_rows <= 0 || head_rows % plan.tile_rows != 0);
+      const double head_split_ms = straddles ? plan.block_count * kSplitProductSeconds * 1e3 : 0.0;
       const double spared_ms = (deferred_share(request, plan, deferred_first(place)) -
                                 deferred_share(request, plan, deferred_first(sums))) *
                                block_logits_ms;
@@ -423,17 +421,16 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm,
   // Per tile: logits, block gradient, ∂W, ∂h (pass 1's launches are few beside them).
   const int launches = request.products_per_logits_chunk + 1 + pass_two_products;
   const int64_t deferred_blocks = plan.block_count - plan.deferred_first_block;
-  plan.predicted_ms = products * m.product_ms + block_logits_ms +
-                      request.statistics_passes * m.pass_ms +
-                      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
-                      (plan.block_count - 1) * accumulate_hidden_ms +
-                      deferred_share(request, plan, plan.deferred_first_block) * block_logits_ms +
-                      split_ms + gradient_waves_ms(request, m, plan, plan.deferred_first_block) +
-                      reread_ms(m, products + request.products_per_logits_chunk, 0,
-                                plan.block_count, plan.tile_count) +
-                      row_tiles_ms(m, plan.tile_count) +
-                      launches * (plan.block_count + deferred_blocks) * plan.tile_count *
-                          kLaunchSeconds * 1e3;
+  plan.predicted_ms =
+      products * m.product_ms + block_logits_ms + request.statistics_passes * m.pass_ms +
+      (plan.tile_count > 1 ? plan.tile_count * m.acc_ms : 0.0) +
+      (plan.block_count - 1) * accumulate_hidden_ms +
+      deferred_share(request, plan, plan.deferred_first_block) * block_logits_ms + split_ms +
+      gradient_waves_ms(request, m, plan, plan.deferred_first_block) +
+      reread_ms(m, products + request.products_per_logits_chunk, 0, plan.block_count,
+                plan.tile_count) +
+      row_tiles_ms(m, plan.tile_count) +
+      launches * (plan.block_count + deferred_blocks) * plan.tile_count * kLaunchSeconds * 1e3;
   if (request.rows == 0) plan.tile_count = 0;
   plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes +
                      plan.statistics_records_bytes;
@@ -452,9 +449,7 @@ bool preferred(const ChunkPlan& plan, bool fits, const ChunkPlan& best, bool bes
 // kMinimumBlockColumns.
 template <class PlanFor>
 ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
-  auto fits = [&](const ChunkPlan& plan) {
-    return plan.total_bytes <= request.budget_bytes;
-  };
+  auto fits = [&](const ChunkPlan& plan) { return plan.total_bytes <= request.budget_bytes; };
   ChunkPlan best;
   bool have = false;
   auto consider = [&](int64_t columns) {
@@ -488,8 +483,8 @@ ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for
 }
 
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
-  return best_block_widths(
-      request, [&](int64_t columns) { return block_plan(request, gemm, columns); });
+  return best_block_widths(request,
+                           [&](int64_t columns) { return block_plan(request, gemm, columns); });
 }
 
 // The better of (d)'s two places for its ∂h sums (or the one asked for): fitting first, then
@@ -506,8 +501,8 @@ ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t ge
   if (request.hidden_sums == HiddenSums::weight_grad) return in_weight_grad;
   const ChunkPlan in_workspace = best_for(false);
   const bool workspace_fits = in_workspace.total_bytes <= request.budget_bytes;
-  return preferred(in_weight_grad, in_weight_grad.total_bytes <= request.budget_bytes,
-                   in_workspace, workspace_fits)
+  return preferred(in_weight_grad, in_weight_grad.total_bytes <= request.budget_bytes, in_workspace,
+                   workspace_fits)
              ? in_weight_grad
              : in_workspace;
 }
@@ -558,10 +553,10 @@ ChunkPlan choose_plan(const ChunkRequest& request) {
   if (weight && plain.chunk_count > 1) {
     // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
     // place (the plain plan), which may still lose to blocks when chunks are small.
-    const std::size_t accumulator =
-        request.weight_accumulator ? align_up(static_cast<std::size_t>(request.vocab) *
-                                              static_cast<std::size_t>(request.hidden) * 4)
-                                   : 0;
+    const std::size_t accumulator = request.weight_accumulator
+                                        ? align_up(static_cast<std::size_t>(request.vocab) *
+                                                   static_cast<std::size_t>(request.hidden) * 4)
+                                        : 0;
     const ChunkPlan accumulated = row_chunk_plan(request, gemm, accumulator);
     const ChunkPlan blocked = best_block_plan(request, gemm);
     const bool accumulated_fits = accumulated.total_bytes <= request.budget_bytes;

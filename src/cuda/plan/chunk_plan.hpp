@@ -22,13 +22,13 @@ enum class HiddenSumsHead { planned, never, always };
 
 // What the planner needs to know about one call.
 struct ChunkRequest {
-  int64_t rows = 0;             // N
-  int64_t hidden = 0;           // H (the student's for distillation)
-  int64_t vocab = 0;            // V
+  int64_t rows = 0;                      // N
+  int64_t hidden = 0;                    // H (the student's for distillation)
+  int64_t vocab = 0;                     // V
   std::size_t logits_element_bytes = 2;  // bytes of one chunk logit (input dtype, or 4 for fp32)
   int logits_buffers_per_row = 1;        // 2 when teacher chunk logits are formed as well
   std::size_t budget_bytes = std::size_t{512} << 20;  // options.workspace_budget
-  std::size_t fixed_bytes = 0;           // O(N) scratch of the row kernels, part of the budget
+  std::size_t fixed_bytes = 0;  // O(N) scratch of the row kernels, part of the budget
   // Bytes per chunk row beside its logits in the chunk buffer (linear_ce's per-row reference
   // path: its tile sums and scaled rows, linear_reference.cuh), in every buffer.
   std::size_t chunk_row_scratch_bytes = 0;
@@ -63,8 +63,8 @@ struct ChunkRequest {
   double statistics_products = 1;
   double statistics_passes = 0;
   std::size_t statistics_records_bytes = 0;
-  bool hidden_gradient = false;     // ∂h is wanted: (d) sums it over blocks in fp32 (N×H)
-  bool prefer_statistics = false;   // take (d) whenever it fits (tests, measurements)
+  bool hidden_gradient = false;    // ∂h is wanted: (d) sums it over blocks in fp32 (N×H)
+  bool prefer_statistics = false;  // take (d) whenever it fits (tests, measurements)
   // The ∂W output as (d)'s scratch: its bytes when ∂W is written over (not added into) as one
   // contiguous, 16-byte aligned buffer, else 0; and the bytes of one of its rows. Until a row of
   // ∂W is written it holds nothing, so (d) may keep its fp32 ∂h sums in the last rows of ∂W
@@ -120,10 +120,10 @@ struct ChunkPlan {
   // tile_rows × block_columns × element per logits buffer of a row (shares the chunk region;
   // a teacher tile starts at the next kWorkspaceAlignment boundary after the student tile)
   std::size_t tile_buffer_bytes = 0;
-  std::size_t lse_bytes = 0;          // N × saved_row_bytes saved by the first pass
-  std::size_t gemm_workspace_bytes = 0; // scratch handed to cuBLASLt
+  std::size_t lse_bytes = 0;             // N × saved_row_bytes saved by the first pass
+  std::size_t gemm_workspace_bytes = 0;  // scratch handed to cuBLASLt
   std::size_t fixed_bytes = 0;
-  std::size_t accumulator_bytes = 0;  // fp32 ∂W: V×H (b), block_columns×H (c, d), or 0
+  std::size_t accumulator_bytes = 0;         // fp32 ∂W: V×H (b), block_columns×H (c, d), or 0
   std::size_t hidden_accumulator_bytes = 0;  // (d): fp32 ∂h, N×H, after the block accumulator
   // (d) with its ∂h sums in the ∂W output (HiddenSums::weight_grad; hidden_accumulator_bytes is
   // then 0): they start hidden_sums_offset bytes into ∂W, and the blocks from
@@ -138,9 +138,9 @@ struct ChunkPlan {
   std::size_t statistics_bytes = 0;          // (d): pass 1's share of the chunk region
   std::size_t statistics_records_bytes = 0;  // (d): pass 1's records beside the region
   std::size_t bias_accumulator_bytes = 0;
-  std::size_t total_bytes = 0;          // everything above, with alignment padding
-  double predicted_ms = 0;              // cost model (chunk_plan.cpp), H200-class figures
-  bool fits_budget = false;             // false when even the smallest plan exceeds the budget
+  std::size_t total_bytes = 0;  // everything above, with alignment padding
+  double predicted_ms = 0;      // cost model (chunk_plan.cpp), H200-class figures
+  bool fits_budget = false;     // false when even the smallest plan exceeds the budget
 };
 
 // The smallest row block any plan uses, and the budget it needs: below it the op cannot run.

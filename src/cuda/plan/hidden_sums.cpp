@@ -10,7 +10,6 @@ namespace {
 
 bool aligned_16(const void* data) { return reinterpret_cast<std::uintptr_t>(data) % 16 == 0; }
 
-
 }  // namespace
 
 HiddenSumsScratch hidden_sums_scratch(const LinearGradients& grads) {
@@ -20,7 +19,8 @@ HiddenSumsScratch hidden_sums_scratch(const LinearGradients& grads) {
       aligned_16(weight.data)) {
     scratch.weight_grad_row_bytes =
         static_cast<std::size_t>(weight.cols) * dtype_size(weight.dtype);
-    scratch.weight_grad_bytes = static_cast<std::size_t>(weight.rows) * scratch.weight_grad_row_bytes;
+    scratch.weight_grad_bytes =
+        static_cast<std::size_t>(weight.rows) * scratch.weight_grad_row_bytes;
   }
   const TensorView& hidden = grads.hidden;
   if (hidden.present() && dtype_size(hidden.dtype) == 2 && hidden.row_stride == hidden.cols &&

@@ -25,8 +25,8 @@ namespace {
 // capability 9.0 device at hand (the size query and the call then plan alike). Not set without
 // one (CPU builds, tests).
 void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOptions& options) {
-  if (options.fp32_logits || dtype == DType::f32 ||
-      !fused_grad_product_built() || !fused_grad_preferred(request.hidden)) {
+  if (options.fp32_logits || dtype == DType::f32 || !fused_grad_product_built() ||
+      !fused_grad_preferred(request.hidden)) {
     return;
   }
   int device = 0, major = 0, minor = 0, multiprocessors = 0;
@@ -68,8 +68,7 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
     request.chunk_buffer_extra_bytes = reference_buffer_extra_bytes(vocab, hidden, smoothing);
   }
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
-  request.gradient_in_product =
-      wants.gradients && wants.reference_priced;
+  request.gradient_in_product = wants.gradients && wants.reference_priced;
   request.weight_gradient = wants.gradients && wants.weight;
   request.weight_accumulator = request.weight_gradient && wants.weight_accumulator;
   request.bias_accumulator_bytes =
@@ -112,8 +111,7 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
 bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_scratch) {
   const Schedule schedule = plan.chunks.schedule;
   return (schedule == Schedule::row_chunks || schedule == Schedule::row_chunks_accumulated) &&
-         with_scratch.chunks.fits_budget &&
-         with_scratch.chunks.schedule == schedule &&
+         with_scratch.chunks.fits_budget && with_scratch.chunks.schedule == schedule &&
          with_scratch.chunks.chunk_count == plan.chunks.chunk_count;
 }
 

@@ -12,8 +12,7 @@ namespace xent::cuda {
 // teacher_hidden > 0: the teacher comes as hidden + weight; else as logits of
 // teacher_logits_dtype. Of `grads` only which gradients are present and their dtypes are read.
 ChunkPlan linear_distill_chunk_plan(int64_t rows, int64_t student_hidden, int64_t teacher_hidden,
-                                    int64_t vocab, DType dtype,
-                                    const LinearDistillOptions& options,
+                                    int64_t vocab, DType dtype, const LinearDistillOptions& options,
                                     DType teacher_logits_dtype, const LinearGradients& grads);
 
 // How many linear_distill calls of this process ran each schedule: tests assert which one ran.

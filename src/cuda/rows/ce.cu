@@ -21,7 +21,8 @@ CeWorkspace carve(Workspace workspace, int64_t rows) {
   if (base == nullptr || workspace.bytes < ce_workspace_bytes(rows)) {
     throw Error(ErrorKind::invalid_argument,
                 "ce: workspace too small: got " + std::to_string(workspace.bytes) +
-                    " bytes; expected at least " + std::to_string(ce_workspace_bytes(rows)) + " bytes");
+                    " bytes; expected at least " + std::to_string(ce_workspace_bytes(rows)) +
+                    " bytes");
   }
   return {reinterpret_cast<CeBatchTotals*>(base), reinterpret_cast<float*>(base + 256),
           reinterpret_cast<float*>(base + 256 + array),
@@ -66,8 +67,7 @@ std::size_t ce_workspace_size(int64_t rows, int64_t, const CeOptions&) {
 }
 
 void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
-                const CeOutputs& out, TensorView grad_output, Workspace workspace,
-                Stream stream) {
+                const CeOutputs& out, TensorView grad_output, Workspace workspace, Stream stream) {
   DeviceGuard guard(logits.device.index);
   const cudaStream_t s = stream_of(stream);
   const int64_t rows = logits.rows;
@@ -88,13 +88,13 @@ void ce_forward(TensorView logits, TensorView target, const CeOptions& options,
   ce_reduce(r, s);
 }
 
-CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction,
-                             int64_t rows, float* row_loss, float* row_z_loss, float* row_correct,
+CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction, int64_t rows,
+                             float* row_loss, float* row_z_loss, float* row_correct,
                              const CeBatchTotals* totals) {
   const bool none = reduction == Reduction::none;
   a.row_loss = row_loss;
-  a.row_z_loss = none && out.stats.z_loss_value.present() ? f32(out.stats.z_loss_value)
-                                                          : row_z_loss;
+  a.row_z_loss =
+      none && out.stats.z_loss_value.present() ? f32(out.stats.z_loss_value) : row_z_loss;
   a.row_total = none ? f32(out.loss) : nullptr;
   a.row_correct = out.stats.accuracy.present() ? row_correct : nullptr;
   a.lse = f32(out.stats.lse);
@@ -115,8 +115,8 @@ CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction redu
 }
 
 void ce_backward(TensorView logits, TensorView target, TensorView lse, TensorView grad_output,
-                 const EntropyGradient& entropy, const CeOptions& options,
-                 TensorView grad_logits, Workspace workspace, Stream stream) {
+                 const EntropyGradient& entropy, const CeOptions& options, TensorView grad_logits,
+                 Workspace workspace, Stream stream) {
   DeviceGuard guard(logits.device.index);
   const cudaStream_t s = stream_of(stream);
   const CeWorkspace ws = carve(workspace, logits.rows);

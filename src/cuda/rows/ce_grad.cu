@@ -55,13 +55,12 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
   const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
   const float r = a.row_weight ? a.row_weight[row] : 1.0f;
   const float target_weight = p.shard.target_weight ? p.shard.target_weight[row]
-                              : o.class_weight       ? o.class_weight[target]
-                                                     : 1.0f;
+                              : o.class_weight      ? o.class_weight[target]
+                                                    : 1.0f;
   const float base = upstream * r;
-  const CeGradRow<float> grad_row =
-      common::ce_grad_row(c, p.lse[row], target, target_weight,
-                          base * a.totals->loss_factor * a.grad_scale,
-                          base * a.totals->z_factor * a.grad_scale);
+  const CeGradRow<float> grad_row = common::ce_grad_row(c, p.lse[row], target, target_weight,
+                                                        base * a.totals->loss_factor * a.grad_scale,
+                                                        base * a.totals->z_factor * a.grad_scale);
   common::EntropyGradRow<float> entropy_row;
   if constexpr (kEntropy) {
     entropy_row = common::entropy_grad_row(p.entropy.grad[row] * a.grad_scale, p.lse[row],
@@ -105,8 +104,8 @@ __global__ void __launch_bounds__(kThreads) ce_grad_from_lse_kernel(const CeGrad
         value_and_slope(transform, values[u].value[k], value, slope);
         const float prob = fast_exp(value - grad_row.lse);
         if constexpr (kEntropy) {
-          values[u].value[k] = common::ce_entropy_grad_from_prob(
-              grad_row, entropy_row, prob, value, slope, i == target_in_tile, w[k]);
+          values[u].value[k] = common::ce_entropy_grad_from_prob(grad_row, entropy_row, prob, value,
+                                                                 slope, i == target_in_tile, w[k]);
         } else {
           values[u].value[k] =
               common::ce_grad_from_prob(grad_row, prob, slope, i == target_in_tile, w[k]);
@@ -144,10 +143,17 @@ void ce_grad_from_lse(const CeRowsArgs& args, const float* lse, const EntropyRow
   p.grad_vector_ok = rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const dim3 grid(static_cast<unsigned>(args.rows * p.tiles_per_row));
   switch (args.dtype) {
-    case DType::f32: launch_ce_grad<float>(p, grid, stream); break;
-    case DType::bf16: launch_ce_grad<bf16_t>(p, grid, stream); break;
-    case DType::f16: launch_ce_grad<f16_t>(p, grid, stream); break;
-    default: throw Error(ErrorKind::invalid_argument, "ce_backward: unsupported logits dtype");
+    case DType::f32:
+      launch_ce_grad<float>(p, grid, stream);
+      break;
+    case DType::bf16:
+      launch_ce_grad<bf16_t>(p, grid, stream);
+      break;
+    case DType::f16:
+      launch_ce_grad<f16_t>(p, grid, stream);
+      break;
+    default:
+      throw Error(ErrorKind::invalid_argument, "ce_backward: unsupported logits dtype");
   }
   XENT_CUDA_CHECK_LAUNCH();
 }

@@ -55,9 +55,9 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
 // enters only through label smoothing (kWeighted: weighted and ε > 0).
 template <bool kWeighted, class S, class Transform>
 __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Transform& transform,
-                                              const CeGradRow<float>& row,
-                                              int target_in_slice, const float* class_weight,
-                                              S* grad, bool grad_vector_ok) {
+                                              const CeGradRow<float>& row, int target_in_slice,
+                                              const float* class_weight, S* grad,
+                                              bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
   // p = 2^(x̃·log2(e) − lse·log2(e)): one fused multiply-add per element (see fast_exp2).
@@ -160,13 +160,13 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   RowStats<float> stats;
   with_transform(c.transform, [&](const auto& transform) {
     if (want_argmax) {
-      stats = full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy,
-                                                 p.lean_sums)
-                   : slice_row_stats<false, true>(slice, transform, class_weight);
+      stats =
+          full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy, p.lean_sums)
+               : slice_row_stats<false, true>(slice, transform, class_weight);
     } else {
-      stats = full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy,
-                                                  p.lean_sums)
-                   : slice_row_stats<false, false>(slice, transform, class_weight);
+      stats =
+          full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy, p.lean_sums)
+               : slice_row_stats<false, false>(slice, transform, class_weight);
     }
   });
 
@@ -213,10 +213,9 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
       const float r = a.row_weight ? a.row_weight[row] : 1.0f;
       const float target_weight = class_weight ? class_weight[target] : 1.0f;
       const float base = upstream * r;
-      row_shared.grad_row =
-          common::ce_grad_row(c, lse, target, target_weight,
-                              base * a.totals->loss_factor * a.grad_scale,
-                              base * a.totals->z_factor * a.grad_scale);
+      row_shared.grad_row = common::ce_grad_row(c, lse, target, target_weight,
+                                                base * a.totals->loss_factor * a.grad_scale,
+                                                base * a.totals->z_factor * a.grad_scale);
     }
   }
   __syncthreads();
@@ -280,9 +279,15 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
     launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
   };
   switch (args.dtype) {
-    case DType::f32: launch(ce_rows_kernel<float>); break;
-    case DType::bf16: launch(ce_rows_kernel<bf16_t>); break;
-    case DType::f16: launch(ce_rows_kernel<f16_t>); break;
+    case DType::f32:
+      launch(ce_rows_kernel<float>);
+      break;
+    case DType::bf16:
+      launch(ce_rows_kernel<bf16_t>);
+      break;
+    case DType::f16:
+      launch(ce_rows_kernel<f16_t>);
+      break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_rows: logits dtype unsupported on CUDA: got ") +

@@ -69,21 +69,21 @@ struct CeRowsArgs {
   DType target_dtype = DType::i64;
   const float* row_weight = nullptr;  // chunk: [rows] or null
   CeRowOptions options;
-  const CeBatchTotals* totals = nullptr;   // device, from ce_batch_totals over the whole batch
+  const CeBatchTotals* totals = nullptr;  // device, from ce_batch_totals over the whole batch
   // The launch just before this one on the stream is the ce_batch_totals that fills `totals`:
   // the row kernel then starts beside it and waits for it only after its sweep over the logits.
   bool after_totals = false;
   const float* grad_output_rows = nullptr;  // chunk: per-row g_n (reduction none) or null
 
   // Outputs, each optional (null = not computed), all chunk pointers of fp32 unless said.
-  float* row_loss = nullptr;        // r_n·ℓ_n, 0 for ignored rows (input of ce_reduce)
-  float* row_z_loss = nullptr;      // r_n·ζ_n
-  float* row_total = nullptr;       // r_n·(ℓ_n + ζ_n): the loss of reduction none
-  float* row_correct = nullptr;     // 1 where argmax == target on a valid row, else 0
-  float* lse = nullptr;             // 0 for ignored rows
-  float* logprob = nullptr;         // 0 for ignored rows
-  float* entropy = nullptr;         // 0 for ignored rows
-  int64_t* argmax = nullptr;        // −1 for ignored rows
+  float* row_loss = nullptr;     // r_n·ℓ_n, 0 for ignored rows (input of ce_reduce)
+  float* row_z_loss = nullptr;   // r_n·ζ_n
+  float* row_total = nullptr;    // r_n·(ℓ_n + ζ_n): the loss of reduction none
+  float* row_correct = nullptr;  // 1 where argmax == target on a valid row, else 0
+  float* lse = nullptr;          // 0 for ignored rows
+  float* logprob = nullptr;      // 0 for ignored rows
+  float* entropy = nullptr;      // 0 for ignored rows
+  int64_t* argmax = nullptr;     // −1 for ignored rows
   // Gradient ∂loss/∂logits (same dtype as the logits), or null. It may be exactly the logits
   // buffer (in place): every CTA stages its part of a row on chip before writing it.
   // Coefficient of row n: upstream·r_n·loss_factor (g_n instead of upstream when
@@ -121,8 +121,8 @@ CeRowsArgs ce_rows_args(TensorView logits, TensorView target, const CeOptions& o
 // Points a's per-row outputs at `out` (the loss of none, the statistics) and at the per-row arrays
 // row_loss, row_z_loss, row_correct of the batch; returns the reduction of those arrays into the
 // scalar outputs of `out` (ce_forward, and the sharded ce's merge kernel, which writes the same).
-CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction,
-                             int64_t rows, float* row_loss, float* row_z_loss, float* row_correct,
+CeReduceArgs bind_ce_outputs(CeRowsArgs& a, const CeOutputs& out, Reduction reduction, int64_t rows,
+                             float* row_loss, float* row_z_loss, float* row_correct,
                              const CeBatchTotals* totals);
 
 // Bytes of device workspace ce on logits uses for `rows` rows: totals + three per-row arrays.

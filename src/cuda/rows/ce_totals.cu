@@ -33,8 +33,7 @@ __device__ T block_reduce(T value, T* scratch, bool minimum = false) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    ce_batch_totals_kernel(const CeBatchRequest r, CeBatchTotals* totals,
-                           DeviceErrorState* error) {
+    ce_batch_totals_kernel(const CeBatchRequest r, CeBatchTotals* totals, DeviceErrorState* error) {
   // A row kernel launched after this one with after_totals may start now: it reads the totals
   // only after wait_for_previous_grid.
   let_next_grid_start();
@@ -132,7 +131,8 @@ __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs 
     *a.loss = static_cast<float>(loss_part + z_part);
   }
   if (a.z_loss_value) *a.z_loss_value = static_cast<float>(z_part);
-  if (a.accuracy) *a.accuracy = t.valid_rows > 0 ? static_cast<float>(correct / t.valid_rows) : 0.0f;
+  if (a.accuracy)
+    *a.accuracy = t.valid_rows > 0 ? static_cast<float>(correct / t.valid_rows) : 0.0f;
 }
 
 }  // namespace

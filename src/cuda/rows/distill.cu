@@ -11,7 +11,8 @@ namespace {
 constexpr int kReduceThreads = 1024;
 
 __device__ double block_sum_double(double value, double* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
   __syncthreads();
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = value;
   __syncthreads();
@@ -157,15 +158,15 @@ std::size_t distill_workspace_size(int64_t rows, int64_t, const DistillOptions&)
 void distill_forward(TensorView student, TensorView teacher, TensorView target,
                      const DistillOptions& options, const DistillOutputs& out,
                      TensorView grad_output, Workspace workspace, Stream stream) {
-  run_distill(student, teacher, target, options, out.loss, out.grad_student, grad_output,
-              workspace, stream, OpCode::distill_forward);
+  run_distill(student, teacher, target, options, out.loss, out.grad_student, grad_output, workspace,
+              stream, OpCode::distill_forward);
 }
 
 void distill_backward(TensorView student, TensorView teacher, TensorView target,
                       TensorView grad_output, const DistillOptions& options,
                       TensorView grad_student, Workspace workspace, Stream stream) {
-  run_distill(student, teacher, target, options, TensorView{}, grad_student, grad_output,
-              workspace, stream, OpCode::distill_backward);
+  run_distill(student, teacher, target, options, TensorView{}, grad_student, grad_output, workspace,
+              stream, OpCode::distill_backward);
 }
 
 }  // namespace xent::cuda

@@ -70,15 +70,11 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
 // constants, the switches of common::distill_term_from_probs / distill_grad_from_probs fold away
 // instead of running per element.
 template <DistillKindCode kKind, bool kLoss, bool kGrad, class S, class Transform>
-__device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
-                                              const RowSlice<S>& teacher,
-                                              const Transform& transform,
-                                              DistillConstants<float> dc,
-                                              const DistillGradRow& row, DistillSums& partial,
-                                              bool with_hard, const CeConstants<float>& hc,
-                                              const CeGradRow<float>& hard_row,
-                                              const DistillHardColumns& hard_columns, S* grad,
-                                              bool grad_vector_ok) {
+__device__ __forceinline__ void distill_sweep(
+    const RowSlice<S>& student, const RowSlice<S>& teacher, const Transform& transform,
+    DistillConstants<float> dc, const DistillGradRow& row, DistillSums& partial, bool with_hard,
+    const CeConstants<float>& hc, const CeGradRow<float>& hard_row,
+    const DistillHardColumns& hard_columns, S* grad, bool grad_vector_ok) {
   constexpr int kVec = kVectorElements<S>;
   dc.kind = kKind;
   const int vectors = static_cast<int>(student.vectors());
@@ -93,8 +89,8 @@ __device__ __forceinline__ void distill_sweep(const RowSlice<S>& student,
                                            row.lse_student, row.lse_teacher);
       if (kLoss && i < student.length) add_distill_sums<kKind>(dc, e, partial.value);
       if (kGrad) {
-        s.value[k] = distill_element_grad<kKind>(dc, row, transform, x, e, with_hard, hc,
-                                                 hard_row, hard_columns, i);
+        s.value[k] = distill_element_grad<kKind>(dc, row, transform, x, e, with_hard, hc, hard_row,
+                                                 hard_columns, i);
       }
     }
     if (kGrad) store_vector(grad, j, student.length, grad_vector_ok, s);
@@ -146,13 +142,13 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   S* staged_student = reinterpret_cast<S*>(dynamic_shared);
   S* staged_teacher = staged_student + p.slice_elements;
   const RowSlice<S> student =
-      p.staged ? stage_slice(student_row, begin, length, p.student_vector_ok, staged_student,
-                             barriers)
-               : stream_slice(student_row, begin, length, p.student_vector_ok);
-  const RowSlice<S> teacher =
-      p.staged ? stage_slice(teacher_row, begin, length, p.teacher_vector_ok, staged_teacher,
-                             barriers + kMaxPieces / 2)
-               : stream_slice(teacher_row, begin, length, p.teacher_vector_ok);
+      p.staged
+          ? stage_slice(student_row, begin, length, p.student_vector_ok, staged_student, barriers)
+          : stream_slice(student_row, begin, length, p.student_vector_ok);
+  const RowSlice<S> teacher = p.staged
+                                  ? stage_slice(teacher_row, begin, length, p.teacher_vector_ok,
+                                                staged_teacher, barriers + kMaxPieces / 2)
+                                  : stream_slice(teacher_row, begin, length, p.teacher_vector_ok);
 
   const DistillConstants<float> dc =
       common::make_distill_constants(o.kind, o.temperature, o.softcap, o.beta);
@@ -167,9 +163,8 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   });
   if (with_hard) {
     with_transform(hc.transform, [&](const auto& transform) {
-      h_stats = hc.smoothing > 0
-                    ? slice_row_stats<true, false>(student, transform, class_weight)
-                    : slice_row_stats<false, false>(student, transform, class_weight);
+      h_stats = hc.smoothing > 0 ? slice_row_stats<true, false>(student, transform, class_weight)
+                                 : slice_row_stats<false, false>(student, transform, class_weight);
     });
   }
   DistillPartial mine;
@@ -290,8 +285,8 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
     const float soft = loss_sweep ? row_shared.sums.value[0] : 0.0f;
     float hard_loss = 0.0f, hard_z = 0.0f;
     if (with_hard) {
-      const auto parts = common::ce_row_loss(hc, hs, hs.lse(), row_shared.stats.hard_target_logit,
-                                             target_weight);
+      const auto parts =
+          common::ce_row_loss(hc, hs, hs.lse(), row_shared.stats.hard_target_logit, target_weight);
       hard_loss = r * parts.loss;
       hard_z = r * parts.z_loss;
     }
@@ -331,9 +326,12 @@ int64_t distill_rows_wide_cluster_launches() { return wide_cluster_launches.load
 // The kernel instantiation for a dtype (the cluster query needs the function itself).
 static const void* distill_kernel_of(DType dtype) {
   switch (dtype) {
-    case DType::f32: return reinterpret_cast<const void*>(distill_rows_kernel<float>);
-    case DType::bf16: return reinterpret_cast<const void*>(distill_rows_kernel<bf16_t>);
-    default: return reinterpret_cast<const void*>(distill_rows_kernel<f16_t>);
+    case DType::f32:
+      return reinterpret_cast<const void*>(distill_rows_kernel<float>);
+    case DType::bf16:
+      return reinterpret_cast<const void*>(distill_rows_kernel<bf16_t>);
+    default:
+      return reinterpret_cast<const void*>(distill_rows_kernel<f16_t>);
   }
 }
 
@@ -368,11 +366,15 @@ void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   switch (args.dtype) {
-    case DType::f32: launch_row_kernel(distill_rows_kernel<float>, p, args.rows, plan, stream); break;
+    case DType::f32:
+      launch_row_kernel(distill_rows_kernel<float>, p, args.rows, plan, stream);
+      break;
     case DType::bf16:
       launch_row_kernel(distill_rows_kernel<bf16_t>, p, args.rows, plan, stream);
       break;
-    case DType::f16: launch_row_kernel(distill_rows_kernel<f16_t>, p, args.rows, plan, stream); break;
+    case DType::f16:
+      launch_row_kernel(distill_rows_kernel<f16_t>, p, args.rows, plan, stream);
+      break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("distill_rows: student dtype unsupported on CUDA: got ") +

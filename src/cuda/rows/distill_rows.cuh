@@ -20,10 +20,10 @@ struct DistillRowOptions {
   common::DistillKindCode kind = common::DistillKindCode::forward_kl;
   float temperature = 1;
   float beta = 0.5f;
-  float softcap = 0;         // 0: off; applied to student and teacher before T
-  double soft_weight = 1;    // σ
-  double hard_weight = 0;    // α (the hard term needs a target)
-  CeRowOptions ce;           // ignore_index and reduction of the whole op; the rest: hard term
+  float softcap = 0;       // 0: off; applied to student and teacher before T
+  double soft_weight = 1;  // σ
+  double hard_weight = 0;  // α (the hard term needs a target)
+  CeRowOptions ce;         // ignore_index and reduction of the whole op; the rest: hard term
 };
 DistillRowOptions distill_row_options(const DistillOptions& options);
 
@@ -33,12 +33,12 @@ DistillRowOptions distill_row_options(const DistillOptions& options);
 struct DistillRowStatistics {
   float lse_student = 0;  // of the transformed student row
   float lse_teacher = 0;
-  float sum_prob_u = 0;   // Σ p_s·u (reverse_kl, jsd)
-  float tvd_above = 0;    // common::TvdSums (tvd)
+  float sum_prob_u = 0;  // Σ p_s·u (reverse_kl, jsd)
+  float tvd_above = 0;   // common::TvdSums (tvd)
   float tvd_below = 0;
   float tvd_equal = 0;
-  float hard_lse = 0;     // lse of the hard-label ce term (its own transform)
-  float unused = 0;       // 32 bytes a row
+  float hard_lse = 0;  // lse of the hard-label ce term (its own transform)
+  float unused = 0;    // 32 bytes a row
 };
 
 struct DistillRowsArgs {
@@ -232,8 +232,8 @@ __device__ __forceinline__ float distill_soft_grad(const common::DistillConstant
   } else {
     common::DistillConstants<float> fixed = dc;
     fixed.kind = kKind;
-    return common::distill_grad_from_probs(fixed, e.log_ps, e.log_pt, e.ps, e.pt,
-                                           row.sum_prob_u, FastExpLog{});
+    return common::distill_grad_from_probs(fixed, e.log_ps, e.log_pt, e.ps, e.pt, row.sum_prob_u,
+                                           FastExpLog{});
   }
 }
 
@@ -261,8 +261,8 @@ __device__ __forceinline__ float distill_element_grad(
   if (with_hard) {
     const float w = hard.class_weight && column < hard.columns ? hard.class_weight[column] : 1.0f;
     const float p = fast_exp(hc.transform.value(x) - hard_row.lse);
-    g += common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x),
-                                   column == hard.target_column, w);
+    g += common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x), column == hard.target_column,
+                                   w);
   }
   return g;
 }

@@ -67,8 +67,8 @@ __device__ __forceinline__ void merge_partial(PairPartial& into, const PairParti
                      other.student_sum * rescale(other.student_max, student_max);
   into.teacher_sum = into.teacher_sum * rescale(into.teacher_max, teacher_max) +
                      other.teacher_sum * rescale(other.teacher_max, teacher_max);
-  into.cross = into.cross * rescale(into_weigh, weigh_max) +
-               other.cross * rescale(other_weigh, weigh_max);
+  into.cross =
+      into.cross * rescale(into_weigh, weigh_max) + other.cross * rescale(other_weigh, weigh_max);
   into.student_max = student_max;
   into.teacher_max = teacher_max;
 }
@@ -139,8 +139,8 @@ struct PairStatsParams {
   DistillRowStatistics* statistics;  // args.statistics, or the caller's scratch
   int cluster;
   int64_t slice_elements;
-  bool vector_ok;   // student and teacher rows both 16-byte aligned
-  bool with_loss;   // the kind's loss follows from the cross sum (else the sums pass forms it)
+  bool vector_ok;  // student and teacher rows both 16-byte aligned
+  bool with_loss;  // the kind's loss follows from the cross sum (else the sums pass forms it)
 };
 
 // How pass 1 forms the cross sum, and the row loss from it, for each kind.
@@ -489,8 +489,7 @@ template <class S, CrossForm kForm>
 void launch_statistics(const PairStatsParams& p, const SlicePlan& plan, bool hard,
                        cudaStream_t stream) {
   if (hard) {
-    launch_row_kernel(distill_pair_statistics_kernel<S, kForm, true>, p, p.args.rows, plan,
-                      stream);
+    launch_row_kernel(distill_pair_statistics_kernel<S, kForm, true>, p, p.args.rows, plan, stream);
   } else {
     launch_row_kernel(distill_pair_statistics_kernel<S, kForm, false>, p, p.args.rows, plan,
                       stream);
@@ -553,9 +552,15 @@ void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {
   const DistillKindCode kind = args.options.kind;
   p.with_loss = kind != DistillKindCode::jsd && kind != DistillKindCode::tvd;
   switch (args.dtype) {
-    case DType::f32: launch_passes<float>(p, plan, stream); break;
-    case DType::bf16: launch_passes<bf16_t>(p, plan, stream); break;
-    case DType::f16: launch_passes<f16_t>(p, plan, stream); break;
+    case DType::f32:
+      launch_passes<float>(p, plan, stream);
+      break;
+    case DType::bf16:
+      launch_passes<bf16_t>(p, plan, stream);
+      break;
+    case DType::f16:
+      launch_passes<f16_t>(p, plan, stream);
+      break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("distill_rows: student dtype unsupported on CUDA: got ") +

@@ -21,10 +21,10 @@ namespace xent::cuda {
 
 // Host-side plan of a row kernel launch.
 struct SlicePlan {
-  int cluster = 1;           // CTAs per row
-  int threads = 256;         // per CTA
-  int64_t slice_elements = 0;  // columns per CTA (a multiple of the 16-byte vector)
-  bool staged = true;        // slice held in shared memory (else read twice from HBM)
+  int cluster = 1;               // CTAs per row
+  int threads = 256;             // per CTA
+  int64_t slice_elements = 0;    // columns per CTA (a multiple of the 16-byte vector)
+  bool staged = true;            // slice held in shared memory (else read twice from HBM)
   std::size_t shared_bytes = 0;  // dynamic shared memory per CTA
 };
 
@@ -133,7 +133,7 @@ __device__ __forceinline__ void wait_piece(uint64_t* barrier) {
 // (launch_row_kernel), each CTA `slice_elements` columns of a row of `vocab`; the last slices of
 // a short row may be empty.
 struct ClusterSlice {
-  int rank;        // within the row's cluster
+  int rank;  // within the row's cluster
   int64_t row;
   int64_t begin;   // first column
   int64_t length;  // columns
@@ -144,8 +144,8 @@ __device__ __forceinline__ ClusterSlice cluster_slice(int cluster, int64_t slice
   c.rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(cluster));
   c.row = blockIdx.x / static_cast<unsigned>(cluster);
   c.begin = c.rank * slice_elements;
-  c.length = c.begin < vocab ? (vocab - c.begin < slice_elements ? vocab - c.begin : slice_elements)
-                             : 0;
+  c.length =
+      c.begin < vocab ? (vocab - c.begin < slice_elements ? vocab - c.begin : slice_elements) : 0;
   return c;
 }
 
@@ -160,9 +160,9 @@ struct RowSlice {
   bool vector_ok = false;     // `global` moves in 16-byte vectors
   bool bulk = false;          // staged pieces arrive on mbarriers (wait before the first use)
   uint64_t* barriers = nullptr;
-  int bulk_vectors = 0;       // vectors covered by the bulk copies (0 when not bulk); 32-bit,
-                              // so the per-vector wait test is one comparison (slices < 2^31 B)
-  bool deep_stream = false;   // streamed: several loads in flight per thread (slice_row_stats)
+  int bulk_vectors = 0;      // vectors covered by the bulk copies (0 when not bulk); 32-bit,
+                             // so the per-vector wait test is one comparison (slices < 2^31 B)
+  bool deep_stream = false;  // streamed: several loads in flight per thread (slice_row_stats)
 
   __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
 
@@ -224,9 +224,8 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     for (int p = 0; p < pieces; ++p) {
       const int64_t offset = int64_t{p} * piece_bytes;
-      const uint32_t bytes =
-          static_cast<uint32_t>(bulk_bytes - offset < piece_bytes ? bulk_bytes - offset
-                                                                  : piece_bytes);
+      const uint32_t bytes = static_cast<uint32_t>(
+          bulk_bytes - offset < piece_bytes ? bulk_bytes - offset : piece_bytes);
       const uint32_t barrier = shared_address(&barriers[p]);
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
                    "r"(bytes)
@@ -247,8 +246,8 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
 
 // A slice read straight from HBM (rows too long to stage).
 template <class S>
-__device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t length,
-                                    bool vector_ok, bool deep = false) {
+__device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t length, bool vector_ok,
+                                    bool deep = false) {
   RowSlice<S> slice;
   slice.deep_stream = deep;
   slice.global = global;

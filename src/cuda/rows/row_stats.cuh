@@ -83,8 +83,8 @@ struct SoftcapTransform {
 };
 
 template <class Transform>
-__device__ __forceinline__ void value_and_slope(const Transform& transform, float x,
-                                                float& value, float& slope) {
+__device__ __forceinline__ void value_and_slope(const Transform& transform, float x, float& value,
+                                                float& slope) {
   value = transform.value(x);
   slope = transform.slope(x);
 }
@@ -100,8 +100,7 @@ __device__ __forceinline__ void value_and_slope(const SoftcapTransform& transfor
 // multiples of N ≥ 4 columns).
 template <int N>
 __device__ __forceinline__ void load_class_weights(const float* class_weight, int64_t column,
-                                                   bool full_vector, int64_t valid,
-                                                   float (&w)[N]) {
+                                                   bool full_vector, int64_t valid, float (&w)[N]) {
   static_assert(N % 4 == 0, "16-byte weight loads");
   if (full_vector && (reinterpret_cast<uintptr_t>(class_weight) & 15) == 0) {
     const float4* from = reinterpret_cast<const float4*>(class_weight + column);
@@ -264,9 +263,10 @@ __device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slic
 // forms both optional sums regardless (the A/B switch of decision 37).
 template <bool kFull, bool kArgmax, class S, class Transform>
 __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlice<S>& slice,
-                                                   const Transform& transform,
-                                                   const float* class_weight,
-                                                   bool entropy = true, bool lean = true) {
+                                                                   const Transform& transform,
+                                                                   const float* class_weight,
+                                                                   bool entropy = true,
+                                                                   bool lean = true) {
   constexpr int kVec = kVectorElements<S>;
   const int vectors = static_cast<int>(slice.vectors());
   const int full_vectors = static_cast<int>(slice.length / kVec);

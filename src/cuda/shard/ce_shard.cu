@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kMaxThreads) ce_shard_stats_kernel(const Stats
   // Σ w over this CTA's columns (the slice's share of W); its width without class weights.
   float weight_sum[1] = {0.0f};
   if (o.class_weight) {
-    for (int64_t i = threadIdx.x; i < length; i += blockDim.x) weight_sum[0] += o.class_weight[begin + i];
+    for (int64_t i = threadIdx.x; i < length; i += blockDim.x)
+      weight_sum[0] += o.class_weight[begin + i];
   }
   block_sum(weight_sum, weight_scratch);
   if (threadIdx.x == 0) {
@@ -174,8 +175,8 @@ __global__ void __launch_bounds__(kMergeThreads) ce_shard_merge_kernel(const Mer
     if (p.lse) p.lse[n] = lse;
     if (p.target_weight) p.target_weight[n] = is_valid && in_range ? m.target_weight : 0.0f;
   }
-  const ShardMergeBatch batch{o.reduction, weight_sum, p.grad_output, p.target,
-                              p.target_dtype, p.vocab, o.ignore_index, p.op, p.error};
+  const ShardMergeBatch batch{o.reduction, weight_sum,     p.grad_output, p.target, p.target_dtype,
+                              p.vocab,     o.ignore_index, p.op,          p.error};
   finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
@@ -240,9 +241,15 @@ void ce_shard_records(TensorView logits, TensorView target, VocabShard shard,
   p.slice_elements = plan.slice_elements;
   p.vector_ok = rows_are_vector_aligned(logits.data, logits.row_stride, element);
   switch (logits.dtype) {
-    case DType::f32: launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, stream); break;
-    case DType::bf16: launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, stream); break;
-    case DType::f16: launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, stream); break;
+    case DType::f32:
+      launch_row_kernel(ce_shard_stats_kernel<float>, p, logits.rows, plan, stream);
+      break;
+    case DType::bf16:
+      launch_row_kernel(ce_shard_stats_kernel<bf16_t>, p, logits.rows, plan, stream);
+      break;
+    case DType::f16:
+      launch_row_kernel(ce_shard_stats_kernel<f16_t>, p, logits.rows, plan, stream);
+      break;
     default:
       throw Error(ErrorKind::invalid_argument,
                   std::string("ce_shard_stats: logits dtype unsupported on CUDA: got ") +
@@ -259,8 +266,8 @@ void ce_shard_stats(TensorView logits, TensorView target, VocabShard shard,
 std::size_t ce_shard_workspace_size(int64_t rows) { return 256 + 5 * array_bytes(rows); }
 
 void ce_shard_finish(TensorView gathered, TensorView target, VocabShard shard,
-                     const CeOptions& options, const CeOutputs& out, Workspace workspace,
-                     OpCode op, cudaStream_t stream) {
+                     const CeOptions& options, const CeOutputs& out, Workspace workspace, OpCode op,
+                     cudaStream_t stream) {
   const int64_t rows = target.rows;
   const ShardWorkspace ws = carve(workspace, rows);
   MergeParams p = merge_params(gathered, target, shard, options, ws);
@@ -279,10 +286,9 @@ void ce_shard_loss(TensorView gathered, TensorView target, VocabShard shard,
                   stream_of(stream));
 }
 
-void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard,
-                       TensorView gathered, TensorView grad_output, const CeOptions& options,
-                       TensorView grad_logits, int64_t first_row, Workspace workspace,
-                       Stream stream) {
+void ce_shard_backward(TensorView logits, TensorView target, VocabShard shard, TensorView gathered,
+                       TensorView grad_output, const CeOptions& options, TensorView grad_logits,
+                       int64_t first_row, Workspace workspace, Stream stream) {
   DeviceGuard guard(logits.device.index);
   const cudaStream_t s = stream_of(stream);
   const ShardWorkspace ws = carve(workspace, target.rows);

@@ -20,7 +20,7 @@ void ce_shard_records(TensorView logits, TensorView target, VocabShard shard,
 // ce_shard_loss on the current device and `stream`, with `op` named in a recorded target error
 // (ce_shard_loss itself reports ce_forward). Workspace: ce_shard_workspace_size(target.rows).
 void ce_shard_finish(TensorView gathered, TensorView target, VocabShard shard,
-                     const CeOptions& options, const CeOutputs& out, Workspace workspace,
-                     OpCode op, cudaStream_t stream);
+                     const CeOptions& options, const CeOutputs& out, Workspace workspace, OpCode op,
+                     cudaStream_t stream);
 
 }  // namespace xent::cuda

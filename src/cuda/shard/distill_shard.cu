@@ -42,11 +42,16 @@ std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 ShardWorkspace carve(Workspace workspace, int64_t rows) {
   char* base = static_cast<char*>(workspace.data);
-  const std::size_t statistics = aligned(static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics));
+  const std::size_t statistics =
+      aligned(static_cast<std::size_t>(rows) * sizeof(DistillRowStatistics));
   const std::size_t array = aligned(static_cast<std::size_t>(rows) * sizeof(float));
   auto at = [&](int k) { return reinterpret_cast<float*>(base + 256 + statistics + k * array); };
   return {reinterpret_cast<CeBatchTotals*>(base),
-          reinterpret_cast<DistillRowStatistics*>(base + 256), at(0), at(1), at(2), at(3)};
+          reinterpret_cast<DistillRowStatistics*>(base + 256),
+          at(0),
+          at(1),
+          at(2),
+          at(3)};
 }
 
 float* f32(TensorView view) { return view.present() ? static_cast<float*>(view.data) : nullptr; }
@@ -124,9 +129,8 @@ __global__ void __launch_bounds__(kSumThreads) distill_shard_sums_kernel(const S
       constexpr DistillKindCode kKind = decltype(kind)::value;
       if constexpr (common::distill_needs_sum_pu(kKind) && kKind != DistillKindCode::reverse_kl) {
         auto add = [&](float x, float t) {
-          add_distill_sums<kKind>(dc, element_probs(transform.value(x), transform.value(t), lse_s,
-                                                    lse_t),
-                                  sums);
+          add_distill_sums<kKind>(
+              dc, element_probs(transform.value(x), transform.value(t), lse_s, lse_t), sums);
         };
         const int64_t columns = p.columns;
         if (p.vector_ok) {
@@ -137,7 +141,8 @@ __global__ void __launch_bounds__(kSumThreads) distill_shard_sums_kernel(const S
 #pragma unroll
               for (int k = 0; k < kVec; ++k) add(s.value[k], t.value[k]);
             } else {
-              for (int64_t i = j * kVec; i < columns; ++i) add(load_float(student[i]), load_float(teacher[i]));
+              for (int64_t i = j * kVec; i < columns; ++i)
+                add(load_float(student[i]), load_float(teacher[i]));
             }
           }
         } else {
@@ -199,8 +204,8 @@ __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(cons
         soft = hard_loss = hard_z = quiet_nan();
         if (n < first_bad) first_bad = n;
       } else {
-        const auto m = common::merge_distill_records(kind, p.gathered, p.gathered_sums, p.rows,
-                                                     p.ranks, n);
+        const auto m =
+            common::merge_distill_records(kind, p.gathered, p.gathered_sums, p.rows, p.ranks, n);
         stats.lse_student = m.lse_student;
         stats.lse_teacher = m.lse_teacher;
         stats.sum_prob_u = m.sum_prob_u;
@@ -231,7 +236,8 @@ __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(cons
     if (p.row_total) {  // a term whose weight is 0 is left out (its NaN cannot matter)
       double total = 0;
       if (o.soft_weight != 0.0) total += o.soft_weight * soft;
-      if (o.hard_weight != 0.0 && p.with_hard) total += o.hard_weight * (double{hard_loss} + hard_z);
+      if (o.hard_weight != 0.0 && p.with_hard)
+        total += o.hard_weight * (double{hard_loss} + hard_z);
       p.row_total[n] = static_cast<float>(total);
     }
   }
@@ -240,8 +246,9 @@ __global__ void __launch_bounds__(kMergeThreads) distill_shard_merge_kernel(cons
       p.with_hard && p.rows > 0
           ? common::merge_distill_hard(p.gathered, p.rows, p.ranks, 0).class_weight_sum
           : static_cast<float>(p.vocab);
-  const ShardMergeBatch batch{o.ce.reduction, class_weight_sum, p.grad_output, p.target,
-                              p.target_dtype, p.vocab, o.ce.ignore_index, p.op, p.error};
+  const ShardMergeBatch batch{o.ce.reduction, class_weight_sum, p.grad_output,     p.target,
+                              p.target_dtype, p.vocab,          o.ce.ignore_index, p.op,
+                              p.error};
   finish_shard_merge(valid, divisor, first_bad, batch, p.totals, reduce_storage);
 }
 
@@ -276,12 +283,18 @@ void distill_merge_records(const DistillMergeRequest& request, const DistillMerg
 
 namespace {
 
-DistillMergeRequest merge_request(TensorView gathered, TensorView gathered_sums,
-                                  TensorView target, int64_t rows, VocabShard shard,
-                                  const DistillOptions& options, OpCode op) {
-  return DistillMergeRequest{static_cast<const float*>(gathered.data), f32(gathered_sums), rows,
-                             rows > 0 ? gathered.rows / rows : 0, shard.vocab, target, options,
-                             nullptr, op};
+DistillMergeRequest merge_request(TensorView gathered, TensorView gathered_sums, TensorView target,
+                                  int64_t rows, VocabShard shard, const DistillOptions& options,
+                                  OpCode op) {
+  return DistillMergeRequest{static_cast<const float*>(gathered.data),
+                             f32(gathered_sums),
+                             rows,
+                             rows > 0 ? gathered.rows / rows : 0,
+                             shard.vocab,
+                             target,
+                             options,
+                             nullptr,
+                             op};
 }
 
 }  // namespace
@@ -335,9 +348,9 @@ void distill_shard_stats(TensorView student, TensorView teacher, TensorView targ
   }
 }
 
-void distill_shard_sums(TensorView student, TensorView teacher, TensorView target,
-                        VocabShard, TensorView gathered, const DistillOptions& options,
-                        TensorView sums, Workspace, Stream stream) {
+void distill_shard_sums(TensorView student, TensorView teacher, TensorView target, VocabShard,
+                        TensorView gathered, const DistillOptions& options, TensorView sums,
+                        Workspace, Stream stream) {
   if (student.rows <= 0) return;
   DeviceGuard guard(student.device.index);
   const std::size_t element = dtype_size(student.dtype);
@@ -359,9 +372,15 @@ void distill_shard_sums(TensorView student, TensorView teacher, TensorView targe
   const cudaStream_t s = stream_of(stream);
   const dim3 grid(static_cast<unsigned>(student.rows));
   switch (student.dtype) {
-    case DType::f32: distill_shard_sums_kernel<float><<<grid, kSumThreads, 0, s>>>(p); break;
-    case DType::bf16: distill_shard_sums_kernel<bf16_t><<<grid, kSumThreads, 0, s>>>(p); break;
-    default: distill_shard_sums_kernel<f16_t><<<grid, kSumThreads, 0, s>>>(p); break;
+    case DType::f32:
+      distill_shard_sums_kernel<float><<<grid, kSumThreads, 0, s>>>(p);
+      break;
+    case DType::bf16:
+      distill_shard_sums_kernel<bf16_t><<<grid, kSumThreads, 0, s>>>(p);
+      break;
+    default:
+      distill_shard_sums_kernel<f16_t><<<grid, kSumThreads, 0, s>>>(p);
+      break;
   }
   XENT_CUDA_CHECK_LAUNCH();
 }
@@ -380,9 +399,9 @@ void distill_shard_loss(TensorView gathered, TensorView gathered_sums, TensorVie
   out.row_hard_loss = with_hard ? ws.row_hard_loss : nullptr;
   out.row_hard_z = with_hard ? ws.row_hard_z : nullptr;
   out.row_total = none ? f32(loss) : nullptr;
-  distill_merge_records(merge_request(gathered, gathered_sums, target, rows, shard, options,
-                                      OpCode::distill_forward),
-                        out, s);
+  distill_merge_records(
+      merge_request(gathered, gathered_sums, target, rows, shard, options, OpCode::distill_forward),
+      out, s);
   if (none) return;
   DistillReduceArgs r;
   r.rows = rows;
@@ -406,8 +425,8 @@ void distill_shard_backward(TensorView student, TensorView teacher, TensorView t
   const int64_t rows = student.rows;
   const ShardWorkspace ws = carve(workspace, rows);
   const bool none = options.ce.reduction == Reduction::none;
-  DistillMergeRequest request = merge_request(gathered, gathered_sums, target, rows, shard,
-                                              options, OpCode::distill_backward);
+  DistillMergeRequest request = merge_request(gathered, gathered_sums, target, rows, shard, options,
+                                              OpCode::distill_backward);
   request.grad_output = none ? nullptr : f32(grad_output);
   DistillMergeOutputs out;
   out.totals = ws.totals;

@@ -18,9 +18,9 @@ struct DistillMergeRequest {
   const float* sums = nullptr;     // [ranks·rows, kDistillShardSumsWidth] (jsd, tvd), or null
   int64_t rows = 0;
   int64_t ranks = 1;
-  int64_t vocab = 0;               // V of the whole row
-  TensorView target;               // [rows] global ids, or absent
-  const DistillOptions& options;   // class weights not read (their sums are in the records)
+  int64_t vocab = 0;                   // V of the whole row
+  TensorView target;                   // [rows] global ids, or absent
+  const DistillOptions& options;       // class weights not read (their sums are in the records)
   const float* grad_output = nullptr;  // scalar upstream of sum/mean, or null (1)
   OpCode op = OpCode::distill_forward;
 };

@@ -52,8 +52,7 @@ __device__ __forceinline__ void finish_shard_merge(double valid, double divisor,
   const bool mean = batch.reduction == Reduction::mean;
   t.loss_factor = mean ? (divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.0f) : 1.0f;
   t.z_factor = mean ? (valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f) : 1.0f;
-  t.upstream =
-      batch.grad_output && batch.reduction != Reduction::none ? *batch.grad_output : 1.0f;
+  t.upstream = batch.grad_output && batch.reduction != Reduction::none ? *batch.grad_output : 1.0f;
   *totals = t;
   DeviceErrorState* error = batch.error;
   if (bad < static_cast<double>(LLONG_MAX) && error->pending == 0) {

@@ -130,12 +130,12 @@ struct TileAt {
 template <class Base>
 struct EpilogueWarpsKernel : Base {
   using typename Base::ClusterShape;
-  using typename Base::CollectiveMainloop;
   using typename Base::CollectiveEpilogue;  // CUTLASS's adapter, derived from E
+  using typename Base::CollectiveMainloop;
   using typename Base::Params;
   using typename Base::SharedStorage;
-  using typename Base::TileScheduler;
   using typename Base::TiledMma;
+  using typename Base::TileScheduler;
   using typename Base::TileShape;
   using Element = typename CollectiveEpilogue::Element;
   using Tile = StagedTile<Element>;
@@ -232,9 +232,9 @@ struct EpilogueWarpsKernel : Base {
       if (warp_in_group == 0) {
         auto state = cutlass::make_producer_start_state<MainloopPipeline>();
         while (work.is_valid()) {
-          const auto blk = make_coord(idx2crd(work.M_idx, shape<2>(gA)),
-                                      idx2crd(work.N_idx, shape<2>(gB)), _,
-                                      idx2crd(work.L_idx, shape<4>(gB)));
+          const auto blk =
+              make_coord(idx2crd(work.M_idx, shape<2>(gA)), idx2crd(work.N_idx, shape<2>(gB)), _,
+                         idx2crd(work.L_idx, shape<4>(gB)));
           auto k_iter = make_coord_iterator(shape<3>(gA));
           mainloop.load(params.mainloop, pipeline, state, load_inputs, blk, k_iter, k_tiles,
                         cutlass::canonical_lane_idx(), block_rank, shared.tensors.mainloop);
@@ -341,8 +341,8 @@ struct EpilogueWarpsKernel : Base {
       }
     }
     const int lane = mma_thread % cutlass::NumThreadsPerWarp;
-    const int row = 16 * (mma_thread / cutlass::NumThreadsPerWarp) + 8 * ((lane >> 3) & 1) +
-                    (lane & 7);
+    const int row =
+        16 * (mma_thread / cutlass::NumThreadsPerWarp) + 8 * ((lane >> 3) & 1) + (lane & 7);
     const int k = (lane >> 4) ^ (lane & 7);
     Element* const row_start = tile.values + row * Tile::kColumns;
     CUTLASS_PRAGMA_UNROLL
@@ -350,12 +350,11 @@ struct EpilogueWarpsKernel : Base {
       Element* const chunk_e = row_start + ((e ^ k) << 3);  // chunk c = e + 8i: + 64·i values
       CUTLASS_PRAGMA_UNROLL
       for (int c = e; c < kPairs; c += 8) {
-        cute::SM90_U32x4_STSM_N::copy(
-            round_pair<Element>(value[0][2 * c], value[0][2 * c + 1]),
-            round_pair<Element>(value[1][2 * c], value[1][2 * c + 1]),
-            round_pair<Element>(value[0][2 * c + 2], value[0][2 * c + 3]),
-            round_pair<Element>(value[1][2 * c + 2], value[1][2 * c + 3]),
-            *reinterpret_cast<cute::uint128_t*>(chunk_e + (c - e) * 8));
+        cute::SM90_U32x4_STSM_N::copy(round_pair<Element>(value[0][2 * c], value[0][2 * c + 1]),
+                                      round_pair<Element>(value[1][2 * c], value[1][2 * c + 1]),
+                                      round_pair<Element>(value[0][2 * c + 2], value[0][2 * c + 3]),
+                                      round_pair<Element>(value[1][2 * c + 2], value[1][2 * c + 3]),
+                                      *reinterpret_cast<cute::uint128_t*>(chunk_e + (c - e) * 8));
       }
     }
   }

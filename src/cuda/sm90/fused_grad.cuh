@@ -30,10 +30,10 @@ struct FusedGradProduct {
   int64_t weight_stride = 0;
   DType dtype = DType::bf16;  // of both operands and of the gradient written
   int64_t rows = 0, columns = 0, hidden_size = 0;
-  int64_t first_column = 0;   // the block's first column of V
+  int64_t first_column = 0;  // the block's first column of V
   // The tile's rows of the call's gradient records (ce_grad_records, made with first_column 0).
   const CeGradRecord* records = nullptr;
-  bool entropy = false;       // the records carry the entropy term (EntropyGradient)
+  bool entropy = false;  // the records carry the entropy term (EntropyGradient)
   // [V] class weights, where the label-smoothing term carries them (−(ε/V)·c·w_i per column);
   // null otherwise (without smoothing a row's class weight w_y is in its record). Not with the
   // reference form.
@@ -42,7 +42,7 @@ struct FusedGradProduct {
   // with the reference form.
   const void* bias = nullptr;
   float logit_scale = 1, softcap = 0;  // docs/semantics.md §1 transform (softcap 0: none)
-  void* grad = nullptr;       // [rows, columns], row stride grad_stride, in `dtype`
+  void* grad = nullptr;                // [rows, columns], row stride grad_stride, in `dtype`
   int64_t grad_stride = 0;
   // x rounded to the operands' dtype before the gradient, as the cuBLASLt path's 16-bit logits
   // are (the lse in the records was formed from such logits); false for fp32 chunk logits, which

@@ -42,7 +42,7 @@ struct GradEpilogueParams {
   // Per column of V, where the smoothing term carries class weights (FusedGradProduct), or null.
   const float* class_weight = nullptr;
   fused::HalfVector bias;  // per column of V, added by the consumers as they stage x, or none
-  bool pairs = false;  // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
+  bool pairs = false;    // every pair of columns (2k, 2k+1) of every row is one aligned 4-byte word
   bool vectors = false;  // every row starts 16-byte aligned (8 columns of S)
   // Rows of each consumer warp's 16 that the consumer warp forms itself (0, 4 or 8; the
   // epilogue warps take the others): fused_grad_own_rows.
@@ -250,11 +250,11 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           auto form = [&](auto full) {
             constexpr bool kFull = decltype(full)::value;
             if (vectors) {
-              reference_rows_at_once<true, kRows, kFull>(at, tile, records, transform, row,
-                                                         second, i, count);
+              reference_rows_at_once<true, kRows, kFull>(at, tile, records, transform, row, second,
+                                                         i, count);
             } else {
-              reference_rows_at_once<false, kRows, kFull>(at, tile, records, transform, row,
-                                                          second, i, count);
+              reference_rows_at_once<false, kRows, kFull>(at, tile, records, transform, row, second,
+                                                          i, count);
             }
           };
           // Groups of eight lie within the list (walk takes them while it has eight); a group
@@ -294,8 +294,8 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
           dispatch(vectors, [&](auto vector_stores) {
             walk([&](auto rows, int row, int second, int i) {
               rows_at_once<decltype(entropy)::value, decltype(vector_stores)::value,
-                           decltype(rows)::value>(at, tile, records, transform, weight, row,
-                                                  second, i, count);
+                           decltype(rows)::value>(at, tile, records, transform, weight, row, second,
+                                                  i, count);
             });
           });
         });
@@ -423,8 +423,7 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
       // The lane's columns are 8·lane .. 8·lane + 7 of the tile, so one unsigned compare tests
       // both that the target lies in the tile and that it is the lane's.
       const int target = __float_as_int(record.more.x) - first_column;
-      if (static_cast<unsigned>(target) - 8u * static_cast<unsigned>(at.lane) < 8u &&
-          in_list(r)) {
+      if (static_cast<unsigned>(target) - 8u * static_cast<unsigned>(at.lane) < 8u && in_list(r)) {
         a.target_logits[at.row0 + tile_row(r)] =
             static_cast<float>(tile.values[Tile::offset(tile_row(r), target)]);
       }
@@ -547,17 +546,17 @@ class GradEpilogue : public fused::OperatorEpilogue<GradEpilogueParams> {
   // Stores entries i + r (r < kRows, those < count), rows row_i + r of the tile (r < 4) and
   // second + r − 4 (eight rows of the reference form): the lane's 8 columns.
   template <bool kVectors, int kRows = kRowsAtOnce>
-  CUTLASS_DEVICE void store_rows(const fused::TileAt& at, const float (&value)[kRows][8],
-                                 int row_i, int i, int count, int second = 0) const {
+  CUTLASS_DEVICE void store_rows(const fused::TileAt& at, const float (&value)[kRows][8], int row_i,
+                                 int i, int count, int second = 0) const {
     using P = fused::Packed<S>;
     const GradEpilogueParams& a = params_;
     const int column = at.col0 + 8 * at.lane;  // the lane's first column within the block
     // Each group's first row once; its rows at constant multiples of the stride after it.
     auto* const grad = static_cast<typename P::One*>(a.grad) + column;
     auto* const group_i = grad + static_cast<int64_t>(at.row0 + row_i) * a.grad_stride;
-    auto* const group_second =
-        kRows > kRowsAtOnce ? grad + static_cast<int64_t>(at.row0 + second) * a.grad_stride
-                            : group_i;
+    auto* const group_second = kRows > kRowsAtOnce
+                                   ? grad + static_cast<int64_t>(at.row0 + second) * a.grad_stride
+                                   : group_i;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       if (i + r >= count) break;
@@ -608,8 +607,7 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
   epilogue.class_weight = p.class_weight;
   epilogue.bias = fused::HalfVector{static_cast<const uint16_t*>(p.bias), p.dtype == DType::f16};
   epilogue.pairs = reinterpret_cast<std::uintptr_t>(p.grad) % 4 == 0 && p.grad_stride % 2 == 0;
-  epilogue.vectors =
-      reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
+  epilogue.vectors = reinterpret_cast<std::uintptr_t>(p.grad) % 16 == 0 && p.grad_stride % 8 == 0;
   epilogue.own_rows = fused_grad_own_rows();
   epilogue.partials = p.partials;
   epilogue.partial_stride = p.partial_stride;
@@ -621,11 +619,10 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
     epilogue.argmax_partials = reinterpret_cast<int32_t*>(p.statistic_partials + 2 * plane);
   }
   if (p.partials != nullptr &&
-      (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr ||
-       p.bias != nullptr)) {
+      (p.entropy || p.target_logits == nullptr || p.class_weight != nullptr || p.bias != nullptr)) {
     return false;
   }
-  const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,   p.weight_stride,
+  const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
                                  p.rows,   p.columns,       p.hidden_size};
   // A 16-bit staged tile would round fp32 chunk logits: the caller's cuBLASLt path takes those.
   if (!p.rounded_logits) return false;
@@ -660,9 +657,14 @@ bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream) {
   if (product.rows <= 0 || product.columns <= 0) return true;  // nothing to form
   bool launched = false;
   switch (product.dtype) {
-    case DType::bf16: launched = launch<cutlass::bfloat16_t>(product, stream); break;
-    case DType::f16: launched = launch<cutlass::half_t>(product, stream); break;
-    default: break;
+    case DType::bf16:
+      launched = launch<cutlass::bfloat16_t>(product, stream);
+      break;
+    case DType::f16:
+      launched = launch<cutlass::half_t>(product, stream);
+      break;
+    default:
+      break;
   }
   // The reference form is counted by its own path (reference_chunk_count).
   if (launched && product.partials == nullptr) {

@@ -109,8 +109,7 @@ template <class FrgLayout, class TiledMma>
 struct AccumulatorRows {
   static constexpr int kAtomN = cute::size<1>(typename TiledMma::AtomShape_MNK{});
   static_assert(cute::size<0>(typename TiledMma::AtomShape_MNK{}) == 64, "wgmma atom of 64 rows");
-  static_assert(std::is_same_v<typename TiledMma::AtomLayoutC_TV,
-                               cute::GMMA::CLayout_64xN<kAtomN>>,
+  static_assert(std::is_same_v<typename TiledMma::AtomLayoutC_TV, cute::GMMA::CLayout_64xN<kAtomN>>,
                 "the fused epilogues assume the wgmma 64xN accumulator layout");
   static_assert(cute::rank<0>(FrgLayout{}) == 3 && cute::size<0, 0>(FrgLayout{}) == 2 &&
                     cute::size<0, 1>(FrgLayout{}) == 2 &&
@@ -121,7 +120,7 @@ struct AccumulatorRows {
   static constexpr int kTilesM = cute::size<1>(FrgLayout{});
   static constexpr int kTilesN = cute::size<2>(FrgLayout{});
   static constexpr int kValues = kTilesN * kGroups * kPairs;  // of one row, per thread
-  static constexpr int kRows = kTilesM * 2;                    // rows per thread
+  static constexpr int kRows = kTilesM * 2;                   // rows per thread
 
   // (m, n) of every accumulator value inside the tile, partitioned exactly like the values.
   template <class Coords>
@@ -224,8 +223,8 @@ struct Product {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, 8,
       Element, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel = KernelOf<
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>>;
@@ -285,8 +284,7 @@ bool launch(const Operands& p, const typename E::Params& epilogue, const char* o
   if (Gemm::get_workspace_size(args) != 0) return false;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
-  const cutlass::Status status =
-      gemm.run(stream, nullptr, dependent_launch);
+  const cutlass::Status status = gemm.run(stream, nullptr, dependent_launch);
   XENT_CUDA_CHECK_LAUNCH();
   if (status != cutlass::Status::kSuccess) {
     throw Error(ErrorKind::runtime, std::string(op) + ": a fused product failed to launch");

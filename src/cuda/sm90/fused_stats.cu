@@ -100,8 +100,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   // The finish reads w_y only for valid in-range rows; an out-of-range one is its NaN + error.
   const bool in_range = y >= 0 && y < p.vocab;
   record.target_weight = !in_range ? 0.0f : p.class_weight ? p.class_weight[y] : 1.0f;
-  record.class_weight_sum =
-      p.class_weight ? *p.class_weight_total : static_cast<float>(p.vocab);
+  record.class_weight_sum = p.class_weight ? *p.class_weight_total : static_cast<float>(p.vocab);
   common::write_shard_record(p.records + row * kCeShardStatsWidth, record);
 }
 
@@ -197,8 +196,10 @@ bool fused_stats_needs_extras(const CeOptions& options, const CeStats& stats) {
 bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs& out,
                            bool logits_chunked) {
   switch (fused_switch()) {
-    case '0': return false;
-    case '1': return true;
+    case '0':
+      return false;
+    case '1':
+      return true;
     default:
       return logits_chunked ||
              (!fused_stats_needs_extras(options.ce, out.stats) && !options.ce.softcap);
@@ -275,20 +276,24 @@ bool fused_statistics(const FusedStatistics& call, cudaStream_t stream) {
                                                                        ws.class_weight_total);
       XENT_CUDA_CHECK_LAUNCH();
     }
-    TileMergeParams merge{ws.partials,  count,
-                          product.tiles, vocab,
-                          chunk_target,  target.dtype,
+    TileMergeParams merge{ws.partials,
+                          count,
+                          product.tiles,
+                          vocab,
+                          chunk_target,
+                          target.dtype,
                           ws.records + first * kCeShardStatsWidth,
-                          class_weight,  ws.class_weight_total};
+                          class_weight,
+                          ws.class_weight_total};
     const unsigned blocks = static_cast<unsigned>((count + kMergeWarps - 1) / kMergeWarps);
     fused_tile_merge_kernel<<<blocks, kMergeWarps * 32, 0, stream>>>(merge);
     XENT_CUDA_CHECK_LAUNCH();
   }
 
-  const TensorView records = matrix(ws.records, DType::f32, rows, kCeShardStatsWidth,
-                                    kCeShardStatsWidth, hidden.device);
-  ce_shard_finish(records, target, VocabShard{0, vocab}, call.options, call.out, ws.finish,
-                  call.op, stream);
+  const TensorView records =
+      matrix(ws.records, DType::f32, rows, kCeShardStatsWidth, kCeShardStatsWidth, hidden.device);
+  ce_shard_finish(records, target, VocabShard{0, vocab}, call.options, call.out, ws.finish, call.op,
+                  stream);
   fused_forwards.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

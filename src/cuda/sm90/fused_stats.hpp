@@ -24,12 +24,12 @@ enum class OpCode : int32_t;  // device.cuh: the op an error is reported for
 
 // Columns of one tile partial (fp32; the argmax is the global column bit-cast to int32).
 enum FusedTileColumn : int64_t {
-  kTileMax = 0,        // max of x̃ over the tile's columns of the row
-  kTileSumExp,         // Σ e^(x̃−max)
-  kTileSumExpShift,    // Σ e^(x̃−max)·(x̃−max)  (entropy)
-  kTileSumLogits,      // Σ x̃, or Σ w·x̃ under class weights  (label smoothing)
-  kTileArgmax,         // lowest column of the max
-  kTileTargetLogit,    // x̃_y when y is one of the tile's columns, else 0
+  kTileMax = 0,      // max of x̃ over the tile's columns of the row
+  kTileSumExp,       // Σ e^(x̃−max)
+  kTileSumExpShift,  // Σ e^(x̃−max)·(x̃−max)  (entropy)
+  kTileSumLogits,    // Σ x̃, or Σ w·x̃ under class weights  (label smoothing)
+  kTileArgmax,       // lowest column of the max
+  kTileTargetLogit,  // x̃_y when y is one of the tile's columns, else 0
   kTilePartialWidth
 };
 
@@ -44,7 +44,7 @@ struct FusedStatsProduct {
   int64_t hidden_stride = 0;
   const void* weight = nullptr;  // [vocab, hidden_size]
   int64_t weight_stride = 0;
-  DType dtype = DType::bf16;     // of both operands: bf16 or f16
+  DType dtype = DType::bf16;  // of both operands: bf16 or f16
   int64_t rows = 0, vocab = 0, hidden_size = 0;
   const void* target = nullptr;  // [rows]
   bool target_int64 = true;
@@ -55,13 +55,13 @@ struct FusedStatsProduct {
   // [vocab] class weights where label smoothing carries them: the extras' Σx̃ is then Σ w·x̃
   // (the only sum of the logits the loss reads under class weights); null otherwise.
   const float* class_weight = nullptr;
-  const void* bias = nullptr;    // [vocab] in `dtype`, added to x, or null
+  const void* bias = nullptr;  // [vocab] in `dtype`, added to x, or null
   // The statistics of x rounded to the operands' dtype (as the cuBLASLt path stores its logits)
   // instead of the fp32 products: a gradient formed later from 16-bit logits of the same product
   // and this lse is then a softmax that sums to one (linear_ce's statistics_blocks schedule, and
   // the no-gradient forward unless fp32_logits, whose lse a backward may read).
   bool rounded_logits = false;
-  float* partials = nullptr;     // [rows, tiles, kTilePartialWidth]
+  float* partials = nullptr;  // [rows, tiles, kTilePartialWidth]
   int64_t tiles = 0;
 };
 

@@ -34,7 +34,7 @@ struct StatsEpilogueParams {
   float logit_scale = 1, softcap = 0;
   bool extras = false;  // Σe·d, Σx̃ and the argmax too (entropy, smoothing, argmax, accuracy)
   const float* class_weight = nullptr;  // with extras: Σ w·x̃ in place of Σx̃
-  fused::HalfVector bias;                // added to x (fused_product.cuh), or none
+  fused::HalfVector bias;               // added to x (fused_product.cuh), or none
   // FusedStatsProduct::rounded_logits: x rounded to the operands' dtype first (1 bf16, 2 f16).
   int round_to = 0;
 };
@@ -51,8 +51,8 @@ struct StatsEpilogueParams {
 // False when something is not ordinary (NaN, ±Inf, or a part that is all -inf): the caller then
 // runs exact_row_stats, which defines those cases as RowStats::add does.
 template <bool kExtras, bool kWeighted, int kN, class WeightOf>
-CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>& stats,
-                                   int& where, WeightOf&& weight_of) {
+CUTLASS_DEVICE bool lean_row_stats(const float (&v)[kN], common::RowStats<float>& stats, int& where,
+                                   WeightOf&& weight_of) {
   static_assert(kExtras || !kWeighted, "weighted sums are extras");
   static_assert(kN % 4 == 0, "four chains");
   float max4[4] = {-common::infinity<float>(), -common::infinity<float>(),
@@ -149,9 +149,9 @@ CUTLASS_DEVICE void store_partial(const StatsEpilogueParams& p, int row, int n_b
   float* record = p.partials + (static_cast<int64_t>(row) * p.tiles + n_block) * kTilePartialWidth;
   reinterpret_cast<float2*>(record)[0] = make_float2(stats.max, stats.sum_exp);
   reinterpret_cast<float2*>(record)[1] = make_float2(stats.sum_exp_shift, stats.sum_logits);
-  reinterpret_cast<float2*>(record)[2] = make_float2(
-      common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
-      target_logit);
+  reinterpret_cast<float2*>(record)[2] =
+      make_float2(common::bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(stats.argmax))),
+                  target_logit);
 }
 
 // The statistics epilogue: called once per output tile by each consumer thread with its
@@ -292,7 +292,7 @@ class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
   using TensorStorage = SharedStorage;
   static constexpr int kLanesPerRow = 8, kRowsAtOnce = 32 / kLanesPerRow, kRowsPerLane = 2;
   static constexpr int kChunksPerLane = Tile::kColumns / 8 / kLanesPerRow;  // 16-byte chunks
-  static constexpr int kValues = 8 * kChunksPerLane;                          // a lane's, per row
+  static constexpr int kValues = 8 * kChunksPerLane;                        // a lane's, per row
   // Each epilogue warp's rows of a tile: a third, rounded up to whole groups of four (at most 64:
   // the two prefetched targets a lane holds). Passes start at multiples of 8 entries, so none
   // straddles the two halves.
@@ -403,7 +403,8 @@ class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
       CUTLASS_PRAGMA_UNROLL
       for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kRowsPerLane; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(~0u, m[j], offset));
+        for (int j = 0; j < kRowsPerLane; ++j)
+          m[j] = fmaxf(m[j], __shfl_xor_sync(~0u, m[j], offset));
       }
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kRowsPerLane; ++j) {
@@ -427,13 +428,12 @@ class StatsWarpsEpilogue : public fused::OperatorEpilogue<StatsEpilogueParams> {
     // and its value read back from the staged tile (x̃_y where y is one of the tile's columns).
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kRowsPerLane; ++j) {
-      const int y =
-          __shfl_sync(~0u, i < 32 ? target_[0] : target_[1], entry[j] % 32) - at.col0;
+      const int y = __shfl_sync(~0u, i < 32 ? target_[0] : target_[1], entry[j] % 32) - at.col0;
       if (q != 0 || i + kRowsAtOnce * j + group >= count) continue;
       float target_logit = 0.0f;
       if (y >= 0 && y < Tile::kColumns) {
-        target_logit = transform.value(
-            static_cast<float>(tile.values[Tile::offset(first + entry[j], y)]));
+        target_logit =
+            transform.value(static_cast<float>(tile.values[Tile::offset(first + entry[j], y)]));
       }
       store_partial(p, at.row0 + first + entry[j], at.col0 / Tile::kColumns, stats[j],
                     target_logit);
@@ -461,7 +461,7 @@ bool launch(const FusedStatsProduct& p, cudaStream_t stream) {
   epilogue.bias = fused::HalfVector{static_cast<const uint16_t*>(p.bias), p.dtype == DType::f16};
   epilogue.round_to = !p.rounded_logits ? 0 : p.dtype == DType::bf16 ? 1 : 2;
   const fused::Operands operands{p.hidden, p.hidden_stride, p.weight,     p.weight_stride,
-                                p.rows,   p.vocab,         p.hidden_size};
+                                 p.rows,   p.vocab,         p.hidden_size};
   const bool columns = epilogue.class_weight != nullptr || epilogue.bias.values != nullptr;
   // The staged tile is x rounded as these statistics ask.
   if (p.rounded_logits) {
@@ -486,9 +486,12 @@ bool fused_stats_product_built() { return true; }
 
 bool fused_stats_product(const FusedStatsProduct& product, cudaStream_t stream) {
   switch (product.dtype) {
-    case DType::bf16: return launch<cutlass::bfloat16_t>(product, stream);
-    case DType::f16: return launch<cutlass::half_t>(product, stream);
-    default: return false;
+    case DType::bf16:
+      return launch<cutlass::bfloat16_t>(product, stream);
+    case DType::f16:
+      return launch<cutlass::half_t>(product, stream);
+    default:
+      return false;
   }
 }
 

@@ -15,7 +15,7 @@ namespace xent::cuda {
 
 // The defaults are the fused products' tile and cluster (fused_product.cuh asserts them).
 struct TileGrid {
-  int64_t rows = 0, columns = 0;            // the product's output, m × n
+  int64_t rows = 0, columns = 0;  // the product's output, m × n
   int64_t tile_rows = 128, tile_columns = 256;
   int64_t cluster_rows = 2, cluster_columns = 1;
 };
@@ -23,7 +23,9 @@ struct TileGrid {
 // The widest swizzle the products take (decision 43); its groups of clusters span this many row
 // tiles, which a chunk of whole groups never pads.
 constexpr int kWidestSwizzle = 8;
-constexpr int64_t swizzle_group_row_tiles(const TileGrid& g) { return kWidestSwizzle * g.cluster_rows; }
+constexpr int64_t swizzle_group_row_tiles(const TileGrid& g) {
+  return kWidestSwizzle * g.cluster_rows;
+}
 
 namespace tile_grid_detail {
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
