@@ -99,6 +99,32 @@ def _gradient_alias(logits: Tensor) -> Tensor:
     return logits.detach()
 
 
+def _mark_overwritten(ctx: Any, logits: Tensor) -> bool:
+    """inplace_backward: `logits` now hold their gradient. A tensor with history is marked dirty,
+    as PyTorch's in-place ops mark theirs: its version counter moves (an op that saved it before
+    fails in backward) and it is returned as an output of the op, so that a later use whose
+    gradient would flow through the overwritten values raises in backward instead of silently
+    differentiating the gradient. A leaf's storage is meant to receive its own gradient (its
+    .grad then shares it): only its version counter moves. True when `logits` is an output."""
+    base = logits._base if logits._base is not None else logits
+    if logits.requires_grad and not base.is_leaf:
+        ctx.mark_dirty(logits)
+        ctx.set_materialize_grads(False)
+        return True
+    torch.autograd.graph.increment_version(logits)
+    return False
+
+
+def _refuse_overwritten_use(function: str, grad: Tensor | None) -> None:
+    """Raises when a gradient reaches the logits that inplace_backward overwrote."""
+    if grad is not None:
+        raise RuntimeError(
+            f"{function}: the logits were overwritten by their gradient (inplace_backward=True) "
+            "and then used in a computation being differentiated; use them before the call, "
+            "or pass inplace_backward=False"
+        )
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     # inputs: logits [N, V], target [N], class_weight, row_weight, options tuple
     # options: (ignore_index, reduction, label_smoothing, z_loss, softcap, logit_scale)
@@ -130,6 +156,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                     logits, target, class_weight, row_weight, *options, with_stats, grad_scale
                 )
                 grad = _gradient_alias(logits)
+                ctx.logits_output = _mark_overwritten(ctx, logits)
             else:
                 *outputs, grad = ops.ce_forward_grad(
                     logits, target, class_weight, row_weight, *options, with_stats, grad_scale
@@ -137,10 +164,14 @@ class CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(grad)
             outputs = _normalized(outputs, grad_scale)  # the gradient was formed for it
         ctx.mark_non_differentiable(*outputs[1:])
+        if getattr(ctx, "logits_output", False):
+            return (*outputs, logits)
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
+        if getattr(ctx, "logits_output", False):
+            _refuse_overwritten_use("xent.cross_entropy", unused[-1])
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             if ctx.mode == "recompute":
@@ -327,7 +358,10 @@ class DistillFunction(torch.autograd.Function):
                 student, teacher, target, class_weight, *options, grad_scale
             )
             ctx.save_for_backward(_gradient_alias(student))
+            ctx.logits_output = _mark_overwritten(ctx, student)
             (loss,) = _normalized((loss,), grad_scale)
+            if ctx.logits_output:
+                return loss, student
         else:
             loss, grad = ops.distill_forward_grad(
                 student, teacher, target, class_weight, *options, grad_scale
@@ -337,7 +371,9 @@ class DistillFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor):
+    def backward(ctx: Any, grad_loss: Tensor, *overwritten: Any):
+        if getattr(ctx, "logits_output", False):
+            _refuse_overwritten_use("xent.distill", overwritten[0])
         grad = None
         if ctx.needs_input_grad[0] and grad_loss is not None:
             if ctx.mode == "recompute":

@@ -138,6 +138,39 @@ def test_inplace_backward_writes_the_gradient_over_the_logits(device, gen, op):
     torch.testing.assert_close(x.grad, expected, rtol=1e-2, atol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["ce", "distill"])
+def test_inplace_backward_misuse_raises(device, gen, op):
+    """Logits overwritten by their gradient must not be differentiated through afterwards: the
+    op marks them dirty as PyTorch's in-place ops do, so such a use raises instead of giving a
+    wrong gradient; using them before the call, or only the loss, stays correct."""
+    rows, vocab = 8, 50
+    h = ref.randn(gen, rows, vocab, device=device).requires_grad_()
+    teacher = ref.randn(gen, rows, vocab, device=device)
+    target = ref.targets(gen, rows, vocab, device)
+
+    def fn(x, **kw):
+        if op == "ce":
+            return xent.cross_entropy(x, target, **kw)
+        return xent.distill(x, teacher, target, kind="forward_kl", **kw)
+
+    x = h * 2
+    loss = fn(x, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="overwritten by their gradient"):
+        (loss + (x**2).sum()).backward()
+    # A tensor saved before the call sees the version counter move.
+    h.grad = None
+    x = h * 2
+    saved = x.sin()
+    loss = fn(x, inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + saved.sum()).backward()
+    # The loss alone: the same gradient as without inplace_backward.
+    h.grad = None
+    fn(h * 2, inplace_backward=True).backward()
+    expected = torch.autograd.grad(fn(h * 2), h)[0]
+    torch.testing.assert_close(h.grad, expected, rtol=1e-5, atol=1e-7)
+
+
 def test_inplace_backward_errors(device, gen):
     logits = ref.randn(gen, 8, 33, device=device).requires_grad_()
     target = ref.targets(gen, 8, 33, device)
