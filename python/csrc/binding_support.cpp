@@ -1,6 +1,7 @@
 #include "binding_support.hpp"
 
 #include <algorithm>
+#include <string>
 
 #if defined(XENT_TORCH_CUDA)
 #include <c10/cuda/CUDAStream.h>
@@ -12,28 +13,49 @@ namespace {
 // The names Python users see (torch.int8 prints as int8; c10 would say Char).
 std::string torch_dtype_name(at::ScalarType type) {
   switch (type) {
-    case at::kByte: return "uint8";
-    case at::kChar: return "int8";
-    case at::kShort: return "int16";
-    case at::kBool: return "bool";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: return c10::toString(type);
+    case at::kByte:
+      return "uint8";
+    case at::kChar:
+      return "int8";
+    case at::kShort:
+      return "int16";
+    case at::kBool:
+      return "bool";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    default:
+      return c10::toString(type);
   }
+}
+
+// What an argument takes: targets are class indices (argmax, an output, holds them too); every
+// other tensor is floating point (the core then checks each against the op's rules).
+const char* expected_dtypes(const std::string& argument) {
+  if (argument == "target") return "int64 or int32 (class indices)";
+  if (argument == "argmax") return "int64";
+  return "float32, bfloat16, float16 or float64";
 }
 
 DType dtype_of(const at::Tensor& tensor, const char* function, const char* argument) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return DType::f32;
-    case at::kBFloat16: return DType::bf16;
-    case at::kHalf: return DType::f16;
-    case at::kDouble: return DType::f64;
-    case at::kLong: return DType::i64;
-    case at::kInt: return DType::i32;
+    case at::kFloat:
+      return DType::f32;
+    case at::kBFloat16:
+      return DType::bf16;
+    case at::kHalf:
+      return DType::f16;
+    case at::kDouble:
+      return DType::f64;
+    case at::kLong:
+      return DType::i64;
+    case at::kInt:
+      return DType::i32;
     default:
       TORCH_CHECK_VALUE(false, function, ": ", argument, " dtype unsupported: got ",
-                        torch_dtype_name(tensor.scalar_type()),
-                        "; expected float32, bfloat16, float16, float64, int64 or int32");
+                        torch_dtype_name(tensor.scalar_type()), "; expected ",
+                        expected_dtypes(argument));
   }
 }
 
@@ -205,9 +227,8 @@ CeOptions make_ce_options(const char* function, int64_t ignore_index, c10::strin
   return options;
 }
 
-DistillOptions make_distill_options(const char* function, c10::string_view kind,
-                                    double temperature, double beta,
-                                    c10::optional<double> softcap, double soft_weight,
+DistillOptions make_distill_options(const char* function, c10::string_view kind, double temperature,
+                                    double beta, c10::optional<double> softcap, double soft_weight,
                                     double hard_weight, int64_t ignore_index,
                                     c10::string_view reduction, double label_smoothing,
                                     double z_loss, const TensorView& class_weight) {
@@ -229,8 +250,7 @@ std::size_t workspace_budget(int64_t workspace_bytes, std::size_t default_budget
 
 std::pair<at::Tensor, Workspace> allocate_workspace(const at::Tensor& like, std::size_t bytes) {
   if (bytes == 0) return {at::Tensor(), Workspace{}};
-  at::Tensor buffer =
-      at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  at::Tensor buffer = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
   return {buffer, Workspace{buffer.data_ptr(), bytes}};
 }
 

@@ -57,6 +57,10 @@ def _validated(result: Any, like: Tensor) -> Any:
     return result
 
 
+# Outputs of the ce ops: loss, lse, logprob, entropy, argmax, accuracy, z-loss value.
+CE_OUTPUTS = 7
+
+
 class CrossEntropyResult(NamedTuple):
     """What cross_entropy / linear_cross_entropy return when asked for statistics.
 
@@ -173,6 +177,8 @@ def _result(outputs: tuple, reduction: str, row_shape: tuple, with_stats: bool) 
 def _autocast_dtype(tensor: Tensor) -> torch.dtype | None:
     """The autocast dtype active for tensor's device, or None (torch >= 2.4 API first)."""
     device_type = tensor.device.type
+    if device_type == "meta":  # shape inference only (fake kernels): no autocast state there
+        return None
     try:
         if torch.is_autocast_enabled(device_type):
             return torch.get_autocast_dtype(device_type)
@@ -432,6 +438,9 @@ def cross_entropy(
             mode,
             grad_scale,
         )
+        # inplace_backward on logits with history: the overwritten logits come back last
+        # (_autograd._mark_overwritten); they are the caller's tensor, rebased, not a result.
+        outputs = outputs[:CE_OUTPUTS]
     else:
         outputs = ops.ce_forward(
             logits2d, target1d, class_weight, row_weight1d, *options, bool(return_stats)
@@ -762,6 +771,8 @@ def distill(
         loss = DistillFunction.apply(
             student2d, teacher2d, target1d, class_weight, options, mode, grad_scale
         )
+        if isinstance(loss, tuple):  # the overwritten student logits, rebased (inplace_backward)
+            loss = loss[0]
     else:
         loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
     if mode == "recompute" or not _needs_grad(student2d)[0]:
