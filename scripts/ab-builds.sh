@@ -8,7 +8,8 @@
 #   scripts/ab-builds.sh BASE_TREE NEW_TREE OUTDIR [ROUNDS]
 #
 # Environment: AB_BUILD (default build-gpu), AB_BENCH_SUITES (default "perf-ce perf-distill
-# perf-linear"), AB_TORCH_SUITES (default "perf-linear"). Writes OUTDIR/{base,new}-bench-S-R.json
+# perf-linear"), AB_TORCH_SUITES (default "perf-linear"), AB_TORCH_ARGS (more arguments of
+# compare_torch.py, e.g. "--labels 'perf-linear$'"). Writes OUTDIR/{base,new}-bench-S-R.json
 # and OUTDIR/{base,new}-torch-S-R.json, then prints one line per case: median ms of each side per
 # round, and new/base.
 set -uo pipefail
@@ -34,7 +35,7 @@ for ((round = 1; round <= rounds; round++)); do
     for suite in ${AB_TORCH_SUITES:-perf-linear}; do
       echo "[ab] round $round $side compare_torch $suite" >&2
       PYTHONPATH="$tree/python" python3 "$tools/compare_torch.py" --suite "$suite" \
-        --impls xent_torch --json "$out/$side-torch-$suite-$round.json" \
+        --impls xent_torch ${AB_TORCH_ARGS:-} --json "$out/$side-torch-$suite-$round.json" \
         >"$out/$side-torch-$suite-$round.log" 2>&1 ||
         echo "[ab] $side compare_torch $suite failed (see its log)" >&2
     done
