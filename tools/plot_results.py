@@ -68,7 +68,7 @@ def load_records(results_dir: str) -> list:
         if isinstance(data, dict):
             data = [data]
         for record in data:
-            # A/B records (ab_experiment, ab_side; ab_config from scripts/bench-ab.sh) time
+            # A/B records (ab_experiment, ab_side; scripts/ab-builds.sh and older ab_config ones) time
             # variants of the kernels that are not the library's state; they stay in
             # bench/results for the notes, not the plots.
             if isinstance(record, dict) and any(
