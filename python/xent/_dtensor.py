@@ -121,6 +121,12 @@ def _layout(function: str, name: str, tensor, dim: int, accepted: str) -> _Layou
                          f"(placements {tuple(tensor.placements)}); accepted: {accepted}")
     if not sharded:
         return _Layout(tensor.device_mesh, None, 0, tensor.shape[dim])
+    size, world = tensor.shape[dim], tensor.device_mesh.size(sharded[0])
+    if (world - 1) * -(-size // world) >= size:  # raised on every rank: none enters a collective
+        raise ValueError(f"xent.{function}: {name} of {size} along dim {dim} sharded over "
+                         f"{world} ranks leaves the last rank(s) no columns (DTensor gives "
+                         f"ceil({size}/{world}) = {-(-size // world)} to the first ranks); "
+                         "accepted: a size whose last shard is not empty, or a smaller mesh")
     return _Layout(tensor.device_mesh, sharded[0], _global_offset(tensor, dim), tensor.shape[dim])
 
 

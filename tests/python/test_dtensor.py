@@ -1,7 +1,8 @@
 """DTensor inputs (xent/_dtensor.py) on the CPU with gloo, against the single-process result.
 
 World sizes 2 and 3 on a 1-D mesh from init_device_mesh("cpu", ...), vocabularies that DTensor
-splits unevenly (1031: 516/515 and 344/344/343; 4 over 3 ranks: 2/2/0). Every op with Shard(-1)
+splits unevenly (1031: 516/515 and 344/344/343; 7: 4/3 and 3/3/1; 4 over 3 ranks, 2/2/0, which
+leaves a rank nothing, is refused on every rank). Every op with Shard(-1)
 logits or a Shard(0) LM head (Replicate hidden): loss, statistics and the gradients with their
 placements; the errors for other placements and for an FSDP2-sharded head used outside its
 module's forward; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss
@@ -20,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROWS, HIDDEN = 13, 24
-VOCABS = (1031, 4)
+VOCABS = (1031, 7)
 
 
 def _close(what, got, expected, rtol=2e-5, atol=2e-6):
@@ -166,7 +167,7 @@ def _linear_cases(mesh, gen):
     for vocab in VOCABS:
         hidden, weight, bias, target = _linear_inputs(vocab, gen)
         for options in ({}, dict(z_loss=1e-3, softcap=4.0, grad_in_forward=False),
-                        dict(reduction="sum", workspace_bytes=ROWS * vocab)):
+                        dict(reduction="sum", workspace_bytes=max(4096, 24 * vocab))):
             for reduce_hidden_grad in (True, False):
                 tag = f"linear_ce V={vocab} {sorted(options)} reduce={reduce_hidden_grad}"
                 ref_in = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
@@ -233,6 +234,9 @@ def _error_cases(mesh, gen):
         else:
             raise AssertionError(f"accepted: {words}")
 
+    if mesh.size() == 3:
+        empty = distribute_tensor(logits[:, :4], mesh, [Shard(-1)])
+        refused(lambda: xent.cross_entropy(empty, target), "no columns")
     rows = distribute_tensor(logits, mesh, [Shard(0)])
     refused(lambda: xent.cross_entropy(rows, target), "Shard(dim=0)", "accepted: Shard(-1)")
     partial = DTensor.from_local(logits, mesh, [Partial()])
