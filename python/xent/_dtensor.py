@@ -27,7 +27,10 @@ Accepted placements (mesh of any rank; "the other mesh dims" must be Replicate):
   torchtitan's ``loss_parallel`` returns them; the logits' gradient is ``Shard(-1)``.
 
 Anything else (``Partial``, a shard of the rows, two sharded mesh dims, a ``_StridedShard``)
-raises a ValueError naming the placement and what is accepted.
+raises a ValueError naming the placement and what is accepted. A DTensor together with
+process_group= (or vocab_offset= / vocab_size=) raises a TypeError, as xent.distributed does:
+one or the other. A vocabulary so small that DTensor's split leaves the last rank(s) no columns
+(V = 4 over 3 ranks: 2/2/0) is refused on every rank before any collective.
 
 logprobs on ``Shard(-1)`` logits is the sharded cross-entropy with reduction "none"; its entropy
 is returned without a gradient, so ``return_entropy=True`` with a gradient is refused (call it
@@ -175,8 +178,11 @@ def _wrap(value, mesh):
 def _no_process_group(function: str, args: dict):
     for key in ("process_group", "vocab_offset", "vocab_size"):
         if args.get(key) is not None:
-            raise ValueError(f"xent.{function}: {key}= given with DTensor inputs; the mesh "
-                             "gives the process group and the vocabulary slice: pass neither")
+            # TypeError, as xent.distributed refuses a DTensor with process_group
+            raise TypeError(f"xent.{function}: {key}= given with a DTensor argument; either "
+                            "pass the DTensors alone (their mesh gives the process group and "
+                            "the vocabulary slice), or the local slice (.to_local()) as a plain "
+                            "tensor with process_group=, vocab_offset=, vocab_size=")
 
 
 def _vocab_logits(function: str, name: str, logits) -> tuple:
