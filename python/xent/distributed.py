@@ -38,7 +38,11 @@ and soft_ce, two (the second of [N, 5] sums, after a second read of the local lo
 tvd, none in the backward. linear_distill is not sharded (process_group is not one of its
 arguments): gather the heads, or compute the logits per rank and call distill.
 
-FSDP2 / DTensor: a DTensor (an FSDP2-sharded LM head) is refused with an error, because its
+DTensor inputs need no process_group: pass the DTensors themselves (logits Shard(-1), an LM head
+Shard(0) with hidden Replicate) and xent/_dtensor.py runs this module on their mesh's group, the
+offsets taken from the placements; its docstring lists the placements and the FSDP2 rule.
+
+With process_group, a DTensor (an FSDP2-sharded LM head) is refused with an error, because its
 local tensor is a slice of rows of the *parameter layout*, not necessarily the vocabulary slice
 the loss must know. Either gather it (``weight.full_tensor()``, then call without process_group),
 or pass its local vocabulary slice with the offset: ``weight.to_local()`` with

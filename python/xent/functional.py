@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
+from xent import _dtensor
 from xent import distributed as _distributed
 from xent._autograd import (
     CrossEntropyFunction,
@@ -397,6 +398,8 @@ def cross_entropy(
     With process_group, logits (and class_weight) are this rank's vocabulary slice: see
     xent.distributed (vocab_offset / vocab_size: the slice's first id and the global V).
     """
+    if _dtensor.any_dtensor(logits, target, weight, class_weight, row_weight):  # _dtensor.py
+        return _dtensor.call(cross_entropy, "cross_entropy", locals())
     function = "cross_entropy"
     _check_reduction(function, reduction)
     logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
@@ -520,6 +523,8 @@ def linear_cross_entropy(
     the gradient). With reduction "none" or grad_in_forward=False the backward adds the gradient
     of the real upstream. Not with process_group.
     """
+    if _dtensor.any_dtensor(hidden, weight, bias, target, class_weight, row_weight):
+        return _dtensor.call(linear_cross_entropy, "linear_cross_entropy", locals())
     function = "linear_cross_entropy"
     _check_reduction(function, reduction)
     _check_tensor(function, "weight", weight)
@@ -723,6 +728,8 @@ def distill(
     (vocab_offset / vocab_size: the slice's first id and the global V). The gradient is then
     formed in the backward (grad_in_forward and inplace_backward do not apply).
     """
+    if _dtensor.any_dtensor(student_logits, teacher_logits, target, class_weight):
+        return _dtensor.call(distill, "distill", locals())
     function = "distill"
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
     _check_tensor(function, "teacher_logits", teacher_logits)
@@ -813,6 +820,16 @@ def linear_distill(
     student hidden states and weight only. grad_in_forward and the default workspace_bytes as in
     linear_cross_entropy.
     """
+    if _dtensor.any_dtensor(
+        student_hidden,
+        student_weight,
+        teacher_logits,
+        teacher_hidden,
+        teacher_weight,
+        target,
+        class_weight,
+    ):  # xent/_dtensor.py
+        return _dtensor.call(linear_distill, "linear_distill", locals())
     function = "linear_distill"
     _check_tensor(function, "student_weight", student_weight)
     hidden2d, target1d, row_shape = _rows(function, "student_hidden", student_hidden, target)
@@ -910,6 +927,8 @@ def logprobs(
     gradient from both upstream gradients in one pass over the logits (docs/semantics.md §1).
     Returns logprob, or (logprob, entropy) when return_entropy.
     """
+    if _dtensor.any_dtensor(logits, target):  # DTensor inputs: xent/_dtensor.py
+        return _dtensor.call(logprobs, "logprobs", locals())
     function = "logprobs"
     logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
     options = (
@@ -966,6 +985,8 @@ def linear_logprobs(
     (N, V) logits from the forward instead (N·V elements of the input dtype more, fp32 with
     fp32_logits; one product less: about the time of the mean linear_cross_entropy).
     """
+    if _dtensor.any_dtensor(hidden, weight, bias, target):  # DTensor inputs: xent/_dtensor.py
+        return _dtensor.call(linear_logprobs, "linear_logprobs", locals())
     function = "linear_logprobs"
     _check_tensor(function, "weight", weight)
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)

@@ -1,0 +1,381 @@
+"""Vocabulary-parallel xent over DTensor vs over a process group vs torch's loss_parallel.
+
+Run under torchrun, one process per GPU, e.g. on 8 GPUs:
+
+    PYTHONPATH=python torchrun --standalone --nproc-per-node 8 tools/bench_dtensor.py \\
+        --out bench/results/dtensor-8xH100.json
+
+and on the CPU with gloo at tiny shapes (a check of the script, not a measurement):
+
+    PYTHONPATH=python torchrun --standalone --nproc-per-node 2 tools/bench_dtensor.py \\
+        --dry-run --out /tmp/dtensor.json
+
+Cases (training steps, forward + backward, bf16 on the GPU): cross_entropy on [16384, 262144]
+logits sharded Shard(-1), and linear_cross_entropy with hidden [8192, 4096] (Replicate) and an
+LM head [128256, 4096] sharded Shard(0). Variants timed on the same inputs:
+
+* ``process_group``: xent with the local slice, process_group=, vocab_offset=, vocab_size=;
+* ``dtensor``: xent with the DTensors (the conversions of xent/_dtensor.py on top of the above);
+* ``loss_parallel``: torch's ``loss_parallel()`` F.cross_entropy on the DTensor logits (for the
+  linear case after DTensor's F.linear, which materialises the local logits);
+* ``local``: xent on the local slice alone, without any collective (targets folded into the
+  slice): the compute floor of the sharded step.
+
+The collective time is separated two ways: ``collectives`` times the collectives the sharded
+step issues, alone, at their sizes (the all_gather of the [N, 9] fp32 records; for the linear
+case also the all_reduce of ∂hidden [N, H]); and ``profiled_collective_ms`` sums, per variant,
+the device time of the communication kernels (NCCL on the GPU; gloo ops on the CPU) under
+torch.profiler. Times are medians over --iters steps after --warmup, in milliseconds, taken with
+CUDA events on the GPU and perf_counter on the CPU. Rank 0 writes one JSON record to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+GPU_CASES = {"ce": (16384, 262144), "linear_ce": (8192, 4096, 128256)}
+DRY_CASES = {"ce": (64, 1031), "linear_ce": (32, 48, 1031)}
+
+
+def _parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="path of the JSON record (rank 0 writes)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default=None,
+        help="default: cuda when available, else cpu",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny shapes, 2 iterations: checks the script (gloo on the CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="default: bfloat16 on cuda, float32 on cpu",
+    )
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--cases", default="ce,linear_ce")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiler pass")
+    args = parser.parse_args()
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.dry_run:
+        args.warmup, args.iters = 1, 2
+    return args
+
+
+class _Timer:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, step, warmup, iters):
+        """Median milliseconds of step() over iters calls, every rank in step at each call."""
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            if self.cuda:
+                torch.cuda.synchronize()
+                begin, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                begin.record()
+                step()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end))
+            else:
+                begin = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - begin) * 1e3)
+        # the slowest rank's median: a collective step ends when its last rank does
+        median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        if self.cuda:
+            median = median.cuda()
+        dist.all_reduce(median, op=dist.ReduceOp.MAX)
+        return float(median.item())
+
+
+def _profiled_collective_ms(step, device, iters):
+    """Mean device (CUDA) or CPU time per step of the communication kernels/ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step()
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.key_averages():
+        name = event.key.lower()
+        if device.type == "cuda":
+            if "nccl" in name and event.device_type.name == "CUDA":
+                total += event.self_device_time_total
+        elif "gloo" in name or name.startswith("c10d::"):
+            total += event.self_cpu_time_total
+    return total / 1e3 / iters
+
+
+def _ce_case(mesh, group, shape, dtype, device, args, timer):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    import xent
+
+    rows, vocab = shape
+    torch.manual_seed(0)  # the same targets on every rank
+    target = torch.randint(0, vocab, (rows,), device=device)
+    logits = _randn((rows, vocab), mesh, [Shard(1)], dtype, 1)
+    logits.requires_grad_()
+    local = logits.to_local().detach().requires_grad_()
+    _, offsets = compute_local_shape_and_global_offset(logits.shape, mesh, logits.placements)
+    offset, local_vocab = int(offsets[-1]), local.shape[-1]
+    local_target = target % local_vocab
+
+    def pg():
+        loss = xent.cross_entropy(
+            local, target, process_group=group, vocab_offset=offset, vocab_size=vocab
+        )
+        torch.autograd.grad(loss, local)
+        return loss
+
+    def dtensor():
+        loss = xent.cross_entropy(logits, target)
+        torch.autograd.grad(loss, logits)
+        return loss
+
+    def torch_loss_parallel():
+        with loss_parallel():
+            loss = F.cross_entropy(logits, target)
+            torch.autograd.grad(loss, logits)
+        return loss
+
+    def no_collective():
+        loss = xent.cross_entropy(local, local_target)
+        torch.autograd.grad(loss, local)
+        return loss
+
+    records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
+    gathered = records.new_empty((dist.get_world_size(group) * rows, 9))
+
+    def records_gather():
+        dist.all_gather_into_tensor(gathered, records, group=group)
+
+    variants = {
+        "process_group": pg,
+        "dtensor": dtensor,
+        "loss_parallel": torch_loss_parallel,
+        "local": no_collective,
+    }
+    losses = {
+        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
+    }
+    return (
+        variants,
+        {"records_all_gather": records_gather},
+        losses,
+        {"rows": rows, "vocab": vocab, "local_vocab": local_vocab, "vocab_offset": offset},
+    )
+
+
+def _linear_case(mesh, group, shape, dtype, device, args, timer):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    import xent
+
+    rows, hidden_size, vocab = shape
+    torch.manual_seed(0)
+    target = torch.randint(0, vocab, (rows,), device=device)
+    hidden = _randn((rows, hidden_size), mesh, [Replicate()], dtype, 2)
+    weight = _randn((vocab, hidden_size), mesh, [Shard(0)], dtype, 3)
+    with torch.no_grad():
+        weight.mul_(hidden_size**-0.5)
+    hidden.requires_grad_(), weight.requires_grad_()
+    h_local = hidden.to_local().detach().requires_grad_()
+    w_local = weight.to_local().detach().requires_grad_()
+    _, offsets = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
+    offset, local_vocab = int(offsets[0]), w_local.shape[0]
+    local_target = target % local_vocab
+
+    def pg():
+        loss = xent.linear_cross_entropy(
+            h_local, w_local, target, process_group=group, vocab_offset=offset, vocab_size=vocab
+        )
+        torch.autograd.grad(loss, (h_local, w_local))
+        return loss
+
+    def dtensor():
+        loss = xent.linear_cross_entropy(hidden, weight, target)
+        torch.autograd.grad(loss, (hidden, weight))
+        return loss
+
+    def torch_loss_parallel():
+        logits = F.linear(hidden, weight)  # Shard(-1) logits, N x V_local materialised
+        with loss_parallel():
+            loss = F.cross_entropy(logits, target)
+            torch.autograd.grad(loss, (hidden, weight))
+        return loss
+
+    def no_collective():
+        loss = xent.linear_cross_entropy(h_local, w_local, local_target)
+        torch.autograd.grad(loss, (h_local, w_local))
+        return loss
+
+    world = dist.get_world_size(group)
+    records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
+    gathered = records.new_empty((world * rows, 9))
+    grad_hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
+
+    def records_gather():
+        dist.all_gather_into_tensor(gathered, records, group=group)
+
+    def hidden_all_reduce():
+        dist.all_reduce(grad_hidden, group=group)
+
+    variants = {
+        "process_group": pg,
+        "dtensor": dtensor,
+        "loss_parallel": torch_loss_parallel,
+        "local": no_collective,
+    }
+    losses = {
+        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
+    }
+    return (
+        variants,
+        {"records_all_gather": records_gather, "hidden_grad_all_reduce": hidden_all_reduce},
+        losses,
+        {
+            "rows": rows,
+            "hidden": hidden_size,
+            "vocab": vocab,
+            "local_vocab": local_vocab,
+            "vocab_offset": offset,
+        },
+    )
+
+
+def _randn(shape, mesh, placements, dtype, seed):
+    """A DTensor of the global shape whose local shard each rank draws itself (no global tensor,
+    no DTensor RNG tracker, which the CPU lacks)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local_shape, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
+    sharded = any(p.is_shard() for p in placements)  # a replicated tensor: the same everywhere
+    gen = torch.Generator(device=torch.get_default_device())
+    gen.manual_seed(seed + (dist.get_rank() if sharded else 0))
+    local = torch.randn(local_shape, generator=gen, dtype=torch.float32).to(dtype)
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(
+        local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
+    )
+
+
+def _scalar(loss) -> float:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(loss, DTensor):
+        loss = loss.to_local()
+    return float(loss.detach().float().item())
+
+
+def main():
+    args = _parse()
+    device_type = args.device
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if "RANK" not in os.environ:
+        sys.exit("bench_dtensor.py: run it under torchrun (see its docstring)")
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    torch.set_default_device(device)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
+    group = mesh.get_group(0)
+    dtype = getattr(torch, args.dtype)
+    shapes = DRY_CASES if args.dry_run else GPU_CASES
+    timer = _Timer(device)
+    builders = {"ce": _ce_case, "linear_ce": _linear_case}
+    record = {
+        "tool": "bench_dtensor",
+        "world_size": world,
+        "mesh_shape": list(mesh.shape),
+        "mesh_dim_names": list(mesh.mesh_dim_names),
+        "device": device_type,
+        "device_name": torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu",
+        "backend": backend,
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "dry_run": bool(args.dry_run),
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "cases": [],
+    }
+    for name in args.cases.split(","):
+        variants, collectives, losses, shape = builders[name](
+            mesh, group, shapes[name], dtype, device, args, timer
+        )
+        entry = {
+            "case": name,
+            "shape": shape,
+            "losses": losses,
+            "ms": {},
+            "collectives_ms": {},
+            "profiled_collective_ms": {},
+        }
+        for variant, step in variants.items():
+            entry["ms"][variant] = timer(step, args.warmup, args.iters)
+        for collective, step in collectives.items():
+            entry["collectives_ms"][collective] = timer(step, args.warmup, args.iters)
+        if not args.no_profile:
+            for variant in ("process_group", "dtensor", "loss_parallel"):
+                entry["profiled_collective_ms"][variant] = _profiled_collective_ms(
+                    variants[variant], device, max(1, min(args.iters, 5))
+                )
+        entry["dtensor_overhead_ms"] = entry["ms"]["dtensor"] - entry["ms"]["process_group"]
+        entry["sharded_minus_local_ms"] = entry["ms"]["process_group"] - entry["ms"]["local"]
+        record["cases"].append(entry)
+        if rank == 0:
+            print(json.dumps(entry), flush=True)
+        del variants, collectives
+        if device_type == "cuda":
+            torch.cuda.empty_cache()
+    if rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
