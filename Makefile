@@ -49,7 +49,8 @@ HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 RUN_PRESET := $(if $(HAVE_GPU),default,cpu)
 RUN_BUILD_DIR := $(if $(HAVE_GPU),$(BUILD_DIR),$(BUILD_DIR)-cpu)
 
-run: deps
+run:
+	@bash scripts/deps.sh $(if $(HAVE_GPU),,--cpu)
 	@echo "make run: configuring ($(if $(HAVE_GPU),CUDA: a GPU is present,CPU only: no GPU found)), preset $(RUN_PRESET)"
 	@cmake --preset $(RUN_PRESET) -Wno-dev -DXENT_BUILD_TESTS=OFF -DXENT_PYTHON=OFF \
 		>$(RUN_BUILD_DIR).configure.log 2>&1 || (cat $(RUN_BUILD_DIR).configure.log; exit 1)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing xent needs on Debian 12 (root): quiet and quick when all
 # is there already. The CUDA toolkit is optional: the CUDA backend is compiled when nvcc is found.
+# --cpu: a build without the CUDA backend (make run on a machine without a GPU) needs no CUTLASS.
 set -euo pipefail
 
+mode="${1:-}"
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
@@ -28,7 +30,7 @@ fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cutlass_version="$(sed -n 's/^set(XENT_CUTLASS_VERSION \([0-9.]*\)).*/\1/p' "$root/cmake/cutlass.cmake")"
 cutlass_dir="$root/third_party/cutlass-$cutlass_version"
-if { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+if [ "$mode" != "--cpu" ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } &&
    [ ! -f "$cutlass_dir/include/cute/tensor.hpp" ]; then
   scratch="$(mktemp -d)"
   trap 'rm -rf "$scratch"' EXIT
