@@ -67,8 +67,9 @@ run_seed() {
 export -f run_seed
 export logdir started deadline python keyword tests
 
-results=$(seq "$first" $(( first + seeds - 1 )) | xargs -P "$parallel" -I{} bash -c 'run_seed {}' \
-  | tee /dev/stderr)
+seq "$first" $(( first + seeds - 1 )) | xargs -P "$parallel" -I{} bash -c 'run_seed {}' \
+  | tee "$logdir/results"
+results=$(cat "$logdir/results")
 ok=$(grep -c ': ok' <<< "$results" || true)
 failed=$(grep -c ': FAILED' <<< "$results" || true)
 errors=$(grep -c ': error' <<< "$results" || true)
