@@ -139,10 +139,19 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
     gathered_sums = gathered_of(sums, rows, kDistillShardSumsWidth, p.dtype);
   }
 
+  // tvd's near-ties may land on either side (see check_distill): the band of the probabilities'
+  // error in the compute type, from one ulp of the largest |logit| in log p = v − lse.
+  double largest = 0.0;
+  for (const Matrix* m : {&student, &teacher})
+    for (double v : m->values)
+      if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
+  const double ulp = p.dtype == DType::f64 ? 0x1p-52 : 0x1p-23;
+  const double slice_band = 8 * ulp * (largest + 8.0);
+
   // The loss and every slice's gradient from `merged` (the records of every rank, or one record
-  // per row folded from all of them) and its sums. `folds`: how many times each row's record was
-  // rounded on its way (0 for the records of every rank, merged at once).
-  auto check_merged = [&](const Tensor& merged, const Tensor& merged_sums, int64_t folds) {
+  // per row folded from all of them) and its sums; `band` bounds the relative error of the
+  // probabilities the backward forms from `merged` (tvd's tie model).
+  auto check_merged = [&](const Tensor& merged, const Tensor& merged_sums, double band) {
     const bool loss_all_nan = nan_row >= 0 && p.reduction != Reduction::none;
     {
       SCOPED_TRACE("distill_shard_loss");
@@ -188,18 +197,8 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
       }
       EXPECT_TRUE(any_nan) << "the NaN row's gradient must show the NaN";
     }
-    // tvd's near-ties may land on either side (see check_distill). Each fold of the records
-    // rounds the running lse (and tvd's sums) once more in the compute type: one more ulp of the
-    // row's scale in every probability, which widens the band of ties that may flip.
-    double largest = 0.0;
-    for (const Matrix* m : {&student, &teacher})
-      for (double v : m->values)
-        if (std::isfinite(v)) largest = std::max(largest, std::abs(v));
-    const double ulp = p.dtype == DType::f64 ? 0x1p-52 : 0x1p-23;
     std::vector<double> midpoint =
-        tvd_ties_at_midpoint(student, teacher, target_ptr, setup.spec, upstream,
-                             8 * ulp * (largest + 8.0) * static_cast<double>(1 + folds))
-            .grad.values;
+        tvd_ties_at_midpoint(student, teacher, target_ptr, setup.spec, upstream, band).grad.values;
     if (nan_row >= 0) {
       for (int64_t i = 0; i < vocab; ++i)
         midpoint[static_cast<std::size_t>(nan_row * vocab + i)] = 0;
@@ -211,23 +210,53 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
   };
   {
     SCOPED_TRACE("records of every rank");
-    check_merged(gathered, gathered_sums, 0);
+    check_merged(gathered, gathered_sums, slice_band);
   }
   // One record per row, folded slice after slice (linear_distill's vocabulary-blocked pass does
   // this on the GPU), and the sums added up: the same loss and gradients.
   SCOPED_TRACE("records folded into one");
   const Tensor folded =
       Tensor::of(folded_records(records, rows, p.kind, p.dtype), record_dtype(p.dtype));
+  // The sums formed against the folded record's lse (as linear_distill's second sweep does), not
+  // the gathered ones: the backward classifies each element of tvd against its own lse, and sums
+  // from another lse may count a near-tie on the other side (or as equal), which leaves Σ p_s·u
+  // short of that element's p_s/2 in the whole row's gradient.
   Tensor folded_sums;
-  if (gathered_sums.present()) {
-    const std::vector<double> sums = gathered_sums.download();
+  if (distill_shard_needs_sums(p.kind)) {
     std::vector<double> total(static_cast<std::size_t>(rows * kDistillShardSumsWidth), 0.0);
-    for (std::size_t i = 0; i < sums.size(); ++i) total[i % total.size()] += sums[i];
+    for (int64_t s = 0; s < ranks; ++s) {
+      Tensor part = Tensor::matrix(record_dtype(p.dtype), rows, kDistillShardSumsWidth);
+      part.poison();
+      distill_shard_sums(students[s].view(), teachers[s].view(), target_tensor.view(),
+                         {offsets[s], vocab}, folded.view(), options[s], part.view(),
+                         scratch.workspace());
+      finish();
+      const std::vector<double> sums = part.download();
+      for (std::size_t i = 0; i < sums.size(); ++i) total[i] += sums[i];
+    }
     Matrix m(rows, kDistillShardSumsWidth);
     m.values = total;
     folded_sums = Tensor::of(m, record_dtype(p.dtype));
   }
-  check_merged(folded, folded_sums, ranks);
+  // Each fold rounds the lse of student and teacher once more in the records' precision, and an
+  // error δ in an lse is a relative error δ in every probability of its row, so a near-tie of tvd
+  // may flip further out than in the slices' band: widen it by the fold's own error, measured
+  // against the slices' lse merged in float64.
+  double fold_error = 0.0;
+  const std::vector<double> folded_values = folded.download();
+  for (int64_t n = 0; n < rows; ++n) {
+    double error = 0.0;
+    for (const int64_t field : {kDistillShardLseStudent, kDistillShardLseTeacher}) {
+      const auto at = static_cast<std::size_t>(n * kDistillShardStatsWidth + field);
+      double top = -std::numeric_limits<double>::infinity(), sum = 0.0;
+      for (const auto& record : records) top = std::max(top, record[at]);
+      if (!std::isfinite(top)) continue;  // the NaN row, or every slice empty
+      for (const auto& record : records) sum += std::exp(record[at] - top);
+      error += std::abs(folded_values[at] - (top + std::log(sum)));
+    }
+    if (std::isfinite(error)) fold_error = std::max(fold_error, error);
+  }
+  check_merged(folded, folded_sums, slice_band + 2 * fold_error);
 }
 
 using DistillShardParam = std::tuple<DType, DistillKind, unsigned, Reduction>;
