@@ -3,7 +3,7 @@ BUILD_DIR := build
 JOBS ?= $(shell nproc)
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all deps configure build test test-cpp test-python python-deps run lint format lint-deps clean
+.PHONY: all deps configure build test test-cpp test-python test-wheel python-deps run lint format lint-deps clean
 
 # One seed for every test of a run (C++ and Python), printed first by each, so a failure in a log
 # replays with `make test XENT_TEST_SEED=N`; random unless given.
@@ -42,6 +42,12 @@ test-python: build python-deps
 	@PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
 test: test-cpp test-python
+
+# The installable package: a CPU-only wheel built against the installed torch, repaired to a
+# manylinux tag with its system libraries vendored, installed into a fresh venv and checked there.
+test-wheel: deps python-deps
+	@bash scripts/wheel.sh
+	@bash scripts/wheel-smoke.sh
 
 # `make run` builds only the benchmark it runs: the CPU backend alone when this machine has no
 # NVIDIA GPU (no CUDA compile, no tests), the CUDA backend when it has one.

@@ -7,6 +7,7 @@ start with an underscore.
 
 Run: python3 tools/gen_api_docs.py [OUTPUT]   (default docs/api.md)
 """
+
 import ast
 import os
 import sys
@@ -18,7 +19,8 @@ MODULES = ["functional", "nn", "hf", "distributed"]
 def module_all(tree):
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
             try:
                 return list(ast.literal_eval(node.value))
             except ValueError:
@@ -40,18 +42,34 @@ def doc_block(node):
 
 def render_function(name, node, level):
     prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
-    return [f"{'#' * level} `{name}`", "", "```python", f"{prefix} {name}{signature(node)}",
-            "```", "", doc_block(node), ""]
+    return [
+        f"{'#' * level} `{name}`",
+        "",
+        "```python",
+        f"{prefix} {name}{signature(node)}",
+        "```",
+        "",
+        doc_block(node),
+        "",
+    ]
 
 
 def render_class(node, level):
     bases = ", ".join(ast.unparse(b) for b in node.bases)
-    out = [f"{'#' * level} `{node.name}`", "", "```python",
-           f"class {node.name}({bases})" if bases else f"class {node.name}", "```", "",
-           doc_block(node), ""]
+    out = [
+        f"{'#' * level} `{node.name}`",
+        "",
+        "```python",
+        f"class {node.name}({bases})" if bases else f"class {node.name}",
+        "```",
+        "",
+        doc_block(node),
+        "",
+    ]
     for item in node.body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-                not item.name.startswith("_") or item.name == "__init__"):
+            not item.name.startswith("_") or item.name == "__init__"
+        ):
             out += render_function(f"{node.name}.{item.name}", item, level + 1)
     return out
 
@@ -79,8 +97,11 @@ def render_module(name):
         out += [mdoc.strip(), ""]
     for node in tree.body:
         # A public name imported from another module of the package is documented here too.
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("xent.") \
-                and public is not None:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("xent.")
+            and public is not None
+        ):
             for alias in node.names:
                 if (alias.asname or alias.name) in public:
                     out += render_imported(node.module, alias.name, alias.asname or alias.name)
@@ -98,8 +119,12 @@ def render_module(name):
 
 def main():
     output = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "docs", "api.md")
-    lines = ["# Python API reference", "",
-             "Generated from the docstrings by `tools/gen_api_docs.py`; do not edit by hand.", ""]
+    lines = [
+        "# Python API reference",
+        "",
+        "Generated from the docstrings by `tools/gen_api_docs.py`; do not edit by hand.",
+        "",
+    ]
     for name in MODULES:
         lines += render_module(name)
     with open(output, "w") as f:

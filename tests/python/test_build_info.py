@@ -75,3 +75,17 @@ def test_no_check_without_cuda_kernels(monkeypatch):
     _pretend(monkeypatch, (8, 0), [], [])
     monkeypatch.setattr(_build, "build_info", lambda: dict(cuda=None, cuda_archs=[], cuda_ptx=[]))
     _build.check_gpus()
+
+
+def test_import_refuses_another_torch_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binding's C++ ABI is its torch release's: import names both when they differ."""
+    from xent import _build
+
+    class Built:
+        TORCH = "1.13.1"
+
+    monkeypatch.setattr(_build, "_info", Built)
+    with pytest.raises(ImportError, match=r"compiled against torch 1\.13\.1 but torch 2\."):
+        _build.check_torch()
+    Built.TORCH = torch.__version__
+    _build.check_torch()  # the same release: nothing raised
