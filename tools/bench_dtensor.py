@@ -176,21 +176,9 @@ def _ce_case(mesh, group, shape, dtype, device, args, timer):
         torch.autograd.grad(loss, local)
         return loss
 
-    records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
-    gathered = records.new_empty((dist.get_world_size(group) * rows, 9))
+    records_gather = _records_gather(rows, device, group)
 
-    def records_gather():
-        dist.all_gather_into_tensor(gathered, records, group=group)
-
-    variants = {
-        "process_group": pg,
-        "dtensor": dtensor,
-        "loss_parallel": torch_loss_parallel,
-        "local": no_collective,
-    }
-    losses = {
-        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
-    }
+    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective)
     return (
         variants,
         {"records_all_gather": records_gather},
@@ -244,26 +232,13 @@ def _linear_case(mesh, group, shape, dtype, device, args, timer):
         torch.autograd.grad(loss, (h_local, w_local))
         return loss
 
-    world = dist.get_world_size(group)
-    records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
-    gathered = records.new_empty((world * rows, 9))
+    records_gather = _records_gather(rows, device, group)
     grad_hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
-
-    def records_gather():
-        dist.all_gather_into_tensor(gathered, records, group=group)
 
     def hidden_all_reduce():
         dist.all_reduce(grad_hidden, group=group)
 
-    variants = {
-        "process_group": pg,
-        "dtensor": dtensor,
-        "loss_parallel": torch_loss_parallel,
-        "local": no_collective,
-    }
-    losses = {
-        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
-    }
+    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective)
     return (
         variants,
         {"records_all_gather": records_gather, "hidden_grad_all_reduce": hidden_all_reduce},
@@ -293,6 +268,31 @@ def _randn(shape, mesh, placements, dtype, seed):
     return DTensor.from_local(
         local, mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
     )
+
+
+def _records_gather(rows: int, device, group):
+    """The all_gather of the [N, 9] fp32 records that the sharded step issues, alone."""
+    records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
+    gathered = records.new_empty((dist.get_world_size(group) * rows, 9))
+
+    def records_gather():
+        dist.all_gather_into_tensor(gathered, records, group=group)
+
+    return records_gather
+
+
+def _variants(pg, dtensor, loss_parallel, local) -> tuple[dict, dict]:
+    """The timed variants by name, and the loss of each sharded one (a check they agree)."""
+    variants = {
+        "process_group": pg,
+        "dtensor": dtensor,
+        "loss_parallel": loss_parallel,
+        "local": local,
+    }
+    losses = {
+        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
+    }
+    return variants, losses
 
 
 def _scalar(loss) -> float:

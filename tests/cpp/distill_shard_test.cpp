@@ -123,20 +123,23 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
   }
   const Tensor gathered = gathered_of(records, rows, kDistillShardStatsWidth, p.dtype);
 
-  // Pass 2 (jsd, tvd) with the merged lse.
-  Tensor gathered_sums;
-  if (distill_shard_needs_sums(p.kind)) {
+  // Pass 2 (jsd, tvd): every slice's sums against the lse of `merged`.
+  auto slice_sums = [&](const Tensor& merged) {
     std::vector<std::vector<double>> sums;
     for (int64_t s = 0; s < ranks; ++s) {
       Tensor part = Tensor::matrix(record_dtype(p.dtype), rows, kDistillShardSumsWidth);
       part.poison();
       distill_shard_sums(students[s].view(), teachers[s].view(), target_tensor.view(),
-                         {offsets[s], vocab}, gathered.view(), options[s], part.view(),
+                         {offsets[s], vocab}, merged.view(), options[s], part.view(),
                          scratch.workspace());
       finish();
       sums.push_back(part.download());
     }
-    gathered_sums = gathered_of(sums, rows, kDistillShardSumsWidth, p.dtype);
+    return sums;
+  };
+  Tensor gathered_sums;
+  if (distill_shard_needs_sums(p.kind)) {
+    gathered_sums = gathered_of(slice_sums(gathered), rows, kDistillShardSumsWidth, p.dtype);
   }
 
   // tvd's near-ties may land on either side (see check_distill): the band of the probabilities'
@@ -224,14 +227,7 @@ void check_distill_shards(const DistillShardProblem& p, Rng& rng) {
   Tensor folded_sums;
   if (distill_shard_needs_sums(p.kind)) {
     std::vector<double> total(static_cast<std::size_t>(rows * kDistillShardSumsWidth), 0.0);
-    for (int64_t s = 0; s < ranks; ++s) {
-      Tensor part = Tensor::matrix(record_dtype(p.dtype), rows, kDistillShardSumsWidth);
-      part.poison();
-      distill_shard_sums(students[s].view(), teachers[s].view(), target_tensor.view(),
-                         {offsets[s], vocab}, folded.view(), options[s], part.view(),
-                         scratch.workspace());
-      finish();
-      const std::vector<double> sums = part.download();
+    for (const std::vector<double>& sums : slice_sums(folded)) {
       for (std::size_t i = 0; i < sums.size(); ++i) total[i] += sums[i];
     }
     Matrix m(rows, kDistillShardSumsWidth);
