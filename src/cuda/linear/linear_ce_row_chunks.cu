@@ -108,7 +108,6 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const bool narrow_gradient = plan.logits_dtype != operand_dtype;
 
   const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
-  auto buffer_of = [&](int64_t) -> void* { return chunk_buffer; };
   auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
   auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
   const std::size_t logits_element = dtype_size(plan.logits_dtype);
@@ -120,7 +119,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   };
   // Where a chunk's logits are (the cache, or the chunk buffer) and their row stride.
   auto logits_of = [&](int64_t chunk) -> void* {
-    return fill_cache || read_cache ? cache_at(first_row(chunk), 0) : buffer_of(chunk);
+    return fill_cache || read_cache ? cache_at(first_row(chunk), 0) : chunk_buffer;
   };
   const int64_t logits_stride = fill_cache || read_cache ? cache.row_stride : vocab;
   // Pass 1 of the blocked schedule forms no ∂W; its gradient is only needed for ∂h and ∂bias.
@@ -141,7 +140,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // What the row kernel of a chunk takes: its logits, rows, outputs and gradient (in place).
   auto rows_args = [&](int64_t chunk) {
     const int64_t first = first_row(chunk);
-    void* buffer = buffer_of(chunk);
+    void* buffer = chunk_buffer;
     CeRowsArgs args;
     args.logits = logits_of(chunk);
     args.dtype = plan.logits_dtype;
@@ -186,7 +185,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // Stage 2: the row kernel (loss parts, statistics, gradient in place).
   auto row_kernel = [&](int64_t chunk, cudaStream_t on) {
     const int64_t first = first_row(chunk);
-    void* buffer = buffer_of(chunk);
+    void* buffer = chunk_buffer;
     const CeRowsArgs args = rows_args(chunk);
     if (!entropy_grad) {
       ce_rows(args, on);
@@ -206,7 +205,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // Stage 3: ∂h rows, ∂W and ∂bias from the chunk gradient (`fused`: formed by the fused
   // gradient product, in the operand dtype with row stride V).
   auto products = [&](int64_t chunk, bool fused) {
-    GemmMatrix gradient{buffer_of(chunk), plan.logits_dtype, row_count(chunk), vocab, vocab};
+    GemmMatrix gradient{chunk_buffer, plan.logits_dtype, row_count(chunk), vocab, vocab};
     if (fused) {
       gradient.dtype = operand_dtype;
     } else if (narrow_gradient) {
@@ -239,7 +238,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   }
   auto fused_chunk_gradient = [&](int64_t chunk) {
     BlockTile tile;
-    tile.gradient.grad = buffer_of(chunk);
+    tile.gradient.grad = chunk_buffer;
     tile.gradient.grad_stride = vocab;
     tile.gradient.dtype = operand_dtype;
     tile.gradient.rows = row_count(chunk);
@@ -259,7 +258,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     part.hidden_rows = gemm_matrix(call.hidden, first, count);
     part.weight = weight;
     part.records = records + first;
-    part.scratch = static_cast<char*>(buffer_of(chunk)) +
+    part.scratch = static_cast<char*>(chunk_buffer) +
                    reference_scratch_offset(chunk_rows, vocab, logits_element, reference_smoothing);
     part.hidden_product = reference.hidden_product_in_weight_grad
                               ? static_cast<float*>(grads.weight.data)
