@@ -20,12 +20,22 @@
 # GPU_CHECK_SEED_SWEEP=N sweeps the CPU suite under N seeds (from GPU_CHECK_SEED_FIRST, default 1)
 # on all cores but two, beside the GPU steps, for at most GPU_CHECK_SEED_SECONDS (default 400):
 # the GPU tests leave the cores idle. Timings taken while it runs share the CPU: skip them.
+# GPU_CHECK_ARCH=80 builds for that architecture alone (in build-gpu-sm80): an sm_80 build runs on
+# Hopper through the driver's JIT and reaches only the portable paths. GPU_CHECK_PORTABLE=1 forces
+# the portable paths in every GPU step (XENT_TEST_PORTABLE_PATHS=1, compare_torch.py
+# --portable-paths) on whatever build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-check.sh OUTDIR}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-BUILD=build-gpu
+BUILD=build-gpu${GPU_CHECK_ARCH:+-sm$GPU_CHECK_ARCH}
+if [[ "${GPU_CHECK_PORTABLE:-}" == 1 ]]; then
+  export XENT_TEST_PORTABLE_PATHS=1
+  GPU_CHECK_TORCH_ARGS="${GPU_CHECK_TORCH_ARGS:-} --portable-paths"
+fi
+# The driver compiles PTX of an older architecture once per kernel and caches it: room for all.
+[[ -n "${GPU_CHECK_ARCH:-}" ]] && export CUDA_CACHE_MAXSIZE=4294967296
 JOBS="${JOBS:-$(nproc)}"
 export PATH="$PATH:/usr/local/cuda/bin"
 # shellcheck source=scripts/steps.sh
@@ -45,6 +55,7 @@ configure() {
   cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)"
   local arch="${cc:-90}"
   [[ "$arch" == 90 ]] && arch=90a
+  [[ -n "${GPU_CHECK_ARCH:-}" ]] && arch="$GPU_CHECK_ARCH"
   echo "GPU compute capability: ${cc:-unknown}; CUDA architecture: $arch"
   if cmake -S . -B "$BUILD" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DXENT_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$arch" -DXENT_PYTHON=ON \

@@ -55,6 +55,15 @@ def progress(message: str) -> None:
     print(f"[compare_torch] {message}", file=sys.stderr, flush=True)
 
 
+def build_archs(key: str) -> list[str] | None:
+    """xent.build_info()[key] (the cubins or PTX of the build measured), None without xent."""
+    try:
+        import xent
+    except ImportError:
+        return None
+    return xent.build_info()[key]
+
+
 def git_commit(repo: str = REPO) -> str:
     """The commit the measured code is, "<sha>-dirty" when tracked files differ from it (a record
     of uncommitted code must not pass for the commit's)."""
@@ -567,6 +576,9 @@ def measure_case(
         "copy_bandwidth_bytes_per_s": bandwidth,
         "gemm_floor_ms": None,
         "commit": commit,
+        "cuda_archs": build_archs("cuda_archs"),
+        "cuda_ptx": build_archs("cuda_ptx"),
+        "paths": "portable" if args.portable_paths else "default",
     }
     reference_loss = None
     records = []
@@ -832,6 +844,12 @@ def parse_args(argv=None):
         "repeat / rounds steps each (the GPU's clock drifts under sustained "
         "load; default 1: each library's steps in one stretch)",
     )
+    parser.add_argument(
+        "--portable-paths",
+        action="store_true",
+        help="run xent's CUDA ops on their portable paths (those of non-Hopper GPUs) on this "
+        "GPU, through the core's test hook; records say so in 'paths'",
+    )
     parser.add_argument("--json", help="write the records as a JSON array to this file")
     parser.add_argument(
         "--append",
@@ -876,6 +894,16 @@ def main(argv=None) -> int:
         print("compare_torch.py: --device cuda: no CUDA GPU is visible", file=sys.stderr)
         return 2
     cuda = args.device == "cuda"
+    if args.portable_paths:
+        if (
+            not cuda
+            or build_archs("cuda_archs") is None
+            or not hasattr(torch.ops.xent, "_force_portable_paths")
+        ):
+            print("compare_torch.py: --portable-paths needs xent's CUDA ops", file=sys.stderr)
+            return 2
+        torch.ops.xent._force_portable_paths(True)
+        progress("xent: the portable paths forced (as on a non-Hopper GPU)")
     args.repeat = args.repeat or (50 if cuda else 3)
     args.warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
     if cuda:

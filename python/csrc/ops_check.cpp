@@ -4,6 +4,9 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "binding_support.hpp"
+#if XENT_TORCH_CUDA
+#include "cuda/test_hook.hpp"
+#endif
 
 namespace xent::torch_binding {
 namespace {
@@ -15,10 +18,21 @@ void check_errors_op(const at::Tensor& device_tensor) {
   });
 }
 
+#if XENT_TORCH_CUDA
+// Not API: the Python tests and benchmarks force the portable paths (src/cuda/core/arch.hpp) on a
+// Hopper GPU through the core's test hook, as the C++ suites do.
+void force_portable_paths_op(bool on) {
+  cuda::test_hook().portable_paths = on ? cuda::Forced::on : cuda::Forced::planned;
+}
+#endif
+
 }  // namespace
 }  // namespace xent::torch_binding
 
 TORCH_LIBRARY_FRAGMENT(xent, m) {
   m.def("check_errors(Tensor device_tensor) -> ()");
   xent::torch_binding::impl_on_devices(m, "check_errors", &xent::torch_binding::check_errors_op);
+#if XENT_TORCH_CUDA
+  m.def("_force_portable_paths(bool on) -> ()", &xent::torch_binding::force_portable_paths_op);
+#endif
 }

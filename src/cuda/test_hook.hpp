@@ -18,6 +18,9 @@ enum class Forced : int8_t { planned, off, on };
 enum class GemmTuning : int8_t { planned, off, all };
 
 struct TestHook {
+  // The portable paths (core/arch.hpp) on every device: on runs them on a Hopper GPU, as an sm_80
+  // GPU would (one CTA per row, cp.async staging, no clusters, no fused products).
+  Forced portable_paths = Forced::planned;
   // Distillation on logits in two (three) passes over HBM (rows/distill_two_pass.cu); off keeps
   // every row on the row kernel. Only "off" is a forcing: on means the library's choice.
   Forced distill_two_pass = Forced::planned;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ce_check.hpp"
+#include "cuda/core/arch.hpp"
 #include "cuda/rows/row_kernel_counts.hpp"
 #include "distill_check.hpp"
 #include "hook_scope.hpp"
@@ -370,6 +371,64 @@ TEST(CudaCeErrors, OutOfRangeTargetFlagsAndNaNs) {
   }
   EXPECT_NO_THROW(check_errors(test_device()));  // reading clears the flag
 }
+
+// ---- which paths a device takes (src/cuda/core/arch.hpp) ----------------------------------------
+
+TEST(CudaDevicePaths, HopperPathsOnComputeCapability90Only) {
+  require_device();
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const bool forced = cuda::test_hook().portable_paths == cuda::Forced::on;
+  EXPECT_EQ(cuda::hopper_paths(0), major == 9 && minor == 0 && !forced)
+      << "compute capability " << major << "." << minor;
+  HookScope hook;
+  hook->portable_paths = cuda::Forced::on;
+  EXPECT_FALSE(cuda::hopper_paths(0));
+  EXPECT_FALSE(cuda::hopper_paths());
+}
+
+// The portable paths on rows of every kind they plan differently from Hopper: one CTA staging a
+// whole row by cp.async (40000, 65536 bf16), rows past one CTA's shared memory read twice
+// (131079 bf16, 300007 fp32), a padded odd row and an unaligned one (scalar staging).
+using PortableCase = std::tuple<DType, int64_t, int64_t, unsigned>;
+class CudaPortableRows : public ::testing::TestWithParam<PortableCase> {};
+
+TEST_P(CudaPortableRows, CeAndDistillMatchTheReference) {
+  require_device();
+  HookScope hook;
+  hook->portable_paths = cuda::Forced::on;
+  const auto [dtype, vocab, padding, options] = GetParam();
+  XENT_TEST_RNG(rng);
+  CeProblem ce;
+  ce.dtype = dtype;
+  ce.rows = 5;
+  ce.vocab = vocab;
+  ce.row_stride = padding > 0 ? vocab + padding : -1;
+  ce.options = options;
+  ce.reduction = Reduction::mean;
+  ce.targets_at_edges = true;
+  check_ce(ce, rng);
+  DistillProblem distill;
+  distill.dtype = dtype;
+  distill.rows = 4;
+  distill.vocab = vocab;
+  distill.kind = DistillKind::jsd;
+  distill.reduction = Reduction::sum;
+  check_distill(distill, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CudaPortableRows,
+                         ::testing::Values(PortableCase{DType::bf16, 40000, 0, kAllCeOptions},
+                                           PortableCase{DType::bf16, 65536, 0, kSmoothing},
+                                           PortableCase{DType::f16, 40001, 3, kZLoss | kSoftcap},
+                                           PortableCase{DType::bf16, 131079, 0, kAllCeOptions},
+                                           PortableCase{DType::f32, 300007, 1, kRowWeight}),
+                         [](const ::testing::TestParamInfo<PortableCase>& info) {
+                           const auto [dtype, vocab, padding, options] = info.param;
+                           return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" +
+                                  std::to_string(padding) + "_" + ce_options_label(options);
+                         });
 
 }  // namespace
 }  // namespace xent::test

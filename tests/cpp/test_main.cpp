@@ -8,6 +8,9 @@
 #include <string>
 
 #include "support.hpp"
+#if XENT_TEST_ON_GPU
+#include "cuda/test_hook.hpp"
+#endif
 
 namespace xent::test {
 namespace {
@@ -75,12 +78,24 @@ int run_tests(int argc, char** argv) {
       seed = parse_seed(argv[i] + 7, "--seed");
       source = "--seed";
       chosen = true;
+#if XENT_TEST_ON_GPU
+    } else if (std::strcmp(argv[i], "--portable-paths") == 0) {
+      // The whole suite on the portable paths, as a non-Hopper GPU runs it (core/arch.hpp).
+      cuda::test_hook().portable_paths = cuda::Forced::on;
+#endif
     } else {
       std::cerr << "xent tests: unknown argument '" << argv[i]
-                << "' (expected --seed=N or gtest flags)\n";
+                << "' (expected --seed=N, --portable-paths (GPU suite) or gtest flags)\n";
       return 2;
     }
   }
+#if XENT_TEST_ON_GPU
+  // The same for a run that cannot pass arguments (ctest): XENT_TEST_PORTABLE_PATHS=1.
+  if (const char* portable = std::getenv("XENT_TEST_PORTABLE_PATHS");
+      portable && std::strcmp(portable, "1") == 0) {
+    cuda::test_hook().portable_paths = cuda::Forced::on;
+  }
+#endif
   const char* environment = std::getenv("XENT_TEST_SEED");
   if (!chosen && environment && *environment) {
     seed = parse_seed(environment, "XENT_TEST_SEED");
@@ -96,6 +111,11 @@ int run_tests(int argc, char** argv) {
   if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
   std::cout << "xent tests: XENT_TEST_SEED=" << seed << " (" << source
             << "; replay with XENT_TEST_SEED=" << seed << " or --seed=" << seed << ")" << std::endl;
+#if XENT_TEST_ON_GPU
+  if (cuda::test_hook().portable_paths == cuda::Forced::on) {
+    std::cout << "xent tests: the portable paths forced on every device" << std::endl;
+  }
+#endif
   ::testing::UnitTest::GetInstance()->listeners().Append(new SeedPrinter);
   return RUN_ALL_TESTS();
 }

@@ -18,6 +18,13 @@ def pytest_addoption(parser):
         help="the run's seed (default: XENT_TEST_SEED, else a random one); every "
         "test derives its generator from it and its id",
     )
+    parser.addoption(
+        "--portable-paths",
+        action="store_true",
+        default=False,
+        help="run the CUDA ops on their portable paths (as a non-Hopper GPU does) on every "
+        "device; also XENT_TEST_PORTABLE_PATHS=1",
+    )
 
 
 def pytest_configure(config):
@@ -30,11 +37,21 @@ def pytest_configure(config):
     if seed is None:
         seed = random.SystemRandom().randrange(10**9)
     config.xent_seed = seed
+    portable = config.getoption("--portable-paths")
+    portable = portable or os.environ.get("XENT_TEST_PORTABLE_PATHS") == "1"
+    config.xent_portable = portable
+    if portable:
+        if not hasattr(torch.ops.xent, "_force_portable_paths"):
+            raise pytest.UsageError("--portable-paths: this build of xent has no CUDA ops")
+        torch.ops.xent._force_portable_paths(True)
 
 
 def _seed_line(config):
     seed = config.xent_seed
-    return f"xent: XENT_TEST_SEED={seed} (replay with --seed {seed} or XENT_TEST_SEED={seed})"
+    line = f"xent: XENT_TEST_SEED={seed} (replay with --seed {seed} or XENT_TEST_SEED={seed})"
+    if config.xent_portable:
+        line += "; the portable paths forced on every device"
+    return line
 
 
 def pytest_report_header(config):

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/core/arch.hpp"
 #include "common/numeric.hpp"
 #include "xent/types.hpp"
 
@@ -37,18 +38,23 @@ inline int multiprocessor_count(int device) {
 // cudaLaunchAttributeProgrammaticStreamSerialization may start while the grid before it on the
 // stream still runs, once every CTA of that grid has called let_next_grid_start (or exited).
 // wait_for_previous_grid then blocks the calling thread until that grid has finished and its
-// writes are visible; in a grid launched the ordinary way it returns at once.
+// writes are visible; in a grid launched the ordinary way it returns at once. sm_80 code has
+// neither: the portable paths never launch that way, so there both are empty.
 __device__ __forceinline__ void let_next_grid_start() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void wait_for_previous_grid() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 // Launches a one-CTA finishing kernel (the fixed-order reductions) as a programmatic dependent of
 // the grid before it, so its launch is prepared while that grid runs and it starts as soon as the
 // grid's last CTA exits, instead of after a launch gap. The kernel must call
-// wait_for_previous_grid before it reads anything.
+// wait_for_previous_grid before it reads anything. On the portable paths, an ordinary launch.
 template <class Args>
 void launch_finishing_kernel(void (*kernel)(Args), unsigned threads, const Args& args,
                              cudaStream_t stream) {
@@ -60,7 +66,7 @@ void launch_finishing_kernel(void (*kernel)(Args), unsigned threads, const Args&
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = hopper_paths() ? 1 : 0;
   XENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
 }
 

@@ -634,7 +634,10 @@ bool reference_statistics_wanted(const CeStats* stats) {
          (stats->entropy.present() || stats->argmax.present() || stats->accuracy.present());
 }
 
-bool reference_path_enabled() { return test_hook().reference_path != Forced::off; }
+// The path's products are the fused sm_90a kernels: Hopper paths only.
+bool reference_path_enabled() {
+  return test_hook().reference_path != Forced::off && hopper_paths();
+}
 
 bool reference_statistics_preferred(int64_t hidden) {
   return hidden >= kReferenceStatisticsMinHidden || test_hook().reference_path == Forced::on;

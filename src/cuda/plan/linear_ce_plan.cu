@@ -38,7 +38,7 @@ void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOption
     (void)cudaGetLastError();  // no device here: leave no error for the next check
     return;
   }
-  if (major != 9 || minor != 0) return;  // the sm_90a product runs on 9.0 only
+  if (major != 9 || minor != 0 || !hopper_paths(device)) return;  // sm_90a code: 9.0 only
   request.gradient_tile_rows = kFusedTileRows;
   request.gradient_tile_columns = kFusedTileColumns;
   request.multiprocessors = multiprocessors;

@@ -21,6 +21,7 @@ struct CeKernelParams {
   int cluster;
   int64_t slice_elements;
   bool staged;
+  bool bulk;         // staged by bulk copies (Hopper paths), else by cp.async
   bool deep_stream;  // streamed sweeps keep several loads in flight per thread
   bool lean_sums;    // the statistics skip the sums no output reads
   bool logits_vector_ok;
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   const S* row_logits = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
   const RowSlice<S> slice =
       p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
-                             reinterpret_cast<S*>(dynamic_shared), barriers)
+                             reinterpret_cast<S*>(dynamic_shared), barriers, p.bulk)
                : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
 
   // The batch totals are read only after the sweep below: with after_totals the pre-pass that
@@ -269,6 +270,7 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
+  p.bulk = plan.hopper;
   p.deep_stream = true;
   p.lean_sums = true;
   p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);

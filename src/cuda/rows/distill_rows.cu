@@ -30,6 +30,7 @@ struct DistillKernelParams {
   int cluster;
   int64_t slice_elements;
   bool staged;
+  bool bulk;  // staged by bulk copies (Hopper paths), else by cp.async
   bool student_vector_ok;
   bool teacher_vector_ok;
   bool grad_vector_ok;
@@ -141,13 +142,13 @@ __global__ void __launch_bounds__(kMaxThreads) distill_rows_kernel(const Distill
   const S* teacher_row = static_cast<const S*>(a.teacher) + row * a.teacher_row_stride + begin;
   S* staged_student = reinterpret_cast<S*>(dynamic_shared);
   S* staged_teacher = staged_student + p.slice_elements;
-  const RowSlice<S> student =
-      p.staged
-          ? stage_slice(student_row, begin, length, p.student_vector_ok, staged_student, barriers)
-          : stream_slice(student_row, begin, length, p.student_vector_ok);
+  const RowSlice<S> student = p.staged
+                                  ? stage_slice(student_row, begin, length, p.student_vector_ok,
+                                                staged_student, barriers, p.bulk)
+                                  : stream_slice(student_row, begin, length, p.student_vector_ok);
   const RowSlice<S> teacher = p.staged
                                   ? stage_slice(teacher_row, begin, length, p.teacher_vector_ok,
-                                                staged_teacher, barriers + kMaxPieces / 2)
+                                                staged_teacher, barriers + kMaxPieces / 2, p.bulk)
                                   : stream_slice(teacher_row, begin, length, p.teacher_vector_ok);
 
   const DistillConstants<float> dc =
@@ -361,6 +362,7 @@ void distill_rows(const DistillRowsArgs& args, cudaStream_t stream) {
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
+  p.bulk = plan.hopper;
   p.student_vector_ok = rows_are_vector_aligned(args.student, args.student_row_stride, element);
   p.teacher_vector_ok = rows_are_vector_aligned(args.teacher, args.teacher_row_stride, element);
   p.grad_vector_ok =

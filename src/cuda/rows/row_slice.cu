@@ -71,7 +71,10 @@ void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
 }
 
 SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs, int max_cluster) {
-  SlicePlan plan = plan_slices_of(vocab, element, inputs, shared_slice_bytes(), max_cluster);
+  const bool hopper = hopper_paths();
+  SlicePlan plan =
+      plan_slices_of(vocab, element, inputs, shared_slice_bytes(), hopper ? max_cluster : 1);
+  plan.hopper = hopper;
   const std::size_t bytes =
       static_cast<std::size_t>(plan.slice_elements) * element * static_cast<std::size_t>(inputs);
   const int64_t vectors = plan.slice_elements / (16 / static_cast<int64_t>(element));
@@ -84,10 +87,15 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs, int ma
 }
 
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
-  return plan_slices_of(vocab, element, 1, streamed_slice_bytes(), kMaxCluster);
+  const bool hopper = hopper_paths();
+  SlicePlan plan =
+      plan_slices_of(vocab, element, 1, streamed_slice_bytes(), hopper ? kMaxCluster : 1);
+  plan.hopper = hopper;
+  return plan;
 }
 
 int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes) {
+  if (!hopper_paths()) return 1;
   if (wanted <= kMaxCluster) return kMaxCluster;
   int device = 0;
   XENT_CUDA_CHECK(cudaGetDevice(&device));

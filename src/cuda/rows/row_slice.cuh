@@ -5,6 +5,11 @@
 // partial statistics through distributed shared memory, and the gradient sweep reads the staged
 // slice instead of HBM. Rows too long for the cluster's shared memory are read from HBM twice
 // ("streaming" slices, same kernels).
+//
+// The portable paths (core/arch.hpp; sm_80 and every non-Hopper GPU) run the same kernels with
+// one CTA per row (cluster 1: no exchange between CTAs), the slice staged by cp.async, and
+// ordinary launches. The Hopper instructions are compiled only into sm_90 code; sm_80 code traps
+// if it ever reaches them, which no portable plan lets happen.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -26,6 +31,7 @@ struct SlicePlan {
   int64_t slice_elements = 0;    // columns per CTA (a multiple of the 16-byte vector)
   bool staged = true;            // slice held in shared memory (else read twice from HBM)
   std::size_t shared_bytes = 0;  // dynamic shared memory per CTA
+  bool hopper = true;            // clusters, bulk copies, dependent launches (hopper_paths)
 };
 
 inline constexpr int kMaxThreads = 256;
@@ -38,6 +44,7 @@ inline constexpr int kMaxCluster = 8;  // portable cluster size
 inline constexpr int kMaxNonPortableCluster = 16;
 
 // `inputs` rows are staged per CTA (1 for ce, 2 for distill), each of `element` bytes a column.
+// On the portable paths the cluster is 1 whatever `max_cluster` says.
 // A slice of <= 64 KiB lets three CTAs share a multiprocessor, so one CTA's loads overlap
 // another's arithmetic; up to 192 KiB is still staged (one CTA per multiprocessor) before
 // falling back to streaming. `max_cluster`: kMaxCluster, or up to kMaxNonPortableCluster for a
@@ -49,7 +56,7 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs,
 // device with `threads` threads and `shared_bytes` of dynamic shared memory per CTA, at most
 // `wanted`: larger than kMaxCluster only where the device reports a whole such cluster fits
 // (cudaOccupancyMaxActiveClusters), after allowing non-portable sizes for the kernel. Cached per
-// kernel, device and size.
+// kernel, device and size. 1 on the portable paths.
 int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes);
 // The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
 // plan_row_slices' (row_slice.cu says why).
@@ -62,7 +69,8 @@ void allow_dynamic_shared(const void* kernel, std::size_t bytes);
 
 // Launches `kernel` over rows × plan.cluster CTAs as clusters of plan.cluster. overlap_previous:
 // a programmatic dependent launch (device.cuh), for a kernel that reads what the grid before it
-// wrote only after wait_for_previous_grid, and calls it in every CTA before that CTA exits.
+// wrote only after wait_for_previous_grid, and calls it in every CTA before that CTA exits. A
+// portable plan launches plainly (one CTA per row, stream-ordered).
 template <class Params>
 void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t rows,
                        const SlicePlan& plan, cudaStream_t stream, bool overlap_previous = false) {
@@ -81,7 +89,7 @@ void launch_row_kernel(void (*kernel)(Params), const Params& params, int64_t row
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attributes;
-  config.numAttrs = overlap_previous ? 2 : 1;
+  config.numAttrs = !plan.hopper ? 0 : overlap_previous ? 2 : 1;
   XENT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
@@ -116,6 +124,10 @@ __device__ __forceinline__ uint4 load_shared_vector(const uint4* pointer) {
 // CTAs sharing the multiprocessor (ncu on v3: a third of the issued instructions were not the
 // sweeps').
 __device__ __forceinline__ void wait_piece(uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  (void)barrier;
+  __trap();  // sm_80 code stages with cp.async and never waits on a piece
+#else
   const uint32_t address = shared_address(barrier);
   constexpr uint32_t kSuspendHintNs = 10'000'000;
   uint32_t done = 0;
@@ -127,6 +139,7 @@ __device__ __forceinline__ void wait_piece(uint64_t* barrier) {
         : "r"(address), "r"(kSuspendHintNs)
         : "memory");
   }
+#endif
 }
 
 // The row and the columns that CTA blockIdx.x covers in a launch of `cluster` CTAs per row
@@ -198,12 +211,14 @@ struct RowSlice {
   }
 };
 
-// Starts staging `length` elements at `global` into `shared` (16-byte aligned). Thread 0 issues
-// the bulk copies; the unaligned tail (or everything, when `global` is not 16-byte aligned) is
-// copied by all threads. Ends with a __syncthreads; pieces then arrive asynchronously.
+// Starts staging `length` elements at `global` into `shared` (16-byte aligned). With `bulk`
+// (Hopper paths) thread 0 issues bulk copies whose pieces then arrive asynchronously on mbarriers;
+// otherwise every thread copies the vectors it will sweep with cp.async (sm_80) and waits for
+// them, so the slice is complete on return. The unaligned tail (or everything, when `global` is
+// not 16-byte aligned) is copied by all threads. Ends with a __syncthreads.
 template <class S>
 __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t length, bool vector_ok,
-                                   S* shared, uint64_t* barriers) {
+                                   S* shared, uint64_t* barriers, bool bulk) {
   RowSlice<S> slice;
   slice.global = global;
   slice.staged = shared;
@@ -211,10 +226,25 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
   slice.length = length;
   slice.vector_ok = vector_ok;
   slice.barriers = barriers;
-  const int64_t piece_bytes = int64_t{blockDim.x} * 16;
   const int64_t bulk_bytes = vector_ok ? (length * int64_t{sizeof(S)}) / 16 * 16 : 0;
-  slice.bulk = bulk_bytes > 0;
-  slice.bulk_vectors = static_cast<int>(bulk_bytes / 16);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  bulk = false;
+#endif
+  if (!bulk) {
+    // Each thread's vectors j = threadIdx.x + k·blockDim.x are those its sweeps read.
+    const int64_t vectors = bulk_bytes / 16;
+    for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                       shared_address(reinterpret_cast<const uint4*>(shared) + j)),
+                   "l"(reinterpret_cast<const uint4*>(global) + j)
+                   : "memory");
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+  }
+  slice.bulk = bulk && bulk_bytes > 0;
+  slice.bulk_vectors = slice.bulk ? static_cast<int>(bulk_bytes / 16) : 0;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  const int64_t piece_bytes = int64_t{blockDim.x} * 16;
   if (slice.bulk && threadIdx.x == 0) {
     const int pieces = static_cast<int>((bulk_bytes + piece_bytes - 1) / piece_bytes);
     for (int p = 0; p < pieces; ++p) {
@@ -237,6 +267,7 @@ __device__ RowSlice<S> stage_slice(const S* global, int64_t begin, int64_t lengt
           : "memory");
     }
   }
+#endif
   // Elements the bulk copies do not cover: all of them on the scalar path, else the tail.
   const int64_t first_scalar = bulk_bytes / int64_t{sizeof(S)};
   for (int64_t i = first_scalar + threadIdx.x; i < length; i += blockDim.x) shared[i] = global[i];
@@ -383,7 +414,11 @@ __device__ __forceinline__ void block_sum(float (&values)[K], float* scratch) {
 // calls cluster_arrive_started() first thing, and the first exchange waits on that phase before
 // pushing (by then every CTA has long started, so the wait costs nothing).
 __device__ __forceinline__ void cluster_arrive_started(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if (cluster > 1) __trap();  // portable plans have one CTA per row
+#else
   if (cluster > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
 }
 
 enum class ClusterPhase { first_exchange, later_exchange };
@@ -400,6 +435,10 @@ __device__ __forceinline__ void cluster_exchange(const P& mine, P* slots, P* res
     __syncthreads();
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  (void)slots, (void)phase, (void)merge;
+  __trap();
+#else
   cg::cluster_group group = cg::this_cluster();
   const unsigned rank = group.block_rank();
   // The value goes to this CTA's own slot first, so it is not held in registers across the wait
@@ -420,6 +459,7 @@ __device__ __forceinline__ void cluster_exchange(const P& mine, P* slots, P* res
     *result = merged;
   }
   __syncthreads();
+#endif
 }
 
 // The pulling form of the exchange, kept for the distill kernel: every CTA publishes `mine`
@@ -440,6 +480,10 @@ __device__ __forceinline__ void cluster_exchange_pull(const P& mine, P* slot, P*
     __syncthreads();
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  (void)merge;
+  __trap();
+#else
   cg::cluster_group group = cg::this_cluster();
   group.sync();
   if (threadIdx.x == 0) {
@@ -448,10 +492,15 @@ __device__ __forceinline__ void cluster_exchange_pull(const P& mine, P* slot, P*
     *result = merged;
   }
   __syncthreads();
+#endif
 }
 
 __device__ __forceinline__ void cluster_finish(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if (cluster > 1) __trap();
+#else
   if (cluster > 1) cooperative_groups::this_cluster().sync();
+#endif
 }
 
 }  // namespace xent::cuda

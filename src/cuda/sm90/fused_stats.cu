@@ -158,13 +158,6 @@ FusedWorkspace carve(Workspace workspace, int64_t rows, int64_t vocab, int64_t c
   return ws;
 }
 
-bool device_is_sm90(int device) {
-  int major = 0, minor = 0;
-  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
-}
-
 bool tma_aligned(const TensorView& matrix) {
   // TMA wants 16-byte aligned bases and row strides: 8 bf16/f16 elements.
   return reinterpret_cast<std::uintptr_t>(matrix.data) % 16 == 0 && matrix.row_stride % 8 == 0 &&
@@ -217,7 +210,7 @@ bool fused_operands_eligible(TensorView hidden, TensorView weight, TensorView bi
          (!bias.present() || (bias.dtype == hidden.dtype && bias.rows == weight.rows)) &&
          weight.dtype == hidden.dtype && hidden.rows > 0 && hidden.rows <= INT32_MAX &&
          weight.rows <= INT32_MAX && fused_stats_product_built() && tma_aligned(hidden) &&
-         tma_aligned(weight) && device_is_sm90(hidden.device.index);
+         tma_aligned(weight) && hopper_paths(hidden.device.index);
 }
 
 bool fused_stats_eligible(TensorView hidden, TensorView weight, TensorView bias,
