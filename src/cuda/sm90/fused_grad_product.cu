@@ -10,6 +10,7 @@
 // per tile.
 #include "cuda/sm90/fused_grad.cuh"
 #include "cuda/plan/linear_ce_plan.hpp"
+#include "cuda/test_hook.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -27,7 +28,6 @@ std::atomic<int64_t> fused_grad_launches{0};
 #include "cuda/sm90/fused_epilogue_kernel.cuh"
 #include "cuda/sm90/fused_product.cuh"
 #include "cuda/rows/row_stats.cuh"
-#include "cuda/test_hook.hpp"
 
 namespace xent::cuda {
 namespace {
