@@ -418,17 +418,19 @@ TEST_P(CudaPortableRows, CeAndDistillMatchTheReference) {
   check_distill(distill, rng);
 }
 
+std::string portable_case_name(const ::testing::TestParamInfo<PortableCase>& info) {
+  const auto [dtype, vocab, padding, options] = info.param;
+  return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" + std::to_string(padding) + "_" +
+         ce_options_label(options);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, CudaPortableRows,
                          ::testing::Values(PortableCase{DType::bf16, 40000, 0, kAllCeOptions},
                                            PortableCase{DType::bf16, 65536, 0, kSmoothing},
                                            PortableCase{DType::f16, 40001, 3, kZLoss | kSoftcap},
                                            PortableCase{DType::bf16, 131079, 0, kAllCeOptions},
                                            PortableCase{DType::f32, 300007, 1, kRowWeight}),
-                         [](const ::testing::TestParamInfo<PortableCase>& info) {
-                           const auto [dtype, vocab, padding, options] = info.param;
-                           return short_name(dtype) + "_V" + std::to_string(vocab) + "_pad" +
-                                  std::to_string(padding) + "_" + ce_options_label(options);
-                         });
+                         portable_case_name);
 
 }  // namespace
 }  // namespace xent::test
