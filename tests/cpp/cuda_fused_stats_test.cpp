@@ -86,7 +86,7 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
   finish();
   const int64_t ran = cuda::fused_stats_forward_count() - before;
   hook.reset();
-  if (device_is_sm90()) {
+  if (hopper_paths_here()) {
     EXPECT_EQ(ran, c.expected == Path::fused ? 1 : 0)
         << (c.expected == Path::fused ? "the fused statistics product did not run"
                                       : "the fused statistics product ran where it must not");
@@ -295,7 +295,7 @@ TEST_P(CudaFusedStatsNonFinite, MatchesCublasLtPath) {
                       scratch.workspace());
     finish();
     hook.reset();
-    if (fused && device_is_sm90()) {
+    if (fused && hopper_paths_here()) {
       EXPECT_EQ(cuda::fused_stats_forward_count() - before, 1) << "the fused path did not run";
     }
     Run r{loss.download(), lse.download(), logprob.download(), {}, {}};
@@ -453,7 +453,7 @@ TEST(CudaFusedStatsErrors, OutOfRangeTargetFlagged) {
   linear_ce_forward(hidden_t.view(), weight_t.view(), {}, target_t.view(), options, out, {},
                     scratch.workspace());
   hook.reset();
-  if (device_is_sm90()) {
+  if (hopper_paths_here()) {
     EXPECT_EQ(cuda::fused_stats_forward_count() - before, 1) << "the fused path did not run";
   }
   const std::vector<double> values = loss.download();  // synchronises; check_errors is below

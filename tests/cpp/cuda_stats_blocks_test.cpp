@@ -236,7 +236,7 @@ void check_statistics_blocks(const StatsBlocksCase& c, Rng& rng) {
   const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(
       rows, hidden_size, vocab, c.dtype, options, grads, statistics_schedule(c.variant));
   auto expect_paths = [&](const auto& call, bool with_lse) {
-    const bool sm90 = device_is_sm90();
+    const bool sm90 = hopper_paths_here();
     const int64_t before = cuda::linear_ce_runs(plan.schedule);
     const int64_t fused_before = cuda::fused_grad_count();
     call();

@@ -3,14 +3,13 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/core/arch.hpp"
+
 namespace xent::test {
 
-// Whether device 0 is compute capability 9.0, where the fused Hopper products run.
-inline bool device_is_sm90() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
+// Whether device 0 takes the Hopper paths (src/cuda/core/arch.hpp), where the fused sm_90a
+// products, clusters and the reference path run: compute capability 9.0, a build with sm_90
+// code, the portable paths not forced.
+inline bool hopper_paths_here() { return cuda::hopper_paths(0); }
 
 }  // namespace xent::test

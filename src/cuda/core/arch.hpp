@@ -6,8 +6,9 @@
 
 namespace xent::cuda {
 
-// Whether `device` takes the Hopper paths: its compute capability is 9.0 (read once per device
-// and cached) and the test hook does not force the portable paths. A process without a usable
+// Whether `device` takes the Hopper paths: its compute capability is 9.0, the build holds sm_90
+// code for it (not only sm_80 code compiled by the driver), both read once per device and
+// cached, and the test hook does not force the portable paths. A process without a usable
 // device answers true, so that plans made there (workspace queries on a CPU machine) are the
 // Hopper plans, as before the portable tier existed.
 bool hopper_paths(int device);
