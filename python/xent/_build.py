@@ -105,5 +105,5 @@ def check_gpus() -> None:
         raise ImportError(
             f"xent: GPU {index} ({name}) unsupported: got sm_{arch}; expected a GPU this build "
             f"has kernels for ({built}). Rebuild for it with XENT_CUDA_ARCHS={arch} "
-            "(README, 'Building a wheel'); the kernels need sm_90 or later"
+            "(README, 'Building a wheel'); the kernels need sm_80 or later"
         )
