@@ -36,6 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from compare_torch import (  # noqa: E402
     DTYPES,
     Timer,
+    build_archs,
     device_name,
     git_commit,
     peak_extra_bytes,
@@ -175,6 +176,8 @@ def main(argv=None) -> int:
         "mode": "fwdbwd",
         "device": device_name(args.device),
         "commit": git_commit(),
+        "cuda_archs": build_archs("cuda_archs"),
+        "cuda_ptx": build_archs("cuda_ptx"),
     }
     inputs = make_inputs(args.n, args.h, args.v, dtype, args.device, seed=1)
     records = [measure(impl, inputs, args, base) for impl in args.impls.split(",") if impl]

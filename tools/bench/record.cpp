@@ -1,4 +1,5 @@
 // The printed table and the JSON records.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -152,6 +153,19 @@ std::string git_commit() {
   return XENT_GIT_COMMIT;
 }
 
+// The build's cubins as a JSON array ("sm_80", "sm_90a", ...; empty without CUDA).
+std::string cuda_archs_json() {
+  const std::string joined = XENT_BENCH_CUDA_ARCHS;
+  std::string out = "[";
+  std::size_t begin = 0;
+  while (begin < joined.size()) {
+    const std::size_t end = std::min(joined.find(',', begin), joined.size());
+    out += (out.size() > 1 ? ", \"" : "\"") + joined.substr(begin, end - begin) + "\"";
+    begin = end + 1;
+  }
+  return out + "]";
+}
+
 void write_json(const std::string& path, const std::vector<Record>& records) {
   std::ofstream file(path);
   if (!file) throw std::runtime_error("cannot write " + path);
@@ -181,7 +195,8 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
          << ", \"loss_rel_err\": " << json_number(r.loss_rel_err)
          << ", \"grad_rel_err\": " << json_number(r.grad_rel_err)
          << ", \"error\": " << quoted(r.error.empty() ? nullptr : r.error.c_str())
-         << ", \"commit\": \"" << commit << "\"}" << (i + 1 < records.size() ? "," : "") << "\n";
+         << ", \"commit\": \"" << commit << "\", \"cuda_archs\": " << cuda_archs_json() << "}"
+         << (i + 1 < records.size() ? "," : "") << "\n";
   }
   file << "]\n";
   if (!file) throw std::runtime_error("cannot write " + path);
