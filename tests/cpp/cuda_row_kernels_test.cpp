@@ -27,19 +27,26 @@ using CeKernelCase = std::tuple<DType, int64_t, int64_t, unsigned, bool>;
 
 class CudaCeRowKernel : public ::testing::TestWithParam<CeKernelCase> {};
 
-TEST_P(CudaCeRowKernel, MatchesReference) {
-  require_device();
-  const auto [dtype, vocab, padding, options, in_place] = GetParam();
-  XENT_TEST_RNG(rng);
+// A mean-reduced ce problem of `rows` rows of `vocab` columns (padded rows when padding > 0), its
+// targets at the row's edges too.
+CeProblem row_problem(DType dtype, int64_t rows, int64_t vocab, int64_t padding, unsigned options) {
   CeProblem problem;
   problem.dtype = dtype;
-  problem.rows = 6;
+  problem.rows = rows;
   problem.vocab = vocab;
   problem.row_stride = padding > 0 ? vocab + padding : -1;
   problem.options = options;
   problem.reduction = Reduction::mean;
-  problem.in_place = in_place;
   problem.targets_at_edges = true;
+  return problem;
+}
+
+TEST_P(CudaCeRowKernel, MatchesReference) {
+  require_device();
+  const auto [dtype, vocab, padding, options, in_place] = GetParam();
+  XENT_TEST_RNG(rng);
+  CeProblem problem = row_problem(dtype, 6, vocab, padding, options);
+  problem.in_place = in_place;
   check_ce(problem, rng);
 }
 
@@ -398,15 +405,7 @@ TEST_P(CudaPortableRows, CeAndDistillMatchTheReference) {
   hook->portable_paths = cuda::Forced::on;
   const auto [dtype, vocab, padding, options] = GetParam();
   XENT_TEST_RNG(rng);
-  CeProblem ce;
-  ce.dtype = dtype;
-  ce.rows = 5;
-  ce.vocab = vocab;
-  ce.row_stride = padding > 0 ? vocab + padding : -1;
-  ce.options = options;
-  ce.reduction = Reduction::mean;
-  ce.targets_at_edges = true;
-  check_ce(ce, rng);
+  check_ce(row_problem(dtype, 5, vocab, padding, options), rng);
   DistillProblem distill;
   distill.dtype = dtype;
   distill.rows = 4;
