@@ -170,6 +170,7 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
   std::ofstream file(path);
   if (!file) throw std::runtime_error("cannot write " + path);
   const std::string commit = git_commit();
+  const std::string cuda_archs = cuda_archs_json();
   file << "[\n";
   for (std::size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
@@ -195,7 +196,7 @@ void write_json(const std::string& path, const std::vector<Record>& records) {
          << ", \"loss_rel_err\": " << json_number(r.loss_rel_err)
          << ", \"grad_rel_err\": " << json_number(r.grad_rel_err)
          << ", \"error\": " << quoted(r.error.empty() ? nullptr : r.error.c_str())
-         << ", \"commit\": \"" << commit << "\", \"cuda_archs\": " << cuda_archs_json() << "}"
+         << ", \"commit\": \"" << commit << "\", \"cuda_archs\": " << cuda_archs << "}"
          << (i + 1 < records.size() ? "," : "") << "\n";
   }
   file << "]\n";

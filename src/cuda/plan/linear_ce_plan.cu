@@ -21,24 +21,22 @@ namespace {
 
 // The fused gradient product's tile and the current device's multiprocessors, so that the planner
 // prices that product's waves (ChunkRequest::gradient_tile_rows), where (d)'s blocks may take it:
-// 16-bit logits, a hidden size it is preferred for, the sm_90a kernel built, a compute
-// capability 9.0 device at hand (the size query and the call then plan alike). Not set without
-// one (CPU builds, tests).
+// 16-bit logits, a hidden size it is preferred for, the sm_90a kernel built, a device on the
+// Hopper paths at hand (the size query and the call then plan alike). Not set without one (CPU
+// builds, tests).
 void set_gradient_tiles(ChunkRequest& request, DType dtype, const LinearCeOptions& options) {
   if (options.fp32_logits || dtype == DType::f32 || !fused_grad_product_built() ||
       !fused_grad_preferred(request.hidden)) {
     return;
   }
-  int device = 0, major = 0, minor = 0, multiprocessors = 0;
+  int device = 0, multiprocessors = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
           cudaSuccess) {
     (void)cudaGetLastError();  // no device here: leave no error for the next check
     return;
   }
-  if (major != 9 || minor != 0 || !hopper_paths(device)) return;  // sm_90a code: 9.0 only
+  if (!hopper_paths(device)) return;  // sm_90a code: compute capability 9.0 only
   request.gradient_tile_rows = kFusedTileRows;
   request.gradient_tile_columns = kFusedTileColumns;
   request.multiprocessors = multiprocessors;

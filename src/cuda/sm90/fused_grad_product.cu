@@ -654,7 +654,6 @@ bool launch(const FusedGradProduct& p, cudaStream_t stream) {
 bool fused_grad_product_built() { return true; }
 
 bool fused_grad_product(const FusedGradProduct& product, cudaStream_t stream) {
-  if (!hopper_paths()) return false;  // an sm_90a kernel: compute capability 9.0 only
   if (product.rows <= 0 || product.columns <= 0) return true;  // nothing to form
   bool launched = false;
   switch (product.dtype) {
