@@ -24,11 +24,18 @@ double weighted_total(const std::vector<double>& loss, const Upstream& upstream)
 }
 
 // Central differences of `objective` over every element of `values`, compared with `analytic`.
+// A `kinked` objective (tvd: |p_s − p_t| has a kink where p_s = p_t) may cross a kink inside the
+// step: the central difference then misses the one-sided slope by the slope's jump times the share
+// of the step past the kink, which is |up + down − 2·f(x)| / (2·step) for a straight crossing; that
+// amount is added to the bound, with 1 % for the curvature of p_s − p_t across the step (a relative
+// step·|φ''/φ'|, about 1e-4 at these logits). A smooth objective keeps the plain bound.
 void expect_matches_differences(std::vector<double>& values, const std::vector<double>& analytic,
-                                const std::function<double()>& objective, const char* what) {
+                                const std::function<double()>& objective, const char* what,
+                                bool kinked = false) {
   ASSERT_EQ(values.size(), analytic.size()) << what;
   double scale = 1e-3;
   for (double g : analytic) scale = std::max(scale, std::abs(g));
+  const double at = kinked ? objective() : 0.0;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const double saved = values[i];
     values[i] = saved + kStep;
@@ -37,7 +44,8 @@ void expect_matches_differences(std::vector<double>& values, const std::vector<d
     const double down = objective();
     values[i] = saved;
     const double numeric = (up - down) / (2 * kStep);
-    ASSERT_NEAR(analytic[i], numeric, 1e-6 * scale) << what << " element " << i;
+    const double kink = kinked ? 1.01 * std::abs(up + down - 2 * at) / (2 * kStep) : 0.0;
+    ASSERT_NEAR(analytic[i], numeric, 1e-6 * scale + kink) << what << " element " << i;
   }
 }
 
@@ -196,7 +204,7 @@ TEST_P(ReferenceDistillGradient, MatchesFiniteDifferences) {
         return weighted_total(reference::distill(student, teacher, target_or_null, spec, {}).loss,
                               upstream);
       },
-      "student");
+      "student", kind == DistillKind::tvd);
 }
 
 std::string distill_param_name(const ::testing::TestParamInfo<DistillParam>& info) {
@@ -296,8 +304,11 @@ TEST_P(ReferenceLinearDistillGradient, MatchesFiniteDifferences) {
         reference::linear_distill(hidden, weight, teacher, &target, spec, {}).distill.loss,
         upstream);
   };
-  expect_matches_differences(hidden.values, result.grads.hidden.values, objective, "hidden");
-  expect_matches_differences(weight.values, result.grads.weight.values, objective, "weight");
+  const bool kinked = kind == DistillKind::tvd;
+  expect_matches_differences(hidden.values, result.grads.hidden.values, objective, "hidden",
+                             kinked);
+  expect_matches_differences(weight.values, result.grads.weight.values, objective, "weight",
+                             kinked);
 }
 
 INSTANTIATE_TEST_SUITE_P(
