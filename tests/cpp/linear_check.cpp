@@ -26,6 +26,30 @@ reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const 
   return g;
 }
 
+double bias_grad_tolerance(DType dtype, const Matrix& grad_logits,
+                           const std::vector<int64_t>& target,
+                           const std::vector<double>& torch_bias,
+                           const std::vector<double>& ref_bias) {
+  const double tolerance = grad_tolerance(dtype, Family::linear, torch_bias, ref_bias);
+  if (!is_half(dtype)) return tolerance;
+  const double unit_roundoff = dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  std::vector<double> coherent(ref_bias.size(), 0.0);
+  std::vector<int> rows_of(ref_bias.size(), 0);
+  for (std::size_t n = 0; n < target.size(); ++n) {
+    const int64_t v = target[n];
+    if (v < 0 || v >= grad_logits.cols) continue;  // ignored rows
+    coherent[static_cast<std::size_t>(v)] += std::abs(grad_logits.at(static_cast<int64_t>(n), v));
+    ++rows_of[static_cast<std::size_t>(v)];
+  }
+  double coherent_squares = 0.0;
+  for (std::size_t v = 0; v < coherent.size(); ++v) {
+    if (rows_of[v] >= 2) coherent_squares += coherent[v] * coherent[v];
+  }
+  const double reference_norm = norm(ref_bias);
+  if (reference_norm == 0.0) return tolerance;
+  return tolerance + unit_roundoff * std::sqrt(coherent_squares) / reference_norm;
+}
+
 void check_argmax_accuracy(const std::vector<int64_t>& argmax, double accuracy,
                            const std::vector<int64_t>& target, int64_t ignore_index,
                            const Matrix& logits, const reference::CeSpec& spec,

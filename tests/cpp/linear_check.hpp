@@ -25,6 +25,19 @@ LinearLayer make_linear_layer(Rng& rng, int64_t rows, int64_t hidden, int64_t vo
 reference::LinearGrads rounded_linear_backward(const Matrix& grad_logits, const LinearLayer& layer,
                                                DType dtype, DType param_grad_dtype);
 
+// The tolerance on ∂b = Σ_n G_n (G: `grad_logits`, the float64 gradient with respect to the
+// logits) at a half dtype: grad_tolerance's PyTorch-sized draw, plus the worst case of roundings
+// that add up in one direction. Rows whose target is the same column v hold nearly the same G_nv
+// (≈ (p_y − 1)·g/N), rounded to the dtype alike, so k of them err k times the same way: u·Σ|G_nv|
+// over those rows, for each column that is the target of two rows or more (u the dtype's unit
+// roundoff). When such columns dominate ‖∂b‖ (targets at the vocabulary's edges) the op's error
+// and PyTorch's are two draws, not averages: they differed 7.7 times at one seed in 475. Other
+// dtypes: grad_tolerance.
+double bias_grad_tolerance(DType dtype, const Matrix& grad_logits,
+                           const std::vector<int64_t>& target,
+                           const std::vector<double>& torch_bias,
+                           const std::vector<double>& ref_bias);
+
 // "N<rows>_H<hidden>_V<vocab>_<options>_<reduction>": the shape part of the linear suites' case
 // names (gpu-check.sh's filters name cases by it).
 std::string linear_case_label(int64_t rows, int64_t hidden, int64_t vocab, unsigned options,
