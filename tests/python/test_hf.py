@@ -143,18 +143,21 @@ def _loss_and_grads(model, **kwargs):
     return out, grads
 
 
-def _assert_same(reference, patched, tol=1e-5):
+def _assert_same(reference, patched):
+    """Both compute in fp32 and differ only in how the loss head rounds ∂logits (a few ulps of
+    each); the model's own backward carries that into every parameter's gradient, where sums over
+    tokens of terms of both signs (biases, norm weights, SSM decays) cancel. So the difference is
+    a fraction of each gradient's norm, while an element of a cancelled sum may differ relatively
+    by any amount: element-wise 1e-5 failed for 1 Python-suite seed in ~200. In norm it measured
+    at most 6.5e-5 (Qwen3-Next's A_log) over 300 batches of every architecture; a wrong loss
+    (one token mis-weighted in ~20) moves gradients by percents."""
     (out_ref, grads_ref), (out_xent, grads_xent) = reference, patched
-    torch.testing.assert_close(out_xent.loss, out_ref.loss, rtol=tol, atol=tol)
+    torch.testing.assert_close(out_xent.loss, out_ref.loss, rtol=1e-5, atol=1e-5)
     assert grads_ref.keys() == grads_xent.keys()
-    for name in grads_ref:
-        torch.testing.assert_close(
-            grads_xent[name],
-            grads_ref[name],
-            rtol=tol,
-            atol=tol,
-            msg=lambda m, name=name: f"{name}: {m}",
-        )
+    for name, expected in grads_ref.items():
+        error = (grads_xent[name] - expected).norm().item()
+        bound = 5e-4 * expected.norm().item() + 1e-9
+        assert error <= bound, f"{name}: error in norm {error:.3g} > {bound:.3g}"
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
