@@ -1,4 +1,5 @@
-"""DTensor inputs (xent/_dtensor.py) on the CPU with gloo, against the single-process result.
+"""DTensor inputs (xent/_dtensor.py) against the single-process result: on the CPU with gloo, and
+on GPUs with NCCL (one GPU a rank; marked gpu, run where there are as many GPUs as ranks).
 
 World sizes 2 and 3 on a 1-D mesh from init_device_mesh("cpu", ...), vocabularies that DTensor
 splits unevenly (1031: 516/515 and 344/344/343; 7: 4/3 and 3/3/1; 4 over 3 ranks, 2/2/0, which
@@ -22,6 +23,12 @@ import torch.multiprocessing as mp
 
 ROWS, HIDDEN = 13, 24
 VOCABS = (1031, 7)
+_DEVICE = "cpu"  # the worker's device type: "cpu" (gloo) or "cuda" (NCCL)
+
+
+def _on(value):
+    """A tensor drawn on the CPU (the generators are CPU ones), moved to the worker's device."""
+    return value.to(_DEVICE)
 
 
 def _close(what, got, expected, rtol=2e-5, atol=2e-6):
@@ -54,7 +61,7 @@ def _data(vocab, gen):
     logits = torch.randn(ROWS, vocab, generator=gen) * 2
     target = torch.randint(0, vocab, (ROWS,), generator=gen)
     target[::4] = -100
-    return logits, target
+    return _on(logits), _on(target)
 
 
 def _ce_cases(mesh, gen):
@@ -64,8 +71,8 @@ def _ce_cases(mesh, gen):
 
     for vocab in VOCABS:
         logits, target = _data(vocab, gen)
-        class_weight = torch.rand(vocab, generator=gen) + 0.5
-        row_weight = torch.rand(ROWS, generator=gen)
+        class_weight = _on(torch.rand(vocab, generator=gen) + 0.5)
+        row_weight = _on(torch.rand(ROWS, generator=gen))
         option_sets = [
             {},
             dict(label_smoothing=0.1, z_loss=1e-3, softcap=3.0, logit_scale=0.7),
@@ -78,7 +85,7 @@ def _ce_cases(mesh, gen):
                 ref = xent.cross_entropy(
                     ref_in, target, reduction=reduction, return_stats=True, **options
                 )
-                upstream = torch.rand(ref.loss.shape, generator=gen)
+                upstream = _on(torch.rand(ref.loss.shape, generator=gen))
                 (ref_grad,) = torch.autograd.grad(ref.loss, ref_in, upstream)
                 for placement in (Shard(-1), Replicate()):
                     d = distribute_tensor(logits, mesh, [placement]).requires_grad_()
@@ -119,7 +126,7 @@ def _distill_cases(mesh, gen):
 
     for vocab in VOCABS:
         student, target = _data(vocab, gen)
-        teacher = torch.randn(ROWS, vocab, generator=gen)
+        teacher = _on(torch.randn(ROWS, vocab, generator=gen))
         for kind in ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd"):
             for options in ({}, dict(temperature=2.0, hard_weight=0.5, label_smoothing=0.1)):
                 tag = f"distill V={vocab} {kind} {sorted(options)}"
@@ -147,7 +154,7 @@ def _logprobs_cases(mesh, gen):
             tag = f"logprobs V={vocab} {sorted(options)}"
             ref_in = logits.clone().requires_grad_()
             ref = xent.logprobs(ref_in, target, **options)
-            upstream = torch.rand(ROWS, generator=gen)
+            upstream = _on(torch.rand(ROWS, generator=gen))
             (ref_grad,) = torch.autograd.grad(ref, ref_in, upstream)
             d = distribute_tensor(logits, mesh, [Shard(-1)]).requires_grad_()
             got = xent.logprobs(d, target, **options)
@@ -174,7 +181,7 @@ def _linear_inputs(vocab, gen):
     bias = torch.randn(vocab, generator=gen) * 0.1
     target = torch.randint(0, vocab, (ROWS,), generator=gen)
     target[::4] = -100
-    return hidden, weight, bias, target
+    return _on(hidden), _on(weight), _on(bias), _on(target)
 
 
 def _linear_cases(mesh, gen):
@@ -215,15 +222,15 @@ def _linear_cases(mesh, gen):
         w = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
         ref_in = [t.clone().requires_grad_() for t in (hidden, weight)]
         ref = xent.linear_logprobs(ref_in[0], ref_in[1], target, temperature=0.8)
-        upstream = torch.rand(ROWS, generator=gen)
+        upstream = _on(torch.rand(ROWS, generator=gen))
         ref_grads = torch.autograd.grad(ref, ref_in, upstream)
         got = xent.linear_logprobs(h, w, target, temperature=0.8)
         grads = torch.autograd.grad(got, (h, w), DTensor.from_local(upstream, mesh, got.placements))
         _close(f"linear_logprobs V={vocab}", _full(got), ref, rtol=1e-4, atol=1e-5)
         for a, e in zip(grads, ref_grads):
             _close(f"linear_logprobs V={vocab} grad", _full(a), e, rtol=1e-4, atol=1e-5)
-        teacher_hidden = torch.randn(ROWS, 8, generator=gen)
-        teacher_weight = torch.randn(vocab, 8, generator=gen)
+        teacher_hidden = _on(torch.randn(ROWS, 8, generator=gen))
+        teacher_weight = _on(torch.randn(vocab, 8, generator=gen))
         for kind in ("forward_kl", "jsd"):
             ref = xent.linear_distill(
                 ref_in[0],
@@ -322,7 +329,7 @@ def _tiny_llama(vocab, seed):
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).float()
+    return LlamaForCausalLM(config).float().to(_DEVICE)
 
 
 def _fsdp_cases(mesh, rank):
@@ -334,7 +341,7 @@ def _fsdp_cases(mesh, rank):
 
     vocab = 101
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
-    ids = torch.randint(0, vocab, (2, 9), generator=gen)
+    ids = _on(torch.randint(0, vocab, (2, 9), generator=gen))
     models = []
     for patched in (False, True):
         model = _tiny_llama(vocab, 0).train()
@@ -374,12 +381,13 @@ def _fsdp_tp_cases(rank):
 
     import xent
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(_DEVICE, (2, 2), mesh_dim_names=("dp", "tp"))
     vocab = 101  # uneven over tp: 51 / 50
     dp_rank = mesh.get_local_rank("dp")
     gen = torch.Generator().manual_seed(200 + dp_rank)  # the tp ranks of a dp rank share data
     ids = torch.randint(0, vocab, (2, 9), generator=gen)
-    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1)
+    labels = _on(torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1))
+    ids = _on(ids)
     results = []
     for use_xent in (False, True):
         model = _tiny_llama(vocab, 0).train()
@@ -415,18 +423,25 @@ def _fsdp_tp_cases(rank):
         _close(f"fsdp x tp ∂{name}", grad, ref_grads[name], rtol=1e-4, atol=1e-6)
 
 
-def _worker(rank, world, init_file, error_dir):
+def _worker(rank, world, device, init_file, error_dir):
+    global _DEVICE
+    _DEVICE = device
     try:
         torch.set_num_threads(1)
+        if device == "cuda":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+            "nccl" if device == "cuda" else "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
         )
         if world == 4:
             _fsdp_tp_cases(rank)
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh("cpu", (world,))
+            mesh = init_device_mesh(device, (world,))
             gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
             for cases in (_ce_cases, _distill_cases, _logprobs_cases, _linear_cases, _error_cases):
                 cases(mesh, gen)
@@ -441,15 +456,27 @@ def _worker(rank, world, init_file, error_dir):
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_dtensor_matches_single_process(world):
+def _cases():
+    for world in (2, 3, 4):
+        yield pytest.param(world, "cpu", id=f"{world}-cpu")
+        gpu = [
+            pytest.mark.gpu,
+            pytest.mark.skipif(
+                torch.cuda.device_count() < world, reason=f"fewer than {world} GPUs"
+            ),
+        ]
+        yield pytest.param(world, "cuda", id=f"{world}-cuda", marks=gpu)
+
+
+@pytest.mark.parametrize("world, device", _cases())
+def test_dtensor_matches_single_process(world, device):
     pytest.importorskip("torch.distributed.tensor")
     if world == 4:
         pytest.importorskip("transformers")
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         try:
-            mp.spawn(_worker, args=(world, init_file, tmp), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, device, init_file, tmp), nprocs=world, join=True)
         except Exception:
             errors = [
                 open(os.path.join(tmp, name)).read()
