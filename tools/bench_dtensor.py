@@ -18,6 +18,11 @@ LM head [128256, 4096] sharded Shard(0). Variants timed on the same inputs:
 * ``dtensor``: xent with the DTensors (the conversions of xent/_dtensor.py on top of the above);
 * ``loss_parallel``: torch's ``loss_parallel()`` F.cross_entropy on the DTensor logits (for the
   linear case after DTensor's F.linear, which materialises the local logits);
+* ``megatron_compiled``: the vocabulary-parallel cross-entropy as Megatron-LM forms it (the
+  global row max, then the sums of exponentials and the target logit, each all-reduced; the
+  gradient softmax − one-hot of the local columns), in plain torch ops whose local parts are
+  torch.compile'd, on the local shards the process-group variant takes (the linear case: the
+  local logits by a plain matmul, ∂hidden all-reduced as a column-parallel head's backward does);
 * ``local``: xent on the local slice alone, without any collective (targets folded into the
   slice): the compute floor of the sharded step.
 
@@ -153,11 +158,13 @@ def _ce_case(mesh, group, shape, dtype, device, args, timer):
     offset, local_vocab = int(offsets[-1]), local.shape[-1]
     local_target = target % local_vocab
 
-    def pg():
+    def pg(grads=None):
         loss = xent.cross_entropy(
             local, target, process_group=group, vocab_offset=offset, vocab_size=vocab
         )
-        torch.autograd.grad(loss, local)
+        got = torch.autograd.grad(loss, local)
+        if grads is not None:
+            grads.extend(got)
         return loss
 
     def dtensor():
@@ -176,14 +183,27 @@ def _ce_case(mesh, group, shape, dtype, device, args, timer):
         torch.autograd.grad(loss, local)
         return loss
 
+    def megatron_compiled(grads=None):
+        loss = _MegatronStyleCE.apply(local, target, offset, group)
+        got = torch.autograd.grad(loss, local)
+        if grads is not None:
+            grads.extend(got)
+        return loss
+
     records_gather = _records_gather(rows, device, group)
 
-    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective)
+    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective, megatron_compiled)
     return (
         variants,
         {"records_all_gather": records_gather},
         losses,
-        {"rows": rows, "vocab": vocab, "local_vocab": local_vocab, "vocab_offset": offset},
+        {
+            "rows": rows,
+            "vocab": vocab,
+            "local_vocab": local_vocab,
+            "vocab_offset": offset,
+            "megatron_grad_rel_diff": _grad_diff(pg, megatron_compiled),
+        },
     )
 
 
@@ -208,11 +228,13 @@ def _linear_case(mesh, group, shape, dtype, device, args, timer):
     offset, local_vocab = int(offsets[0]), w_local.shape[0]
     local_target = target % local_vocab
 
-    def pg():
+    def pg(grads=None):
         loss = xent.linear_cross_entropy(
             h_local, w_local, target, process_group=group, vocab_offset=offset, vocab_size=vocab
         )
-        torch.autograd.grad(loss, (h_local, w_local))
+        got = torch.autograd.grad(loss, (h_local, w_local))
+        if grads is not None:
+            grads.extend(got)
         return loss
 
     def dtensor():
@@ -232,13 +254,21 @@ def _linear_case(mesh, group, shape, dtype, device, args, timer):
         torch.autograd.grad(loss, (h_local, w_local))
         return loss
 
+    def megatron_compiled(grads=None):
+        loss = _MegatronStyleCE.apply(h_local @ w_local.T, target, offset, group)
+        got = torch.autograd.grad(loss, (h_local, w_local))
+        dist.all_reduce(got[0], group=group)  # the column-parallel head's ∂input
+        if grads is not None:
+            grads.extend(got)
+        return loss
+
     records_gather = _records_gather(rows, device, group)
     grad_hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
 
     def hidden_all_reduce():
         dist.all_reduce(grad_hidden, group=group)
 
-    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective)
+    variants, losses = _variants(pg, dtensor, torch_loss_parallel, no_collective, megatron_compiled)
     return (
         variants,
         {"records_all_gather": records_gather, "hidden_grad_all_reduce": hidden_all_reduce},
@@ -249,8 +279,51 @@ def _linear_case(mesh, group, shape, dtype, device, args, timer):
             "vocab": vocab,
             "local_vocab": local_vocab,
             "vocab_offset": offset,
+            "megatron_grad_rel_diff": _grad_diff(pg, megatron_compiled),
         },
     )
+
+
+@torch.compile(dynamic=False)
+def _local_max(x):
+    return x.float().amax(-1)
+
+
+@torch.compile(dynamic=False)
+def _local_sums(x, row_max, local_target, in_shard):
+    shifted = x.float() - row_max[:, None]
+    picked = shifted.gather(1, local_target[:, None]).squeeze(1)
+    return torch.stack((shifted.exp().sum(-1), torch.where(in_shard, picked, 0.0)))
+
+
+@torch.compile(dynamic=False)
+def _local_grad(x, row_max, log_sum, local_target, in_shard, scale):
+    p = (x.float() - row_max[:, None] - log_sum[:, None]).exp()
+    hot = torch.zeros_like(p).scatter_(1, local_target[:, None], in_shard[:, None].float())
+    return ((p - hot) * scale).to(x.dtype)
+
+
+class _MegatronStyleCE(torch.autograd.Function):
+    """Mean cross-entropy of vocabulary-sharded logits: local slice x of columns
+    [offset, offset + x.shape[1]) of every row, targets global, no ignored rows."""
+
+    @staticmethod
+    def forward(ctx, x, target, offset, group):
+        in_shard = (target >= offset) & (target < offset + x.shape[1])
+        local_target = torch.where(in_shard, target - offset, 0)
+        row_max = _local_max(x)
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        sums = _local_sums(x, row_max, local_target, in_shard)
+        dist.all_reduce(sums, group=group)
+        log_sum = sums[0].log()
+        ctx.save_for_backward(x, row_max, log_sum, local_target, in_shard)
+        return (log_sum - sums[1]).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, row_max, log_sum, local_target, in_shard = ctx.saved_tensors
+        scale = grad / x.shape[0]
+        return _local_grad(x, row_max, log_sum, local_target, in_shard, scale), None, None, None
 
 
 def _randn(shape, mesh, placements, dtype, seed):
@@ -270,6 +343,20 @@ def _randn(shape, mesh, placements, dtype, seed):
     )
 
 
+def _grad_diff(reference, other) -> float:
+    """The largest norm-wise relative difference between the gradients of two variants (the
+    largest over ranks): a check that the Megatron-style variant computes what xent does."""
+    expected, got = [], []
+    reference(expected)
+    other(got)
+    worst = max(
+        float((g.float() - e.float()).norm() / e.float().norm()) for e, g in zip(expected, got)
+    )
+    worst = torch.tensor([worst], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst.item())
+
+
 def _records_gather(rows: int, device, group):
     """The all_gather of the [N, 9] fp32 records that the sharded step issues, alone."""
     records = torch.zeros(rows, 9, dtype=torch.float32, device=device)
@@ -281,17 +368,19 @@ def _records_gather(rows: int, device, group):
     return records_gather
 
 
-def _variants(pg, dtensor, loss_parallel, local) -> tuple[dict, dict]:
+SHARDED = ("process_group", "dtensor", "loss_parallel", "megatron_compiled")
+
+
+def _variants(pg, dtensor, loss_parallel, local, megatron) -> tuple[dict, dict]:
     """The timed variants by name, and the loss of each sharded one (a check they agree)."""
     variants = {
         "process_group": pg,
         "dtensor": dtensor,
         "loss_parallel": loss_parallel,
+        "megatron_compiled": megatron,
         "local": local,
     }
-    losses = {
-        name: _scalar(variants[name]()) for name in ("process_group", "dtensor", "loss_parallel")
-    }
+    losses = {name: _scalar(variants[name]()) for name in SHARDED}
     return variants, losses
 
 
@@ -357,7 +446,7 @@ def main():
         for collective, step in collectives.items():
             entry["collectives_ms"][collective] = timer(step, args.warmup, args.iters)
         if not args.no_profile:
-            for variant in ("process_group", "dtensor", "loss_parallel"):
+            for variant in SHARDED:
                 entry["profiled_collective_ms"][variant] = _profiled_collective_ms(
                     variants[variant], device, max(1, min(args.iters, 5))
                 )
