@@ -50,6 +50,7 @@ the tensor-parallel mesh) and reduce-scatters ∂W after the backward as for any
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -84,9 +85,11 @@ class _Layout:
     """Where a DTensor's local slice sits: mesh, the sharded mesh dim (None if replicated), its
     group, the local slice's offset and the global size along the sharded tensor dim."""
 
-    def __init__(self, mesh: Any, mesh_dim: int | None, offset: int, size: int) -> None:
+    def __init__(
+        self, mesh: Any, mesh_dim: int | None, offset: int, size: int, group: Any = None
+    ) -> None:
         self.mesh, self.mesh_dim, self.offset, self.size = mesh, mesh_dim, offset, size
-        self.group = mesh.get_group(mesh_dim) if mesh_dim is not None else None
+        self.group = group
 
     @property
     def sharded(self) -> bool:
@@ -101,19 +104,21 @@ class _Layout:
         )
 
 
-def _global_offset(tensor: Any, dim: int) -> int:
-    try:
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+_MESH_DIMS: dict = {}
 
-        _, offsets = compute_local_shape_and_global_offset(
-            tensor.shape, tensor.device_mesh, tensor.placements
-        )
-        return int(offsets[dim])
-    except ImportError:  # the same rule by hand: torch.chunk's split, rank order on the mesh dim
-        (mesh_dim,) = [i for i, p in enumerate(tensor.placements) if p.is_shard()]
-        size, world = tensor.shape[dim], tensor.device_mesh.size(mesh_dim)
-        rank = tensor.device_mesh.get_local_rank(mesh_dim)
-        return min(size, rank * -(-size // world))
+
+def _mesh_dim(mesh: Any, mesh_dim: int) -> tuple:
+    """(size, this rank's coordinate, process group) of a mesh dim, looked up once per mesh
+    object: the ops ask on every call, and DeviceMesh answers through layout objects."""
+    key = (id(mesh), mesh_dim)
+    entry = _MESH_DIMS.get(key)
+    if entry is None or entry[0]() is not mesh:
+        # the entry leaves with its mesh (no process group is kept alive by it)
+        ref = weakref.ref(mesh, lambda _, key=key: _MESH_DIMS.pop(key, None))
+        coordinate = mesh.get_coordinate()[mesh_dim]
+        entry = (ref, mesh.size(mesh_dim), coordinate, mesh.get_group(mesh_dim))
+        _MESH_DIMS[key] = entry
+    return entry[1:]
 
 
 def _layout(function: str, name: str, tensor: Any, dim: int, accepted: str) -> _Layout:
@@ -139,15 +144,19 @@ def _layout(function: str, name: str, tensor: Any, dim: int, accepted: str) -> _
         )
     if not sharded:
         return _Layout(tensor.device_mesh, None, 0, tensor.shape[dim])
-    size, world = tensor.shape[dim], tensor.device_mesh.size(sharded[0])
-    if (world - 1) * -(-size // world) >= size:  # raised on every rank: none enters a collective
+    world, coordinate, group = _mesh_dim(tensor.device_mesh, sharded[0])
+    size, chunk = tensor.shape[dim], -(-tensor.shape[dim] // world)
+    if (world - 1) * chunk >= size:  # raised on every rank: none enters a collective
         raise ValueError(
             f"xent.{function}: {name} of {size} along dim {dim} sharded over "
             f"{world} ranks leaves the last rank(s) no columns (DTensor gives "
-            f"ceil({size}/{world}) = {-(-size // world)} to the first ranks); "
+            f"ceil({size}/{world}) = {chunk} to the first ranks); "
             "accepted: a size whose last shard is not empty, or a smaller mesh"
         )
-    return _Layout(tensor.device_mesh, sharded[0], _global_offset(tensor, dim), tensor.shape[dim])
+    # DTensor's split, torch.chunk's: ceil(size / world) in mesh order, what is left to the last.
+    # By hand: DTensor's own offset helper builds the slice's index range as a tensor and reads
+    # it back (a device synchronisation when the default device is a GPU).
+    return _Layout(tensor.device_mesh, sharded[0], coordinate * chunk, size, group)
 
 
 def _replicated(function: str, name: str, value: Any, mesh: Any = None) -> Any:

@@ -6,7 +6,8 @@ splits unevenly (1031: 516/515 and 344/344/343; 7: 4/3 and 3/3/1; 4 over 3 ranks
 leaves a rank nothing, is refused on every rank). Every op with Shard(-1)
 logits or a Shard(0) LM head (Replicate hidden): loss, statistics and the gradients with their
 placements; the errors for other placements and for an FSDP2-sharded head used outside its
-module's forward; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss
+module's forward; no value read back to the host and no collective beyond the process-group
+path's; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss
 and gradients as without xent. World 4: a 2 x 2 (dp, tp) mesh, FSDP2 x TP on one tiny Llama,
 xent's loss and gradients against torch's loss_parallel cross-entropy. Each world size is one
 spawn running all its cases.
@@ -315,6 +316,38 @@ def _error_cases(mesh, gen):
     )
 
 
+def _quiet_cases(mesh, gen):
+    """A DTensor training call issues the collectives of the process-group path and no others,
+    and reads no tensor value back to the host (on a GPU, a synchronisation with the device)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.profiler import ProfilerActivity, profile
+
+    import xent
+
+    logits, target = _data(1031, gen)
+    hidden, weight, _, _ = _linear_inputs(1031, gen)
+    d = distribute_tensor(logits, mesh, [Shard(-1)]).requires_grad_()
+    teacher = distribute_tensor(_on(torch.randn(logits.shape, generator=gen)), mesh, [Shard(-1)])
+    h = distribute_tensor(hidden, mesh, [Replicate()]).requires_grad_()
+    w = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
+    calls = {  # loss, inputs, the process-group path's collectives
+        "cross_entropy": (lambda: xent.cross_entropy(d, target), (d,), 1),
+        "linear_cross_entropy": (lambda: xent.linear_cross_entropy(h, w, target), (h, w), 2),
+        "distill": (lambda: xent.distill(d, teacher, target), (d,), 1),
+        "logprobs": (lambda: xent.logprobs(d, target).sum(), (d,), 1),
+    }
+    for name, (loss, inputs, collectives) in calls.items():
+        torch.autograd.grad(loss(), inputs)  # first calls may look things up once
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.autograd.grad(loss(), inputs)
+        names = [event.name for event in prof.events()]
+        assert "aten::item" not in names, f"{name}: a value read back on the host"
+        got = sum(event.startswith("c10d::") for event in names)
+        assert got == collectives, (
+            f"{name}: {got} collectives, the process-group path {collectives}"
+        )
+
+
 def _tiny_llama(vocab, seed):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -443,7 +476,14 @@ def _worker(rank, world, device, init_file, error_dir):
 
             mesh = init_device_mesh(device, (world,))
             gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
-            for cases in (_ce_cases, _distill_cases, _logprobs_cases, _linear_cases, _error_cases):
+            for cases in (
+                _ce_cases,
+                _distill_cases,
+                _logprobs_cases,
+                _linear_cases,
+                _error_cases,
+                _quiet_cases,
+            ):
                 cases(mesh, gen)
             _fsdp_cases(mesh, rank)
         dist.barrier()
