@@ -392,6 +392,14 @@ def _scalar(loss) -> float:
     return float(loss.detach().float().item())
 
 
+def _commit() -> str:
+    """The measured commit, as compare_torch.py names it (XENT_COMMIT where the tree has no .git)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare_torch import git_commit
+
+    return git_commit()
+
+
 def main():
     args = _parse()
     device_type = args.device
@@ -416,6 +424,7 @@ def main():
     builders = {"ce": _ce_case, "linear_ce": _linear_case}
     record = {
         "tool": "bench_dtensor",
+        "commit": _commit(),
         "world_size": world,
         "mesh_shape": list(mesh.shape),
         "mesh_dim_names": list(mesh.mesh_dim_names),
