@@ -19,6 +19,7 @@ from torch import Tensor
 
 import xent.functional as _functional  # its helpers, read at call time (it imports this module)
 from xent._autograd import _apply_upstream, _no_double_backward, _scale_saved
+from xent._errors import python_names
 from xent._logprobs import _statistics
 from xent._ops import ops
 
@@ -452,6 +453,7 @@ def _options(
     )
 
 
+@python_names
 def policy_loss(
     logits: Tensor,
     target: Tensor,

@@ -469,3 +469,10 @@ def test_more_errors():
             xent.policy_loss(flat, flat_target, flat_adv, **kwargs)
     with pytest.raises(ValueError, match="policy_loss: tis_cap missing"):
         xent.policy_loss(logits, target, advantages, rollout_logprobs=torch.zeros(2, 3))
+    # The kernels' own checks, in the caller's names.
+    with pytest.raises(ValueError, match="policy_loss: logits has unsupported dtype: got int64"):
+        xent.policy_loss(logits.long(), target, advantages)
+    with pytest.raises(ValueError, match="policy_loss: target has unsupported dtype"):
+        xent.policy_loss(logits, advantages, advantages)
+    with pytest.raises(ValueError, match="policy_loss: target out of range"):
+        xent.policy_loss(logits, torch.full((2, 3), 11), advantages)
