@@ -5,6 +5,7 @@
     loss = xent.linear_cross_entropy(hidden, lm_head.weight, target)  # never holds N x V logits
     logp, entropy = xent.linear_logprobs(hidden, lm_head.weight, target, temperature=0.7,
                                          return_entropy=True)       # RL: both differentiable
+    loss = xent.policy_loss(logits, target, advantages, old_logprobs=old, clip_high=0.28)
 
 Modules live in xent.nn, the Hugging Face patch in xent.hf.
 """
@@ -22,13 +23,18 @@ from xent._build import check_torch as _check_torch
 from xent._build import source_version as _source_version
 from xent.functional import (
     DISTILL_KINDS,
+    KL_ESTIMATORS,
+    POLICY_AGGREGATIONS,
+    POLICY_LOSS_TYPES,
     CrossEntropyResult,
+    PolicyLossResult,
     cross_entropy,
     distill,
     linear_cross_entropy,
     linear_distill,
     linear_logprobs,
     logprobs,
+    policy_loss,
 )
 
 __version__ = build_info()["version"] or _source_version()
@@ -39,6 +45,10 @@ _check_gpus()
 __all__ = [
     "CrossEntropyResult",
     "DISTILL_KINDS",
+    "KL_ESTIMATORS",
+    "POLICY_AGGREGATIONS",
+    "POLICY_LOSS_TYPES",
+    "PolicyLossResult",
     "build_info",
     "check_errors",
     "cross_entropy",
@@ -49,6 +59,7 @@ __all__ = [
     "linear_logprobs",
     "logprobs",
     "nn",
+    "policy_loss",
 ]
 
 

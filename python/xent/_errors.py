@@ -22,6 +22,7 @@ _OPS = {
     "linear_cross_entropy": ("linear_ce_forward", "linear_ce_backward"),
     "distill": ("distill_forward", "distill_backward"),
     "linear_distill": ("linear_distill_forward", "linear_distill_backward"),
+    "policy_loss": ("ce_forward", "ce_logprob_backward"),
 }
 
 # Per public function: the core's argument names that differ from its Python keywords. Names not
@@ -42,6 +43,7 @@ KEYWORDS = {
         # The core's `teacher` is the choice between the two forms.
         "teacher": "teacher_logits or teacher_hidden",
     },
+    "policy_loss": {},
 }
 
 

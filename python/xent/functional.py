@@ -29,6 +29,13 @@ from xent._autograd import (
 from xent._errors import python_names
 from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _statistics
 from xent._ops import ops
+from xent._policy import (
+    KL_ESTIMATORS,
+    POLICY_AGGREGATIONS,
+    POLICY_LOSS_TYPES,
+    PolicyLossResult,
+    policy_loss,
+)
 
 Tensor = torch.Tensor
 
@@ -42,6 +49,11 @@ __all__ = [
     "default_workspace_bytes",
     "logprobs",
     "linear_logprobs",
+    "policy_loss",
+    "PolicyLossResult",
+    "POLICY_LOSS_TYPES",
+    "POLICY_AGGREGATIONS",
+    "KL_ESTIMATORS",
 ]
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")

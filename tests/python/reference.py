@@ -230,3 +230,166 @@ def targets(gen, rows, vocab, device="cpu", ignore_index=-100, ignored_fraction=
     ignored = torch.rand(rows, generator=gen) < ignored_fraction
     target[ignored] = ignore_index
     return target.to(device)
+
+
+def _sequence_lists(rows, valid, sequence_ids=None, cu_seqlens=None, row_shape=None):
+    """The valid token positions of each sequence (empty sequences dropped), in plain Python."""
+    if sequence_ids is not None:
+        ids = sequence_ids.reshape(-1).tolist()
+    elif cu_seqlens is not None:
+        bounds = cu_seqlens.tolist()
+        ids = [0] * rows
+        for s in range(len(bounds) - 1):
+            for t in range(bounds[s], bounds[s + 1]):
+                ids[t] = s
+    elif row_shape is not None and len(row_shape) == 2:
+        ids = [t // row_shape[1] for t in range(rows)]
+    else:
+        return None
+    members = {}
+    for t in range(rows):
+        if valid[t]:
+            members.setdefault(ids[t], []).append(t)
+    return list(members.values())
+
+
+def policy_loss(
+    logits,
+    target,
+    advantages,
+    old_logprobs=None,
+    ref_logprobs=None,
+    rollout_logprobs=None,
+    loss_type="grpo",
+    clip_low=0.2,
+    clip_high=None,
+    dual_clip=None,
+    kl_coef=0.0,
+    kl_estimator="k3",
+    entropy_coef=0.0,
+    tis_cap=None,
+    sapo_tau_pos=1.0,
+    sapo_tau_neg=1.05,
+    temperature=1.0,
+    softcap=None,
+    ignore_index=-100,
+    loss_mask=None,
+    aggregation=None,
+    sequence_ids=None,
+    cu_seqlens=None,
+    normalizer=None,
+):
+    """docs/semantics.md §7 in float64, differentiable in logits (autograd gives the reference
+    gradient): the valid tokens picked out one by one, the sequences as Python lists, every
+    formula written from its definition. Returns a dict: loss, the statistics, and `scale`, the
+    sum of the magnitudes of what the loss adds up (Σ|g_t·L_t| + Σ|∂loss/∂ℓ_t| + Σ|∂loss/∂H_t|),
+    against which a test bounds the rounding of the loss."""
+    row_shape = tuple(target.shape)
+    x = logits.reshape(-1, logits.shape[-1])
+    y = target.reshape(-1).cpu()
+    rows = y.shape[0]
+    valid = y != ignore_index
+    if loss_mask is not None:
+        valid = valid & (loss_mask.reshape(-1).cpu() != 0)
+    y = torch.where(valid, y, torch.full_like(y, ignore_index))
+    lp_all, h_all = logprobs(x, y, temperature, ignore_index, softcap)
+    index = valid.nonzero().squeeze(1).tolist()
+    lp, h = lp_all[index], h_all[index]
+
+    def pick(values):
+        return None if values is None else values.reshape(-1).cpu().double()[index]
+
+    adv, old, ref_lp, rollout = (
+        pick(advantages),
+        pick(old_logprobs),
+        pick(ref_logprobs),
+        pick(rollout_logprobs),
+    )
+    if old is None:
+        old = lp.detach()
+    high = clip_low if clip_high is None else clip_high
+    low_bound, high_bound = 1.0 - clip_low, 1.0 + high
+    aggregation = aggregation or {"dr_grpo": "token_sum_norm", "gspo": "seq_mean_token_mean"}.get(
+        loss_type, "token_mean"
+    )
+    sequences = _sequence_lists(rows, valid.tolist(), sequence_ids, cu_seqlens, row_shape)
+    position = {t: i for i, t in enumerate(index)}  # token → its place among the valid ones
+    sequences = [[position[t] for t in members] for members in sequences or []]
+
+    ratio = torch.exp(lp - old)
+    rho = ratio
+    if loss_type == "gspo":
+        parts = [None] * len(index)
+        for members in sequences:
+            s = torch.exp((lp[members] - old[members]).mean())
+            for i in members:
+                parts[i] = s
+        rho = torch.stack(parts) if parts else ratio
+    clipped_low = torch.zeros(len(index), dtype=torch.bool)
+    clipped_high = torch.zeros(len(index), dtype=torch.bool)
+    if loss_type in ("grpo", "bnpo", "dapo", "dr_grpo", "gspo"):
+        term = -torch.minimum(rho * adv, torch.clamp(rho, low_bound, high_bound) * adv)
+        clipped_low = (adv < 0) & (rho < low_bound)
+        clipped_high = (adv > 0) & (rho > high_bound)
+        if dual_clip is not None:
+            dual = (adv < 0) & (rho > dual_clip)
+            term = torch.where(adv < 0, torch.minimum(term, -dual_clip * adv), term)
+            clipped_high = clipped_high | dual
+    elif loss_type == "cispo":
+        term = -torch.clamp(ratio, low_bound, high_bound).detach() * adv * lp
+        clipped_low, clipped_high = ratio < low_bound, ratio > high_bound
+    elif loss_type == "sapo":
+        tau = torch.where(
+            adv > 0, torch.full_like(adv, sapo_tau_pos), torch.full_like(adv, sapo_tau_neg)
+        )
+        term = -adv * (4.0 / tau) * torch.sigmoid(tau * (rho - 1.0))
+    else:
+        raise ValueError(loss_type)
+    if rollout is not None:
+        term = term * torch.clamp(torch.exp(old - rollout), max=tis_cap).detach()
+    kl = torch.zeros_like(lp)
+    if ref_lp is not None:
+        log_r = ref_lp - lp  # log(π_ref / π) on a token sampled from π
+        kl = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": torch.exp(log_r) - log_r - 1.0}[
+            kl_estimator
+        ]
+    per_token = term + kl_coef * kl - entropy_coef * h
+
+    count = len(index)
+    if aggregation == "token_mean":
+        weights = [1.0 / (normalizer if normalizer is not None else max(count, 1))] * count
+    elif aggregation == "token_sum_norm":
+        weights = [1.0 / normalizer] * count
+    else:
+        divisor = normalizer if normalizer is not None else max(len(sequences), 1)
+        weights = [0.0] * count
+        for members in sequences:
+            for i in members:
+                per_sequence = len(members) if aggregation == "seq_mean_token_mean" else 1
+                weights[i] = 1.0 / (per_sequence * divisor)
+    weights = torch.tensor(weights, dtype=torch.float64)
+    loss = (weights * per_token).sum()
+    if count:
+        grad_lp, grad_h = torch.autograd.grad(loss, [lp, h], retain_graph=True, allow_unused=True)
+        sensitivity = sum(g.abs().sum() for g in (grad_lp, grad_h) if g is not None)
+    else:
+        sensitivity = 0.0
+    scale = (weights * per_token).abs().sum().item() + float(sensitivity)
+
+    def mean(values):
+        return (
+            values.detach().double().sum() / count
+            if count
+            else torch.zeros((), dtype=torch.float64)
+        )
+
+    return dict(
+        loss=loss,
+        logprob=lp_all.detach().reshape(row_shape),
+        entropy=h_all.detach().reshape(row_shape),
+        clip_fraction_low=mean(clipped_low),
+        clip_fraction_high=mean(clipped_high),
+        kl=mean(kl),
+        ratio=mean(rho),
+        scale=scale,
+    )
