@@ -394,8 +394,10 @@ TEST(CudaDevicePaths, HopperPathsOnComputeCapability90Only) {
 }
 
 // The portable paths on rows of every kind they plan differently from Hopper: one CTA staging a
-// whole row by cp.async (40000, 65536 bf16), rows past one CTA's shared memory read twice
-// (131079 bf16, 300007 fp32), a padded odd row and an unaligned one (scalar staging).
+// whole row by cp.async (40000, 65536 bf16), rows past one CTA's shared memory (a staged prefix
+// and a streamed tail where rows are 16-byte aligned: 131079 padded to 131080, 140001 f16,
+// 65541 fp32, 262144; read twice where they are not: 131079 bf16, 300007 fp32), a padded odd row
+// and an unaligned one (scalar staging).
 using PortableCase = std::tuple<DType, int64_t, int64_t, unsigned>;
 class CudaPortableRows : public ::testing::TestWithParam<PortableCase> {};
 
@@ -426,6 +428,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, CudaPortableRows,
                                            PortableCase{DType::bf16, 65536, 0, kSmoothing},
                                            PortableCase{DType::f16, 40001, 3, kZLoss | kSoftcap},
                                            PortableCase{DType::bf16, 131079, 0, kAllCeOptions},
+                                           PortableCase{DType::bf16, 131079, 1, kAllCeOptions},
+                                           PortableCase{DType::f16, 140001, 7, kRowWeight},
+                                           PortableCase{DType::f32, 65541, 3, kZLoss | kSoftcap},
+                                           PortableCase{DType::bf16, 262144, 0, kSmoothing},
                                            PortableCase{DType::f32, 300007, 1, kRowWeight}),
                          portable_case_name);
 

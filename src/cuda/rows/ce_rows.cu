@@ -21,9 +21,10 @@ struct CeKernelParams {
   int cluster;
   int64_t slice_elements;
   bool staged;
-  bool bulk;         // staged by bulk copies (Hopper paths), else by cp.async
-  bool deep_stream;  // streamed sweeps keep several loads in flight per thread
-  bool lean_sums;    // the statistics skip the sums no output reads
+  int staged_vectors;  // >= 0: a staged prefix of this many vectors (plan_portable_long_row)
+  bool bulk;           // staged by bulk copies (Hopper paths), else by cp.async
+  bool deep_stream;    // streamed sweeps keep several loads in flight per thread
+  bool lean_sums;      // the statistics skip the sums no output reads
   bool logits_vector_ok;
   bool grad_vector_ok;
 };
@@ -54,7 +55,7 @@ __device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, floa
 
 // Writes ∂loss/∂x of a slice from its staged (or re-read) logits. The class weight of a column
 // enters only through label smoothing (kWeighted: weighted and ε > 0).
-template <bool kWeighted, class S, class Transform>
+template <bool kWeighted, bool kPrefix = false, class S, class Transform>
 __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Transform& transform,
                                               const CeGradRow<float>& row, int target_in_slice,
                                               const float* class_weight, S* grad,
@@ -65,7 +66,11 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
   const float scaled_lse = row.lse * kLog2e;
   // Only one vector of the row holds the target: the others skip the per-column comparison.
   const int target_vector = target_in_slice >= 0 ? target_in_slice / kVec : -1;
-  for (int j = threadIdx.x; j < vectors; j += blockDim.x) {
+  // A staged prefix's streamed tail goes first (kPrefix): the statistics sweep read it last, so
+  // its lines are the likeliest to be in L2 still.
+  const int tail = kPrefix ? vectors - slice.staged_vectors : 0;
+  for (int k = threadIdx.x; k < vectors; k += blockDim.x) {
+    const int j = !kPrefix ? k : k < tail ? k + (vectors - tail) : k - tail;
     const Vector<S> x = slice.reload(j);  // this thread waited on its piece in the first sweep
     Vector<S> g;
     float w[kVec];
@@ -97,11 +102,12 @@ __device__ __forceinline__ void ce_grad_sweep(const RowSlice<S>& slice, const Tr
 // At most 48 registers (5 CTAs of 256 threads): short rows run CTAs of 64-128 threads with small
 // slices, and 76 registers (what nvcc chose unbounded) held those to 6 CTAs per multiprocessor.
 // Only the softcap + class-weight gradient loop spills (one 4-byte slot).
-template <class S>
-__global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelParams p) {
+// The kWideThreads instance (plan_portable_long_row) runs one CTA a multiprocessor.
+template <class S, int kThreads = kMaxThreads, int kMinBlocks = 5>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) ce_rows_kernel(const CeKernelParams p) {
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   __shared__ uint64_t barriers[kMaxPieces];
-  __shared__ SharedStorage<RowStats<float>[kMaxThreads / 32]> warp_scratch_storage;
+  __shared__ SharedStorage<RowStats<float>[kThreads / 32]> warp_scratch_storage;
   __shared__ SharedStorage<CePartial[kMaxCluster]> slot_storage;
   __shared__ SharedStorage<CeRowShared> row_shared_storage;
   RowStats<float>* warp_scratch = warp_scratch_storage.get();
@@ -144,10 +150,18 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   }
 
   const S* row_logits = static_cast<const S*>(a.logits) + row * a.row_stride + begin;
-  const RowSlice<S> slice =
-      p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok,
-                             reinterpret_cast<S*>(dynamic_shared), barriers, p.bulk)
-               : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
+  S* const shared = reinterpret_cast<S*>(dynamic_shared);
+  // Only the wide instance stages a prefix (plan_portable_long_row plans nothing else for it);
+  // in the others the prefix code folds away.
+  constexpr bool kWide = kThreads == kWideThreads;
+  RowSlice<S> slice;
+  if constexpr (kWide) {
+    slice = stage_prefix(row_logits, begin, length, shared, p.staged_vectors);
+  } else {
+    slice = p.staged ? stage_slice(row_logits, begin, length, p.logits_vector_ok, shared, barriers,
+                                   p.bulk)
+                     : stream_slice(row_logits, begin, length, p.logits_vector_ok, p.deep_stream);
+  }
 
   // The batch totals are read only after the sweep below: with after_totals the pre-pass that
   // forms them may still run beside this grid's first CTAs.
@@ -161,13 +175,13 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
   RowStats<float> stats;
   with_transform(c.transform, [&](const auto& transform) {
     if (want_argmax) {
-      stats =
-          full ? slice_row_stats<true, true>(slice, transform, class_weight, entropy, p.lean_sums)
-               : slice_row_stats<false, true>(slice, transform, class_weight);
+      stats = full ? slice_row_stats<true, true, kWide>(slice, transform, class_weight, entropy,
+                                                        p.lean_sums)
+                   : slice_row_stats<false, true, kWide>(slice, transform, class_weight);
     } else {
-      stats =
-          full ? slice_row_stats<true, false>(slice, transform, class_weight, entropy, p.lean_sums)
-               : slice_row_stats<false, false>(slice, transform, class_weight);
+      stats = full ? slice_row_stats<true, false, kWide>(slice, transform, class_weight, entropy,
+                                                         p.lean_sums)
+                   : slice_row_stats<false, false, kWide>(slice, transform, class_weight);
     }
   });
 
@@ -231,11 +245,11 @@ __global__ void __launch_bounds__(kMaxThreads, 5) ce_rows_kernel(const CeKernelP
       const bool weighted = class_weight != nullptr && c.smoothing > 0;
       with_transform(c.transform, [&](const auto& transform) {
         if (weighted) {
-          ce_grad_sweep<true>(slice, transform, grad_row, target_in_slice, class_weight, grad,
-                              p.grad_vector_ok);
+          ce_grad_sweep<true, kWide>(slice, transform, grad_row, target_in_slice, class_weight,
+                                     grad, p.grad_vector_ok);
         } else {
-          ce_grad_sweep<false>(slice, transform, grad_row, target_in_slice, nullptr, grad,
-                               p.grad_vector_ok);
+          ce_grad_sweep<false, kWide>(slice, transform, grad_row, target_in_slice, nullptr, grad,
+                                      p.grad_vector_ok);
         }
       });
     }
@@ -263,32 +277,38 @@ void ce_rows(const CeRowsArgs& args, cudaStream_t stream) {
   const std::size_t element = dtype_size(args.dtype);
   // Without a gradient each element is read once: streamed slices read HBM directly and run more
   // CTAs per multiprocessor than staged ones, which only add the staging latency.
-  const SlicePlan plan = args.grad == nullptr ? plan_streamed_row_slices(args.vocab, element)
-                                              : plan_row_slices(args.vocab, element, 1);
+  SlicePlan plan = args.grad == nullptr ? plan_streamed_row_slices(args.vocab, element)
+                                        : plan_row_slices(args.vocab, element, 1);
+  const bool logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
+  if (args.grad != nullptr && !plan.hopper && !plan.staged && logits_vector_ok) {
+    plan = plan_portable_long_row(args.vocab, element);
+  }
   CeKernelParams p{};
   p.args = args;
   p.cluster = plan.cluster;
   p.slice_elements = plan.slice_elements;
   p.staged = plan.staged;
+  p.staged_vectors = plan.staged_vectors;
   p.bulk = plan.hopper;
   p.deep_stream = true;
   p.lean_sums = true;
-  p.logits_vector_ok = rows_are_vector_aligned(args.logits, args.row_stride, element);
+  p.logits_vector_ok = logits_vector_ok;
   p.grad_vector_ok =
       args.grad != nullptr && rows_are_vector_aligned(args.grad, args.grad_row_stride, element);
   const bool overlap = args.after_totals;
   auto launch = [&](auto kernel) {
     launch_row_kernel(kernel, p, args.rows, plan, stream, overlap);
   };
+  const bool wide = plan.threads == kWideThreads;
   switch (args.dtype) {
     case DType::f32:
-      launch(ce_rows_kernel<float>);
+      wide ? launch(ce_rows_kernel<float, kWideThreads, 1>) : launch(ce_rows_kernel<float>);
       break;
     case DType::bf16:
-      launch(ce_rows_kernel<bf16_t>);
+      wide ? launch(ce_rows_kernel<bf16_t, kWideThreads, 1>) : launch(ce_rows_kernel<bf16_t>);
       break;
     case DType::f16:
-      launch(ce_rows_kernel<f16_t>);
+      wide ? launch(ce_rows_kernel<f16_t, kWideThreads, 1>) : launch(ce_rows_kernel<f16_t>);
       break;
     default:
       throw Error(ErrorKind::invalid_argument,

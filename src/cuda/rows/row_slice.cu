@@ -86,6 +86,26 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs, int ma
   return plan;
 }
 
+SlicePlan plan_portable_long_row(int64_t vocab, std::size_t element) {
+  const int64_t vec = 16 / static_cast<int64_t>(element);
+  SlicePlan plan;
+  plan.hopper = false;
+  plan.cluster = 1;
+  plan.threads = kWideThreads;
+  plan.slice_elements = round_up(vocab, vec);
+  // Whole pieces (kWideThreads vectors, 16 KiB) of whole vectors, as many as shared memory holds
+  // beside the kernel's static shared memory, and at most the kPrefixGroups that stage_prefix
+  // keeps in flight.
+  constexpr std::size_t piece_bytes = std::size_t{kWideThreads} * 16;
+  const int64_t pieces =
+      std::min<int64_t>({static_cast<int64_t>(max_shared_per_block() / piece_bytes),
+                         vocab / vec / kWideThreads, kPrefixGroups});
+  plan.staged = true;
+  plan.staged_vectors = static_cast<int>(pieces * kWideThreads);
+  plan.shared_bytes = static_cast<std::size_t>(pieces) * piece_bytes;
+  return plan;
+}
+
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
   const bool hopper = hopper_paths();
   SlicePlan plan =

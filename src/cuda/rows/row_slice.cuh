@@ -8,7 +8,10 @@
 //
 // The portable paths (core/arch.hpp; sm_80 and every non-Hopper GPU) run the same kernels with
 // one CTA per row (cluster 1: no exchange between CTAs), the slice staged by cp.async, and
-// ordinary launches. The Hopper instructions are compiled only into sm_90 code; sm_80 code traps
+// ordinary launches. A ce row with a gradient too long for one CTA's shared memory runs in one
+// CTA of kWideThreads a multiprocessor that stages as much of it as fits (in pieces the
+// statistics sweep consumes as they land) and streams the rest twice, the streamed tail first
+// in the gradient sweep, while its lines are still in L2 (plan_portable_long_row). The Hopper instructions are compiled only into sm_90 code; sm_80 code traps
 // if it ever reaches them, which no portable plan lets happen.
 #pragma once
 
@@ -32,11 +35,13 @@ struct SlicePlan {
   bool staged = true;            // slice held in shared memory (else read twice from HBM)
   std::size_t shared_bytes = 0;  // dynamic shared memory per CTA
   bool hopper = true;            // clusters, bulk copies, dependent launches (hopper_paths)
+  int staged_vectors = -1;       // >= 0: only this prefix staged (pieces of threads vectors)
 };
 
 inline constexpr int kMaxThreads = 256;
-inline constexpr int kMaxPieces = 64;  // mbarriers per CTA: pieces of threads × 16 bytes
-inline constexpr int kMaxCluster = 8;  // portable cluster size
+inline constexpr int kWideThreads = 1024;  // a portable long row's CTA: one a multiprocessor
+inline constexpr int kMaxPieces = 64;      // mbarriers per CTA: pieces of threads × 16 bytes
+inline constexpr int kMaxCluster = 8;      // portable cluster size
 // The largest cluster Hopper runs once a kernel allows non-portable sizes. Only the distill
 // kernel takes it (its exchange pulls, so it keeps no slot per rank): two staged inputs of a row
 // of 256000 bf16 columns are 128 KiB slices in a cluster of 8, one CTA per multiprocessor,
@@ -58,6 +63,10 @@ SlicePlan plan_row_slices(int64_t vocab, std::size_t element, int inputs,
 // (cudaOccupancyMaxActiveClusters), after allowing non-portable sizes for the kernel. Cached per
 // kernel, device and size. 1 on the portable paths.
 int row_kernel_max_cluster(const void* kernel, int wanted, int threads, std::size_t shared_bytes);
+// A portable ce row with a gradient that plan_row_slices would stream twice (16-byte aligned
+// rows): one CTA of kWideThreads, the longest prefix of whole pieces that one CTA's shared
+// memory holds staged, the rest streamed.
+SlicePlan plan_portable_long_row(int64_t vocab, std::size_t element);
 // The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
 // plan_row_slices' (row_slice.cu says why).
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);
@@ -162,6 +171,16 @@ __device__ __forceinline__ ClusterSlice cluster_slice(int cluster, int64_t slice
   return c;
 }
 
+// stage_prefix keeps kPrefixGroups cp.async groups committed ahead of the statistics sweep: its
+// pieces, then empty groups up to that count. The sweep's p-th piece is then complete once at
+// most kPrefixGroups − 1 groups are pending, and committing one more (empty) group after each
+// piece keeps that so for the next: one constant wait operand for any number of pieces.
+inline constexpr int kPrefixGroups = 16;
+__device__ __forceinline__ void wait_next_piece() {
+  asm volatile("cp.async.wait_group 15;\n\tcp.async.commit_group;" ::: "memory");
+  static_assert(kPrefixGroups == 16, "the wait operand above is kPrefixGroups - 1");
+}
+
 // One CTA's part of a row. Vector j covers columns begin + j·kVec ... of the row.
 template <class S>
 struct RowSlice {
@@ -173,17 +192,20 @@ struct RowSlice {
   bool vector_ok = false;     // `global` moves in 16-byte vectors
   bool bulk = false;          // staged pieces arrive on mbarriers (wait before the first use)
   uint64_t* barriers = nullptr;
-  int bulk_vectors = 0;      // vectors covered by the bulk copies (0 when not bulk); 32-bit,
-                             // so the per-vector wait test is one comparison (slices < 2^31 B)
-  bool deep_stream = false;  // streamed: several loads in flight per thread (slice_row_stats)
+  int bulk_vectors = 0;          // vectors covered by the bulk copies (0 when not bulk); 32-bit,
+                                 // so the per-vector wait test is one comparison (slices < 2^31 B)
+  bool deep_stream = false;      // streamed: several loads in flight per thread (slice_row_stats)
+  int staged_vectors = INT_MAX;  // vectors held in `staged` (a prefix: stage_prefix)
+  bool async_pieces = false;     // staged pieces land on cp.async groups (stage_prefix)
 
   __device__ int64_t vectors() const { return (length + kVec - 1) / kVec; }
 
   // Vector j as floats; elements past `length` are unspecified (callers mask by column).
   // `piece` is the index of the piece that holds j (j / blockDim.x).
   __device__ __forceinline__ Vector<S> load(int64_t j, int64_t piece) const {
-    if (staged) {
+    if (staged && static_cast<int>(j) < staged_vectors) {
       if (static_cast<int>(j) < bulk_vectors) wait_piece(&barriers[static_cast<int>(piece)]);
+      if (async_pieces) wait_next_piece();
       return unpack<S>(load_shared_vector(reinterpret_cast<const uint4*>(staged) + j));
     }
     if (vector_ok && (j + 1) * kVec <= length) {
@@ -200,14 +222,16 @@ struct RowSlice {
 
   // Vector j again, after the sweep that waited on its piece (no barrier wait).
   __device__ __forceinline__ Vector<S> reload(int64_t j) const {
-    if (staged) return unpack<S>(load_shared_vector(reinterpret_cast<const uint4*>(staged) + j));
+    if (staged && static_cast<int>(j) < staged_vectors) {
+      return unpack<S>(load_shared_vector(reinterpret_cast<const uint4*>(staged) + j));
+    }
     return load(j, 0);
   }
 
   // Element i (0 <= i < length) as a float, from wherever the slice lives; call only after the
   // sweep that waited on every piece (the staged copy is complete then).
   __device__ __forceinline__ float element(int64_t i) const {
-    return load_float(staged ? staged[i] : global[i]);
+    return load_float(staged && i < int64_t{staged_vectors} * kVec ? staged[i] : global[i]);
   }
 };
 
@@ -285,6 +309,33 @@ __device__ RowSlice<S> stream_slice(const S* global, int64_t begin, int64_t leng
   slice.begin = begin;
   slice.length = length;
   slice.vector_ok = vector_ok;
+  return slice;
+}
+
+// Starts staging the first `prefix_vectors` 16-byte vectors (whole pieces of blockDim.x vectors,
+// at most kPrefixGroups pieces; `global` 16-byte aligned) into `shared` by cp.async, one commit group a
+// piece; every thread copies the vectors its statistics sweep reads, which waits on each piece
+// in turn (RowSlice::load), so the sweep starts on the first piece while the rest is in flight.
+// The rest of the slice is streamed. No barrier here: another thread's vectors may be read only
+// after the statistics sweep and a __syncthreads.
+template <class S>
+__device__ RowSlice<S> stage_prefix(const S* global, int64_t begin, int64_t length, S* shared,
+                                    int prefix_vectors) {
+  RowSlice<S> slice = stream_slice(global, begin, length, /*vector_ok=*/true, /*deep=*/true);
+  slice.staged = shared;
+  slice.staged_vectors = prefix_vectors;
+  slice.async_pieces = true;
+  const int pieces = prefix_vectors / static_cast<int>(blockDim.x);
+  for (int p = 0; p < kPrefixGroups; ++p) {
+    if (p < pieces) {
+      const int j = p * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                       shared_address(reinterpret_cast<const uint4*>(shared) + j)),
+                   "l"(reinterpret_cast<const uint4*>(global) + j)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   return slice;
 }
 

@@ -261,7 +261,7 @@ __device__ common::RowStats<float> exact_slice_row_stats(const RowSlice<S>& slic
 // `class_weight` is read only when kFull (the weighted logit sum of label smoothing); with
 // kFull, `entropy` false leaves sum_exp_shift at 0 (the entropy is not asked for); `lean` false
 // forms both optional sums regardless (the A/B switch of decision 37).
-template <bool kFull, bool kArgmax, class S, class Transform>
+template <bool kFull, bool kArgmax, bool kPrefix = false, class S, class Transform>
 __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlice<S>& slice,
                                                                    const Transform& transform,
                                                                    const float* class_weight,
@@ -298,29 +298,44 @@ __device__ __forceinline__ common::RowStats<float> slice_row_stats(const RowSlic
       }
     }
   };
-  int first = threadIdx.x;
-  if (slice.deep_stream && !slice.staged && slice.vector_ok) {
-    // Streamed slices (a forward without gradient): four 16-byte loads in flight per thread
-    // instead of one. By Little's law a multiprocessor needs ~48 KB in flight to draw its share
-    // of HBM bandwidth (~32 GB/s × ~1.5 µs under load); 1280 threads × 16 B is only 20 KB. Eight
-    // loads need 64 registers (4 CTAs instead of 5) and were no faster than four
-    // (docs/archive/perf-notes.md, v6). The raw words are held and unpacked at use, so the depth
-    // costs 4 registers a load.
+  // Streamed slices (a forward without gradient, a prefix's tail): four 16-byte loads in flight
+  // per thread instead of one, from vector j on while four fit. By Little's law a multiprocessor
+  // needs ~48 KB in flight to draw its share of HBM bandwidth (~32 GB/s × ~1.5 µs under load);
+  // 1280 threads × 16 B is only 20 KB. Eight loads need 64 registers (4 CTAs instead of 5) and
+  // were no faster than four (docs/archive/perf-notes.md, v6). The raw words are held and
+  // unpacked at use, so the depth costs 4 registers a load.
+  auto stream_deep = [&](int& j) {
     constexpr int kStreamDepth = 4;
     const uint4* words = reinterpret_cast<const uint4*>(slice.global);
     const int stride = static_cast<int>(blockDim.x);
-    for (; first + (kStreamDepth - 1) * stride < full_vectors; first += kStreamDepth * stride) {
+    for (; j + (kStreamDepth - 1) * stride < full_vectors; j += kStreamDepth * stride) {
       uint4 raw[kStreamDepth];
 #pragma unroll
-      for (int u = 0; u < kStreamDepth; ++u) raw[u] = __ldg(words + first + u * stride);
+      for (int u = 0; u < kStreamDepth; ++u) raw[u] = __ldg(words + j + u * stride);
 #pragma unroll
-      for (int u = 0; u < kStreamDepth; ++u) add_vector(unpack<S>(raw[u]), first + u * stride);
+      for (int u = 0; u < kStreamDepth; ++u) add_vector(unpack<S>(raw[u]), j + u * stride);
+    }
+  };
+  if constexpr (!kPrefix) {
+    int first = threadIdx.x;
+    if (slice.deep_stream && !slice.staged && slice.vector_ok) stream_deep(first);
+    // Staged slices start here with first == threadIdx.x, so iteration p reads piece p; the
+    // deep streamed loop above leaves only a streamed tail, which waits on no piece.
+    int piece = 0;
+    for (int j = first; j < vectors; j += blockDim.x, ++piece) add_vector(slice.load(j, piece), j);
+  } else {
+    // A slice of stage_prefix: pass 0 reads the staged prefix piece by piece as it lands, pass 1
+    // the streamed rest. One loop serves both passes: with a separate prefix loop (a sixth call
+    // site of add_vector) nvcc spilled ~600 bytes.
+    int j = threadIdx.x;
+    int piece = 0;
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) stream_deep(j);
+      const int end = pass == 0 ? slice.staged_vectors : vectors;
+      for (; j < end; j += blockDim.x, ++piece) add_vector(slice.load(j, piece), j);
     }
   }
-  // Staged slices start here with first == threadIdx.x, so iteration p reads piece p; the
-  // deep streamed loop above leaves only a streamed tail, which waits on no piece.
-  int piece = 0;
-  for (int j = first; j < vectors; j += blockDim.x, ++piece) add_vector(slice.load(j, piece), j);
   if (!acc.needs_exact_path()) return acc.stats;
   return exact_slice_row_stats(slice, transform, class_weight);
 }
