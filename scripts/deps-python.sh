@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the Python package's build and tests need, from PyPI: torch (the version pinned
 # in pyproject.toml's build requirements, the one place it is set), pytest, and transformers for
-# the Hugging Face patch tests. Quick and quiet when all is there. An installed torch >= 2.4 is
+# the Hugging Face patch tests, matplotlib for the plotting tool's test. Quick and quiet when all is there. An installed torch >= 2.4 is
 # kept as it is (the package supports 2.4 and later), so a machine with its own torch (a GPU box)
 # is never reinstalled.
 set -euo pipefail
@@ -20,6 +20,7 @@ have "import torch, sys; v = tuple(int(p) for p in torch.__version__.split('+')[
 have "import pytest" || need+=(pytest)
 have "import numpy" || need+=(numpy)
 have "import transformers" || need+=("transformers==${TRANSFORMERS_VERSION}")
+have "import matplotlib" || need+=("matplotlib==3.11.2")
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps-python: installing ${need[*]}"

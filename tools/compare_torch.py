@@ -48,6 +48,9 @@ except ImportError:  # reported in main(), so --help works without torch
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
 IMPLS = ("eager", "compile", "liger", "cce", "cce_exact", "quack", "xent_torch")
 LINEAR_SHAPES = ((8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256))
+# linear_ce's memory–time curve: xent at each workspace budget (MiB), the anchors once per shape.
+CURVE_BUDGETS_MIB = (64, 128, 256, 512, 1024, 2048, 4096)
+CURVE_ANCHORS = ("compile", "liger", "cce", "cce_exact", "quack")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -241,6 +244,24 @@ def suite_cases(name: str) -> list[dict]:
                     label="perf-linear distill 64 MiB",
                 )
             )
+    if name == "linear-curve":
+        # Time / F against peak extra memory: xent's budgets and default, each anchor once (their
+        # memory is theirs to choose), at the docs/performance.md shapes on both distributions.
+        for distribution in ("random", "peaked"):
+            for n, h, v in LINEAR_SHAPES:
+                shape = dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd")
+                shape["distribution"] = distribution
+                cases.append(dict(shape, impls=CURVE_ANCHORS, label="linear-curve anchors"))
+                cases.append(dict(shape, impls=("xent_torch",), label="linear-curve xent default"))
+                for mib in CURVE_BUDGETS_MIB:
+                    cases.append(
+                        dict(
+                            shape,
+                            budget_bytes=mib << 20,
+                            impls=("xent_torch",),
+                            label="linear-curve xent",
+                        )
+                    )
     for case in cases:
         case.setdefault("kind", "forward_kl")
         case.setdefault("dtype", "bf16")
@@ -801,7 +822,10 @@ def parse_args(argv=None):
     parser.add_argument("--kind", choices=DISTILL_KINDS, default="forward_kl")
     parser.add_argument("--device", choices=("cuda", "cpu"))
     parser.add_argument(
-        "--suite", choices=("perf-ce", "perf-ce-small", "perf-distill", "perf-linear", "perf")
+        "--suite",
+        choices=("perf-ce", "perf-ce-small", "perf-distill", "perf-linear", "perf", "linear-curve"),
+        help="a docs/performance.md suite; linear-curve: linear_ce at each workspace budget "
+        "beside the anchors (not part of perf)",
     )
     parser.add_argument(
         "--budget-mib",

@@ -8,6 +8,8 @@ successful forward + backward measurements, and draws for each GPU (device name)
   distill_<device>.png         the same per distillation kind
   linear_ce_<device>.png       time and peak extra memory vs tokens N (or per docs/performance.md shape when
                                the records have one N per shape)
+  linear_ce_curve_<device>.png time / F against peak extra memory: xent at each workspace budget
+                               and the anchors (compare_torch.py --suite linear-curve)
 
 Implementations: xent, naive (xent-bench's materialised form), eager, compile (torch.compile),
 liger, cce, quack — whichever the records hold. With --markdown it also prints the table README.md
@@ -141,6 +143,14 @@ def most_common(values):
     return max(counts, key=lambda value: (counts[value], value)) if counts else None
 
 
+def save(plt, fig, path: str, rect=None) -> str:
+    """Lays the figure out (within rect when given), writes it to path and closes it."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_time_vs_v(plt, ax, records: list, title: str) -> bool:
     """Time vs V at the most common N; returns False when there is nothing to draw."""
     n = most_common(r["n"] for r in records)
@@ -177,11 +187,7 @@ def plot_ce(plt, records: list, device: str, out_dir: str) -> list:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     plot_time_vs_v(plt, ax, rows, "cross-entropy")
     fig.suptitle(device, fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"ce_{slug(device)}.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [save(plt, fig, os.path.join(out_dir, f"ce_{slug(device)}.png"))]
 
 
 def plot_distill(plt, records: list, device: str, out_dir: str) -> list:
@@ -202,11 +208,7 @@ def plot_distill(plt, records: list, device: str, out_dir: str) -> list:
     for index in range(len(kinds), lines * columns):
         axes[index // columns][index % columns].axis("off")
     fig.suptitle(f"distillation — {device}", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out_dir, f"distill_{slug(device)}.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [save(plt, fig, os.path.join(out_dir, f"distill_{slug(device)}.png"))]
 
 
 def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
@@ -305,11 +307,95 @@ def plot_linear(plt, records: list, device: str, out_dir: str) -> list:
     handles, labels = time_ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle(device, fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path = os.path.join(out_dir, f"linear_ce_{slug(device)}.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [save(plt, fig, path, rect=(0, 0.07, 1, 1))]
+
+
+def plot_linear_curve(plt, records: list, device: str, out_dir: str) -> list:
+    """linear_ce's memory–time plane (compare_torch.py --suite linear-curve): time / F against
+    peak extra memory, xent's workspace budgets as one line, its default and each anchor as
+    points; one panel per docs/performance.md shape and distribution."""
+    rows = [
+        r
+        for r in records
+        if r["op"] == "linear_ce"
+        and str(r.get("label", "")).startswith("linear-curve")
+        and r.get("ratio")
+        and r.get("peak_extra_bytes") is not None
+    ]
+    if not rows:
+        return []
+    shapes = sorted({(r["n"], r["h"], r["v"]) for r in rows}, key=lambda s: (s[1], s[2], s[0]))
+    shapes.reverse()
+    distributions = [d for d in ("random", "peaked") if any(_dist(r) == d for r in rows)]
+    fig, axes = plt.subplots(
+        len(distributions),
+        len(shapes),
+        figsize=(4.6 * len(shapes), 3.9 * len(distributions)),
+        squeeze=False,
+    )
+    for i, distribution in enumerate(distributions):
+        for j, (n, h, v) in enumerate(shapes):
+            ax = axes[i][j]
+            here = [
+                r
+                for r in rows
+                if (r["n"], r["h"], r["v"]) == (n, h, v) and _dist(r) == distribution
+            ]
+            curve = sorted(
+                (r for r in here if r["impl"] == "xent_torch" and r.get("budget_bytes")),
+                key=lambda r: r["budget_bytes"],
+            )
+            if curve:
+                color, marker = style("xent_torch")
+                ax.plot(
+                    [max(r["peak_extra_bytes"], 1) / 2**20 for r in curve],
+                    [r["ratio"] for r in curve],
+                    color=color,
+                    marker=marker,
+                    label="xent, budget 64 MiB … 4 GiB",
+                )
+                for r in curve:
+                    ax.annotate(
+                        _mib(r["budget_bytes"]),
+                        (max(r["peak_extra_bytes"], 1) / 2**20, r["ratio"]),
+                        textcoords="offset points",
+                        xytext=(3, 4),
+                        fontsize=6,
+                        color=color,
+                    )
+            for r in here:
+                if r["impl"] == "xent_torch" and r.get("budget_bytes"):
+                    continue
+                color, marker = style(r["impl"])
+                name = IMPL_LABEL.get(r["impl"], r["impl"])
+                if r["impl"] == "xent_torch":
+                    name = "xent, default budget"
+                ax.scatter(
+                    max(r["peak_extra_bytes"], 1) / 2**20,
+                    r["ratio"],
+                    color=color,
+                    marker=marker if r["impl"] != "xent_torch" else "*",
+                    s=60,
+                    label=name,
+                    zorder=3,
+                )
+            ax.set_xscale("log")
+            ax.set_xlabel("peak extra memory (MiB)")
+            ax.set_ylabel("time / F (three bare products)")
+            ax.set_title(f"N={n}, H={h}, V={v}, {distribution}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=6)
+    fig.suptitle(f"linear_ce forward + backward, memory against time ({device})", fontsize=10)
+    return [save(plt, fig, os.path.join(out_dir, f"linear_ce_curve_{slug(device)}.png"))]
+
+
+def _dist(record: dict) -> str:
+    return record.get("distribution") or "random"
+
+
+def _mib(size: int) -> str:
+    return f"{size >> 30} GiB" if size >= 1 << 30 else f"{size >> 20} MiB"
 
 
 def markdown_table(records: list) -> str:
@@ -374,7 +460,7 @@ def main(argv=None) -> int:
         by_device[r.get("device", "unknown")].append(r)
     written = []
     for device, rows in sorted(by_device.items()):
-        for plot in (plot_ce, plot_distill, plot_linear):
+        for plot in (plot_ce, plot_distill, plot_linear, plot_linear_curve):
             written += plot(plt, rows, device, args.out)
     for path in written:
         print(f"plot_results: wrote {os.path.relpath(path, REPO)}", file=sys.stderr)

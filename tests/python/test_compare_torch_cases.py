@@ -3,6 +3,7 @@ peaked logits alike (the 64 MiB rows included), --distribution picks one of them
 only a single shape can take are refused with a suite."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,75 @@ def test_records_name_uncommitted_code_dirty(tmp_path, monkeypatch):
     assert compare_torch.git_commit(str(tmp_path)) == head + "-dirty"
     monkeypatch.setenv("XENT_COMMIT", "named")
     assert compare_torch.git_commit(str(tmp_path)) == "named"
+
+
+def test_linear_curve_suite_places_every_budget_beside_the_anchors():
+    cases = compare_torch.suite_cases("linear-curve")
+    budgets = {mib << 20 for mib in compare_torch.CURVE_BUDGETS_MIB}
+    assert budgets == {m << 20 for m in (64, 128, 256, 512, 1024, 2048, 4096)}
+    for distribution in ("random", "peaked"):
+        for shape in compare_torch.LINEAR_SHAPES:
+            here = [
+                c
+                for c in cases
+                if (c["n"], c["h"], c["v"]) == shape and c["distribution"] == distribution
+            ]
+            assert all(c["op"] == "linear_ce" and c["mode"] == "fwdbwd" for c in here)
+            xent = [c for c in here if c["impls"] == ("xent_torch",)]
+            assert {c.get("budget_bytes") for c in xent} == budgets | {None}
+            anchors = [c for c in here if c["impls"] == compare_torch.CURVE_ANCHORS]
+            assert len(anchors) == 1 and anchors[0].get("budget_bytes") is None
+    # Too long for the docs/performance.md run: only asked for by name.
+    assert not any(c["label"].startswith("linear-curve") for c in compare_torch.suite_cases("perf"))
+    args = compare_torch.parse_args(["--suite", "linear-curve", "--distribution", "peaked"])
+    assert {c["distribution"] for c in compare_torch.selected_suite_cases(args)} == {"peaked"}
+
+
+def _curve_record(impl, ratio, peak, budget=None, distribution="random"):
+    return dict(
+        op="linear_ce",
+        mode="fwdbwd",
+        kind="forward_kl",
+        dtype="bf16",
+        n=8192,
+        h=4096,
+        v=128256,
+        options="plain",
+        reduction="mean",
+        budget_bytes=budget,
+        distribution=distribution,
+        device="GPU X",
+        impl=impl,
+        label="linear-curve xent" if budget else "linear-curve anchors",
+        time_ms=dict(median=10.0 * ratio, p20=9.9 * ratio, p80=10.1 * ratio, samples=20),
+        ratio=ratio,
+        peak_extra_bytes=peak,
+    )
+
+
+def test_curve_plot_from_a_record(tmp_path):
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location(
+        "plot_results", ROOT / "tools" / "plot_results.py"
+    )
+    plot_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_results)
+    records = [
+        _curve_record("xent_torch", 1.5 - 0.05 * i, (64 << 20) * 2**i, (64 << 20) * 2**i)
+        for i in range(7)
+    ]
+    records += [_curve_record("compile", 0.98, 2 << 30), _curve_record("liger", 1.36, 63 << 20)]
+    records += [_curve_record("xent_torch", 1.02, 3 << 30, distribution="peaked")]
+    (tmp_path / "curve-gpu-2026-01-01.json").write_text(json.dumps(records))
+    out = tmp_path / "img"
+    assert plot_results.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    picture = out / "linear_ce_curve_gpu-x.png"
+    assert picture.exists() and picture.stat().st_size > 10_000
+    # Records of other suites draw no curve.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    other = [dict(r, label="perf-linear") for r in records]
+    assert plot_results.plot_linear_curve(plt, other, "GPU X", str(out)) == []
