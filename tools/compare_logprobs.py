@@ -17,6 +17,11 @@ states and the LM head weight:
   linear_ce_none  xent.linear_cross_entropy(h, W, y, reduction="none") weighted by a: the same
              recompute-in-backward structure as linear_logprobs (per-row upstream gradients)
 
+With --no-grad the same forwards run under torch.no_grad() (the old-policy and reference-model
+passes of an RL step), beside `product`, the bare logits product h @ Wᵀ in the input dtype: the
+floor a logprob forward cannot beat (records carry time_vs_product). --budget-mib sets xent's
+workspace budget.
+
 Time is the median / p20 / p80 of CUDA events (wall clock on the CPU); peak extra memory is the
 peak allocated during one step beyond the inputs and their gradients. Records are JSON.
 
@@ -45,6 +50,7 @@ from compare_torch import (  # noqa: E402
 )
 
 IMPLS = ("xent", "xent_cache", "xent_logprob", "eager", "compile", "linear_ce", "linear_ce_none")
+NO_GRAD_IMPLS = ("product", "xent_logprob", "xent", "eager", "compile")
 ENTROPY_WEIGHT = 0.01
 
 
@@ -56,8 +62,15 @@ def materialised(h, w, y, advantage, temperature):
     return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
 
 
-def make_objective(impl: str, temperature: float):
+def make_objective(impl: str, temperature: float, budget: int | None = None):
     import xent
+    import xent.functional
+
+    if budget is not None:
+        # The workspace budget of every xent call below (a keyword of each op).
+        xent = _with_budget(xent, budget)
+    if impl == "product":
+        return lambda h, w, y, advantage: h @ w.T
 
     if impl in ("xent", "xent_cache"):
 
@@ -93,6 +106,17 @@ def make_objective(impl: str, temperature: float):
     raise ValueError(impl)
 
 
+class _with_budget:
+    """xent's linear ops with workspace_bytes fixed."""
+
+    def __init__(self, module, budget: int):
+        self.module, self.budget = module, budget
+
+    def __getattr__(self, name):
+        op = getattr(self.module, name)
+        return lambda *a, **k: op(*a, workspace_bytes=self.budget, **k)
+
+
 def make_inputs(n, h, v, dtype, device, seed):
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=generator).to(device, dtype).requires_grad_()
@@ -108,17 +132,26 @@ def measure(impl, inputs, args, base):
     record = dict(
         base,
         impl=impl,
-        op="linear_ce" if impl.startswith("linear_ce") else "linear_logprobs",
+        op="matmul"
+        if impl == "product"
+        else "linear_ce"
+        if impl.startswith("linear_ce")
+        else "linear_logprobs",
         time_ms=None,
         peak_extra_mib=None,
         value=None,
         error=None,
     )
-    objective = make_objective(impl, args.temperature)
+    budget = None if args.budget_mib is None else args.budget_mib << 20
+    objective = make_objective(impl, args.temperature, budget)
     hidden, weight, target, advantage = inputs
 
     def step(_):
         hidden.grad = weight.grad = None
+        if args.no_grad:
+            with torch.no_grad():
+                out = objective(hidden, weight, target, advantage)
+            return out if out.dim() == 0 else out[0, 0]  # the product's logits: one to report
         value = objective(hidden, weight, target, advantage)
         value.backward()
         return value
@@ -155,11 +188,23 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--device", choices=("cuda", "cpu"))
-    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument(
+        "--impls",
+        help=f"comma list (default {','.join(IMPLS)}; with --no-grad {','.join(NO_GRAD_IMPLS)})",
+    )
+    parser.add_argument(
+        "--no-grad",
+        action="store_true",
+        help="time the forwards under torch.no_grad() beside the bare logits product",
+    )
+    parser.add_argument("--budget-mib", type=int, help="xent's workspace budget in MiB")
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--json", help="write the records as a JSON array to this file")
     args = parser.parse_args(argv)
+    args.impls = args.impls or ",".join(NO_GRAD_IMPLS if args.no_grad else IMPLS)
+    if args.budget_mib is not None and args.budget_mib <= 0:
+        parser.error("--budget-mib: a positive number of MiB")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = args.device == "cuda"
     args.repeat = args.repeat or (20 if cuda else 2)
@@ -173,7 +218,8 @@ def main(argv=None) -> int:
         "v": args.v,
         "dtype": str(dtype).replace("torch.", ""),
         "temperature": args.temperature,
-        "mode": "fwdbwd",
+        "mode": "fwd" if args.no_grad else "fwdbwd",
+        "budget_bytes": None if args.budget_mib is None else args.budget_mib << 20,
         "device": device_name(args.device),
         "commit": git_commit(),
         "cuda_archs": build_archs("cuda_archs"),
@@ -182,9 +228,13 @@ def main(argv=None) -> int:
     inputs = make_inputs(args.n, args.h, args.v, dtype, args.device, seed=1)
     records = [measure(impl, inputs, args, base) for impl in args.impls.split(",") if impl]
     reference = next((r for r in records if r["impl"] == "linear_ce" and r["time_ms"]), None)
+    product = next((r for r in records if r["impl"] == "product" and r["time_ms"]), None)
+    for r in records:
+        if product and r["time_ms"]:
+            r["time_vs_product"] = r["time_ms"]["median"] / product["time_ms"]["median"]
     print(
         f"{'impl':15s} {'median ms':>10s} {'p20 ms':>10s} {'p80 ms':>10s} {'extra MiB':>10s}"
-        f" {'vs linear_ce':>12s}"
+        f" {'vs linear_ce':>12s} {'vs product':>10s}"
     )
     for r in records:
         if r["error"]:
@@ -195,9 +245,10 @@ def main(argv=None) -> int:
             r["time_vs_linear_ce"] = t["median"] / reference["time_ms"]["median"]
         extra = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.1f}"
         ratio = f"{r['time_vs_linear_ce']:.3f}" if reference else "-"
+        floor = f"{r['time_vs_product']:.3f}" if product else "-"
         print(
             f"{r['impl']:15s} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f}"
-            f" {extra:>10s} {ratio:>12s}"
+            f" {extra:>10s} {ratio:>12s} {floor:>10s}"
         )
     if args.json:
         with open(args.json, "w") as f:
