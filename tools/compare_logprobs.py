@@ -198,6 +198,11 @@ def main(argv=None) -> int:
         help="time the forwards under torch.no_grad() beside the bare logits product",
     )
     parser.add_argument("--budget-mib", type=int, help="xent's workspace budget in MiB")
+    parser.add_argument(
+        "--portable-paths",
+        action="store_true",
+        help="run xent's CUDA ops on their portable paths (those of non-Hopper GPUs) on this GPU",
+    )
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--json", help="write the records as a JSON array to this file")
@@ -207,6 +212,13 @@ def main(argv=None) -> int:
         parser.error("--budget-mib: a positive number of MiB")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = args.device == "cuda"
+    if args.portable_paths:
+        import xent  # noqa: F401  (registers its ops)
+
+        if not cuda or not hasattr(torch.ops.xent, "_force_portable_paths"):
+            print("compare_logprobs.py: --portable-paths needs xent's CUDA ops", file=sys.stderr)
+            return 2
+        torch.ops.xent._force_portable_paths(True)
     args.repeat = args.repeat or (20 if cuda else 2)
     args.warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if cuda:
@@ -220,6 +232,7 @@ def main(argv=None) -> int:
         "temperature": args.temperature,
         "mode": "fwd" if args.no_grad else "fwdbwd",
         "budget_bytes": None if args.budget_mib is None else args.budget_mib << 20,
+        "paths": "portable" if args.portable_paths else "default",
         "device": device_name(args.device),
         "commit": git_commit(),
         "cuda_archs": build_archs("cuda_archs"),
