@@ -5,6 +5,11 @@
 
 namespace xent::cpu {
 #include "api/backend_ops.inc"
+
+// Distillation from a top-k teacher (no CUDA backend yet): loss and/or grad when present.
+void distill_topk(TensorView student, const TopKTeacher& teacher, TensorView target,
+                  const DistillOptions& options, TensorView loss, TensorView grad,
+                  TensorView grad_output);
 }  // namespace xent::cpu
 
 #if defined(XENT_WITH_CUDA)

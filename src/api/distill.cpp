@@ -46,4 +46,21 @@ void distill_backward(TensorView student, TensorView teacher, TensorView target,
                         stream);
 }
 
+// Top-k teachers have a CPU backend only so far (docs/semantics.md §3.1).
+void distill_topk_forward(TensorView student, const TopKTeacher& teacher, TensorView target,
+                          const DistillOptions& options, const DistillOutputs& out,
+                          TensorView grad_output, Workspace, Stream) {
+  api::validate_distill_topk_forward(student, teacher, target, options, out, grad_output);
+  api::require_cpu_backend("distill_topk_forward", student.device);
+  cpu::distill_topk(student, teacher, target, options, out.loss, out.grad_student, grad_output);
+}
+
+void distill_topk_backward(TensorView student, const TopKTeacher& teacher, TensorView target,
+                           TensorView grad_output, const DistillOptions& options,
+                           TensorView grad_student, Workspace, Stream) {
+  api::validate_distill_topk_backward(student, teacher, target, grad_output, options, grad_student);
+  api::require_cpu_backend("distill_topk_backward", student.device);
+  cpu::distill_topk(student, teacher, target, options, TensorView{}, grad_student, grad_output);
+}
+
 }  // namespace xent
