@@ -1,4 +1,5 @@
 // Float64 reference of distillation from a top-k teacher (docs/semantics.md §3.1).
+#include <algorithm>
 #include <cmath>
 
 #include "reference.hpp"
@@ -18,7 +19,7 @@ struct TopKCategories {
 double xlogy_ratio(double x, double a, double b) { return x == 0.0 ? 0.0 : x * std::log(a / b); }
 
 // L over the categories and ∂L/∂π_c, by the table of §3.
-double category_loss(DistillKind kind, double beta, const std::vector<double>& pi,
+double category_loss(DistillKind kind, double beta, double tie_band, const std::vector<double>& pi,
                      const std::vector<double>& q, std::vector<double>& dpi) {
   double loss = 0.0;
   dpi.assign(pi.size(), 0.0);
@@ -47,6 +48,8 @@ double category_loss(DistillKind kind, double beta, const std::vector<double>& p
       case DistillKind::tvd:
         loss += 0.5 * std::abs(p - t);
         dpi[c] = 0.5 * (p > t ? 1.0 : (p < t ? -1.0 : 0.0));
+        if (std::abs(p - t) <= tie_band * std::max(p, t))
+          dpi[c] = 0.0;  // DistillSpec::tvd_tie_band
         break;
     }
   }
@@ -111,7 +114,7 @@ DistillResult distill_topk(const Matrix& student, const TopKSpec& teacher,
       }
     }
     std::vector<double> dpi;
-    row_loss[n] = category_loss(spec.kind, spec.beta, cat.pi, cat.q, dpi);
+    row_loss[n] = category_loss(spec.kind, spec.beta, spec.tvd_tie_band, cat.pi, cat.q, dpi);
     if (!upstream.wanted) continue;
     // ∂L/∂p_i through π: renormalize divides by P_S (π_j = p_id_j / P_S).
     std::vector<double> dp(vocab, 0.0);
