@@ -232,7 +232,7 @@ def reduce_distill(
     return total
 
 
-def _category_loss(kind, log_p, log_q, beta):
+def _category_loss(kind, log_p, log_q, beta, tvd_tie_band=0.0):
     """One row's loss of §3's table between two distributions given as log-probabilities."""
     p, q = log_p.exp(), log_q.exp()
     zero = log_p * 0
@@ -243,7 +243,11 @@ def _category_loss(kind, log_p, log_q, beta):
     if kind == "reverse_kl":
         return torch.where(p > 0, p * (log_p - log_q), zero).sum()
     if kind == "tvd":
-        return 0.5 * (q - p).abs().sum()
+        difference = q - p
+        if tvd_tie_band > 0:  # near-ties at the kink's midpoint, as distill_rows
+            tie = difference.abs() <= tvd_tie_band * torch.maximum(p, q)
+            difference = torch.where(tie, difference * 0, difference)
+        return 0.5 * difference.abs().sum()
     if kind == "jsd":
         if beta in (0.0, 1.0):
             return zero.sum()
@@ -256,7 +260,9 @@ def _category_loss(kind, log_p, log_q, beta):
     raise ValueError(kind)
 
 
-def distill_topk_rows(student, ids, logprobs, kind, mass, temperature=1.0, beta=0.5, softcap=None):
+def distill_topk_rows(
+    student, ids, logprobs, kind, mass, temperature=1.0, beta=0.5, softcap=None, tvd_tie_band=0.0
+):
     """Per-row losses against a top-k teacher (docs/semantics.md §3.1), row by row in float64,
     differentiable with respect to student by autograd."""
     s = softcapped(student.double(), softcap) / temperature
@@ -280,7 +286,7 @@ def distill_topk_rows(student, ids, logprobs, kind, mass, temperature=1.0, beta=
             log_q = torch.cat([ell, q_tail.log().reshape(1)])
         else:  # ignore, or tail with the ids covering the vocabulary
             log_p, log_q = log_ps[n][S], ell
-        rows.append(_category_loss(kind, log_p, log_q, beta))
+        rows.append(_category_loss(kind, log_p, log_q, beta, tvd_tie_band))
     return torch.stack(rows) if rows else s.sum(-1)
 
 
@@ -294,10 +300,13 @@ def distill_topk(
     temperature=1.0,
     beta=0.5,
     softcap=None,
+    tvd_tie_band=0.0,
     **reduce_options,
 ):
     """distill with a top-k teacher; reduce_options: those of reduce_distill."""
-    soft = distill_topk_rows(student, ids, logprobs, kind, mass, temperature, beta, softcap)
+    soft = distill_topk_rows(
+        student, ids, logprobs, kind, mass, temperature, beta, softcap, tvd_tie_band
+    )
     return reduce_distill(soft, student, target, softcap, **reduce_options)
 
 
