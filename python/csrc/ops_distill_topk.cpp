@@ -28,6 +28,8 @@ struct TopKCall {
   DistillOptions options;
   TensorView student_view, target_view;
   TopKTeacher teacher;
+  Tensor workspace_buffer;
+  Workspace workspace;
 };
 
 TopKCall prepare_topk(const char* function, const Tensor& student, const Tensor& ids,
@@ -51,6 +53,11 @@ TopKCall prepare_topk(const char* function, const Tensor& student, const Tensor&
   call.teacher.ids = matrix_view(call.ids_rows, function, "teacher.ids");
   call.teacher.logprobs = matrix_view(call.logprobs_rows, function, "teacher.logprobs");
   call.teacher.mass = parse_topk_mass(function, mass);
+  const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
+  const int64_t vocab = student.dim() == 2 ? student.size(1) : 0;
+  const std::size_t bytes =
+      distill_workspace_size(rows, vocab, call.options, call.student_view.device);
+  std::tie(call.workspace_buffer, call.workspace) = allocate_workspace(student, bytes);
   return call;
 }
 
@@ -74,7 +81,7 @@ std::tuple<Tensor, Tensor> run_topk_forward(
   out.loss = vector_view(loss, function, "loss");
   if (with_grad) out.grad_student = matrix_view(grad, function, "grad_student");
   distill_topk_forward(call.student_view, call.teacher, call.target_view, call.options, out,
-                       optional_vector_view(grad_scale32, function, "grad_scale"), {},
+                       optional_vector_view(grad_scale32, function, "grad_scale"), call.workspace,
                        current_stream(student));
   return std::make_tuple(loss, grad);
 }
@@ -126,7 +133,7 @@ Tensor distill_topk_backward_op(const Tensor& student, const Tensor& ids, const 
     Tensor grad_student = at::empty(call.student_rows.sizes(), student.options());
     distill_topk_backward(call.student_view, call.teacher, call.target_view,
                           vector_view(grad_output32, function, "grad_output"), call.options,
-                          matrix_view(grad_student, function, "grad_student"), {},
+                          matrix_view(grad_student, function, "grad_student"), call.workspace,
                           current_stream(student));
     return grad_student;
   });

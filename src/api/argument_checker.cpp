@@ -227,13 +227,6 @@ void ArgumentChecker::targets_in_range(const TensorView& target, int64_t vocab,
   }
 }
 
-void require_cpu_backend(const char* function, Device device) {
-  if (device.kind == DeviceKind::cuda) {
-    throw Error(ErrorKind::runtime, std::string(function) + ": device not supported yet: got " +
-                                        device_string(device) + "; expected a CPU tensor");
-  }
-}
-
 void require_backend(const char* function, Device device) {
 #if defined(XENT_WITH_CUDA)
   (void)function;

@@ -86,7 +86,5 @@ class ArgumentChecker {
 
 // Throws a runtime Error when `device` is a GPU and the library was built without CUDA.
 void require_backend(const char* function, Device device);
-// Throws a runtime Error for a GPU tensor: for ops with a CPU backend only.
-void require_cpu_backend(const char* function, Device device);
 
 }  // namespace xent::api

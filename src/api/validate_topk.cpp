@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "api/backend.hpp"
 #include "api/topk_access.hpp"
 #include "api/validate.hpp"
 #include "api/validate_parts.hpp"
@@ -73,6 +74,26 @@ void check_topk_common(const ArgumentChecker& check, const TensorView& student,
   check_grad_output(check, grad_output, options.ce.reduction, rows);
 }
 
+// On a CUDA device: k within the row kernel's staging, and distill's workspace.
+void check_topk_device(const ArgumentChecker& check, const TopKTeacher& teacher,
+                       const TensorView& student, const DistillOptions& options,
+                       const Workspace& workspace) {
+  if (check.on_cpu()) return;
+  if (teacher.ids.cols > kDistillTopKMaxK) {
+    check.fail("teacher.ids", "too many entries a row for a CUDA device",
+               "k = " + std::to_string(teacher.ids.cols),
+               "k <= " + std::to_string(kDistillTopKMaxK));
+  }
+#if defined(XENT_WITH_CUDA)
+  check_workspace(check, workspace,
+                  cuda::distill_workspace_size(student.rows, student.cols, options));
+#else
+  (void)student;
+  (void)options;
+  (void)workspace;
+#endif
+}
+
 void check_topk_grad(const ArgumentChecker& check, const TensorView& grad,
                      const TensorView& student) {
   check.matrix(grad, "grad_student", student.rows, student.cols,
@@ -85,22 +106,26 @@ void check_topk_grad(const ArgumentChecker& check, const TensorView& grad,
 
 void validate_distill_topk_forward(const TensorView& student, const TopKTeacher& teacher,
                                    const TensorView& target, const DistillOptions& options,
-                                   const DistillOutputs& out, const TensorView& grad_output) {
+                                   const DistillOutputs& out, const TensorView& grad_output,
+                                   const Workspace& workspace) {
   const ArgumentChecker check("distill_topk_forward", student.device, student.dtype);
   check_topk_common(check, student, teacher, target, options, grad_output);
   check_loss(check, out.loss, options.ce.reduction, student.rows);
   if (out.grad_student.present()) check_topk_grad(check, out.grad_student, student);
+  check_topk_device(check, teacher, student, options, workspace);
   check_ce_values(check, target, options.ce, student.cols);
   check_topk_values(check, teacher, student.cols);
 }
 
 void validate_distill_topk_backward(const TensorView& student, const TopKTeacher& teacher,
                                     const TensorView& target, const TensorView& grad_output,
-                                    const DistillOptions& options, const TensorView& grad_student) {
+                                    const DistillOptions& options, const TensorView& grad_student,
+                                    const Workspace& workspace) {
   const ArgumentChecker check("distill_topk_backward", student.device, student.dtype);
   check_topk_common(check, student, teacher, target, options, grad_output);
   check.require_present(grad_student, "grad_student", "a tensor shaped like student");
   check_topk_grad(check, grad_student, student);
+  check_topk_device(check, teacher, student, options, workspace);
   check_ce_values(check, target, options.ce, student.cols);
   check_topk_values(check, teacher, student.cols);
 }
