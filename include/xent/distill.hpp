@@ -39,4 +39,31 @@ void distill_backward(TensorView student, TensorView teacher, TensorView target,
                       TensorView grad_output, const DistillOptions& options,
                       TensorView grad_student, Workspace workspace = {}, Stream stream = {});
 
+// A teacher given as its top-k log-probabilities per row (docs/semantics.md §3.1).
+enum class TopKMass : int8_t { renormalize, tail, ignore };
+const char* topk_mass_name(TopKMass mass);
+
+// The most entries a row of a top-k teacher may have on a CUDA device (shared memory of the
+// row kernel); the CPU takes any k.
+constexpr int64_t kDistillTopKMaxK = 512;
+
+struct TopKTeacher {
+  TensorView ids;       // [N, k] int32 or int64: token ids, −1 for an absent entry
+  TensorView logprobs;  // [N, k] float32 or float64: log P_t(id) under the whole teacher
+  TopKMass mass = TopKMass::renormalize;  // what becomes of the teacher's mass outside the ids
+};
+
+// distill_forward / distill_backward with a top-k teacher; options.softcap and the temperature
+// act on the student only (the teacher's log-probabilities are already a distribution), and
+// tail / ignore need temperature 1. On a CUDA device: k <= kDistillTopKMaxK, no hard-label term
+// yet, and the workspace of distill_workspace_size.
+void distill_topk_forward(TensorView student, const TopKTeacher& teacher, TensorView target,
+                          const DistillOptions& options, const DistillOutputs& out,
+                          TensorView grad_output = {}, Workspace workspace = {},
+                          Stream stream = {});
+
+void distill_topk_backward(TensorView student, const TopKTeacher& teacher, TensorView target,
+                           TensorView grad_output, const DistillOptions& options,
+                           TensorView grad_student, Workspace workspace = {}, Stream stream = {});
+
 }  // namespace xent

@@ -89,6 +89,20 @@ def _apply_upstream(grads: tuple, upstream: Any) -> tuple:
     return grads
 
 
+def _logits_backward(ctx: Any, name: str, grad_loss: Any, recompute: Any) -> Any:
+    """The gradient of a loss over logits: recompute(*saved tensors) in mode "recompute", else the
+    one formed in the forward, scaled by the upstream gradient; guarded against double backward."""
+    if not ctx.needs_input_grad[0] or grad_loss is None:
+        return None
+    if ctx.mode == "recompute":
+        with torch.no_grad():
+            grad = recompute(*ctx.saved_tensors)
+    else:
+        (grad,) = _apply_upstream(_scale_saved(ctx, name), grad_loss)
+    (grad,) = _no_double_backward(name, (grad,))
+    return grad
+
+
 def _gradient_alias(logits: Tensor) -> Tensor:
     """The gradient written over `logits` (inplace_backward), as a tensor of its own sharing the
     storage. Returned by the backward as the logits themselves, it would be one more reference to
@@ -374,17 +388,14 @@ class DistillFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: Tensor, *overwritten: Any):
         if getattr(ctx, "logits_output", False):
             _refuse_overwritten_use("xent.distill", overwritten[0])
-        grad = None
-        if ctx.needs_input_grad[0] and grad_loss is not None:
-            if ctx.mode == "recompute":
-                student, teacher, target, class_weight = ctx.saved_tensors
-                with torch.no_grad():
-                    grad = ops.distill_backward(
-                        student, teacher, target, grad_loss, class_weight, *ctx.options
-                    )
-            else:
-                (grad,) = _apply_upstream(_scale_saved(ctx, "xent.distill"), grad_loss)
-            (grad,) = _no_double_backward("xent.distill", (grad,))
+        grad = _logits_backward(
+            ctx,
+            "xent.distill",
+            grad_loss,
+            lambda student, teacher, target, class_weight: ops.distill_backward(
+                student, teacher, target, grad_loss, class_weight, *ctx.options
+            ),
+        )
         return grad, None, None, None, None, None, None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -377,6 +378,25 @@ def _distill_backward_fake(
     label_smoothing: float,
     z_loss: float,
 ) -> Tensor:
+    return student.new_empty(student.shape)
+
+
+@_register_fake("xent::distill_topk_forward")
+def _distill_topk_forward_fake(
+    student: Tensor, ids: Tensor, logprobs: Tensor, target: Tensor | None, *options: Any
+) -> Tensor:
+    return _loss_like(student, options[9], student.shape[0])  # options[9]: reduction
+
+
+@_register_fake("xent::distill_topk_forward_grad")
+def _distill_topk_forward_grad_fake(
+    student: Tensor, ids: Tensor, logprobs: Tensor, target: Tensor | None, *options: Any
+) -> tuple:
+    return _loss_like(student, options[9], student.shape[0]), student.new_empty(student.shape)
+
+
+@_register_fake("xent::distill_topk_backward")
+def _distill_topk_backward_fake(student: Tensor, *arguments: Any) -> Tensor:
     return student.new_empty(student.shape)
 
 

@@ -36,6 +36,7 @@ from xent._policy import (
     PolicyLossResult,
     policy_loss,
 )
+from xent._topk import TOPK_MASSES, DistillTopKFunction, TopK, topk_rows
 
 Tensor = torch.Tensor
 
@@ -46,6 +47,8 @@ __all__ = [
     "distill",
     "linear_distill",
     "DISTILL_KINDS",
+    "TopK",
+    "TOPK_MASSES",
     "default_workspace_bytes",
     "logprobs",
     "linear_logprobs",
@@ -701,9 +704,10 @@ def _distill_options(
 @python_names
 def distill(
     student_logits: Tensor,
-    teacher_logits: Tensor,
+    teacher_logits: Tensor | None = None,
     target: Tensor | None = None,
     *,
+    teacher: TopK | None = None,
     kind: str = "forward_kl",
     temperature: float = 1.0,
     beta: float = 0.5,
@@ -739,23 +743,16 @@ def distill(
     vocabulary slice: see xent.distributed.distill for the passes and collectives of each kind
     (vocab_offset / vocab_size: the slice's first id and the global V). The gradient is then
     formed in the backward (grad_in_forward and inplace_backward do not apply).
+
+    teacher=xent.TopK(ids, logprobs, mass) in place of teacher_logits: a teacher given as its
+    top-k log-probabilities (docs/semantics.md §3.1). softcap and temperature then act on the
+    student (and temperature on a renormalized teacher); inplace_backward and process_group do
+    not apply.
     """
     if _dtensor.any_dtensor(student_logits, teacher_logits, target, class_weight):
         return _dtensor.call(distill, "distill", locals())
     function = "distill"
     student2d, target1d, row_shape = _rows(function, "student_logits", student_logits, target)
-    _check_tensor(function, "teacher_logits", teacher_logits)
-    if tuple(teacher_logits.shape) != tuple(student_logits.shape):
-        _fail(
-            function,
-            "teacher_logits",
-            "shape mismatch",
-            tuple(teacher_logits.shape),
-            f"{tuple(student_logits.shape)} (the shape of student_logits)",
-        )
-    teacher2d = (
-        teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3 else teacher_logits
-    ).detach()
     options = _distill_options(
         function,
         kind,
@@ -769,6 +766,33 @@ def distill(
         label_smoothing,
         z_loss,
     )
+    if teacher is not None or teacher_logits is None:
+        return _distill_topk(
+            student_logits,
+            student2d,
+            target1d,
+            row_shape,
+            teacher_logits,
+            teacher,
+            options,
+            class_weight,
+            grad_in_forward,
+            inplace_backward,
+            normalizer,
+            process_group,
+        )
+    _check_tensor(function, "teacher_logits", teacher_logits)
+    if tuple(teacher_logits.shape) != tuple(student_logits.shape):
+        _fail(
+            function,
+            "teacher_logits",
+            "shape mismatch",
+            tuple(teacher_logits.shape),
+            f"{tuple(student_logits.shape)} (the shape of student_logits)",
+        )
+    teacher2d = (
+        teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3 else teacher_logits
+    ).detach()
     class_weight = _class_weight(function, None, class_weight)
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
@@ -796,6 +820,59 @@ def distill(
         loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
     if mode == "recompute" or not _needs_grad(student2d)[0]:
         (loss,) = _normalized((loss,), grad_scale)  # autograd carries 1/normalizer backward
+    return _validated(
+        _reshape_rows(loss, row_shape) if reduction == "none" else loss, student_logits
+    )
+
+
+def _distill_topk(
+    student_logits: Tensor,
+    student2d: Tensor,
+    target1d: Tensor | None,
+    row_shape: tuple,
+    teacher_logits: Tensor | None,
+    teacher: Any,
+    options: tuple,
+    class_weight: Tensor | None,
+    grad_in_forward: bool,
+    inplace_backward: bool,
+    normalizer: Any,
+    process_group: Any,
+) -> Tensor:
+    """distill with a TopK teacher (docs/semantics.md §3.1)."""
+    function = "distill"
+    if teacher is None:
+        _fail(
+            function, "teacher_logits", "missing", None, "teacher_logits or teacher=xent.TopK(...)"
+        )
+    if teacher_logits is not None:
+        _fail(function, "teacher", "given twice", "teacher_logits and teacher", "one of them")
+    if process_group is not None:
+        _fail(
+            function,
+            "process_group",
+            "unsupported with a TopK teacher",
+            type(process_group).__name__,
+            "None (the vocabulary-parallel top-k form is not built)",
+        )
+    if inplace_backward:
+        _fail(function, "inplace_backward", "unsupported with a TopK teacher", True, "False")
+    reduction = options[7]
+    ids, logprobs = topk_rows(function, teacher, row_shape, _fail)
+    class_weight = _class_weight(function, None, class_weight)
+    mode = _fused_mode(function, reduction, grad_in_forward, False)
+    grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
+    topk_options = (teacher.mass, *options)
+    if _needs_grad(student2d)[0]:
+        loss = DistillTopKFunction.apply(
+            student2d, ids, logprobs, target1d, class_weight, topk_options, mode, grad_scale
+        )
+    else:
+        loss = ops.distill_topk_forward(
+            student2d, ids, logprobs, target1d, class_weight, *topk_options
+        )
+    if mode == "recompute" or not _needs_grad(student2d)[0]:
+        (loss,) = _normalized((loss,), grad_scale)
     return _validated(
         _reshape_rows(loss, row_shape) if reduction == "none" else loss, student_logits
     )

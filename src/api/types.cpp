@@ -65,6 +65,18 @@ const char* distill_kind_name(DistillKind kind) {
   return "unknown";
 }
 
+const char* topk_mass_name(TopKMass mass) {
+  switch (mass) {
+    case TopKMass::renormalize:
+      return "renormalize";
+    case TopKMass::tail:
+      return "tail";
+    case TopKMass::ignore:
+      return "ignore";
+  }
+  return "unknown";
+}
+
 void check_errors(Device device, Stream stream) {
   if (device.kind == DeviceKind::cpu) return;  // the CPU backend reports errors at once
 #if defined(XENT_WITH_CUDA)

@@ -30,6 +30,15 @@ void validate_distill_backward(const TensorView& student, const TensorView& teac
                                const DistillOptions& options, const TensorView& grad_student,
                                const Workspace& workspace);
 
+void validate_distill_topk_forward(const TensorView& student, const TopKTeacher& teacher,
+                                   const TensorView& target, const DistillOptions& options,
+                                   const DistillOutputs& out, const TensorView& grad_output,
+                                   const Workspace& workspace);
+void validate_distill_topk_backward(const TensorView& student, const TopKTeacher& teacher,
+                                    const TensorView& target, const TensorView& grad_output,
+                                    const DistillOptions& options, const TensorView& grad_student,
+                                    const Workspace& workspace);
+
 void validate_linear_ce_forward(const TensorView& hidden, const TensorView& weight,
                                 const TensorView& bias, const TensorView& target,
                                 const LinearCeOptions& options, const LinearCeOutputs& out,

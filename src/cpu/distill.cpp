@@ -14,33 +14,17 @@ void distill_typed(TensorView student, TensorView teacher, TensorView target,
                    TensorView grad_output) {
   using T = ComputeType<S>;
   const int64_t rows = student.rows, vocab = student.cols;
-  const Reduction reduction = options.ce.reduction;
-  const auto counts =
-      count_valid_rows(target, rows, options.ce.ignore_index, options.ce.class_weight);
-  const auto call = make_distill_call<T>(options, vocab, counts);
+  auto d = make_distill_rows<T>(options, target, rows, vocab, loss, grad_output);
   const bool has_target = target.present();
-  const bool want_loss = loss.present();
-  const T scalar =
-      grad_output.present() && reduction != Reduction::none ? read_scalar<T>(grad_output, 0) : T(1);
-
-  std::vector<T> soft(rows), hard_loss(rows), hard_z(rows);
 #pragma omp parallel for schedule(static) if (2 * rows * vocab >= kParallelWork)
   for (int64_t n = 0; n < rows; ++n) {
-    const T upstream = reduction == Reduction::none && grad_output.present()
-                           ? read_scalar<T>(grad_output, n)
-                           : scalar;
     const auto r = distill_process_row<T>(
-        call, row_pointer<const S>(student, n), row_pointer<const S>(teacher, n),
-        has_target ? read_target(target, n) : 0, has_target, n, upstream,
-        grad.present() ? row_pointer<S>(grad, n) : static_cast<S*>(nullptr), want_loss);
-    soft[n] = r.soft;
-    hard_loss[n] = r.hard_loss;
-    hard_z[n] = r.hard_z_loss;
-    if (want_loss && reduction == Reduction::none) write_result(loss, n, distill_row_loss(call, r));
+        d.call, row_pointer<const S>(student, n), row_pointer<const S>(teacher, n),
+        has_target ? read_target(target, n) : 0, has_target, n, d.upstream(n),
+        grad.present() ? row_pointer<S>(grad, n) : static_cast<S*>(nullptr), loss.present());
+    d.finish_row(n, r);
   }
-  if (want_loss && reduction != Reduction::none) {
-    write_result(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
-  }
+  d.finish();
 }
 
 void distill_dispatch(TensorView student, TensorView teacher, TensorView target,

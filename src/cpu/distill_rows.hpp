@@ -51,6 +51,43 @@ struct DistillRowResult {
   T hard_z_loss = 0;
 };
 
+// The hard-label term of one valid row (α·CE at T = 1 with its own options): its losses, and
+// when `want_grad` the row constants of its gradient, which element() adds per column.
+template <class T>
+struct DistillHardTerm {
+  DistillRowResult<T> result;
+  bool active = false;  // α != 0, a target, and a gradient wanted
+  const DistillCall<T>* call = nullptr;
+  common::CeGradRow<T> row{};
+
+  T element(T x, int64_t i) const {
+    const T w = call->hard.class_weight ? static_cast<T>(call->hard.class_weight[i]) : T(1);
+    return common::ce_grad_element(call->hard.constants, row, x, i, w);
+  }
+};
+
+template <class T, class S>
+DistillHardTerm<T> distill_hard_term(const DistillCall<T>& call, const S* s, int64_t target,
+                                     bool has_target, int64_t row, T upstream, bool want_grad) {
+  DistillHardTerm<T> term;
+  term.call = &call;
+  if (call.hard_weight == T(0) || !has_target) return term;
+  const auto hard = ce_process_row<T, S, S>(call.hard, s, target, row, CeRowRequest{}, T(0),
+                                            static_cast<S*>(nullptr));
+  term.result.hard_loss = hard.loss;
+  term.result.hard_z_loss = hard.z_loss;
+  term.result.hard = hard.loss + hard.z_loss;
+  if (!want_grad) return term;
+  const T r = call.hard.row_weight ? static_cast<T>(call.hard.row_weight[row]) : T(1);
+  const T target_weight =
+      call.hard.class_weight ? static_cast<T>(call.hard.class_weight[target]) : T(1);
+  const T coef = call.hard_weight * upstream * r;
+  term.row = common::ce_grad_row(call.hard.constants, hard.lse, target, target_weight,
+                                 coef * call.hard.loss_factor, coef * call.hard.z_factor);
+  term.active = true;
+  return term;
+}
+
 // One row of student s and teacher t (storage types S and U). When `grad` is present the
 // gradient with respect to s, scaled by `upstream` (g or g_n), is written there; it may alias s.
 template <class T, class S, class U, class G>
@@ -91,23 +128,10 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
     sum_prob_u = static_cast<T>(prob_u);
   }
 
-  const bool with_hard = call.hard_weight != T(0) && has_target;
-  common::CeGradRow<T> hard_row{};
-  if (with_hard) {
-    const auto hard =
-        ce_process_row<T, S, G>(call.hard, s, target, row, CeRowRequest{}, T(0), nullptr);
-    result.hard_loss = hard.loss;
-    result.hard_z_loss = hard.z_loss;
-    result.hard = hard.loss + hard.z_loss;
-    if (grad) {
-      const T r = call.hard.row_weight ? static_cast<T>(call.hard.row_weight[row]) : T(1);
-      const T target_weight =
-          call.hard.class_weight ? static_cast<T>(call.hard.class_weight[target]) : T(1);
-      const T coef = call.hard_weight * upstream * r;
-      hard_row = common::ce_grad_row(call.hard.constants, hard.lse, target, target_weight,
-                                     coef * call.hard.loss_factor, coef * call.hard.z_factor);
-    }
-  }
+  const auto hard = distill_hard_term(call, s, target, has_target, row, upstream, grad != nullptr);
+  result.hard = hard.result.hard;
+  result.hard_loss = hard.result.hard_loss;
+  result.hard_z_loss = hard.result.hard_z_loss;
 
   if (grad) {
     const T soft_coef = upstream * call.soft_factor;
@@ -117,10 +141,7 @@ DistillRowResult<T> distill_process_row(const DistillCall<T>& call, const S* s, 
       const T row_grad = tvd ? common::tvd_grad_element(tvd_sums, lse_s, lse_t, vs, vt)
                              : common::distill_grad_element(c, lse_s, lse_t, vs, vt, sum_prob_u);
       T g = soft_coef * row_grad * transform.slope(x);
-      if (with_hard) {
-        const T w = call.hard.class_weight ? static_cast<T>(call.hard.class_weight[i]) : T(1);
-        g += common::ce_grad_element(call.hard.constants, hard_row, x, i, w);
-      }
+      if (hard.active) g += hard.element(x, i);
       grad[i] = from_compute<G>(g);
     }
   }
@@ -155,6 +176,52 @@ double reduce_distill_loss(const DistillCall<T>& call, Reduction reduction,
     total += static_cast<double>(call.hard_weight) * reduce_ce_loss(call.hard, hard_loss, hard_z);
   }
   return total;
+}
+
+// The state of one distillation op over its rows: the call, the upstream gradient of each row,
+// and the per-row results kept for the reduction in row order.
+template <class T>
+struct DistillRows {
+  DistillCall<T> call;
+  Reduction reduction = Reduction::mean;
+  TensorView grad_output, loss;
+  T scalar = 1;
+  std::vector<T> soft, hard_loss, hard_z;
+
+  T upstream(int64_t n) const {
+    return reduction == Reduction::none && grad_output.present() ? read_scalar<T>(grad_output, n)
+                                                                 : scalar;
+  }
+  void finish_row(int64_t n, const DistillRowResult<T>& r) {
+    soft[n] = r.soft;
+    hard_loss[n] = r.hard_loss;
+    hard_z[n] = r.hard_z_loss;
+    if (loss.present() && reduction == Reduction::none)
+      write_result(loss, n, distill_row_loss(call, r));
+  }
+  void finish() {
+    if (loss.present() && reduction != Reduction::none)
+      write_result(loss, 0, reduce_distill_loss(call, reduction, soft, hard_loss, hard_z));
+  }
+};
+
+template <class T>
+DistillRows<T> make_distill_rows(const DistillOptions& options, TensorView target, int64_t rows,
+                                 int64_t vocab, TensorView loss, TensorView grad_output) {
+  DistillRows<T> d;
+  d.reduction = options.ce.reduction;
+  const auto counts =
+      count_valid_rows(target, rows, options.ce.ignore_index, options.ce.class_weight);
+  d.call = make_distill_call<T>(options, vocab, counts);
+  d.grad_output = grad_output;
+  d.loss = loss;
+  d.scalar = grad_output.present() && d.reduction != Reduction::none
+                 ? read_scalar<T>(grad_output, 0)
+                 : T(1);
+  d.soft.assign(rows, T(0));
+  d.hard_loss.assign(rows, T(0));
+  d.hard_z.assign(rows, T(0));
+  return d;
 }
 
 }  // namespace xent::cpu

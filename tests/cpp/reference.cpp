@@ -22,6 +22,8 @@ double ce_slope(const CeSpec& spec, double x) {
   return spec.logit_scale * (1.0 - t * t);
 }
 
+}  // namespace
+
 // log Σ exp(v) with the max shifted out; NaN anywhere gives NaN.
 double log_sum_exp(const std::vector<double>& v) {
   double m = -std::numeric_limits<double>::infinity();
@@ -40,6 +42,8 @@ double upstream_value(const Upstream& upstream, int64_t row) {
   if (upstream.values.size() == 1) return upstream.values[0];
   return upstream.values[static_cast<std::size_t>(row)];
 }
+
+namespace {
 
 double class_weight_of(const CeSpec& spec, int64_t i) {
   return spec.class_weight.empty() ? 1.0 : spec.class_weight[static_cast<std::size_t>(i)];
@@ -176,7 +180,7 @@ Matrix entropy_grad(const Matrix& logits, const std::vector<int64_t>& target, co
   return grad;
 }
 
-namespace {
+namespace {}  // namespace
 
 double distill_transform(const DistillSpec& spec, double x) {
   const double capped = spec.softcap > 0 ? spec.softcap * std::tanh(x / spec.softcap) : x;
@@ -187,6 +191,8 @@ double distill_slope(const DistillSpec& spec, double x) {
   const double t = std::tanh(x / spec.softcap);
   return (1.0 - t * t) / spec.temperature;
 }
+
+namespace {
 
 std::vector<double> log_softmax(const std::vector<double>& v) {
   const double lse = log_sum_exp(v);
@@ -201,6 +207,42 @@ double plogp_ratio(double p, double log_p, double log_q) {
 }
 
 }  // namespace
+
+DistillResult distill_from_rows(const Matrix& student, const std::vector<int64_t>* target,
+                                const DistillSpec& spec, const Upstream& upstream,
+                                const std::vector<double>& row_loss, const Matrix& row_grad,
+                                int64_t valid_rows) {
+  const int64_t rows = student.rows, vocab = student.cols;
+  const Reduction reduction = spec.ce.reduction;
+  const double divisor = reduction == Reduction::mean ? static_cast<double>(valid_rows) : 1.0;
+  DistillResult r;
+  if (reduction == Reduction::none) {
+    r.loss.assign(rows, 0.0);
+    for (int64_t n = 0; n < rows; ++n) r.loss[n] = spec.soft_weight * row_loss[n];
+  } else {
+    double total = 0.0;
+    for (int64_t n = 0; n < rows; ++n) total += row_loss[n];
+    r.loss = {divisor > 0 ? spec.soft_weight * total / divisor : 0.0};
+  }
+  if (upstream.wanted) {
+    r.grad = Matrix(rows, vocab);
+    for (int64_t n = 0; n < rows; ++n) {
+      if ((target != nullptr && (*target)[n] == spec.ce.ignore_index) || !(divisor > 0)) continue;
+      const double c = spec.soft_weight * upstream_value(upstream, n) / divisor;
+      for (int64_t i = 0; i < vocab; ++i)
+        r.grad.at(n, i) = c * row_grad.at(n, i) * distill_slope(spec, student.at(n, i));
+    }
+  }
+
+  if (spec.hard_weight != 0.0 && target != nullptr) {
+    const CeResult hard = ce(student, *target, spec.ce, upstream);
+    for (std::size_t k = 0; k < r.loss.size(); ++k) r.loss[k] += spec.hard_weight * hard.loss[k];
+    if (upstream.wanted)
+      for (std::size_t k = 0; k < r.grad.values.size(); ++k)
+        r.grad.values[k] += spec.hard_weight * hard.grad.values[k];
+  }
+  return r;
+}
 
 DistillResult distill(const Matrix& student, const Matrix& teacher,
                       const std::vector<int64_t>* target, const DistillSpec& spec,
@@ -274,35 +316,7 @@ DistillResult distill(const Matrix& student, const Matrix& teacher,
     }
   }
 
-  const Reduction reduction = spec.ce.reduction;
-  const double divisor = reduction == Reduction::mean ? static_cast<double>(valid_rows) : 1.0;
-  DistillResult r;
-  if (reduction == Reduction::none) {
-    r.loss.assign(rows, 0.0);
-    for (int64_t n = 0; n < rows; ++n) r.loss[n] = spec.soft_weight * row_loss[n];
-  } else {
-    double total = 0.0;
-    for (int64_t n = 0; n < rows; ++n) total += row_loss[n];
-    r.loss = {divisor > 0 ? spec.soft_weight * total / divisor : 0.0};
-  }
-  if (upstream.wanted) {
-    r.grad = Matrix(rows, vocab);
-    for (int64_t n = 0; n < rows; ++n) {
-      if (!is_valid(n) || !(divisor > 0)) continue;
-      const double c = spec.soft_weight * upstream_value(upstream, n) / divisor;
-      for (int64_t i = 0; i < vocab; ++i)
-        r.grad.at(n, i) = c * row_grad.at(n, i) * distill_slope(spec, student.at(n, i));
-    }
-  }
-
-  if (spec.hard_weight != 0.0 && target != nullptr) {
-    const CeResult hard = ce(student, *target, spec.ce, upstream);
-    for (std::size_t k = 0; k < r.loss.size(); ++k) r.loss[k] += spec.hard_weight * hard.loss[k];
-    if (upstream.wanted)
-      for (std::size_t k = 0; k < r.grad.values.size(); ++k)
-        r.grad.values[k] += spec.hard_weight * hard.grad.values[k];
-  }
-  return r;
+  return distill_from_rows(student, target, spec, upstream, row_loss, row_grad, valid_rows);
 }
 
 Matrix linear_logits(const Matrix& hidden, const Matrix& weight, const std::vector<double>& bias) {

@@ -65,6 +65,10 @@ CeResult ce(const Matrix& logits, const std::vector<int64_t>& target, const CeSp
 Matrix entropy_grad(const Matrix& logits, const std::vector<int64_t>& target, const CeSpec& spec,
                     const std::vector<double>& grad_entropy);
 
+// log Σ exp(v), NaN anywhere giving NaN; the upstream gradient of row n.
+double log_sum_exp(const std::vector<double>& v);
+double upstream_value(const Upstream& upstream, int64_t row);
+
 // §3 options in double.
 struct DistillSpec {
   DistillKind kind = DistillKind::forward_kl;
@@ -89,6 +93,30 @@ struct DistillResult {
 DistillResult distill(const Matrix& student, const Matrix& teacher,
                       const std::vector<int64_t>* target, const DistillSpec& spec,
                       const Upstream& upstream);
+
+// §3.1: a teacher given as ids [N, k] (−1 absent) and their log-probabilities; the softcap and
+// temperature of `spec` act on the student (and the temperature on a renormalized teacher).
+// Independent of the implementation's category form: the loss straight from the formulas, the
+// gradient as p_s ⊙ (∂L/∂p_s − Σ p_s ∂L/∂p_s) through the student's full softmax.
+struct TopKSpec {
+  std::vector<int64_t> ids;      // row-major [N, k]
+  std::vector<double> logprobs;  // row-major [N, k]
+  int64_t k = 0;
+  TopKMass mass = TopKMass::renormalize;
+};
+DistillResult distill_topk(const Matrix& student, const TopKSpec& teacher,
+                           const std::vector<int64_t>* target, const DistillSpec& spec,
+                           const Upstream& upstream);
+
+// The §3 transform of the student (softcap, then 1/T) and its derivative.
+double distill_transform(const DistillSpec& spec, double x);
+double distill_slope(const DistillSpec& spec, double x);
+// The reduction of per-row losses d_n and row gradients ∂d_n/∂s̃ (before the slope), with σ, the
+// upstream gradient, and the hard-label term α·CE added.
+DistillResult distill_from_rows(const Matrix& student, const std::vector<int64_t>* target,
+                                const DistillSpec& spec, const Upstream& upstream,
+                                const std::vector<double>& row_loss, const Matrix& row_grad,
+                                int64_t valid_rows);
 
 // x = h·Wᵀ (+ bias); bias may be empty.
 Matrix linear_logits(const Matrix& hidden, const Matrix& weight, const std::vector<double>& bias);

@@ -176,6 +176,35 @@ def distill(
     tvd_tie_band=0.0,
 ):
     soft = distill_rows(student, teacher, kind, temperature, beta, softcap, tvd_tie_band)
+    return reduce_distill(
+        soft,
+        student,
+        target,
+        softcap,
+        soft_weight,
+        hard_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        z_loss,
+        class_weight,
+    )
+
+
+def reduce_distill(
+    soft,
+    student,
+    target,
+    softcap=None,
+    soft_weight=1.0,
+    hard_weight=0.0,
+    ignore_index=-100,
+    reduction="mean",
+    label_smoothing=0.0,
+    z_loss=0.0,
+    class_weight=None,
+):
+    """σ·reduce(per-row distillation losses) + α·CE(student, target) (docs/semantics.md §3)."""
     if target is None:
         valid = torch.ones(soft.shape[0], dtype=torch.bool)
     else:
@@ -201,6 +230,84 @@ def distill(
         )
         total = total + hard_weight * hard
     return total
+
+
+def _category_loss(kind, log_p, log_q, beta, tvd_tie_band=0.0):
+    """One row's loss of §3's table between two distributions given as log-probabilities."""
+    p, q = log_p.exp(), log_q.exp()
+    zero = log_p * 0
+    if kind == "forward_kl":
+        return torch.where(q > 0, q * (log_q - log_p), zero).sum()
+    if kind == "soft_ce":
+        return torch.where(q > 0, -q * log_p, zero).sum()
+    if kind == "reverse_kl":
+        return torch.where(p > 0, p * (log_p - log_q), zero).sum()
+    if kind == "tvd":
+        difference = q - p
+        if tvd_tie_band > 0:  # near-ties at the kink's midpoint, as distill_rows
+            tie = difference.abs() <= tvd_tie_band * torch.maximum(p, q)
+            difference = torch.where(tie, difference * 0, difference)
+        return 0.5 * difference.abs().sum()
+    if kind == "jsd":
+        if beta in (0.0, 1.0):
+            return zero.sum()
+        log_m = torch.logsumexp(
+            torch.stack([log_q + math.log(beta), log_p + math.log(1 - beta)]), 0
+        )
+        kl_q = torch.where(q > 0, q * (log_q - log_m), zero).sum()
+        kl_p = torch.where(p > 0, p * (log_p - log_m), zero).sum()
+        return beta * kl_q + (1 - beta) * kl_p
+    raise ValueError(kind)
+
+
+def distill_topk_rows(
+    student, ids, logprobs, kind, mass, temperature=1.0, beta=0.5, softcap=None, tvd_tie_band=0.0
+):
+    """Per-row losses against a top-k teacher (docs/semantics.md §3.1), row by row in float64,
+    differentiable with respect to student by autograd."""
+    s = softcapped(student.double(), softcap) / temperature
+    log_ps = F.log_softmax(s, -1)
+    rows = []
+    for n in range(s.shape[0]):
+        present = ids[n] >= 0
+        S = ids[n][present].long()
+        ell = logprobs[n][present].double()
+        outside = torch.ones(s.shape[1], dtype=torch.bool)
+        outside[S] = False
+        if mass == "renormalize":
+            if S.numel() == 0:
+                rows.append(s[n].sum() * 0)
+                continue
+            log_p = F.log_softmax(s[n][S], -1)
+            log_q = F.log_softmax(ell / temperature, -1)
+        elif mass == "tail" and outside.any():
+            log_p = torch.cat([log_ps[n][S], torch.logsumexp(log_ps[n][outside], 0).reshape(1)])
+            q_tail = (1 - ell.exp().sum()).clamp(min=0)
+            log_q = torch.cat([ell, q_tail.log().reshape(1)])
+        else:  # ignore, or tail with the ids covering the vocabulary
+            log_p, log_q = log_ps[n][S], ell
+        rows.append(_category_loss(kind, log_p, log_q, beta, tvd_tie_band))
+    return torch.stack(rows) if rows else s.sum(-1)
+
+
+def distill_topk(
+    student,
+    ids,
+    logprobs,
+    target=None,
+    mass="renormalize",
+    kind="forward_kl",
+    temperature=1.0,
+    beta=0.5,
+    softcap=None,
+    tvd_tie_band=0.0,
+    **reduce_options,
+):
+    """distill with a top-k teacher; reduce_options: those of reduce_distill."""
+    soft = distill_topk_rows(
+        student, ids, logprobs, kind, mass, temperature, beta, softcap, tvd_tie_band
+    )
+    return reduce_distill(soft, student, target, softcap, **reduce_options)
 
 
 def linear_logits(hidden, weight, bias=None, round_to=None):

@@ -86,14 +86,8 @@ void run_distill(TensorView student, TensorView teacher, TensorView target,
   const Reduction reduction = options.ce.reduction;
   const bool none = reduction == Reduction::none;
 
-  CeBatchRequest request;
-  request.target = target.present() ? target.data : nullptr;
-  request.target_dtype = target.dtype;
-  request.rows = rows;
-  request.vocab = student.cols;
-  request.options = ce_row_options(options.ce);
-  request.grad_output = none ? nullptr : f32(grad_output);
-  request.op = op;
+  const CeBatchRequest request =
+      distill_batch_request(target, rows, student.cols, options, grad_output, op);
   ce_batch_totals(request, ws.totals, s);
 
   const bool with_hard = options.hard_weight != 0.0 && target.present();
@@ -140,6 +134,20 @@ void run_distill(TensorView student, TensorView teacher, TensorView target,
 }
 
 }  // namespace
+
+CeBatchRequest distill_batch_request(TensorView target, int64_t rows, int64_t vocab,
+                                     const DistillOptions& options, TensorView grad_output,
+                                     OpCode op) {
+  CeBatchRequest request;
+  request.target = target.present() ? target.data : nullptr;
+  request.target_dtype = target.dtype;
+  request.rows = rows;
+  request.vocab = vocab;
+  request.options = ce_row_options(options.ce);
+  request.grad_output = options.ce.reduction == Reduction::none ? nullptr : f32(grad_output);
+  request.op = op;
+  return request;
+}
 
 void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream) {
   if (!args.loss) return;

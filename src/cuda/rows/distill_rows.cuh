@@ -88,6 +88,12 @@ struct DistillReduceArgs {
 // σ·(Σ d_n, divided by N_valid for mean) + α·(the §1 reduction of the hard term), fixed order.
 void distill_reduce(const DistillReduceArgs& args, cudaStream_t stream);
 
+// The batch pre-pass request of distill on logits (and of a top-k teacher): the scalar upstream
+// gradient only for sum/mean.
+CeBatchRequest distill_batch_request(TensorView target, int64_t rows, int64_t vocab,
+                                     const DistillOptions& options, TensorView grad_output,
+                                     OpCode op);
+
 // Bytes of device workspace distill on logits uses: totals, three per-row arrays and the rows'
 // statistics (DistillRowStatistics, for the two-pass form).
 std::size_t distill_workspace_bytes(int64_t rows);

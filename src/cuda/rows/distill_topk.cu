@@ -1,0 +1,350 @@
+// Distillation from a top-k teacher, CUDA backend (docs/semantics.md §3.1; perf-notes 130): one
+// portable CTA per row (no clusters or TMA, sm_80 and up). The row's ids and log-probabilities
+// are staged in shared memory with a membership bitmap of the V columns; one sweep over the
+// student forms the logsumexp of the whole row and of the columns outside the ids together; one
+// warp forms the categories' terms (common/distill_topk_row.hpp); the gradient sweep writes the
+// columns outside the ids, then the id columns from the shared category gradients. The per-row
+// losses go through distill_reduce as distill's do. The hard-label term is not built here yet.
+#include "api/backend.hpp"
+#include "common/distill_topk_row.hpp"
+#include "cuda/rows/distill_rows.cuh"
+
+namespace xent::cuda {
+namespace {
+
+constexpr int kTopKThreads = 256;
+constexpr int kTopKMaxK = kDistillTopKMaxK;  // the entries staged in shared memory (10 KB)
+
+struct TopKArgs {
+  int64_t rows = 0;
+  const void* student = nullptr;
+  int64_t row_stride = 0;
+  int64_t vocab = 0;
+  const void* ids = nullptr;
+  DType id_dtype = DType::i64;
+  const void* logprobs = nullptr;
+  DType logprob_dtype = DType::f32;
+  int64_t k = 0;
+  int64_t ids_stride = 0, logprobs_stride = 0;
+  const void* target = nullptr;
+  DType target_dtype = DType::i64;
+  common::TopKMassCode mass = common::TopKMassCode::renormalize;
+  DistillRowOptions options;
+  const CeBatchTotals* totals = nullptr;
+  const float* grad_output_rows = nullptr;  // g_n of reduction none, or null
+  float* row_soft = nullptr;
+  float* row_total = nullptr;
+  void* grad = nullptr;
+  int64_t grad_row_stride = 0;
+};
+
+// Online (max, Σ e^(v − max)) pairs, merged.
+struct LseState {
+  float max = -INFINITY;
+  float sum = 0;
+  __device__ void add(float v) {
+    if (v == -INFINITY) return;
+    if (v > max) {
+      sum = sum * __expf(max - v) + 1.0f;
+      max = v;
+    } else {
+      sum += __expf(v - max);
+    }
+  }
+  __device__ void merge(float m, float s) {
+    if (m == -INFINITY) return;
+    if (m > max) {
+      sum = sum * __expf(max - m) + s;
+      max = m;
+    } else {
+      sum += s * __expf(m - max);
+    }
+  }
+  __device__ float lse() const { return max == -INFINITY ? max : max + logf(sum); }
+};
+
+__device__ LseState warp_lse(LseState s) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m = __shfl_xor_sync(0xffffffffu, s.max, offset);
+    const float v = __shfl_xor_sync(0xffffffffu, s.sum, offset);
+    s.merge(m, v);
+  }
+  return s;
+}
+
+__device__ double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Shared state of one row: the staged entries and the category results.
+struct TopKShared {
+  int64_t id[kTopKMaxK];
+  float x[kTopKMaxK];    // raw student logit at the id
+  float ell[kTopKMaxK];  // teacher log-probability
+  float grad[kTopKMaxK + 1];
+  float all_max[kTopKThreads / 32], all_sum[kTopKThreads / 32];  // per warp (LseState)
+  float out_max[kTopKThreads / 32], out_sum[kTopKThreads / 32];
+  float lse_all, a_tail, coef;
+  int bad;  // an id out of range or twice: the row becomes NaN (the CPU reports it)
+};
+
+template <class S, class Transform>
+__device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShared& sh,
+                         uint32_t* bitmap, int64_t row) {
+  const int tid = threadIdx.x;
+  const S* s = static_cast<const S*>(a.student) + row * a.row_stride;
+  const int64_t vocab = a.vocab, k = a.k;
+  const auto& dc_in = a.options;
+  for (int64_t w = tid; w < (vocab + 31) / 32; w += kTopKThreads) bitmap[w] = 0;
+  if (tid == 0) sh.bad = 0;
+  __syncthreads();
+  for (int64_t j = tid; j < k; j += kTopKThreads) {
+    const int64_t at_id = row * a.ids_stride + j, at_lp = row * a.logprobs_stride + j;
+    int64_t id = a.id_dtype == DType::i32 ? static_cast<const int32_t*>(a.ids)[at_id]
+                                          : static_cast<const int64_t*>(a.ids)[at_id];
+    const float ell = a.logprob_dtype == DType::f32
+                          ? static_cast<const float*>(a.logprobs)[at_lp]
+                          : static_cast<float>(static_cast<const double*>(a.logprobs)[at_lp]);
+    if (id < -1 || id >= vocab) {
+      sh.bad = 1;
+      id = -1;
+    }
+    if (id >= 0) {
+      const uint32_t bit = 1u << (id % 32);
+      if (atomicOr(&bitmap[id / 32], bit) & bit) sh.bad = 1;
+      sh.x[j] = load_float(s[id]);
+    }
+    sh.id[j] = id;
+    sh.ell[j] = ell;
+  }
+  __syncthreads();
+
+  // One sweep: logsumexp of the row and of the columns outside the ids.
+  LseState all, out;
+  for (int64_t i = tid; i < vocab; i += kTopKThreads) {
+    const float v = transform.value(load_float(s[i]));
+    all.add(v);
+    if (!((bitmap[i / 32] >> (i % 32)) & 1u)) out.add(v);
+  }
+  all = warp_lse(all);
+  out = warp_lse(out);
+  if (tid % 32 == 0) {
+    sh.all_max[tid / 32] = all.max;
+    sh.all_sum[tid / 32] = all.sum;
+    sh.out_max[tid / 32] = out.max;
+    sh.out_sum[tid / 32] = out.sum;
+  }
+  __syncthreads();
+
+  if (tid < 32) {
+    const int lane = tid;
+    LseState ra, ro;
+    if (lane < kTopKThreads / 32) {
+      ra.merge(sh.all_max[lane], sh.all_sum[lane]);
+      ro.merge(sh.out_max[lane], sh.out_sum[lane]);
+    }
+    ra = warp_lse(ra);
+    ro = warp_lse(ro);
+    const float lse_all = ra.lse(), a_tail = ro.lse();
+    const bool renormalize = a.mass == common::TopKMassCode::renormalize;
+    const float inv_t = 1.0f / dc_in.temperature;
+    // Teacher: logsumexp of ℓ (scaled by 1/T for renormalize); student: over the ids.
+    LseState teacher, student_ids;
+    int present = 0;
+    for (int64_t j = lane; j < k; j += 32) {
+      if (sh.id[j] < 0) continue;
+      ++present;
+      teacher.add(sh.ell[j] * (renormalize ? inv_t : 1.0f));
+      student_ids.add(transform.value(sh.x[j]));
+    }
+    teacher = warp_lse(teacher);
+    student_ids = warp_lse(student_ids);
+    for (int offset = 16; offset > 0; offset /= 2)
+      present += __shfl_xor_sync(0xffffffffu, present, offset);
+    const float t_lse = teacher.lse();
+    const float shift = renormalize ? t_lse : 0.0f;
+    float log_tail = -INFINITY;
+    if (!renormalize && a.mass == common::TopKMassCode::tail) {
+      const float rest = -expm1f(t_lse);
+      log_tail = rest > 0 ? logf(rest) : (rest != rest ? rest : -INFINITY);
+    }
+    const float z = renormalize ? (present == 0 ? 0.0f : student_ids.lse()) : lse_all;
+    const bool with_tail = !renormalize && present < vocab;
+    const auto dc = common::make_distill_constants<float>(dc_in.kind, dc_in.temperature,
+                                                          dc_in.softcap, dc_in.beta);
+    // Loss, Σ p·u and W over the categories (the tail category by lane 0).
+    double loss = 0, prob_u = 0, weight = 0;
+    auto category = [&](float log_ps, float log_pt) {
+      const auto term =
+          common::distill_term_from_probs(dc, log_ps, log_pt, expf(log_ps), expf(log_pt));
+      loss += term.loss;
+      prob_u += term.prob_u;
+      weight += expf(log_pt);
+    };
+    for (int64_t j = lane; j < k; j += 32) {
+      if (sh.id[j] < 0) continue;
+      category(transform.value(sh.x[j]) - z, renormalize ? sh.ell[j] * inv_t - shift : sh.ell[j]);
+    }
+    if (lane == 0 && with_tail) category(a_tail - z, log_tail);
+    loss = warp_sum(loss);
+    prob_u = warp_sum(prob_u);
+    weight = warp_sum(weight);
+    for (int64_t j = lane; j < k; j += 32) {
+      if (sh.id[j] < 0) continue;
+      const float log_ps = transform.value(sh.x[j]) - z;
+      const float log_pt = renormalize ? sh.ell[j] * inv_t - shift : sh.ell[j];
+      sh.grad[j] = common::topk_category_grad(dc, log_ps, log_pt, static_cast<float>(prob_u),
+                                              static_cast<float>(weight));
+    }
+    if (lane == 0) {
+      sh.grad[k] = with_tail ? common::topk_category_grad(dc, a_tail - z, log_tail,
+                                                          static_cast<float>(prob_u),
+                                                          static_cast<float>(weight))
+                             : 0.0f;
+      sh.lse_all = lse_all;
+      sh.a_tail = with_tail && a_tail > -INFINITY ? a_tail : INFINITY;  // +inf: no tail share
+      const float soft = sh.bad ? NAN : static_cast<float>(loss);
+      if (a.row_soft) a.row_soft[row] = soft;
+      if (a.row_total) a.row_total[row] = static_cast<float>(dc_in.soft_weight) * soft;
+      const float upstream = a.grad_output_rows ? a.grad_output_rows[row] : a.totals->upstream;
+      sh.coef = distill_soft_coef(dc_in, a.totals, upstream) * (sh.bad ? NAN : 1.0f);
+    }
+  }
+  __syncthreads();
+  if (!a.grad) return;
+  S* g = reinterpret_cast<S*>(static_cast<char*>(a.grad) +
+                              row * a.grad_row_stride * static_cast<int64_t>(sizeof(S)));
+  const float coef = sh.coef, tail_grad = sh.grad[k], a_tail = sh.a_tail;
+  for (int64_t i = tid; i < vocab; i += kTopKThreads) {
+    if ((bitmap[i / 32] >> (i % 32)) & 1u) continue;  // an id column: written below
+    const float x = load_float(s[i]);
+    const float share = a_tail == INFINITY ? 0.0f : __expf(transform.value(x) - a_tail);
+    g[i] = store_float<S>(coef * tail_grad * share * transform.slope(x));
+  }
+  for (int64_t j = tid; j < k; j += kTopKThreads) {
+    const int64_t id = sh.id[j];
+    if (id >= 0) g[id] = store_float<S>(coef * sh.grad[j] * transform.slope(sh.x[j]));
+  }
+}
+
+template <class S>
+__global__ void __launch_bounds__(kTopKThreads) distill_topk_kernel(const TopKArgs a) {
+  extern __shared__ uint32_t bitmap[];
+  __shared__ TopKShared sh;
+  const int64_t row = blockIdx.x;
+  const bool has_target = a.target != nullptr;
+  const int64_t target = has_target ? read_target(a.target, a.target_dtype, row) : 0;
+  if (has_target && target == a.options.ce.ignore_index) {
+    if (threadIdx.x == 0) {
+      if (a.row_soft) a.row_soft[row] = 0;
+      if (a.row_total) a.row_total[row] = 0;
+    }
+    if (a.grad) {
+      S* g = reinterpret_cast<S*>(static_cast<char*>(a.grad) +
+                                  row * a.grad_row_stride * static_cast<int64_t>(sizeof(S)));
+      for (int64_t i = threadIdx.x; i < a.vocab; i += kTopKThreads) g[i] = store_float<S>(0.0f);
+    }
+    return;
+  }
+  common::DistillTransform<float> transform;
+  transform.inv_temperature = 1.0f / a.options.temperature;
+  transform.softcap = a.options.softcap;
+  with_distill_transform(transform, [&](const auto& t) { topk_row<S>(a, t, sh, bitmap, row); });
+}
+
+template <class S>
+void launch_topk(const TopKArgs& a, cudaStream_t stream) {
+  const std::size_t bitmap_bytes = static_cast<std::size_t>((a.vocab + 31) / 32) * 4;
+  XENT_CUDA_CHECK(cudaFuncSetAttribute(distill_topk_kernel<S>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bitmap_bytes)));
+  distill_topk_kernel<S><<<static_cast<unsigned>(a.rows), kTopKThreads, bitmap_bytes, stream>>>(a);
+  XENT_CUDA_CHECK_LAUNCH();
+}
+
+float* f32_or_null(TensorView view) {
+  return view.present() ? static_cast<float*>(view.data) : nullptr;
+}
+
+}  // namespace
+
+void distill_topk(TensorView student, const TopKTeacher& teacher, TensorView target,
+                  const DistillOptions& options, TensorView loss, TensorView grad,
+                  TensorView grad_output, Workspace workspace, Stream stream) {
+  const OpCode op =
+      grad.present() && !loss.present() ? OpCode::distill_backward : OpCode::distill_forward;
+  if (options.hard_weight != 0.0 && target.present()) {
+    throw Error(ErrorKind::runtime, std::string(op_name(op)) +
+                                        ": hard_weight with a top-k teacher not supported yet on "
+                                        "a CUDA device: got hard_weight " +
+                                        std::to_string(options.hard_weight) +
+                                        "; expected 0 (or CPU tensors)");
+  }
+  DeviceGuard guard(student.device.index);
+  const cudaStream_t s = stream_of(stream);
+  const int64_t rows = student.rows;
+  char* base = static_cast<char*>(workspace.data);
+  auto* totals = reinterpret_cast<CeBatchTotals*>(base);
+  auto* row_soft = reinterpret_cast<float*>(base + 256);  // distill.cu's layout
+  const bool none = options.ce.reduction == Reduction::none;
+
+  const CeBatchRequest request =
+      distill_batch_request(target, rows, student.cols, options, grad_output, op);
+  ce_batch_totals(request, totals, s);
+  if (rows == 0) {
+    if (loss.present() && !none) XENT_CUDA_CHECK(cudaMemsetAsync(loss.data, 0, sizeof(float), s));
+    return;
+  }
+
+  TopKArgs a;
+  a.rows = rows;
+  a.student = student.data;
+  a.row_stride = student.row_stride;
+  a.vocab = student.cols;
+  a.ids = teacher.ids.data;
+  a.id_dtype = teacher.ids.dtype;
+  a.ids_stride = teacher.ids.row_stride;
+  a.logprobs = teacher.logprobs.data;
+  a.logprob_dtype = teacher.logprobs.dtype;
+  a.logprobs_stride = teacher.logprobs.row_stride;
+  a.k = teacher.ids.cols;
+  a.target = request.target;
+  a.target_dtype = target.dtype;
+  a.mass = static_cast<common::TopKMassCode>(teacher.mass);
+  a.options = distill_row_options(options);
+  a.totals = totals;
+  a.grad_output_rows = none ? f32_or_null(grad_output) : nullptr;
+  if (loss.present()) {
+    a.row_soft = row_soft;
+    a.row_total = none ? f32_or_null(loss) : nullptr;
+  }
+  if (grad.present()) {
+    a.grad = grad.data;
+    a.grad_row_stride = grad.row_stride;
+  }
+  switch (student.dtype) {
+    case DType::f32:
+      launch_topk<float>(a, s);
+      break;
+    case DType::bf16:
+      launch_topk<bf16_t>(a, s);
+      break;
+    default:
+      launch_topk<f16_t>(a, s);
+      break;
+  }
+  if (loss.present() && !none) {
+    DistillReduceArgs r;
+    r.rows = rows;
+    r.reduction = options.ce.reduction;
+    r.soft_weight = options.soft_weight;
+    r.hard_weight = 0.0;
+    r.row_soft = row_soft;
+    r.totals = totals;
+    r.loss = f32_or_null(loss);
+    distill_reduce(r, s);
+  }
+}
+
+}  // namespace xent::cuda

@@ -1,0 +1,315 @@
+// distill with a top-k teacher (docs/semantics.md §3.1): every kind and topk_mass with each option
+// and every reduction against the float64 reference, the special rows (absent entries, a row with
+// no entry, ids covering the vocabulary), then the errors.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "distill_check.hpp"
+
+namespace xent::test {
+namespace {
+
+const std::vector<DistillKind> kKinds = {DistillKind::forward_kl, DistillKind::reverse_kl,
+                                         DistillKind::jsd, DistillKind::soft_ce, DistillKind::tvd};
+const std::vector<TopKMass> kMasses = {TopKMass::renormalize, TopKMass::tail, TopKMass::ignore};
+
+struct TopKProblem {
+  DType dtype = DType::f32;
+  int64_t rows = 23;
+  int64_t vocab = 517;
+  int64_t k = 20;
+  DistillKind kind = DistillKind::forward_kl;
+  TopKMass mass = TopKMass::renormalize;
+  unsigned options = 0;
+  Reduction reduction = Reduction::mean;
+  DType id_dtype = DType::i64;
+  bool absent_entries = true;  // some rows end early (−1), one row has none
+  bool in_place = false;
+};
+
+// The teacher's top-k of a full teacher, its log-probabilities rounded to float32, in a shuffled
+// order, with absent entries.
+reference::TopKSpec make_topk(Rng& rng, const Matrix& teacher, const TopKProblem& p) {
+  reference::TopKSpec spec;
+  spec.k = p.k;
+  spec.mass = p.mass;
+  for (int64_t n = 0; n < teacher.rows; ++n) {
+    std::vector<double> v(teacher.cols);
+    for (int64_t i = 0; i < teacher.cols; ++i) v[i] = teacher.at(n, i);
+    const double lse = reference::log_sum_exp(v);
+    std::vector<int64_t> order(teacher.cols);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + p.k, order.end(),
+                      [&](int64_t a, int64_t b) { return v[a] > v[b]; });
+    int64_t present = p.k;
+    if (p.absent_entries && n % 5 == 1) present = rng.integer(1, p.k - 1);
+    if (p.absent_entries && n == 2) present = 0;
+    std::vector<int64_t> slots(p.k);
+    std::iota(slots.begin(), slots.end(), 0);
+    for (int64_t j = p.k - 1; j > 0; --j) std::swap(slots[j], slots[rng.integer(0, j)]);
+    std::vector<int64_t> ids(p.k, -1);
+    std::vector<double> logprobs(p.k, 0.0);
+    for (int64_t j = 0; j < present; ++j) {
+      ids[slots[j]] = order[j];
+      logprobs[slots[j]] = round_to(DType::f32, v[order[j]] - lse);
+    }
+    spec.ids.insert(spec.ids.end(), ids.begin(), ids.end());
+    spec.logprobs.insert(spec.logprobs.end(), logprobs.begin(), logprobs.end());
+  }
+  return spec;
+}
+
+struct TopKTensors {
+  Tensor ids, logprobs;
+  TopKTeacher view(TopKMass mass) const { return {ids.view(), logprobs.view(), mass}; }
+};
+
+TopKTensors topk_tensors(const reference::TopKSpec& spec, int64_t rows, DType id_dtype) {
+  TopKTensors t;
+  t.ids = Tensor::matrix(id_dtype, rows, spec.k);
+  t.ids.upload_integers(spec.ids);
+  Matrix logprobs(rows, spec.k);
+  logprobs.values = spec.logprobs;
+  t.logprobs = Tensor::of(logprobs, DType::f32);
+  return t;
+}
+
+void check_topk(const TopKProblem& p, Rng& rng) {
+  const int64_t rows = p.rows, vocab = p.vocab;
+  DistillSetup setup = make_distill_setup(p.kind, p.options, p.reduction, 0.5);
+  const bool with_target = !(p.options & kNoTarget);
+  const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
+  Matrix student = rounded(rng.matrix(rows, vocab, 2.0), p.dtype);
+  const Matrix teacher = make_teacher(rng, student, 2.0);
+  const reference::TopKSpec topk = make_topk(rng, teacher, p);
+  const TopKTensors topk_t = topk_tensors(topk, rows, p.id_dtype);
+  const TopKTeacher view = topk_t.view(p.mass);
+
+  const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, false);
+  const auto* tgt = with_target ? &target : nullptr;
+  const reference::DistillResult ref =
+      reference::distill_topk(student, topk, tgt, setup.spec, upstream);
+
+  Tensor student_tensor = Tensor::of(student, p.dtype);
+  const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
+  const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows, p.dtype);
+  const Scratch scratch(distill_workspace_size(rows, vocab, setup.options, test_device()));
+  const double loss_tol = stat_tolerance(p.dtype, Family::logits, {}, ref.loss);
+  // tvd's near-ties may land on either side (distill_check.cpp): the slack of the reference
+  // with them at the midpoint, for a band of the rounding of a float probability.
+  double largest = 0.0;
+  for (const double v : student.values) largest = std::max(largest, std::abs(v));
+  reference::DistillSpec tie_spec = setup.spec;
+  tie_spec.tvd_tie_band = p.kind == DistillKind::tvd ? 8 * 0x1p-23 * (largest + 8.0) : 0.0;
+  const reference::DistillResult midpoint =
+      reference::distill_topk(student, topk, tgt, tie_spec, upstream);
+  const double grad_tol =
+      grad_tolerance(p.dtype, Family::logits, rounded(ref.grad.values, p.dtype), ref.grad.values) +
+      2 * relative_error(midpoint.grad.values, ref.grad.values);
+  {
+    SCOPED_TRACE("distill_topk_forward, loss only");
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
+    DistillOutputs out;
+    out.loss = loss.view();
+    distill_topk_forward(student_tensor.view(), view, target_tensor.view(), setup.options, out, {},
+                         scratch.workspace());
+    finish();
+    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
+  }
+  Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab);
+  Tensor& grad = p.in_place ? student_tensor : grad_storage;
+  {
+    SCOPED_TRACE("distill_topk_forward, with gradient");
+    Tensor loss = loss_tensor(p.reduction, rows, p.dtype);
+    DistillOutputs out;
+    out.loss = loss.view();
+    out.grad_student = grad.view();
+    distill_topk_forward(student_tensor.view(), view, target_tensor.view(), setup.options, out,
+                         grad_output.view(), scratch.workspace());
+    finish();
+    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
+    EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+  }
+  {
+    SCOPED_TRACE("distill_topk_backward");
+    grad.poison();
+    if (p.in_place) student_tensor.upload(student.values);
+    distill_topk_backward(student_tensor.view(), view, target_tensor.view(), grad_output.view(),
+                          setup.options, grad.view(), scratch.workspace());
+    finish();
+    EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+  }
+}
+
+bool valid_combination(DistillKind kind, TopKMass mass, unsigned options) {
+  if (mass == TopKMass::ignore && kind != DistillKind::forward_kl && kind != DistillKind::soft_ce)
+    return false;
+  return !(mass != TopKMass::renormalize && (options & kTemperature));
+}
+
+using TopKParam = std::tuple<DType, DistillKind, TopKMass, unsigned, Reduction>;
+
+class DistillTopK : public ::testing::TestWithParam<TopKParam> {
+ protected:
+  void SetUp() override { require_device(); }
+};
+
+TEST_P(DistillTopK, MatchesReference) {
+  XENT_TEST_RNG(rng);
+  TopKProblem p;
+  std::tie(p.dtype, p.kind, p.mass, p.options, p.reduction) = GetParam();
+  if (on_gpu() && (p.options & kHardAndSoft)) GTEST_SKIP() << "no hard-label term on CUDA yet";
+  check_topk(p, rng);
+}
+
+std::string mass_label(TopKMass mass) { return topk_mass_name(mass); }
+
+// Every valid (kind, topk_mass, option) in fp32 and bf16 with every reduction.
+std::vector<TopKParam> topk_grid() {
+  std::vector<TopKParam> grid;
+  for (const DType dtype : {DType::f32, DType::bf16})
+    for (const DistillKind kind : kKinds)
+      for (const TopKMass mass : kMasses)
+        for (const unsigned options : {0u, unsigned{kTemperature}, unsigned{kDistillSoftcap},
+                                       unsigned{kHardAndSoft}, unsigned{kNoTarget}})
+          for (const Reduction reduction : {Reduction::none, Reduction::sum, Reduction::mean})
+            if (valid_combination(kind, mass, options))
+              grid.emplace_back(dtype, kind, mass, options, reduction);
+  return grid;
+}
+
+INSTANTIATE_TEST_SUITE_P(EachOption, DistillTopK, ::testing::ValuesIn(topk_grid()),
+                         [](const ::testing::TestParamInfo<TopKParam>& info) {
+                           return short_name(std::get<0>(info.param)) + "_" +
+                                  distill_kind_name(std::get<1>(info.param)) + "_" +
+                                  mass_label(std::get<2>(info.param)) + "_" +
+                                  distill_options_label(std::get<3>(info.param)) + "_" +
+                                  reduction_label(std::get<4>(info.param));
+                         });
+
+// Every valid (kind, topk_mass) on float64 inputs (float32 on a GPU), `adjust` setting the case's other fields.
+template <class Adjust>
+void check_each_kind_and_mass(Rng& rng, Adjust&& adjust) {
+  for (const DistillKind kind : kKinds) {
+    for (const TopKMass mass : kMasses) {
+      if (!valid_combination(kind, mass, 0)) continue;
+      TopKProblem p;
+      p.dtype = on_gpu() ? DType::f32 : DType::f64;  // float64 is a CPU dtype
+      p.kind = kind;
+      p.mass = mass;
+      adjust(p);
+      check_topk(p, rng);
+    }
+  }
+}
+
+TEST(DistillTopKCases, Float64Int32InPlace) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_each_kind_and_mass(rng, [](TopKProblem& p) {
+    p.id_dtype = DType::i32;
+    p.in_place = true;
+    p.reduction = Reduction::none;
+  });
+}
+
+// k = V: the ids cover the vocabulary, so there is no tail category.
+TEST(DistillTopKCases, IdsCoverTheVocabulary) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_each_kind_and_mass(rng, [](TopKProblem& p) {
+    p.vocab = 29;
+    p.k = 29;
+    p.absent_entries = false;
+  });
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+struct ErrorCall {
+  Rng rng{fresh_seed()};
+  Tensor student = Tensor::of(rng.matrix(4, 13, 1.0), DType::f32);
+  Tensor ids = Tensor::matrix(DType::i64, 4, 3);
+  Tensor logprobs = Tensor::of(Matrix(4, 3), DType::f32);
+  Tensor loss = Tensor::scalar(DType::f32);
+  DistillOptions options;
+  TopKMass mass = TopKMass::renormalize;
+
+  ErrorCall() {
+    ids.upload_integers({0, 1, 2, 3, 4, -1, 5, -1, -1, 6, 7, 8});
+    Matrix l(4, 3);
+    for (double& v : l.values) v = -2.0;
+    logprobs.upload(l.values);
+  }
+  std::string run() {
+    try {
+      DistillOutputs out;
+      out.loss = loss.view();
+      distill_topk_forward(student.view(), {ids.view(), logprobs.view(), mass}, {}, options, out);
+    } catch (const Error& e) {
+      EXPECT_TRUE(loss.untouched()) << "the loss was written before the error";
+      return e.what();
+    }
+    return "no error";
+  }
+};
+
+void expect_error(ErrorCall& call, const std::string& part) {
+  const std::string message = call.run();
+  EXPECT_NE(message.find(part), std::string::npos) << message;
+}
+
+// The values of ids and logprobs are checked on the host: CPU tensors only.
+TEST(DistillTopKErrors, Messages) {
+  if (on_gpu()) GTEST_SKIP() << "value checks read host memory";
+  {
+    ErrorCall c;
+    c.ids.upload_integers({0, 1, 13, 3, 4, -1, 5, -1, -1, 6, 7, 8});
+    expect_error(c, "teacher.ids out of range: got ids[0, 2] = 13");
+  }
+  {
+    ErrorCall c;
+    c.ids.upload_integers({0, 1, 2, 3, 4, -1, 5, -1, -1, 6, 7, -2});
+    expect_error(c, "ids[3, 2] = -2");
+  }
+  {
+    ErrorCall c;
+    c.ids.upload_integers({0, 1, 2, 3, 4, -1, 5, -1, 5, 6, 7, 8});
+    expect_error(c, "duplicate id");
+  }
+  {
+    ErrorCall c;
+    Matrix l(4, 3);
+    for (double& v : l.values) v = -1.0;
+    l.values[4] = 0.5;
+    c.logprobs.upload(l.values);
+    expect_error(c, "teacher.logprobs above 0: got logprobs[1, 1] = 0.5");
+  }
+  {
+    ErrorCall c;
+    c.logprobs = Tensor::of(Matrix(4, 2), DType::f32);
+    expect_error(c, "teacher.logprobs");
+  }
+  {
+    ErrorCall c;
+    c.ids = Tensor::matrix(DType::i64, 3, 3);
+    c.ids.upload_integers({0, 1, 2, 3, 4, 5, 6, 7, 8});
+    expect_error(c, "teacher.ids");
+  }
+  {
+    ErrorCall c;
+    c.mass = TopKMass::tail;
+    c.options.temperature = 2.0;
+    expect_error(c, "renormalize");
+  }
+  {
+    ErrorCall c;
+    c.mass = TopKMass::ignore;
+    c.options.kind = DistillKind::jsd;
+    expect_error(c, "not defined with topk_mass ignore");
+  }
+}
+
+}  // namespace
+}  // namespace xent::test

@@ -1,0 +1,192 @@
+"""xent.distill with a top-k teacher (xent.TopK) against the float64 reference (docs/semantics.md
+§3.1), on the CPU (the top-k teacher has no CUDA kernel yet); errors; torch.compile."""
+
+import pytest
+import reference as ref
+import torch
+
+import xent
+
+KINDS = list(xent.DISTILL_KINDS)
+REDUCTIONS = ["none", "sum", "mean"]
+ROWS, VOCAB, K = 29, 517, 20
+
+
+def _topk_teacher(gen, student, k=K, absent=True):
+    """The top-k of a teacher correlated with the student, in a shuffled order, some rows short
+    (-1 entries) and one row empty."""
+    teacher = student.double() + 0.6 * torch.randn(
+        student.shape, generator=gen, dtype=torch.float64
+    )
+    logprobs, ids = torch.log_softmax(teacher, -1).topk(k, -1)
+    order = torch.argsort(torch.rand(ids.shape, generator=gen), -1)
+    ids, logprobs = ids.gather(1, order), logprobs.gather(1, order).float()
+    if absent:
+        ids[1, 3:] = -1
+        ids[2, :] = -1
+        ids[6, ::2] = -1
+    return ids, logprobs
+
+
+def _inputs(gen, rows=ROWS, vocab=VOCAB):
+    student = ref.randn(gen, rows, vocab, scale=2.0)
+    return student, ref.targets(gen, rows, vocab)
+
+
+def _valid(kind, mass, options):
+    if mass == "ignore" and kind not in ("forward_kl", "soft_ce"):
+        return False
+    return mass == "renormalize" or options.get("temperature", 1.0) == 1.0
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mass", list(xent.TOPK_MASSES))
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"temperature": 2.0},
+        {"softcap": 3.0},
+        {"hard_weight": 0.5, "soft_weight": 0.7, "label_smoothing": 0.1, "z_loss": 1e-3},
+        {"no_target": True},
+        {"grad_in_forward": False},
+    ],
+    ids=["plain", "T", "softcap", "hard+soft", "no_target", "recompute"],
+)
+def test_topk_against_reference(device, gen, reduction, kind, mass, options):
+    if not _valid(kind, mass, options):
+        pytest.skip("an error case (test_topk_errors)")
+    if device.type == "cuda" and "hard_weight" in options:
+        pytest.skip("no hard-label term with a top-k teacher on CUDA yet")
+    student, target = _inputs(gen)
+    options = dict(options)
+    if options.pop("no_target", False):
+        target = None
+    ref_options = {k: v for k, v in options.items() if k != "grad_in_forward"}
+    ids, logprobs = _topk_teacher(gen, student)
+    s = student.to(device).requires_grad_()
+    loss = xent.distill(
+        s,
+        target=None if target is None else target.to(device),
+        teacher=xent.TopK(ids.to(device), logprobs.to(device), mass),
+        kind=kind,
+        reduction=reduction,
+        **options,
+    )
+    s64 = student.double().requires_grad_()
+    expected = ref.distill_topk(
+        s64, ids, logprobs, target, mass, kind=kind, reduction=reduction, **ref_options
+    )
+    assert loss.shape == expected.shape
+    assert ref.rel_error(loss, expected) <= 1e-5
+    upstream = torch.randn(expected.shape, generator=gen, dtype=torch.float64) + 0.5
+    (grad,) = torch.autograd.grad(loss, [s], upstream.float().to(device))
+    (grad_expected,) = torch.autograd.grad(expected, [s64], upstream)
+    slack = 0.0
+    if kind == "tvd":  # near-ties may land on either side in fp32 (test_distill.py's _compare)
+        band = 8 * 2.0**-23 * (student.abs().max().item() + 8.0)
+        midpoint = ref.distill_topk(
+            s64,
+            ids,
+            logprobs,
+            target,
+            mass,
+            kind=kind,
+            reduction=reduction,
+            tvd_tie_band=band,
+            **ref_options,
+        )
+        (grad_midpoint,) = torch.autograd.grad(midpoint, [s64], upstream)
+        slack = 2 * ref.rel_error(grad_midpoint, grad_expected)
+    assert ref.rel_error(grad, grad_expected) <= 1e-5 + slack
+
+
+def test_topk_3d_int32_ids(gen):
+    student, target = _inputs(gen, rows=2 * 13)
+    ids, logprobs = _topk_teacher(gen, student)
+    flat = xent.distill(student, target=target, teacher=xent.TopK(ids, logprobs), reduction="none")
+    batched = xent.distill(
+        student.reshape(2, 13, VOCAB),
+        target=target.reshape(2, 13),
+        teacher=xent.TopK(ids.int().reshape(2, 13, K), logprobs.reshape(2, 13, K)),
+        reduction="none",
+    )
+    assert batched.shape == (2, 13)
+    torch.testing.assert_close(batched.reshape(-1), flat)
+
+
+def test_topk_covering_vocabulary_has_no_tail(gen):
+    student, target = _inputs(gen, rows=7, vocab=23)
+    ids, logprobs = _topk_teacher(gen, student, k=23, absent=False)
+    tail = xent.distill(student, target=target, teacher=xent.TopK(ids, logprobs, "tail"))
+    full = xent.distill(student, torch.zeros(7, 23).scatter_(1, ids, logprobs), target)
+    torch.testing.assert_close(tail, full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ids, lp: (ids.clone().fill_(VOCAB), lp), "teacher.ids out of range"),
+        (lambda ids, lp: (ids.clone().fill_(-3), lp), "ids[0, 0] = -3"),
+        (lambda ids, lp: (torch.cat([ids[:, :1], ids[:, 1:]], 1).fill_(4), lp), "duplicate id"),
+        (lambda ids, lp: (ids, lp.clone().fill_(0.25)), "teacher.logprobs above 0"),
+        (lambda ids, lp: (ids, lp[:, :3]), "teacher.logprobs"),
+        (lambda ids, lp: (ids[:5], lp[:5]), "teacher.ids"),
+        (lambda ids, lp: (ids.float(), lp), "teacher.ids"),
+    ],
+    ids=["id>=V", "id<-1", "duplicate", "logprob>0", "k mismatch", "rows", "float ids"],
+)
+def test_topk_errors(gen, change, message):
+    student, target = _inputs(gen)
+    ids, logprobs = change(*_topk_teacher(gen, student, absent=False))
+    with pytest.raises((ValueError, RuntimeError)) as error:
+        xent.distill(student, target=target, teacher=xent.TopK(ids, logprobs))
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"teacher_mass": "tail", "temperature": 2.0}, "renormalize"),
+        ({"teacher_mass": "ignore", "kind": "jsd"}, "not defined with topk_mass ignore"),
+        ({"teacher_mass": "other"}, "teacher.mass"),
+        ({"inplace_backward": True}, "inplace_backward"),
+    ],
+)
+def test_topk_option_errors(gen, kwargs, message):
+    student, target = _inputs(gen)
+    ids, logprobs = _topk_teacher(gen, student)
+    kwargs = dict(kwargs)
+    mass = kwargs.pop("teacher_mass", "renormalize")
+    with pytest.raises((ValueError, RuntimeError)) as error:
+        xent.distill(
+            student.requires_grad_(),
+            target=target,
+            teacher=xent.TopK(ids, logprobs, mass),
+            **kwargs,
+        )
+    assert message in str(error.value)
+
+
+def test_topk_teacher_and_logits_together_is_an_error(gen):
+    student, target = _inputs(gen)
+    ids, logprobs = _topk_teacher(gen, student)
+    with pytest.raises(ValueError, match="given twice"):
+        xent.distill(student, student, target, teacher=xent.TopK(ids, logprobs))
+
+
+def test_topk_compiles(gen):
+    student, target = _inputs(gen)
+    ids, logprobs = _topk_teacher(gen, student)
+
+    def step(s):
+        return xent.distill(s, target=target, teacher=xent.TopK(ids, logprobs, "tail"))
+
+    s = student.clone().requires_grad_()
+    eager = step(s)
+    (grad_eager,) = torch.autograd.grad(eager, [s])
+    compiled = torch.compile(step, fullgraph=True)(s)
+    (grad_compiled,) = torch.autograd.grad(compiled, [s])
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(grad_compiled, grad_eager)
