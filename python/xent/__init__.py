@@ -33,6 +33,7 @@ from xent.functional import (
     linear_cross_entropy,
     linear_distill,
     linear_logprobs,
+    linear_policy_loss,
     logprobs,
     policy_loss,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "hf",
     "linear_distill",
     "linear_logprobs",
+    "linear_policy_loss",
     "logprobs",
     "nn",
     "policy_loss",
