@@ -157,6 +157,29 @@ def test_without_gradient_matches_with(device, gen):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
 
 
+def test_nothing_valid_or_no_rows_gives_zero(device, gen):
+    hidden = ref.randn(gen, 3, 5, HIDDEN, device=device)
+    weight = ref.randn(gen, 11, HIDDEN, device=device)
+    target = torch.full((3, 5), -100, device=device)
+    advantages = torch.randn(3, 5, generator=gen).to(device)
+    cases = [(hidden, target, advantages, aggregation) for aggregation in xent.POLICY_AGGREGATIONS]
+    cases.append((hidden[:0], target[:0], advantages[:0], "token_mean"))  # no rows at all
+    for h, y, a, aggregation in cases:
+        params = [h.clone().requires_grad_(), weight.clone().requires_grad_()]
+        result = xent.linear_policy_loss(
+            *params,
+            y,
+            a,
+            aggregation=aggregation,
+            normalizer=3.0,
+            entropy_coef=0.1,
+            return_stats=True,
+        )
+        assert result.loss.item() == 0 and result.ratio.item() == 0
+        result.loss.backward()
+        assert all((p.grad == 0).all() for p in params)
+
+
 def test_frozen_weight_and_upstream_scaling(device, gen):
     head, _, target, advantages, kwargs = _inputs(
         gen, device, "off_policy_kl_entropy", "grpo", "token_mean", bias=False
