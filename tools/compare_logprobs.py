@@ -16,6 +16,9 @@ states and the LM head weight:
   linear_ce  xent.linear_cross_entropy(h, W, y) (mean, gradient formed in the forward)
   linear_ce_none  xent.linear_cross_entropy(h, W, y, reduction="none") weighted by a: the same
              recompute-in-backward structure as linear_logprobs (per-row upstream gradients)
+  linear_policy  xent.linear_policy_loss(h, W, y, a, ...) at the temperature: GRPO with clip-higher
+             (0.2 / 0.28), a k3 KL term (β = 0.04) and an entropy bonus (α = 0.01), off-policy
+             (old and reference logprobs within ±0.1 of a typical logprob); a loss, not J
 
 With --no-grad the same forwards run under torch.no_grad() (the old-policy and reference-model
 passes of an RL step), beside `product`, the bare logits product h @ Wᵀ in the input dtype: the
@@ -49,7 +52,16 @@ from compare_torch import (  # noqa: E402
     summarize,
 )
 
-IMPLS = ("xent", "xent_cache", "xent_logprob", "eager", "compile", "linear_ce", "linear_ce_none")
+IMPLS = (
+    "xent",
+    "xent_cache",
+    "xent_logprob",
+    "eager",
+    "compile",
+    "linear_ce",
+    "linear_ce_none",
+    "linear_policy",
+)
 NO_GRAD_IMPLS = ("product", "xent_logprob", "xent", "eager", "compile")
 ENTROPY_WEIGHT = 0.01
 
@@ -99,6 +111,27 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
         )
     if impl == "linear_ce":
         return lambda h, w, y, advantage: xent.linear_cross_entropy(h, w, y)
+    if impl == "linear_policy":
+
+        def policy(h, w, y, advantage):
+            # Data per token, fixed by the advantages' values (the time does not depend on them).
+            old = -5.0 + 0.1 * torch.sin(advantage * 7.0)
+            return xent.linear_policy_loss(
+                h,
+                w,
+                y,
+                advantage,
+                old_logprobs=old,
+                ref_logprobs=old + 0.05 * torch.cos(advantage * 3.0),
+                clip_low=0.2,
+                clip_high=0.28,
+                kl_coef=0.04,
+                kl_estimator="k3",
+                entropy_coef=0.01,
+                temperature=temperature,
+            )
+
+        return policy
     if impl == "linear_ce_none":
         return lambda h, w, y, advantage: (
             advantage * xent.linear_cross_entropy(h, w, y, reduction="none")
@@ -134,6 +167,8 @@ def measure(impl, inputs, args, base):
         impl=impl,
         op="matmul"
         if impl == "product"
+        else impl
+        if impl == "linear_policy"
         else "linear_ce"
         if impl.startswith("linear_ce")
         else "linear_logprobs",

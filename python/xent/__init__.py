@@ -35,6 +35,7 @@ from xent.functional import (
     linear_cross_entropy,
     linear_distill,
     linear_logprobs,
+    linear_policy_loss,
     logprobs,
     policy_loss,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "hf",
     "linear_distill",
     "linear_logprobs",
+    "linear_policy_loss",
     "logprobs",
     "nn",
     "policy_loss",

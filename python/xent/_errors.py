@@ -23,6 +23,7 @@ _OPS = {
     "distill": ("distill_forward", "distill_backward"),
     "linear_distill": ("linear_distill_forward", "linear_distill_backward"),
     "policy_loss": ("ce_forward", "ce_logprob_backward"),
+    "linear_policy_loss": ("linear_ce_forward", "linear_ce_backward"),
 }
 
 # Per public function: the core's argument names that differ from its Python keywords. Names not
@@ -44,6 +45,7 @@ KEYWORDS = {
         "teacher": "teacher_logits or teacher_hidden",
     },
     "policy_loss": {},
+    "linear_policy_loss": {"workspace_budget": "workspace_bytes"},
 }
 
 

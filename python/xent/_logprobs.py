@@ -37,6 +37,39 @@ def _statistics(outputs: tuple, target: Tensor, ignore_index: int, with_entropy:
     return outputs[1], logprob, torch.zeros_like(logprob)
 
 
+def linear_none_forward(
+    operands: tuple, target: Tensor, options: tuple, with_stats: bool, cache_logits: bool = False
+) -> tuple:
+    """linear_ce_forward's outputs with reduction none, no label smoothing and no z-loss: the
+    per-row statistics of the fused logprob ops. options: (ignore_index, softcap, logit_scale,
+    workspace_bytes, fp32_logits)."""
+    ignore_index, *rest = options
+    return ops.linear_ce_forward(
+        *operands,
+        target,
+        None,
+        None,
+        ignore_index,
+        "none",
+        0.0,
+        0.0,
+        *rest,
+        bool(with_stats),
+        False,
+        False,
+        False,
+        bool(cache_logits),
+        None,
+        None,
+    )
+
+
+def weight_grad_dtype(compute_dtype: torch.dtype | None, weight: Tensor) -> torch.dtype | None:
+    """fp32 for an fp32 master weight whose products run converted (its gradient then stays
+    fp32, accumulated in place by the core); None: the weight's own dtype."""
+    return torch.float32 if compute_dtype is not None and weight.dtype == torch.float32 else None
+
+
 def _forward_outputs(
     ctx: Any,
     statistics: tuple,
@@ -121,36 +154,20 @@ class LinearLogprobsFunction(torch.autograd.Function):
         cache_logits: bool,
         compute_dtype: torch.dtype,
     ):
-        ignore_index, softcap, logit_scale, budget, fp32_logits = options
+        ignore_index = options[0]
         # No gradient in the forward: the upstream gradients are per row (docs/semantics.md §2, reduction
         # none), so the backward recomputes each chunk's logits (or reads the cache) and folds
         # them in.
-        outputs = ops.linear_ce_forward(
-            *_compute_copies(compute_dtype, hidden, weight, bias),
+        outputs = linear_none_forward(
+            _compute_copies(compute_dtype, hidden, weight, bias),
             target,
-            None,
-            None,
-            ignore_index,
-            "none",
-            0.0,
-            0.0,
-            softcap,
-            logit_scale,
-            budget,
-            fp32_logits,
-            bool(with_entropy),
-            False,
-            False,
-            False,
+            options,
+            with_entropy,
             cache_logits,
-            None,
-            None,
         )
         ctx.wants = wants
         ctx.compute_dtype = compute_dtype
-        ctx.weight_grad_dtype = (
-            torch.float32 if compute_dtype is not None and weight.dtype == torch.float32 else None
-        )
+        ctx.weight_grad_dtype = weight_grad_dtype(compute_dtype, weight)
         return _forward_outputs(
             ctx,
             outputs,

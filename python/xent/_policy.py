@@ -453,6 +453,81 @@ def _options(
     )
 
 
+def _prepare(
+    function: str,
+    like: Tensor,
+    target1d: Tensor,
+    row_shape: tuple,
+    advantages: Tensor,
+    logprobs: tuple,
+    surrogate: tuple,
+    terms: tuple,
+    rest: tuple,
+) -> tuple:
+    """The checked arguments of policy_loss and linear_policy_loss (like: the logits or the
+    hidden states, whose dtype sets the result's): (options, transform, data, target1d with the
+    masked tokens ignored, sequence index or None, divisor or None)."""
+    old_logprobs, ref_logprobs, rollout_logprobs = logprobs
+    temperature, softcap, ignore_index, loss_mask, sequence_ids, cu_seqlens, normalizer = rest
+    options = _options(function, *surrogate, *terms)
+    transform = (
+        int(ignore_index),
+        None if softcap is None else float(softcap),
+        _functional._temperature_scale(function, temperature),
+    )
+    _functional._check_tensor(function, "advantages", advantages)
+    data = [
+        _per_token(function, name, value, row_shape, like)
+        for name, value in (
+            ("advantages", advantages),
+            ("old_logprobs", old_logprobs),
+            ("ref_logprobs", ref_logprobs),
+            ("rollout_logprobs", rollout_logprobs),
+        )
+    ]
+    if options.kl_coef != 0.0 and ref_logprobs is None:
+        _functional._fail(
+            function, "ref_logprobs", "missing", None, "ref_logprobs for kl_coef != 0"
+        )
+    if (rollout_logprobs is None) != (options.tis_cap is None):
+        _functional._fail(
+            function,
+            "tis_cap" if rollout_logprobs is not None else "rollout_logprobs",
+            "missing",
+            None,
+            "rollout_logprobs and tis_cap together (the truncated importance weight needs both)",
+        )
+    if loss_mask is not None:
+        _token_shaped(function, "loss_mask", loss_mask, row_shape, "flag")
+        # A masked token is an ignored one: no statistics, no loss, no gradient (§1's rule).
+        keep = loss_mask.reshape(-1).to(target1d.device) != 0
+        target1d = torch.where(keep, target1d, torch.full_like(target1d, int(ignore_index)))
+    sequence = _sequence_index(function, sequence_ids, cu_seqlens, row_shape, like)
+    if sequence is None and (options.loss_type == "gspo" or options.aggregation.startswith("seq")):
+        name = "logits" if function == "policy_loss" else "hidden"
+        shape = "(B, T, V)" if function == "policy_loss" else "(B, T, H)"
+        _functional._fail(
+            function,
+            "sequence_ids",
+            "missing",
+            f"neither sequence_ids nor cu_seqlens, and 2-D {name}",
+            f"sequence_ids or cu_seqlens for loss_type {options.loss_type!r} with aggregation "
+            f"{options.aggregation!r} (or 3-D {shape} {name}, whose rows are the sequences)",
+        )
+    result_dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    divisor = _normalizer(function, normalizer, like, result_dtype)
+    if divisor is None and options.aggregation == "token_sum_norm":
+        _functional._fail(
+            function,
+            "normalizer",
+            "missing",
+            None,
+            "the constant the token sum is divided by (Dr. GRPO: sequences × the longest "
+            "allowed response) for aggregation 'token_sum_norm'",
+        )
+    return options, transform, data, target1d, sequence, divisor
+
+
 @python_names
 def policy_loss(
     logits: Tensor,
@@ -514,73 +589,17 @@ def policy_loss(
     """
     function = "policy_loss"
     logits2d, target1d, row_shape = _functional._rows(function, "logits", logits, target)
-    options = _options(
+    options, transform, data, target1d, sequence, divisor = _prepare(
         function,
-        loss_type,
-        aggregation,
-        clip_low,
-        clip_high,
-        dual_clip,
-        kl_coef,
-        kl_estimator,
-        entropy_coef,
-        tis_cap,
-        sapo_tau_pos,
-        sapo_tau_neg,
+        logits,
+        target1d,
+        row_shape,
+        advantages,
+        (old_logprobs, ref_logprobs, rollout_logprobs),
+        (loss_type, aggregation, clip_low, clip_high, dual_clip, kl_coef, kl_estimator),
+        (entropy_coef, tis_cap, sapo_tau_pos, sapo_tau_neg),
+        (temperature, softcap, ignore_index, loss_mask, sequence_ids, cu_seqlens, normalizer),
     )
-    transform = (
-        int(ignore_index),
-        None if softcap is None else float(softcap),
-        _functional._temperature_scale(function, temperature),
-    )
-    _functional._check_tensor(function, "advantages", advantages)
-    data = [
-        _per_token(function, name, value, row_shape, logits)
-        for name, value in (
-            ("advantages", advantages),
-            ("old_logprobs", old_logprobs),
-            ("ref_logprobs", ref_logprobs),
-            ("rollout_logprobs", rollout_logprobs),
-        )
-    ]
-    if options.kl_coef != 0.0 and ref_logprobs is None:
-        _functional._fail(
-            function, "ref_logprobs", "missing", None, "ref_logprobs for kl_coef != 0"
-        )
-    if (rollout_logprobs is None) != (options.tis_cap is None):
-        _functional._fail(
-            function,
-            "tis_cap" if rollout_logprobs is not None else "rollout_logprobs",
-            "missing",
-            None,
-            "rollout_logprobs and tis_cap together (the truncated importance weight needs both)",
-        )
-    if loss_mask is not None:
-        _token_shaped(function, "loss_mask", loss_mask, row_shape, "flag")
-        # A masked token is an ignored one: no statistics, no loss, no gradient (§1's rule).
-        keep = loss_mask.reshape(-1).to(target1d.device) != 0
-        target1d = torch.where(keep, target1d, torch.full_like(target1d, int(ignore_index)))
-    sequence = _sequence_index(function, sequence_ids, cu_seqlens, row_shape, logits)
-    if sequence is None and (options.loss_type == "gspo" or options.aggregation.startswith("seq")):
-        _functional._fail(
-            function,
-            "sequence_ids",
-            "missing",
-            "neither sequence_ids nor cu_seqlens, and 2-D logits",
-            f"sequence_ids or cu_seqlens for loss_type {options.loss_type!r} with aggregation "
-            f"{options.aggregation!r} (or 3-D (B, T, V) logits, whose rows are the sequences)",
-        )
-    result_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    divisor = _normalizer(function, normalizer, logits, result_dtype)
-    if divisor is None and options.aggregation == "token_sum_norm":
-        _functional._fail(
-            function,
-            "normalizer",
-            "missing",
-            None,
-            "the constant the token sum is divided by (Dr. GRPO: sequences × the longest "
-            "allowed response) for aggregation 'token_sum_norm'",
-        )
     with_entropy = bool(return_stats) or options.entropy_coef != 0.0
     if _functional._needs_grad(logits)[0]:
         loss, logprob, entropy, *stats = PolicyLossFunction.apply(

@@ -27,7 +27,13 @@ from xent._autograd import (
     _normalized,
 )
 from xent._errors import python_names
-from xent._logprobs import LinearLogprobsFunction, LogprobsFunction, _statistics
+from xent._linear_policy import linear_policy_loss
+from xent._logprobs import (
+    LinearLogprobsFunction,
+    LogprobsFunction,
+    _statistics,
+    linear_none_forward,
+)
 from xent._ops import ops
 from xent._policy import (
     KL_ESTIMATORS,
@@ -52,6 +58,7 @@ __all__ = [
     "default_workspace_bytes",
     "logprobs",
     "linear_logprobs",
+    "linear_policy_loss",
     "policy_loss",
     "PolicyLossResult",
     "POLICY_LOSS_TYPES",
@@ -1103,23 +1110,6 @@ def linear_logprobs(
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        outputs = ops.linear_ce_forward(
-            *operands,
-            target1d,
-            None,
-            None,
-            options[0],
-            "none",
-            0.0,
-            0.0,
-            *options[1:],
-            bool(return_entropy),
-            False,
-            False,
-            False,
-            False,
-            None,
-            None,
-        )
+        outputs = linear_none_forward(operands, target1d, options, return_entropy)
         _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), hidden)

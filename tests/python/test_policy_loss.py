@@ -85,11 +85,15 @@ def _layout(gen, layout, device):
     return (rows, VOCAB), dict(cu_seqlens=bounds.to(device))
 
 
-def _case_inputs(gen, device, case, loss_type, aggregation, dtype=torch.float32):
-    """(logits, target, advantages, keyword arguments of policy_loss) for one case."""
+def _case_inputs(gen, device, case, loss_type, aggregation, dtype=torch.float32, make_logits=None):
+    """(logits, target, advantages, keyword arguments of policy_loss) for one case; make_logits
+    (shape -> logits) replaces the random logits (test_linear_policy_loss forms them from a head)."""
     spec = dict(CASES[case])
     shape, kwargs = _layout(gen, spec.pop("layout"), device)
-    logits = ref.randn(gen, *shape, dtype=dtype, device=device, scale=2.0)
+    if make_logits is not None:
+        logits = make_logits(shape)
+    else:
+        logits = ref.randn(gen, *shape, dtype=dtype, device=device, scale=2.0)
     row_shape = shape[:-1]
     rows = math.prod(row_shape)
     target = ref.targets(gen, rows, VOCAB, device).reshape(row_shape)

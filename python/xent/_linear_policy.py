@@ -1,0 +1,178 @@
+"""xent.linear_policy_loss: the policy losses of docs/semantics.md §7 fused with the LM head.
+
+The statistics come from linear_ce's `none` forward (chunked within the workspace budget), the
+per-token coefficients c_ℓ and c_H from the same N-sized torch ops as policy_loss (_policy_terms),
+and ∂h, ∂W and ∂bias at once from the fused logprob backward fed with those coefficients, all in
+the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held.
+Four products (the logits are formed twice); the single-pass form is docs/semantics.md §7's
+"Fused with the LM head".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import xent.functional as _functional  # its helpers, read at call time (it imports this module)
+from xent._autograd import _apply_upstream, _compute_copies, _no_double_backward, _scale_saved
+from xent._errors import python_names
+from xent._logprobs import _statistics, linear_none_forward, weight_grad_dtype
+from xent._ops import ops
+from xent._policy import PolicyLossResult, _Options, _policy_terms, _prepare
+
+
+def _forward(operands: tuple, target: Tensor, linear: tuple, with_entropy: bool) -> tuple:
+    """(lse, logprob, entropy) of the head's logits."""
+    outputs = linear_none_forward(operands, target, linear, with_entropy)
+    return _statistics(outputs, target, linear[0], with_entropy)
+
+
+class LinearPolicyLossFunction(torch.autograd.Function):
+    # hidden [N, H], weight [V, H], bias [V] or None, target [N] (masked tokens already ignored),
+    # data: (advantages, old, ref, rollout) [N] or None, sequence [N] or None, divisor: a scalar
+    # tensor or None. linear: (ignore_index, softcap, logit_scale, workspace_bytes, fp32_logits);
+    # wants: the (hidden, weight, bias) gradients needed; compute_dtype as in
+    # LinearCrossEntropyFunction. The gradients are formed here, for an upstream gradient of 1.
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        data: tuple,
+        sequence: Tensor | None,
+        divisor: Tensor | None,
+        linear: tuple,
+        wants: tuple,
+        compute_dtype: torch.dtype | None,
+        options: _Options,
+        with_entropy: bool,
+    ):
+        operands = _compute_copies(compute_dtype, hidden, weight, bias)
+        lse, logprob, entropy = _forward(operands, target, linear, with_entropy)
+        valid = target != linear[0]
+        loss, grad_logprob, grad_entropy, *stats = _policy_terms(
+            logprob, entropy, valid, *data, sequence, divisor, options
+        )
+        grads = ops.linear_logprob_backward(
+            *operands,
+            target,
+            lse,
+            entropy,
+            grad_logprob,
+            grad_entropy,
+            *linear,
+            *wants,
+            None,
+            weight_grad_dtype(compute_dtype, weight),
+        )
+        ctx.save_for_backward(*(g if w else None for g, w in zip(grads, wants)))
+        ctx.scaled = False
+        outputs = (logprob, entropy, *stats)
+        ctx.mark_non_differentiable(*outputs)
+        return (loss, *outputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
+        grads = (None, None, None)
+        if any(ctx.needs_input_grad[:3]) and grad_loss is not None:
+            grads = _apply_upstream(_scale_saved(ctx, "xent.linear_policy_loss"), grad_loss)
+            grads = _no_double_backward("xent.linear_policy_loss", tuple(grads))
+        return tuple(grads) + (None,) * 9
+
+
+@python_names
+def linear_policy_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    advantages: Tensor,
+    *,
+    bias: Tensor | None = None,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
+    loss_type: str = "grpo",
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    tis_cap: float | None = None,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    loss_mask: Tensor | None = None,
+    aggregation: str | None = None,
+    sequence_ids: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    normalizer: float | Tensor | None = None,
+    return_stats: bool = False,
+    workspace_bytes: int | None = None,
+    fp32_logits: bool = False,
+) -> Tensor | PolicyLossResult:
+    """policy_loss(hidden @ weight.T + bias, target, advantages, ...) without ever holding the
+    (N, V) logits: the RL policy losses (PPO, GRPO and variants) on a large-vocabulary LM head.
+
+    hidden (N, H) or (B, T, H) (3-D: each row a sequence, as policy_loss's 3-D logits); weight
+    (V, H); bias (V,) or None. Every other keyword, the result and docs/semantics.md §7's formulas
+    are policy_loss's. Chunked within workspace_bytes like linear_cross_entropy (same default;
+    chunk logits rounded to the input dtype unless fp32_logits; mixed precision as there).
+    The gradients of hidden, weight and bias are formed in the forward and the backward only
+    scales them by the upstream scalar, so a graph supports one backward. Today the forward forms
+    the logits twice (statistics, then the gradient from the per-token coefficients): four
+    products, about linear_cross_entropy(reduction="none")'s time.
+    """
+    function = "linear_policy_loss"
+    _functional._check_tensor(function, "weight", weight)
+    hidden2d, target1d, row_shape = _functional._rows(function, "hidden", hidden, target)
+    options, transform, data, target1d, sequence, divisor = _prepare(
+        function,
+        hidden,
+        target1d,
+        row_shape,
+        advantages,
+        (old_logprobs, ref_logprobs, rollout_logprobs),
+        (loss_type, aggregation, clip_low, clip_high, dual_clip, kl_coef, kl_estimator),
+        (entropy_coef, tis_cap, sapo_tau_pos, sapo_tau_neg),
+        (temperature, softcap, ignore_index, loss_mask, sequence_ids, cu_seqlens, normalizer),
+    )
+    budget = _functional._workspace_budget(function, workspace_bytes, hidden2d)
+    linear = (*transform, budget, bool(fp32_logits))
+    compute_dtype = _functional._compute_dtype(hidden2d, weight)
+    wants = _functional._needs_grad(hidden2d, weight, bias)
+    with_entropy = bool(return_stats) or options.entropy_coef != 0.0
+    if any(wants):
+        loss, logprob, entropy, *stats = LinearPolicyLossFunction.apply(
+            hidden2d,
+            weight,
+            bias,
+            target1d,
+            tuple(data),
+            sequence,
+            divisor,
+            linear,
+            wants,
+            compute_dtype,
+            options,
+            with_entropy,
+        )
+    else:
+        operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
+        _, logprob, entropy = _forward(operands, target1d, linear, with_entropy)
+        loss, _, _, *stats = _policy_terms(
+            logprob, entropy, target1d != transform[0], *data, sequence, divisor, options
+        )
+    if not return_stats:
+        return _functional._validated(loss, hidden)
+    reshape = _functional._reshape_rows
+    result = PolicyLossResult(
+        loss, reshape(logprob, row_shape), reshape(entropy, row_shape), *stats
+    )
+    return _functional._validated(result, hidden)
