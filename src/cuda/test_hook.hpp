@@ -22,8 +22,7 @@ struct TestHook {
   // GPU would (one CTA per row, cp.async staging, no clusters, no fused products).
   Forced portable_paths = Forced::planned;
   // Distillation on logits in two (three) passes over HBM (rows/distill_two_pass.cu); off keeps
-  // every row on the row kernel, on takes the passes wherever they can run (the library keeps
-  // portable rows with a gradient that one CTA stages whole on the row kernel).
+  // every row on the row kernel. Only "off" is a forcing: on means the library's choice.
   Forced distill_two_pass = Forced::planned;
   // linear_distill's schedule (d): on wherever it fits the budget, off never.
   Forced distill_statistics_blocks = Forced::planned;

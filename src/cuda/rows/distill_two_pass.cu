@@ -519,6 +519,9 @@ void launch_passes(const PairStatsParams& p, const SlicePlan& plan, cudaStream_t
   }
 }
 
+// The tests that run both paths keep every row on the row kernel through the test hook.
+bool two_pass_enabled() { return test_hook().distill_two_pass != Forced::off; }
+
 std::atomic<int64_t> two_pass_launches{0};
 
 }  // namespace
@@ -530,12 +533,7 @@ bool distill_two_pass_applies(const DistillRowsArgs& args) {
   const DistillKindCode kind = args.options.kind;
   const bool three_passes = kind == DistillKindCode::jsd || kind == DistillKindCode::tvd;
   const bool room = args.statistics != nullptr || args.scratch_statistics != nullptr;
-  const Forced forced = test_hook().distill_two_pass;
-  if (forced == Forced::off || !room || (three_passes && with_hard_term(args))) return false;
-  if (forced == Forced::on || args.grad == nullptr || hopper_paths()) return true;
-  // Portable paths with a gradient: a row whose student and teacher one CTA stages whole is read
-  // once by the row kernel, where the passes read it two or three times (perf-notes 129).
-  return !plan_row_slices(args.vocab, dtype_size(args.dtype), 2).staged;
+  return !(three_passes && with_hard_term(args)) && room && two_pass_enabled();
 }
 
 void distill_rows_two_pass(const DistillRowsArgs& args, cudaStream_t stream) {
