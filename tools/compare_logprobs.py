@@ -19,6 +19,13 @@ states and the LM head weight:
   linear_policy  xent.linear_policy_loss(h, W, y, a, ...) at the temperature: GRPO with clip-higher
              (0.2 / 0.28), a k3 KL term (β = 0.04) and an entropy bonus (α = 0.01), off-policy
              (old and reference logprobs within ±0.1 of a typical logprob); a loss, not J
+  compile_policy  the same policy loss (DAPO token-mean) on materialised logits through
+             torch.compile
+  chunked_policy  the same in plain PyTorch over row chunks of 2048 tokens, each chunk's logits
+             recomputed in the backward (torch.utils.checkpoint)
+  liger_policy  Liger-Kernel's LigerFusedLinearGRPOLoss with its defaults but the same clip range,
+             β, loss type (dapo) and temperature, on 1024-token sequences (its advantages are one
+             per sequence, and it has no entropy bonus)
 
 With --no-grad the same forwards run under torch.no_grad() (the old-policy and reference-model
 passes of an RL step), beside `product`, the bare logits product h @ Wᵀ in the input dtype: the
@@ -61,7 +68,11 @@ IMPLS = (
     "linear_ce",
     "linear_ce_none",
     "linear_policy",
+    "compile_policy",
+    "chunked_policy",
+    "liger_policy",
 )
+POLICY_IMPLS = ("linear_policy", "compile_policy", "chunked_policy", "liger_policy")
 NO_GRAD_IMPLS = ("product", "xent_logprob", "xent", "eager", "compile")
 ENTROPY_WEIGHT = 0.01
 
@@ -72,6 +83,26 @@ def materialised(h, w, y, advantage, temperature):
     logprob = logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1) * valid
     entropy = -(logp.exp() * logp).sum(-1) * valid
     return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
+
+
+def policy_data(advantage):
+    """Old and reference logprobs, fixed by the advantages' values (time does not depend on them)."""
+    old = -5.0 + 0.1 * torch.sin(advantage * 7.0)
+    return old, old + 0.05 * torch.cos(advantage * 3.0)
+
+
+def materialised_policy(h, w, y, advantage, temperature):
+    """GRPO with clip-higher (0.2 / 0.28), k3 KL (β = 0.04), entropy bonus (α = 0.01), token-mean."""
+    old, ref = policy_data(advantage)
+    logp = F.log_softmax((h @ w.T).float() / temperature, dim=-1)
+    valid = y != -100
+    logprob = logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    ratio = torch.exp(logprob - old)
+    policy = -torch.minimum(ratio * advantage, ratio.clamp(0.8, 1.28) * advantage)
+    kl = torch.exp(ref - logprob) - (ref - logprob) - 1.0
+    per_token = (policy + 0.04 * kl - ENTROPY_WEIGHT * entropy) * valid
+    return per_token, valid
 
 
 def make_objective(impl: str, temperature: float, budget: int | None = None):
@@ -114,15 +145,14 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
     if impl == "linear_policy":
 
         def policy(h, w, y, advantage):
-            # Data per token, fixed by the advantages' values (the time does not depend on them).
-            old = -5.0 + 0.1 * torch.sin(advantage * 7.0)
+            old, ref = policy_data(advantage)
             return xent.linear_policy_loss(
                 h,
                 w,
                 y,
                 advantage,
                 old_logprobs=old,
-                ref_logprobs=old + 0.05 * torch.cos(advantage * 3.0),
+                ref_logprobs=ref,
                 clip_low=0.2,
                 clip_high=0.28,
                 kl_coef=0.04,
@@ -132,6 +162,58 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
             )
 
         return policy
+    if impl == "compile_policy":
+        torch._dynamo.reset()
+
+        def token_mean(h, w, y, advantage):
+            per_token, valid = materialised_policy(h, w, y, advantage, temperature)
+            return per_token.sum() / valid.sum().clamp(min=1)
+
+        return torch.compile(token_mean)
+    if impl == "chunked_policy":
+        from torch.utils.checkpoint import checkpoint
+
+        def chunked(h, w, y, advantage, rows=2048):
+            total = h.new_zeros((), dtype=torch.float32)
+            for i in range(0, h.shape[0], rows):
+                part = slice(i, i + rows)
+                per_token, _ = checkpoint(
+                    materialised_policy,
+                    h[part],
+                    w,
+                    y[part],
+                    advantage[part],
+                    temperature,
+                    use_reentrant=False,
+                )
+                total = total + per_token.sum()
+            return total / (y != -100).sum().clamp(min=1)
+
+        return chunked
+    if impl == "liger_policy":
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+        loss = LigerFusedLinearGRPOLoss(
+            beta=0.04, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo", temperature=temperature
+        )
+
+        def liger(h, w, y, advantage, length=1024):
+            old, ref = policy_data(advantage)
+            n = h.shape[0] // length * length
+            shape = (n // length, length)
+            valid = (y[:n] != -100).view(shape)
+            out = loss(
+                h[:n].view(*shape, -1),
+                w,
+                y[:n].clamp(min=0).view(shape),
+                valid.to(torch.int64),
+                advantage[:n].view(shape)[:, 0].contiguous(),
+                ref_per_token_logps=ref[:n].view(shape),
+                old_per_token_logps=old[:n].view(shape),
+            )
+            return out[0] if isinstance(out, tuple) else out
+
+        return liger
     if impl == "linear_ce_none":
         return lambda h, w, y, advantage: (
             advantage * xent.linear_cross_entropy(h, w, y, reduction="none")
@@ -168,7 +250,7 @@ def measure(impl, inputs, args, base):
         op="matmul"
         if impl == "product"
         else impl
-        if impl == "linear_policy"
+        if impl in POLICY_IMPLS
         else "linear_ce"
         if impl.startswith("linear_ce")
         else "linear_logprobs",

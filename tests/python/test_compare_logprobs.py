@@ -50,3 +50,12 @@ def test_training_objectives_agree(tmp_path):
     for impl in ("xent_cache", "eager"):
         assert records[impl]["value"] == pytest.approx(records["xent"]["value"], rel=1e-4)
     assert records["linear_ce"]["time_vs_linear_ce"] == 1.0
+
+
+def test_policy_losses_agree(tmp_path):
+    # xent's fused policy loss, its torch.compile and chunked-torch anchors compute one formula.
+    records = _run(tmp_path, "--impls", "linear_policy,compile_policy,chunked_policy")
+    assert not any(r["error"] for r in records.values())
+    assert all(r["op"] == r["impl"] for r in records.values())
+    for impl in ("compile_policy", "chunked_policy"):
+        assert records[impl]["value"] == pytest.approx(records["linear_policy"]["value"], rel=1e-4)
