@@ -146,7 +146,7 @@ def torch_loss(model, batch, cfg: Config):
     logprob = logp.gather(-1, target.clamp(min=0)[..., None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
     advantage = batch["advantages"].double()[:, None]
-    zero = torch.zeros((), dtype=torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=target.device)
     old = torch.where(valid, batch["old_logprobs"].double(), zero)
     ref = torch.where(valid, batch["ref_logprobs"].double(), zero)
     ratio = torch.exp(torch.where(valid, logprob - old, zero))
