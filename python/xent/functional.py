@@ -955,7 +955,8 @@ def _linear_shared_vocab(
 ) -> tuple:
     """linear_distill's operands cut to the V' shared rows of each head (contiguous views; the
     student head's rows past V' get zeros from autograd) or columns of teacher_logits (a view with
-    the teacher's row stride); docs/semantics.md §3.2. The widths must agree without vocab_size."""
+    the teacher's row stride); docs/semantics.md §3.2. The widths must agree without vocab_size.
+    A teacher of neither form (a top-k one) leaves the student head alone to cut."""
     widths = {}
     if student_weight.dim() == 2:
         widths["student_weight"] = student_weight.shape[0]
@@ -963,7 +964,7 @@ def _linear_shared_vocab(
         widths["teacher_logits"] = teacher_logits.shape[1]
     if isinstance(teacher_weight, torch.Tensor) and teacher_weight.dim() == 2:
         widths["teacher_weight"] = teacher_weight.shape[0]
-    if len(widths) < 2:
+    if "student_weight" not in widths:
         return student_weight, teacher_logits, teacher_weight, class_weight  # the core says why
     if vocab_size is None:
         if len(set(widths.values())) > 1:

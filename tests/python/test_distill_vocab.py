@@ -326,3 +326,24 @@ def test_cuda_topk_id_past_shared_is_a_nan_row(gen):
     )
     bad = torch.isnan(loss).cpu()
     assert bad[4] and bad.sum() == 1
+
+
+@pytest.mark.parametrize("mode", ["fused", "recompute"])  # inplace_backward does not compile
+def test_distill_vocab_compiles(gen, mode):
+    width_s, width_t, shared = WIDTHS[0]
+    student = ref.randn(gen, ROWS, width_s)
+    teacher = ref.randn(gen, ROWS, width_t)
+    options = {"grad_in_forward": mode != "recompute"}
+
+    def step(s):
+        return xent.distill(s, teacher, vocab_size=shared, reduction="sum", **options)
+
+    results = []
+    for run in (step, torch.compile(step, fullgraph=True)):
+        s = student.clone().requires_grad_()
+        loss = run(s)
+        (grad,) = torch.autograd.grad(loss, [s])
+        results.append((loss, grad))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1])
+    assert torch.count_nonzero(results[1][1][:, shared:]) == 0
