@@ -85,8 +85,33 @@ def test_distill_vocab_against_reference(device, gen, kind, widths, options):
     _check_grad(grad.cpu(), grad_expected, shared, 1e-5 + slack)
 
 
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl"])
 @pytest.mark.parametrize("widths", WIDTHS, ids=WIDTH_IDS)
-def test_distill_vocab_float64(device, gen, widths):
+def test_distill_vocab_bf16(device, gen, kind, widths):
+    """bf16 operands of their own odd row strides (unaligned rows on a GPU): the loss against the
+    reference on the rounded inputs, the gradient within its own bf16 rounding (docs/semantics.md
+    §6, as the C++ suites' grad_tolerance)."""
+    width_s, width_t, shared = widths
+    student = ref.randn(gen, ROWS, width_s, scale=2.0).bfloat16()
+    teacher = ref.randn(gen, ROWS, width_t, scale=2.0).bfloat16()
+    s = student.to(device).requires_grad_()
+    loss = xent.distill(s, teacher.to(device), kind=kind, vocab_size=shared, reduction="sum")
+    s64 = student.double().requires_grad_()
+    expected = ref.distill(
+        s64[:, :shared], teacher.double()[:, :shared], kind=kind, reduction="sum"
+    )
+    assert ref.rel_error(loss, expected) <= 1e-5
+    (grad,) = torch.autograd.grad(loss, [s])
+    (grad_expected,) = torch.autograd.grad(expected, [s64])
+    assert grad.dtype == torch.bfloat16
+    bf16_rounding = ref.rel_error(grad_expected.bfloat16(), grad_expected)
+    _check_grad(grad.cpu().double(), grad_expected, shared, bf16_rounding + 1e-3)
+
+
+@pytest.mark.parametrize("widths", WIDTHS, ids=WIDTH_IDS)
+def test_distill_vocab_float64(gen, widths):
+    """float64 in, float64 out (a CPU dtype: docs/semantics.md §6)."""
+    device = "cpu"
     width_s, width_t, shared = widths
     student = ref.randn(gen, ROWS, width_s, dtype=torch.float64, device=device, scale=2.0)
     teacher = ref.randn(gen, ROWS, width_t, dtype=torch.float64, device=device, scale=2.0)
