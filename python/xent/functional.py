@@ -11,6 +11,7 @@ in each input's dtype.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Any, NamedTuple, NoReturn
 
@@ -713,7 +714,11 @@ def _shared_vocab(function: str, vocab_size: Any, widths: dict) -> int | None:
     §3.2): checked against every operand's width; None without it."""
     if vocab_size is None:
         return None
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+    try:  # ints of any kind (numpy's too), not bools or floats
+        if isinstance(vocab_size, bool):
+            raise TypeError
+        vocab_size = operator.index(vocab_size)
+    except TypeError:
         _fail(function, "vocab_size", "is not an int", type(vocab_size).__name__, "an int or None")
     narrowest = min(widths.values())
     if not 1 <= vocab_size <= narrowest:
@@ -819,7 +824,9 @@ def distill(
     )
     width = student2d.shape[-1]
     if teacher is not None or teacher_logits is None:
-        shared = _shared_vocab(function, vocab_size, {"student_logits": width})
+        shared = None
+        if process_group is None:  # else _distill_topk refuses it
+            shared = _shared_vocab(function, vocab_size, {"student_logits": width})
         return _distill_topk(
             student_logits,
             student2d if shared is None or shared == width else student2d[:, :shared],
