@@ -350,6 +350,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 class DistillFunction(torch.autograd.Function):
     # options: (kind, temperature, beta, softcap, soft_weight, hard_weight, ignore_index,
     #           reduction, label_smoothing, z_loss); mode and grad_scale as CrossEntropyFunction.
+    # vocab: the V' columns the student shares with a narrower teacher (docs/semantics.md §3.2),
+    # read as a view with the student's row stride; None when the student has no other columns.
     @staticmethod
     def forward(
         ctx: Any,
@@ -360,17 +362,23 @@ class DistillFunction(torch.autograd.Function):
         options: tuple,
         mode: str,
         grad_scale: Tensor | None,
+        vocab: int | None = None,
     ):
         ctx.mode = mode
         ctx.scaled = False
+        ctx.padding = 0 if vocab is None else student.shape[-1] - vocab
+        columns = student if vocab is None else student[:, :vocab]
         if mode == "recompute":
-            loss = ops.distill_forward(student, teacher, target, class_weight, *options)
-            ctx.save_for_backward(student, teacher, target, class_weight)
+            loss = ops.distill_forward(columns, teacher, target, class_weight, *options)
+            ctx.save_for_backward(columns, teacher, target, class_weight)
             ctx.options = options
         elif mode == "inplace":
             loss = ops.distill_forward_grad_inplace(
-                student, teacher, target, class_weight, *options, grad_scale
+                columns, teacher, target, class_weight, *options, grad_scale
             )
+            if ctx.padding:  # the rest of the gradient, in place too
+                student[:, vocab:].zero_()
+                ctx.padding = 0
             ctx.save_for_backward(_gradient_alias(student))
             ctx.logits_output = _mark_overwritten(ctx, student)
             (loss,) = _normalized((loss,), grad_scale)
@@ -378,7 +386,7 @@ class DistillFunction(torch.autograd.Function):
                 return loss, student
         else:
             loss, grad = ops.distill_forward_grad(
-                student, teacher, target, class_weight, *options, grad_scale
+                columns, teacher, target, class_weight, *options, grad_scale
             )
             ctx.save_for_backward(grad)
             (loss,) = _normalized((loss,), grad_scale)
@@ -396,7 +404,9 @@ class DistillFunction(torch.autograd.Function):
                 student, teacher, target, grad_loss, class_weight, *ctx.options
             ),
         )
-        return grad, None, None, None, None, None, None
+        if grad is not None and ctx.padding:  # columns past V' get exactly 0
+            grad = torch.nn.functional.pad(grad, (0, ctx.padding))
+        return grad, None, None, None, None, None, None, None
 
 
 class LinearDistillFunction(torch.autograd.Function):

@@ -11,6 +11,7 @@ in each input's dtype.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Any, NamedTuple, NoReturn
 
@@ -708,6 +709,49 @@ def _distill_options(
     )
 
 
+def _shared_vocab(function: str, vocab_size: Any, widths: dict) -> int | None:
+    """vocab_size = V' of student and teacher vocabularies of different sizes (docs/semantics.md
+    §3.2): checked against every operand's width; None without it."""
+    if vocab_size is None:
+        return None
+    try:  # ints of any kind (numpy's too), not bools or floats
+        if isinstance(vocab_size, bool):
+            raise TypeError
+        vocab_size = operator.index(vocab_size)
+    except TypeError:
+        _fail(function, "vocab_size", "is not an int", type(vocab_size).__name__, "an int or None")
+    narrowest = min(widths.values())
+    if not 1 <= vocab_size <= narrowest:
+        names = " and ".join(f"{name} ({width})" for name, width in widths.items())
+        _fail(
+            function,
+            "vocab_size",
+            "out of range",
+            vocab_size,
+            f"1 <= vocab_size <= {narrowest}, the narrower width of {names}",
+        )
+    return vocab_size
+
+
+def _shared_class_weight(class_weight: Tensor | None, shared: int | None, width: int) -> Any:
+    """A class_weight of the student's width read for the V' shared columns only (a view)."""
+    if not isinstance(class_weight, torch.Tensor) or shared is None or class_weight.dim() != 1:
+        return class_weight
+    return class_weight[:shared] if class_weight.shape[0] == width else class_weight
+
+
+def _width_mismatch(function: str, argument: str, got: Any, expected: str) -> NoReturn:
+    """Student and teacher widths differ without vocab_size."""
+    _fail(
+        function,
+        argument,
+        "shape mismatch",
+        got,
+        f"{expected}, or vocab_size= naming the part both vocabularies share when they "
+        "differ in size (docs/semantics.md §3.2)",
+    )
+
+
 @python_names
 def distill(
     student_logits: Tensor,
@@ -755,6 +799,11 @@ def distill(
     top-k log-probabilities (docs/semantics.md §3.1). softcap and temperature then act on the
     student (and temperature on a renormalized teacher); inplace_backward and process_group do
     not apply.
+
+    Without process_group, vocab_size=V' names the vocabulary student and teacher share when
+    their widths differ (a padded or extended head): only the first V' columns of each enter the
+    softmaxes, the student's columns past V' get a zero gradient, targets and top-k ids must be
+    below V', and class_weight has V' entries or the student's width (docs/semantics.md §3.2).
     """
     if _dtensor.any_dtensor(student_logits, teacher_logits, target, class_weight):
         return _dtensor.call(distill, "distill", locals())
@@ -773,16 +822,20 @@ def distill(
         label_smoothing,
         z_loss,
     )
+    width = student2d.shape[-1]
     if teacher is not None or teacher_logits is None:
+        shared = None
+        if process_group is None:  # else _distill_topk refuses it
+            shared = _shared_vocab(function, vocab_size, {"student_logits": width})
         return _distill_topk(
             student_logits,
-            student2d,
+            student2d if shared is None or shared == width else student2d[:, :shared],
             target1d,
             row_shape,
             teacher_logits,
             teacher,
             options,
-            class_weight,
+            _shared_class_weight(class_weight, shared, width),
             grad_in_forward,
             inplace_backward,
             normalizer,
@@ -790,17 +843,30 @@ def distill(
         )
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
-        _fail(
-            function,
-            "teacher_logits",
-            "shape mismatch",
+        got, expected = (
             tuple(teacher_logits.shape),
             f"{tuple(student_logits.shape)} (the shape of student_logits)",
         )
+        same_rows = teacher_logits.shape[:-1] == student_logits.shape[:-1]
+        if not same_rows or process_group is not None:
+            _fail(function, "teacher_logits", "shape mismatch", got, expected)
+        if vocab_size is None:
+            _width_mismatch(function, "teacher_logits", got, expected)
     teacher2d = (
         teacher_logits.flatten(0, 1) if teacher_logits.dim() == 3 else teacher_logits
     ).detach()
-    class_weight = _class_weight(function, None, class_weight)
+    # With process_group, vocab_size is the global V of the vocabulary-parallel form.
+    shared = None
+    if process_group is None:
+        shared = _shared_vocab(
+            function,
+            vocab_size,
+            {"student_logits": width, "teacher_logits": teacher2d.shape[-1]},
+        )
+    if shared is not None:
+        teacher2d = teacher2d[:, :shared]  # a view with the teacher's row stride: no copy
+    class_weight = _shared_class_weight(_class_weight(function, None, class_weight), shared, width)
+    shared = None if shared == width else shared  # the student's columns past V' only
     mode = _fused_mode(function, reduction, grad_in_forward, inplace_backward)
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
     if mode == "inplace":
@@ -819,12 +885,13 @@ def distill(
         )
     elif _needs_grad(student2d)[0]:
         loss = DistillFunction.apply(
-            student2d, teacher2d, target1d, class_weight, options, mode, grad_scale
+            student2d, teacher2d, target1d, class_weight, options, mode, grad_scale, shared
         )
         if isinstance(loss, tuple):  # the overwritten student logits, rebased (inplace_backward)
             loss = loss[0]
     else:
-        loss = ops.distill_forward(student2d, teacher2d, target1d, class_weight, *options)
+        columns = student2d if shared is None else student2d[:, :shared]
+        loss = ops.distill_forward(columns, teacher2d, target1d, class_weight, *options)
     if mode == "recompute" or not _needs_grad(student2d)[0]:
         (loss,) = _normalized((loss,), grad_scale)  # autograd carries 1/normalizer backward
     return _validated(
@@ -885,6 +952,51 @@ def _distill_topk(
     )
 
 
+def _linear_shared_vocab(
+    function: str,
+    vocab_size: Any,
+    student_weight: Tensor,
+    teacher_logits: Tensor | None,
+    teacher_weight: Tensor | None,
+    class_weight: Tensor | None,
+) -> tuple:
+    """linear_distill's operands cut to the V' shared rows of each head (contiguous views; the
+    student head's rows past V' get zeros from autograd) or columns of teacher_logits (a view with
+    the teacher's row stride); docs/semantics.md §3.2. The widths must agree without vocab_size.
+    A teacher of neither form (a top-k one) leaves the student head alone to cut."""
+    widths = {}
+    if student_weight.dim() == 2:
+        widths["student_weight"] = student_weight.shape[0]
+    if teacher_logits is not None and teacher_logits.dim() == 2:
+        widths["teacher_logits"] = teacher_logits.shape[1]
+    if isinstance(teacher_weight, torch.Tensor) and teacher_weight.dim() == 2:
+        widths["teacher_weight"] = teacher_weight.shape[0]
+    if "student_weight" not in widths:
+        return student_weight, teacher_logits, teacher_weight, class_weight  # the core says why
+    if vocab_size is None:
+        if len(set(widths.values())) > 1:
+            name = "teacher_logits" if teacher_logits is not None else "teacher_weight"
+            got = tuple((teacher_logits if teacher_logits is not None else teacher_weight).shape)
+            axis = "columns" if teacher_logits is not None else "rows"
+            _width_mismatch(
+                function,
+                name,
+                got,
+                f"{widths['student_weight']} {axis} (the rows of student_weight)",
+            )
+        return student_weight, teacher_logits, teacher_weight, class_weight
+    shared = _shared_vocab(function, vocab_size, widths)
+    width = widths["student_weight"]
+    if class_weight is not None:
+        class_weight = _shared_class_weight(class_weight, shared, width)
+    return (
+        student_weight[:shared] if shared < width else student_weight,
+        None if teacher_logits is None else teacher_logits[:, :shared],
+        None if teacher_weight is None else teacher_weight[:shared],
+        class_weight,
+    )
+
+
 @python_names
 def linear_distill(
     student_hidden: Tensor,
@@ -908,6 +1020,7 @@ def linear_distill(
     workspace_bytes: int | None = None,
     fp32_logits: bool = False,
     grad_in_forward: bool = True,
+    vocab_size: int | None = None,
 ) -> Tensor:
     """distill(student_hidden @ student_weight.T, teacher, target) without (N, V) logits.
 
@@ -915,6 +1028,10 @@ def linear_distill(
     teacher_weight (V, H_t), whose logits are computed chunk by chunk too. Gradients flow to the
     student hidden states and weight only. grad_in_forward and the default workspace_bytes as in
     linear_cross_entropy.
+
+    vocab_size=V' when the student's and the teacher's vocabularies differ in size: the first V'
+    rows of each head (or columns of teacher_logits) are compared, the student head's rows past
+    V' get a zero gradient (docs/semantics.md §3.2).
     """
     if _dtensor.any_dtensor(
         student_hidden,
@@ -942,6 +1059,9 @@ def linear_distill(
         ).detach()
     if teacher_weight is not None:
         teacher_weight = teacher_weight.detach()
+    student_weight, teacher_logits2d, teacher_weight, class_weight = _linear_shared_vocab(
+        function, vocab_size, student_weight, teacher_logits2d, teacher_weight, class_weight
+    )
     options = _distill_options(
         function,
         kind,

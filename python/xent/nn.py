@@ -166,6 +166,7 @@ class _DistillOptions(torch.nn.Module):
         label_smoothing: float,
         z_loss: float,
         class_weight: Tensor | None,
+        vocab_size: int | None,
     ):
         super().__init__()
         self.kind = kind
@@ -178,6 +179,7 @@ class _DistillOptions(torch.nn.Module):
         self.reduction = reduction
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
+        self.vocab_size = vocab_size
         self.register_buffer("class_weight", class_weight)
 
     def _options(self) -> dict:
@@ -193,20 +195,22 @@ class _DistillOptions(torch.nn.Module):
             label_smoothing=self.label_smoothing,
             z_loss=self.z_loss,
             class_weight=self.class_weight,
+            vocab_size=self.vocab_size,
         )
 
     def extra_repr(self) -> str:
         return (
             f"kind={self.kind!r}, temperature={self.temperature}, beta={self.beta}, "
             f"soft_weight={self.soft_weight}, hard_weight={self.hard_weight}, "
-            f"reduction={self.reduction!r}"
+            f"reduction={self.reduction!r}, vocab_size={self.vocab_size}"
         )
 
 
 class DistillationLoss(_DistillOptions):
     """Distillation between logits: forward(student_logits, teacher_logits, target=None).
 
-    kind is one of forward_kl, reverse_kl, jsd, soft_ce, tvd (see xent.distill).
+    kind is one of forward_kl, reverse_kl, jsd, soft_ce, tvd (see xent.distill); vocab_size as in
+    xent.distill, for student and teacher vocabularies of different sizes.
     """
 
     def __init__(
@@ -223,6 +227,7 @@ class DistillationLoss(_DistillOptions):
         label_smoothing: float = 0.0,
         z_loss: float = 0.0,
         class_weight: Tensor | None = None,
+        vocab_size: int | None = None,
     ):
         super().__init__(
             kind,
@@ -236,6 +241,7 @@ class DistillationLoss(_DistillOptions):
             label_smoothing,
             z_loss,
             class_weight,
+            vocab_size,
         )
 
     def forward(
@@ -249,7 +255,8 @@ class LinearDistillationLoss(_DistillOptions):
 
     forward(student_input, student_weight, teacher_logits=None, target=None, *,
     teacher_input=None, teacher_weight=None): the teacher as logits, or as hidden states and
-    its head weight (then its logits are computed chunk by chunk too).
+    its head weight (then its logits are computed chunk by chunk too). vocab_size as in
+    xent.linear_distill.
     """
 
     def __init__(
@@ -266,6 +273,7 @@ class LinearDistillationLoss(_DistillOptions):
         label_smoothing: float = 0.0,
         z_loss: float = 0.0,
         class_weight: Tensor | None = None,
+        vocab_size: int | None = None,
         workspace_bytes: int | None = None,
         fp32_logits: bool = False,
         grad_in_forward: bool = True,
@@ -282,6 +290,7 @@ class LinearDistillationLoss(_DistillOptions):
             label_smoothing,
             z_loss,
             class_weight,
+            vocab_size,
         )
         self.workspace_bytes = workspace_bytes
         self.fp32_logits = fp32_logits

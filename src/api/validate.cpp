@@ -188,13 +188,19 @@ void validate_entropy_gradient(const char* function, Device device, DType input,
 }
 
 namespace {
+// Different widths are not an error of the op but of the views (docs/semantics.md §3.2).
+constexpr const char* kSharedVocabularyHint =
+    " (vocabularies of different sizes: views of the first V' columns of each, their own "
+    "row_stride, docs/semantics.md §3.2)";
+
 void check_distill_common(const ArgumentChecker& check, const TensorView& student,
                           const TensorView& teacher, const TensorView& target,
                           const DistillOptions& options, const TensorView& grad_output) {
   check_logits(check, student, "student");
   const int64_t rows = student.rows, vocab = student.cols;
   check.require_present(teacher, "teacher", "a tensor shaped like student");
-  check.matrix(teacher, "teacher", rows, vocab, "the shape of student " + shape_string(student));
+  check.matrix(teacher, "teacher", rows, vocab,
+               "the shape of student " + shape_string(student) + kSharedVocabularyHint);
   check.same_dtype(teacher, "teacher", student, "student");
   check_target(check, target, rows, "a [N] tensor", false);
   check_distill_options(check, options, target, rows, vocab);

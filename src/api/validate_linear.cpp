@@ -212,7 +212,9 @@ void check_linear_distill(const ArgumentChecker& check, const TensorView& studen
   if (has_logits) {
     check.matrix(teacher.logits, "teacher.logits", rows, vocab,
                  "the shape of the student logits " +
-                     shape_string(matrix(nullptr, DType::f32, rows, vocab)));
+                     shape_string(matrix(nullptr, DType::f32, rows, vocab)) +
+                     " (vocabularies of different sizes: the first V' rows of each head, the "
+                     "first V' columns of teacher.logits, docs/semantics.md §3.2)");
     check.floating_input(teacher.logits, "teacher.logits");
   } else {
     check_linear_layer(check, teacher.hidden, "teacher.hidden", teacher.weight, "teacher.weight",
@@ -223,7 +225,10 @@ void check_linear_distill(const ArgumentChecker& check, const TensorView& studen
     }
     if (teacher.weight.rows != vocab) {
       check.fail("teacher.weight", "has wrong shape", shape_string(teacher.weight),
-                 bracketed(vocab, " rows (the rows of student_weight)"));
+                 bracketed(vocab,
+                           " rows (the rows of student_weight; vocabularies of different "
+                           "sizes: the first V' rows of each head, docs/semantics.md "
+                           "§3.2)"));
     }
     check.same_dtype(teacher.hidden, "teacher.hidden", student_hidden, "student_hidden");
   }

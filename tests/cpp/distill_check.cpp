@@ -84,7 +84,8 @@ void check_distill(const DistillProblem& p, Rng& rng) {
       reference::distill(student, teacher, with_target ? &target : nullptr, setup.spec, upstream);
 
   Tensor student_tensor = Tensor::of(student, p.dtype, p.row_stride);
-  const Tensor teacher_tensor = Tensor::of(teacher, p.dtype, p.row_stride);
+  const Tensor teacher_tensor =
+      Tensor::of(teacher, p.dtype, p.teacher_row_stride != 0 ? p.teacher_row_stride : p.row_stride);
   const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
   const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows, p.dtype);
   const Scratch scratch(distill_workspace_size(rows, vocab, setup.options, test_device()));

@@ -38,7 +38,8 @@ struct DistillProblem {
   DType dtype = DType::f32;
   int64_t rows = 37;
   int64_t vocab = 1031;
-  int64_t row_stride = -1;
+  int64_t row_stride = -1;         // of student and grad_student
+  int64_t teacher_row_stride = 0;  // 0: row_stride's; a wider teacher of V' shared columns
   DistillKind kind = DistillKind::forward_kl;
   unsigned options = 0;
   double beta = 0.5;

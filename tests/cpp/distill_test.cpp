@@ -69,6 +69,8 @@ enum class DistillCase {
   nan_row,
   in_place,
   padded_rows,
+  student_wider,  // docs/semantics.md §3.2: V' columns of operands of their own widths
+  teacher_wider,
   absent_grad_output,
   peaked_teacher,  // most teacher probabilities underflow to 0 in float: 0·log 0 gives 0
   small_vocab,
@@ -92,6 +94,10 @@ const char* case_name(DistillCase c) {
       return "in_place";
     case DistillCase::padded_rows:
       return "padded_rows";
+    case DistillCase::student_wider:
+      return "student_wider";
+    case DistillCase::teacher_wider:
+      return "teacher_wider";
     case DistillCase::absent_grad_output:
       return "absent_grad_output";
     case DistillCase::peaked_teacher:
@@ -146,6 +152,15 @@ TEST_P(DistillCases, MatchesReference) {
     case DistillCase::padded_rows:
       p.row_stride = p.vocab + 5;
       break;
+    // The columns past V' are poisoned (NaN): read, they would show in the loss.
+    case DistillCase::student_wider:
+      p.row_stride = p.vocab + 14;
+      p.teacher_row_stride = p.vocab;
+      p.options = kHardAndSoft;
+      break;
+    case DistillCase::teacher_wider:
+      p.teacher_row_stride = p.vocab + 9;
+      break;
     case DistillCase::absent_grad_output:
       p.unit_grad_output = true;
       break;
@@ -176,10 +191,11 @@ INSTANTIATE_TEST_SUITE_P(JsdBeta, DistillCases,
                                             ::testing::Values(DistillKind::jsd), kAllReductions),
                          case_param_name);
 
-const auto kSpecialCases = ::testing::Values(
-    DistillCase::all_rows_ignored, DistillCase::empty_batch, DistillCase::nan_row,
-    DistillCase::in_place, DistillCase::padded_rows, DistillCase::absent_grad_output,
-    DistillCase::peaked_teacher, DistillCase::small_vocab);
+const auto kSpecialCases =
+    ::testing::Values(DistillCase::all_rows_ignored, DistillCase::empty_batch, DistillCase::nan_row,
+                      DistillCase::in_place, DistillCase::padded_rows, DistillCase::student_wider,
+                      DistillCase::teacher_wider, DistillCase::absent_grad_output,
+                      DistillCase::peaked_teacher, DistillCase::small_vocab);
 
 INSTANTIATE_TEST_SUITE_P(Special, DistillCases,
                          ::testing::Combine(::testing::Values(DType::f32), kSpecialCases,

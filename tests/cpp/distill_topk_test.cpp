@@ -26,6 +26,7 @@ struct TopKProblem {
   DType id_dtype = DType::i64;
   bool absent_entries = true;  // some rows end early (−1), one row has none
   bool in_place = false;
+  int64_t row_stride = -1;  // of student and grad: V' columns of a wider student (§3.2)
 };
 
 // The teacher's top-k of a full teacher, its log-probabilities rounded to float32, in a shuffled
@@ -91,7 +92,7 @@ void check_topk(const TopKProblem& p, Rng& rng) {
   const reference::DistillResult ref =
       reference::distill_topk(student, topk, tgt, setup.spec, upstream);
 
-  Tensor student_tensor = Tensor::of(student, p.dtype);
+  Tensor student_tensor = Tensor::of(student, p.dtype, p.row_stride);
   const Tensor target_tensor = with_target ? Tensor::of_integers(target, DType::i64) : Tensor();
   const Tensor grad_output = upstream_tensor(upstream, p.reduction, rows, p.dtype);
   const Scratch scratch(distill_workspace_size(rows, vocab, setup.options, test_device()));
@@ -117,7 +118,7 @@ void check_topk(const TopKProblem& p, Rng& rng) {
     finish();
     EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
   }
-  Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab);
+  Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
   Tensor& grad = p.in_place ? student_tensor : grad_storage;
   {
     SCOPED_TRACE("distill_topk_forward, with gradient");
@@ -130,6 +131,7 @@ void check_topk(const TopKProblem& p, Rng& rng) {
     finish();
     EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
     EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+    EXPECT_TRUE(grad.padding_untouched()) << "grad_student written outside its columns";
   }
   {
     SCOPED_TRACE("distill_topk_backward");
@@ -139,6 +141,7 @@ void check_topk(const TopKProblem& p, Rng& rng) {
                           setup.options, grad.view(), scratch.workspace());
     finish();
     EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+    EXPECT_TRUE(grad.padding_untouched()) << "grad_student written outside its columns";
   }
 }
 
@@ -222,6 +225,18 @@ TEST(DistillTopKCases, IdsCoverTheVocabulary) {
     p.vocab = 29;
     p.k = 29;
     p.absent_entries = false;
+  });
+}
+
+// The V' shared columns of a wider student (docs/semantics.md §3.2): the student and its
+// gradient read and written through their own row stride, the NaN-poisoned columns past V' never
+// read nor written.
+TEST(DistillTopKCases, SharedColumnsOfAWiderStudent) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_each_kind_and_mass(rng, [](TopKProblem& p) {
+    p.row_stride = p.vocab + 11;
+    p.reduction = Reduction::sum;
   });
 }
 

@@ -22,6 +22,9 @@ struct LinearDistillProblem {
   double beta = 0.5;
   Reduction reduction = Reduction::mean;
   bool teacher_as_logits = false;
+  // > vocab: the V' shared columns of a wider teacher's logits (docs/semantics.md §3.2), the
+  // columns past V' poisoned.
+  int64_t teacher_logits_row_stride = -1;
   Budget budget = Budget::default_budget;
   bool fp32_logits = false;
   bool fp32_param_grads = false;
@@ -140,7 +143,9 @@ void check_linear_distill(const LinearDistillProblem& p, Rng& rng) {
   const Tensor hidden = Tensor::of(student.hidden, p.dtype);
   const Tensor weight = Tensor::of(student.weight, p.dtype);
   const Tensor teacher_logits_tensor =
-      p.teacher_as_logits ? Tensor::of(teacher_logits, p.teacher_logits_dtype) : Tensor();
+      p.teacher_as_logits
+          ? Tensor::of(teacher_logits, p.teacher_logits_dtype, p.teacher_logits_row_stride)
+          : Tensor();
   const Tensor teacher_hidden =
       p.teacher_as_logits ? Tensor() : Tensor::of(teacher.hidden, p.dtype);
   const Tensor teacher_weight =
@@ -329,6 +334,7 @@ INSTANTIATE_TEST_SUITE_P(OtherDtypes, LinearDistillGrid,
 enum class LinearDistillCase {
   teacher_logits,
   teacher_logits_f32,
+  wider_teacher_logits,
   smallest_budget,
   uneven_chunks,
   fp32_logits,
@@ -342,10 +348,11 @@ enum class LinearDistillCase {
 };
 
 const char* case_name(LinearDistillCase c) {
-  static const char* names[] = {"teacher_logits",   "teacher_logits_f32", "smallest_budget",
-                                "uneven_chunks",    "fp32_logits",        "fp32_param_grads",
-                                "all_rows_ignored", "empty_batch",        "absent_grad_output",
-                                "hidden_grad_only", "weight_grad_only",   "jsd_beta025"};
+  static const char* names[] = {"teacher_logits",     "teacher_logits_f32", "wider_teacher_logits",
+                                "smallest_budget",    "uneven_chunks",      "fp32_logits",
+                                "fp32_param_grads",   "all_rows_ignored",   "empty_batch",
+                                "absent_grad_output", "hidden_grad_only",   "weight_grad_only",
+                                "jsd_beta025"};
   return names[static_cast<int>(c)];
 }
 
@@ -370,6 +377,10 @@ TEST_P(LinearDistillCases, MatchesReference) {
       p.teacher_as_logits = true;
       p.teacher_logits_dtype = DType::f32;
       p.reduction = Reduction::none;
+      break;
+    case LinearDistillCase::wider_teacher_logits:
+      p.teacher_as_logits = true;
+      p.teacher_logits_row_stride = p.vocab + 13;
       break;
     case LinearDistillCase::smallest_budget:
       p.budget = Budget::smallest;
@@ -418,6 +429,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(
         ::testing::Values(DType::f32, DType::bf16),
         ::testing::Values(LinearDistillCase::teacher_logits, LinearDistillCase::teacher_logits_f32,
+                          LinearDistillCase::wider_teacher_logits,
                           LinearDistillCase::smallest_budget, LinearDistillCase::uneven_chunks,
                           LinearDistillCase::fp32_logits, LinearDistillCase::fp32_param_grads,
                           LinearDistillCase::all_rows_ignored, LinearDistillCase::empty_batch,
@@ -438,7 +450,7 @@ INSTANTIATE_TEST_SUITE_P(JsdBeta, LinearDistillCases,
 enum class BlockedVariant {
   hidden_teacher,      // bf16, teacher hidden + weight, mean, ignored rows, one tile of all rows
   fp32_logits_none,    // fp32 chunk and tile logits, reduction none (per-row upstream gradient)
-  logits_row_tiles,    // teacher logits of the input dtype, 600 rows in several tiles, sum
+  logits_row_tiles,    // input-dtype teacher logits of wider rows (§3.2), 600 rows in tiles, sum
   f32_teacher_logits,  // fp32 teacher logits of a bf16 student: converted tiles
   weight_only_f16,     // fp16, ∂W alone: the first pass writes no gradient, only statistics
 };
@@ -472,6 +484,7 @@ TEST_P(LinearDistillBlocked, MatchesReference) {
       break;
     case BlockedVariant::logits_row_tiles:
       p.teacher_as_logits = true;
+      p.teacher_logits_row_stride = p.vocab + 13;
       p.rows = 600;
       p.row_tiles = true;
       p.reduction = Reduction::sum;
@@ -512,7 +525,7 @@ INSTANTIATE_TEST_SUITE_P(
 enum class StatisticsVariant {
   hidden_teacher,   // bf16, teacher hidden + weight, mean, ignored rows; ∂h sums in the workspace
   sums_in_outputs,  // fp32 chunk logits, reduction none; ∂h sums in ∂W, the first rows' in ∂h
-  logits_row_tiles,  // teacher logits, 600 rows in several tiles, sum; ∂h sums in the workspace
+  logits_row_tiles,  // teacher logits of wider rows (§3.2), 600 rows in tiles, sum; sums in ws
   f32_teacher_f16,   // fp16 student, fp32 teacher logits converted per tile; sums in ∂W and ∂h,
                      // three rows staged for the in-place narrowing
   weight_only,       // ∂W alone: no ∂h sums
@@ -549,6 +562,7 @@ TEST_P(LinearDistillStatisticsBlocks, MatchesReference) {
       break;
     case StatisticsVariant::logits_row_tiles:  // the sums of 600 rows outgrow this ∂W
       p.teacher_as_logits = true;
+      p.teacher_logits_row_stride = p.vocab + 13;
       p.rows = 600;
       p.row_tiles = true;
       p.reduction = Reduction::sum;
