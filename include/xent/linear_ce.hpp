@@ -19,6 +19,10 @@ struct LinearCeOptions {
   // computes; a backward given it reads the logits from it instead of recomputing h·Wᵀ. It trades
   // N×V memory for one product in `none` training, so it is off unless the caller opts in.
   TensorView logits_cache;
+  // Each row's forward values (loss, lse, logprob, entropy) are bit-identical whatever the number
+  // of rows in the call, the row's position and the workspace budget: the logits product runs in
+  // an order fixed per (V, H, dtype) (docs/semantics.md §1). Gradients are not covered.
+  bool batch_invariant = false;
 };
 
 // Gradients of the linear layer; each absent view is not computed. grad weight/bias are

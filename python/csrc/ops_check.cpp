@@ -24,6 +24,15 @@ void check_errors_op(const at::Tensor& device_tensor) {
 void force_portable_paths_op(bool on) {
   cuda::test_hook().portable_paths = on ? cuda::Forced::on : cuda::Forced::planned;
 }
+
+// Not API: which cuBLASLt products are timed (0 the default, 1 none, 2 all), for measuring what
+// the timing buys and whether it makes a call's algorithm depend on the process's history. Read
+// as each product configuration is first met, so set before the first call.
+void set_gemm_tuning_op(int64_t mode) {
+  cuda::test_hook().gemm_tuning = mode == 1   ? cuda::GemmTuning::off
+                                  : mode == 2 ? cuda::GemmTuning::all
+                                              : cuda::GemmTuning::planned;
+}
 #endif
 
 }  // namespace
@@ -34,5 +43,6 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
   xent::torch_binding::impl_on_devices(m, "check_errors", &xent::torch_binding::check_errors_op);
 #if XENT_TORCH_CUDA
   m.def("_force_portable_paths(bool on) -> ()", &xent::torch_binding::force_portable_paths_op);
+  m.def("_set_gemm_tuning(int mode) -> ()", &xent::torch_binding::set_gemm_tuning_op);
 #endif
 }

@@ -101,15 +101,16 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                      bool fp32_logits, bool with_stats, bool grad_hidden, bool grad_weight,
                      bool grad_bias, bool cache_logits, const c10::optional<Tensor>& grad_scale,
                      c10::optional<at::ScalarType> weight_grad_dtype,
-                     const c10::optional<Tensor>& accumulate_into) {
+                     const c10::optional<Tensor>& accumulate_into, bool batch_invariant) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
     const LinearInputs inputs =
         prepare_inputs(hidden, weight, bias, target, class_weight, row_weight);
-    const LinearCeOptions options =
+    LinearCeOptions options =
         make_linear_options(function, inputs, ignore_index, reduction, label_smoothing, z_loss,
                             softcap, logit_scale, workspace_bytes, fp32_logits);
+    options.batch_invariant = batch_invariant;
     const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
     const auto f32 = hidden.options().dtype(at::kFloat);
     const Reduction reduction_kind = options.ce.reduction;
@@ -275,8 +276,9 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
       "bool grad_weight, bool grad_bias, bool cache_logits, Tensor? grad_scale, "
-      "ScalarType? weight_grad_dtype, Tensor(a!)? accumulate_into=None) -> (Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "ScalarType? weight_grad_dtype, Tensor(a!)? accumulate_into=None, "
+      "bool batch_invariant=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "
       "Tensor grad_output, Tensor? class_weight, Tensor? row_weight, int ignore_index, "

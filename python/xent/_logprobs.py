@@ -38,11 +38,17 @@ def _statistics(outputs: tuple, target: Tensor, ignore_index: int, with_entropy:
 
 
 def linear_none_forward(
-    operands: tuple, target: Tensor, options: tuple, with_stats: bool, cache_logits: bool = False
+    operands: tuple,
+    target: Tensor,
+    options: tuple,
+    with_stats: bool,
+    cache_logits: bool = False,
+    batch_invariant: bool = False,
 ) -> tuple:
     """linear_ce_forward's outputs with reduction none, no label smoothing and no z-loss: the
     per-row statistics of the fused logprob ops. options: (ignore_index, softcap, logit_scale,
-    workspace_bytes, fp32_logits)."""
+    workspace_bytes, fp32_logits). batch_invariant: each row's statistics bit-identical whatever
+    the rows around it and the budget (docs/semantics.md §1)."""
     ignore_index, *rest = options
     return ops.linear_ce_forward(
         *operands,
@@ -61,6 +67,7 @@ def linear_none_forward(
         bool(cache_logits),
         None,
         None,
+        batch_invariant=bool(batch_invariant),
     )
 
 
@@ -140,7 +147,8 @@ class LinearLogprobsFunction(torch.autograd.Function):
     # cache_logits: the forward keeps the [N, V] logits for the backward (three products instead
     # of four, N·V elements more). compute_dtype: as in LinearCrossEntropyFunction (the products
     # run on converted copies that live only inside each op; an fp32 weight's gradient is
-    # accumulated in place in fp32).
+    # accumulated in place in fp32). batch_invariant: the forward's pinned products
+    # (docs/semantics.md §1); the backward is unchanged by it.
     @staticmethod
     def forward(
         ctx: Any,
@@ -153,6 +161,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
         with_entropy: bool,
         cache_logits: bool,
         compute_dtype: torch.dtype,
+        batch_invariant: bool = False,
     ):
         ignore_index = options[0]
         # No gradient in the forward: the upstream gradients are per row (docs/semantics.md §2, reduction
@@ -164,6 +173,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
             options,
             with_entropy,
             cache_logits,
+            batch_invariant,
         )
         ctx.wants = wants
         ctx.compute_dtype = compute_dtype
@@ -181,7 +191,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_logprob: Tensor, grad_entropy: Tensor | None):
-        none = (None,) * 6
+        none = (None,) * 7
         hidden, weight, bias, target, lse, entropy, *cache = ctx.saved_tensors
         with torch.no_grad():
             operands = _compute_copies(ctx.compute_dtype, hidden, weight, bias)

@@ -156,6 +156,7 @@ def _linear_ce_forward_fake(
     grad_scale: Tensor | None,
     weight_grad_dtype: torch.dtype | None,
     accumulate_into: Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> tuple:
     grads = _linear_gradients(
         hidden,

@@ -556,6 +556,7 @@ def policy_loss(
     cu_seqlens: Tensor | None = None,
     normalizer: float | Tensor | None = None,
     return_stats: bool = False,
+    batch_invariant: bool = False,
 ) -> Tensor | PolicyLossResult:
     """The policy-gradient loss of RL fine-tuning (PPO, GRPO and variants) on logits (N, V) or
     (B, T, V), reduced to a scalar; every formula is in docs/semantics.md §7.
@@ -585,9 +586,11 @@ def policy_loss(
     beyond the statistics pass) and the backward only scales it by the upstream scalar, so a
     graph supports one backward. float32 results (float64 for float64 logits). With return_stats
     returns a PolicyLossResult: the loss and, detached, per-token logprob and entropy, the clip
-    fractions, mean KL and mean ratio.
+    fractions, mean KL and mean ratio. batch_invariant: as in logprobs (per-token values on
+    logits are already batch invariant; accepted for the fused form's sake).
     """
     function = "policy_loss"
+    _functional._check_flag(function, "batch_invariant", batch_invariant)
     logits2d, target1d, row_shape = _functional._rows(function, "logits", logits, target)
     options, transform, data, target1d, sequence, divisor = _prepare(
         function,

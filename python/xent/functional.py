@@ -114,6 +114,12 @@ def _check_tensor(function: str, argument: str, value: Any) -> None:
         _fail(function, argument, "is not a tensor", type(value).__name__, "a torch.Tensor")
 
 
+def _check_flag(function: str, argument: str, value: Any) -> None:
+    # A promise such as batch_invariant must not be set by a truthy tensor or string by mistake.
+    if not isinstance(value, bool):
+        _fail(function, argument, "is not a bool", type(value).__name__, "True or False")
+
+
 def _rows(
     function: str, argument: str, tensor: Tensor, target: Tensor | None, target_name: str = "target"
 ) -> tuple:
@@ -1134,6 +1140,7 @@ def logprobs(
     *,
     ignore_index: int = -100,
     softcap: float | None = None,
+    batch_invariant: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token log-probability of target under softmax(logits / temperature), and optionally
     the entropy of that distribution, both differentiable (float32, shaped like target).
@@ -1141,11 +1148,15 @@ def logprobs(
     logits (N, V) or (B, T, V). logprob = log_softmax(x / T)[y] and entropy = −Σ p·log p; rows
     whose target is ignore_index give 0 for both and no gradient. The backward forms the logits
     gradient from both upstream gradients in one pass over the logits (docs/semantics.md §1).
+    batch_invariant=True promises each row's values bit-identical whatever the other rows; on
+    logits every backend already computes a row by a plan of V and dtype alone, so it changes
+    nothing here (accepted so that callers can pass it to every logprob op).
     Returns logprob, or (logprob, entropy) when return_entropy.
     """
     if _dtensor.any_dtensor(logits, target):  # DTensor inputs: xent/_dtensor.py
         return _dtensor.call(logprobs, "logprobs", locals())
     function = "logprobs"
+    _check_flag(function, "batch_invariant", batch_invariant)
     logits2d, target1d, row_shape = _rows(function, "logits", logits, target)
     options = (
         int(ignore_index),
@@ -1185,6 +1196,7 @@ def linear_logprobs(
     softcap: float | None = None,
     fp32_logits: bool = False,
     cache_logits: bool = False,
+    batch_invariant: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """logprobs(hidden @ weight.T + bias, target, temperature, return_entropy) without ever
     holding the (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
@@ -1200,10 +1212,15 @@ def linear_logprobs(
     products, the time of linear_cross_entropy(reduction="none"). cache_logits=True keeps the
     (N, V) logits from the forward instead (N·V elements of the input dtype more, fp32 with
     fp32_logits; one product less: about the time of the mean linear_cross_entropy).
+    batch_invariant=True makes each row's logprob and entropy bit-identical whatever the number
+    of rows, the row's position and workspace_bytes (the forward's product runs in an order
+    fixed per shape of the head: slower, docs/semantics.md §1); gradients are not covered. CPU
+    only for now: a CUDA call with it raises.
     """
     if _dtensor.any_dtensor(hidden, weight, bias, target):  # DTensor inputs: xent/_dtensor.py
         return _dtensor.call(linear_logprobs, "linear_logprobs", locals())
     function = "linear_logprobs"
+    _check_flag(function, "batch_invariant", batch_invariant)
     _check_tensor(function, "weight", weight)
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
     compute_dtype = _compute_dtype(hidden2d, weight)
@@ -1227,9 +1244,12 @@ def linear_logprobs(
             bool(return_entropy),
             bool(cache_logits),
             compute_dtype,
+            batch_invariant,
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        outputs = linear_none_forward(operands, target1d, options, return_entropy)
+        outputs = linear_none_forward(
+            operands, target1d, options, return_entropy, batch_invariant=batch_invariant
+        )
         _, logprob, entropy = _statistics(outputs, target1d, options[0], return_entropy)
     return _validated(_logprobs_result(logprob, entropy, row_shape, return_entropy), hidden)

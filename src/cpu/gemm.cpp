@@ -111,9 +111,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   fallback_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+template <class T>
+void gemm_fixed_order(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                      const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  fallback_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
                           const float*, int64_t, float, float*, int64_t);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
                            const double*, int64_t, double, double*, int64_t);
+template void gemm_fixed_order<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                                      int64_t, const float*, int64_t, float, float*, int64_t);
+template void gemm_fixed_order<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                       int64_t, const double*, int64_t, double, double*, int64_t);
 
 }  // namespace xent::cpu

@@ -54,7 +54,7 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
     if (cache_use == CacheUse::read) {
       layer.cached_logits(row0, count, hidden_copy, logits, options.logits_cache);
     } else {
-      layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits);
+      layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits, options.batch_invariant);
     }
     if (cache_use == CacheUse::fill) {
       store_compute_rows(options.logits_cache, row0, count, logits, vocab);

@@ -123,9 +123,13 @@ class LinearLayer {
   // Chunk rows [row0, row0 + rows) of h·Wᵀ + bias into `logits` (rows × V, dense). With
   // `round_logits` each value is rounded to the input dtype, as a framework computing the
   // logits in that dtype would (docs/semantics.md §2).
-  void logits(int64_t row0, int64_t rows, T* hidden_copy, T* logits, bool round_logits) const {
+  // `fixed_order`: the product sums each element the same way whatever `rows` is (batch
+  // invariance, slower than OpenBLAS).
+  void logits(int64_t row0, int64_t rows, T* hidden_copy, T* logits, bool round_logits,
+              bool fixed_order = false) const {
     const auto h = as_compute_matrix<T, S>(hidden_, row0, rows, hidden_copy);
-    gemm<T>(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data, weight_.stride,
+    const auto product = fixed_order ? gemm_fixed_order<T> : gemm<T>;
+    product(false, true, rows, vocab_, width_, T(1), h.data, h.stride, weight_.data, weight_.stride,
             T(0), logits, vocab_);
     if (!bias_ && !(round_logits && !std::is_same_v<S, T>)) return;
 #pragma omp parallel for schedule(static) if (rows * vocab_ >= kParallelWork)
