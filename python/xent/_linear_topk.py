@@ -1,0 +1,158 @@
+"""linear_distill with a top-k teacher (docs/semantics.md §3.1, §4): the student's logits formed a
+row chunk at a time inside the workspace budget and handed to the top-k row math of distill.
+
+This is the composite form: each chunk's h·Wᵀ is one product, the top-k distill op runs on it, and
+the backward forms the chunk again (recompute) before ∂h = G·W and ∂W += Gᵀ·h: four products.
+The fused core (three products, the gradient formed in the forward) is not built yet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xent._ops import ops
+
+Tensor = torch.Tensor
+
+
+def _chunk_rows(rows: int, vocab: int, budget: int) -> int:
+    # a chunk's fp32 logits and their gradient live at once
+    return max(1, min(rows, budget // max(1, 8 * vocab)))
+
+
+def _mean_as_sum(options: tuple, target: Tensor | None, class_weight: Tensor | None) -> tuple:
+    """§1/§3's mean as a sum over chunks: the soft weight over N_valid, the hard weight over D
+    (Σ_valid r_n) and z_loss rescaled so that its part keeps the divisor N_valid."""
+    kind, temperature, beta, softcap, soft, hard, ignore, _, smoothing, z = options
+    if target is None:
+        valid, divisor = None, None
+    else:
+        valid = target != ignore
+    n_valid = float(valid.sum()) if valid is not None else None
+    if target is not None and class_weight is not None:
+        safe = torch.where(valid, target, torch.zeros_like(target))
+        divisor = float((class_weight.double()[safe] * valid).sum())
+    else:
+        divisor = n_valid
+    soft_scale = 0.0 if not n_valid else 1.0 / n_valid
+    hard_scale = 0.0 if not divisor else 1.0 / divisor
+    z_scaled = z * divisor / n_valid if divisor and n_valid else z
+    return (
+        kind,
+        temperature,
+        beta,
+        softcap,
+        soft * soft_scale,
+        hard * hard_scale,
+        ignore,
+        "sum",
+        smoothing,
+        z_scaled,
+    )
+
+
+class LinearDistillTopKFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, logprobs, target, class_weight, options, budget, fp32):
+        rows = _chunk_rows(hidden.shape[0], weight.shape[0], budget)
+        reduction = options[8]
+        total = None
+        parts = []
+        for _, logits, chunk in _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
+            loss = ops.distill_topk_forward(logits, *chunk, class_weight, *options)
+            if reduction == "none":
+                parts.append(loss)
+            else:
+                total = loss if total is None else total + loss
+        if reduction == "none":
+            out = torch.cat(parts) if parts else hidden.new_zeros((0,), dtype=torch.float32)
+        else:
+            out = total if total is not None else hidden.new_zeros((), dtype=torch.float32)
+        ctx.save_for_backward(hidden, weight, ids, logprobs, target, class_weight)
+        ctx.options, ctx.rows, ctx.fp32 = options, rows, fp32
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        hidden, weight, ids, logprobs, target, class_weight = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = (
+            torch.zeros(
+                weight.shape,
+                dtype=torch.float32 if weight.dtype != torch.float64 else torch.float64,
+                device=weight.device,
+            )
+            if want_w
+            else None
+        )
+        none = ctx.options[8] == "none"
+        chunks = _chunks(hidden, weight, ids, logprobs, target, ctx.rows, ctx.fp32)
+        for piece, logits, chunk in chunks:
+            upstream = grad_loss[piece].contiguous() if none else grad_loss
+            grad = ops.distill_topk_backward(logits, *chunk, upstream, class_weight, *ctx.options)
+            grad, h = grad.to(hidden.dtype), hidden[piece]
+            if want_h:
+                grad_h[piece] = grad @ weight
+            if want_w:
+                grad_w += (grad.t() @ h).to(grad_w.dtype)
+        if want_w:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None, None, None, None
+
+
+def _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
+    """Each row chunk: its slice, its logits h·Wᵀ and its (ids, logprobs, target)."""
+    for start in range(0, hidden.shape[0], rows):
+        piece = slice(start, start + rows)
+        chunk = (ids[piece], logprobs[piece], None if target is None else target[piece])
+        yield piece, _logits(hidden[piece], weight, fp32), chunk
+
+
+def _logits(hidden: Tensor, weight: Tensor, fp32: bool) -> Tensor:
+    if fp32 and hidden.dtype in (torch.bfloat16, torch.float16):
+        return (hidden.float() @ weight.float().t()).contiguous()
+    return (hidden @ weight.t()).contiguous()
+
+
+def linear_distill_topk(
+    hidden: Tensor,
+    weight: Tensor,
+    ids: Tensor,
+    logprobs: Tensor,
+    target: Tensor | None,
+    class_weight: Tensor | None,
+    mass: str,
+    options: tuple,
+    budget: int,
+    fp32: bool,
+    wants: Any,
+) -> Tensor:
+    """options as _distill_options gives them; the loss of distill(h·Wᵀ, teacher=TopK) in one
+    call. mean runs as a sum with the divisors folded into the weights (see _mean_as_sum)."""
+    if options[7] == "mean":
+        options = _mean_as_sum(options, target, class_weight)
+    topk_options = (mass, *options)
+    if any(wants):
+        return LinearDistillTopKFunction.apply(
+            hidden, weight, ids, logprobs, target, class_weight, topk_options, budget, fp32
+        )
+    with torch.no_grad():
+        return LinearDistillTopKFunction.forward(
+            _NoCtx(),
+            hidden,
+            weight,
+            ids,
+            logprobs,
+            target,
+            class_weight,
+            topk_options,
+            budget,
+            fp32,
+        )
+
+
+class _NoCtx:
+    def save_for_backward(self, *tensors: Any) -> None:
+        pass
