@@ -3,7 +3,8 @@ row chunk at a time inside the workspace budget and handed to the top-k row math
 
 This is the composite form: each chunk's h·Wᵀ is one product, the top-k distill op runs on it, and
 the backward forms the chunk again (recompute) before ∂h = G·W and ∂W += Gᵀ·h: four products.
-The fused core (three products, the gradient formed in the forward) is not built yet."""
+With grad_in_forward (sum, mean) the gradient is formed in the forward instead: three products.
+The C++ core (one op on every backend, errors in src/api) is not built yet."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class LinearDistillTopKFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, ids, logprobs, target, class_weight, options, budget, fp32):
         rows = _chunk_rows(hidden.shape[0], weight.shape[0], budget)
-        reduction = options[8]
+        reduction = options[8]  # the mass first
         total = None
         parts = []
         for _, logits, chunk in _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
@@ -78,28 +79,59 @@ class LinearDistillTopKFunction(torch.autograd.Function):
         hidden, weight, ids, logprobs, target, class_weight = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = (
-            torch.zeros(
-                weight.shape,
-                dtype=torch.float32 if weight.dtype != torch.float64 else torch.float64,
-                device=weight.device,
-            )
-            if want_w
-            else None
-        )
+        grad_w = _weight_accumulator(weight) if want_w else None
         none = ctx.options[8] == "none"
         chunks = _chunks(hidden, weight, ids, logprobs, target, ctx.rows, ctx.fp32)
         for piece, logits, chunk in chunks:
             upstream = grad_loss[piece].contiguous() if none else grad_loss
             grad = ops.distill_topk_backward(logits, *chunk, upstream, class_weight, *ctx.options)
             grad, h = grad.to(hidden.dtype), hidden[piece]
-            if want_h:
-                grad_h[piece] = grad @ weight
-            if want_w:
-                grad_w += (grad.t() @ h).to(grad_w.dtype)
+            _accumulate(grad, h, weight, piece, grad_h, grad_w)
         if want_w:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None
+
+
+class LinearDistillTopKFusedFunction(torch.autograd.Function):
+    """sum / mean with the gradient formed in the forward (three products, as linear_ce): each
+    chunk's logits, their gradient at upstream 1, ∂h = G·W and ∂W += Gᵀ·h; the backward scales
+    both by the upstream scalar, so a graph supports one backward (docs/semantics.md §4)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, logprobs, target, class_weight, options, budget, fp32):
+        rows = _chunk_rows(hidden.shape[0], weight.shape[0], budget)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = _weight_accumulator(weight) if want_w else None
+        total = None
+        for piece, logits, chunk in _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
+            loss, grad = ops.distill_topk_forward_grad(logits, *chunk, class_weight, *options, None)
+            total = loss if total is None else total + loss
+            _accumulate(grad.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grad_w)
+        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype))
+        return total if total is not None else hidden.new_zeros((), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32)
+        return (
+            None if grad_h is None else (grad_h * scale).to(grad_h.dtype),
+            None if grad_w is None else (grad_w * scale).to(grad_w.dtype),
+            *([None] * 7),
+        )
+
+
+def _weight_accumulator(weight: Tensor) -> Tensor:
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    return torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+
+
+def _accumulate(grad, h, weight, piece, grad_h, grad_w) -> None:
+    if grad_h is not None:
+        grad_h[piece] = grad @ weight
+    if grad_w is not None:
+        grad_w += (grad.t() @ h).to(grad_w.dtype)
 
 
 def _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
@@ -128,6 +160,7 @@ def linear_distill_topk(
     budget: int,
     fp32: bool,
     wants: Any,
+    grad_in_forward: bool,
 ) -> Tensor:
     """options as _distill_options gives them; the loss of distill(h·Wᵀ, teacher=TopK) in one
     call. mean runs as a sum with the divisors folded into the weights (see _mean_as_sum)."""
@@ -135,7 +168,9 @@ def linear_distill_topk(
         options = _mean_as_sum(options, target, class_weight)
     topk_options = (mass, *options)
     if any(wants):
-        return LinearDistillTopKFunction.apply(
+        fused = grad_in_forward and topk_options[8] != "none"
+        function = LinearDistillTopKFusedFunction if fused else LinearDistillTopKFunction
+        return function.apply(
             hidden, weight, ids, logprobs, target, class_weight, topk_options, budget, fp32
         )
     with torch.no_grad():

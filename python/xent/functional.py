@@ -1164,6 +1164,7 @@ def _linear_distill_topk(arguments: dict) -> Tensor:
         budget,
         bool(a["fp32_logits"]),
         _needs_grad(hidden2d, student_weight),
+        bool(a["grad_in_forward"]),
     )
     reduction = options[7]
     return _validated(

@@ -38,7 +38,8 @@ def _both(hidden, weight, target, teacher, upstream=None, **options):
         if fused:
             loss = xent.linear_distill(h, w, None, target, teacher=teacher, **options)
         else:
-            options = {key: value for key, value in options.items() if key != "workspace_bytes"}
+            fused_only = ("workspace_bytes", "grad_in_forward")
+            options = {key: value for key, value in options.items() if key not in fused_only}
             loss = xent.distill(h @ w.t(), None, target, teacher=teacher, **options)
         (loss * upstream if upstream is not None else loss).sum().backward()
         results.append((loss.detach(), h.grad, w.grad))
@@ -48,11 +49,14 @@ def _both(hidden, weight, target, teacher, upstream=None, **options):
 @pytest.mark.parametrize("mass,kind", MASS_KINDS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("budget", [101 * 8 * 5, 1 << 30])
-def test_matches_distill_on_logits(mass, kind, reduction, budget, gen):
+@pytest.mark.parametrize("grad_in_forward", [True, False])
+def test_matches_distill_on_logits(mass, kind, reduction, budget, grad_in_forward, gen):
     g, hidden, weight, target = _case(gen)
     teacher = _teacher(hidden.shape[0], weight.shape[0], 7, g, mass)
     upstream = torch.rand(hidden.shape[0], generator=g, dtype=torch.float64)
     options = dict(kind=kind, reduction=reduction, workspace_bytes=budget, softcap=20.0)
+    if not grad_in_forward:
+        options["grad_in_forward"] = False
     (lf, hf, wf), (lr, hr, wr) = _both(
         hidden, weight, target, teacher, upstream if reduction == "none" else None, **options
     )
@@ -77,6 +81,8 @@ def test_hard_label_class_weight_z_loss_mean(mass, gen):
         workspace_bytes=101 * 8 * 3,
     )
     (lf, hf, wf), (lr, hr, wr) = _both(hidden, weight, target, teacher, **options)
+    for got, want in ((lf, lr), (hf, hr), (wf, wr)):
+        assert got.dtype == want.dtype == torch.float64
     torch.testing.assert_close(lf, lr, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(hf, hr, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(wf, wr, rtol=1e-9, atol=1e-12)
