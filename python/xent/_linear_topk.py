@@ -17,9 +17,14 @@ from xent._ops import ops
 Tensor = torch.Tensor
 
 
-def _chunk_rows(rows: int, vocab: int, budget: int) -> int:
-    # a chunk's fp32 logits and their gradient live at once
-    return max(1, min(rows, budget // max(1, 8 * vocab)))
+def _chunk_rows(hidden: Tensor, weight: Tensor, budget: int, fp32: bool) -> int:
+    """Rows a chunk: its logits and their gradient (fp32 with fp32_logits) in the budget, less the
+    16-bit weight gradient's fp32 accumulator when the budget holds it (as linear_ce counts it)."""
+    element = 4 if fp32 else hidden.element_size()
+    accumulator = weight.numel() * 4 if weight.element_size() < 4 else 0
+    if budget > 2 * accumulator:
+        budget -= accumulator
+    return max(1, min(hidden.shape[0], budget // max(1, 2 * weight.shape[0] * element)))
 
 
 def _mean_as_sum(options: tuple, target: Tensor | None, class_weight: Tensor | None) -> tuple:
@@ -56,7 +61,7 @@ def _mean_as_sum(options: tuple, target: Tensor | None, class_weight: Tensor | N
 class LinearDistillTopKFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, ids, logprobs, target, class_weight, options, budget, fp32):
-        rows = _chunk_rows(hidden.shape[0], weight.shape[0], budget)
+        rows = _chunk_rows(hidden, weight, budget, fp32)
         reduction = options[8]  # the mass first
         total = None
         parts = []
@@ -99,7 +104,7 @@ class LinearDistillTopKFusedFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, ids, logprobs, target, class_weight, options, budget, fp32):
-        rows = _chunk_rows(hidden.shape[0], weight.shape[0], budget)
+        rows = _chunk_rows(hidden, weight, budget, fp32)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = _weight_accumulator(weight) if want_w else None
