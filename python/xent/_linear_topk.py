@@ -27,15 +27,14 @@ def _chunk_rows(hidden: Tensor, weight: Tensor, budget: int, fp32: bool) -> int:
     return max(1, min(hidden.shape[0], budget // max(1, 2 * weight.shape[0] * element)))
 
 
-def _mean_as_sum(options: tuple, target: Tensor | None, class_weight: Tensor | None) -> tuple:
+def _mean_as_sum(
+    options: tuple, rows: int, target: Tensor | None, class_weight: Tensor | None
+) -> tuple:
     """§1/§3's mean as a sum over chunks: the soft weight over N_valid, the hard weight over D
     (Σ_valid r_n) and z_loss rescaled so that its part keeps the divisor N_valid."""
     kind, temperature, beta, softcap, soft, hard, ignore, _, smoothing, z = options
-    if target is None:
-        valid, divisor = None, None
-    else:
-        valid = target != ignore
-    n_valid = float(valid.sum()) if valid is not None else None
+    valid = None if target is None else target != ignore
+    n_valid = float(rows) if valid is None else float(valid.sum())  # no target: every row
     if target is not None and class_weight is not None:
         safe = torch.where(valid, target, torch.zeros_like(target))
         divisor = float((class_weight.double()[safe] * valid).sum())
@@ -170,7 +169,7 @@ def linear_distill_topk(
     """options as _distill_options gives them; the loss of distill(h·Wᵀ, teacher=TopK) in one
     call. mean runs as a sum with the divisors folded into the weights (see _mean_as_sum)."""
     if options[7] == "mean":
-        options = _mean_as_sum(options, target, class_weight)
+        options = _mean_as_sum(options, hidden.shape[0], target, class_weight)
     topk_options = (mass, *options)
     if any(wants):
         fused = grad_in_forward and topk_options[8] != "none"

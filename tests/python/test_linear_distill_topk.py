@@ -106,6 +106,12 @@ def test_three_dim_rows_and_no_target(gen):
     reference = xent.distill(hidden @ weight.t(), teacher=teacher, reduction="none")
     assert loss.shape == (3, 4)
     torch.testing.assert_close(loss.reshape(-1), reference, rtol=1e-10, atol=1e-12)
+    for reduction in ("mean", "sum"):
+        loss = xent.linear_distill(
+            hidden, weight, teacher=teacher, reduction=reduction, workspace_bytes=2000
+        )
+        reference = xent.distill(hidden @ weight.t(), teacher=teacher, reduction=reduction)
+        torch.testing.assert_close(loss, reference, rtol=1e-10, atol=1e-12)
 
 
 def test_teacher_given_twice_fails(gen):
