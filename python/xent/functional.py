@@ -29,6 +29,7 @@ from xent._autograd import (
 )
 from xent._errors import python_names
 from xent._linear_policy import linear_policy_loss
+from xent._linear_topk import linear_distill_topk
 from xent._logprobs import (
     LinearLogprobsFunction,
     LogprobsFunction,
@@ -1012,6 +1013,7 @@ def linear_distill(
     *,
     teacher_hidden: Tensor | None = None,
     teacher_weight: Tensor | None = None,
+    teacher: TopK | None = None,
     kind: str = "forward_kl",
     temperature: float = 1.0,
     beta: float = 0.5,
@@ -1038,7 +1040,13 @@ def linear_distill(
     vocab_size=V' when the student's and the teacher's vocabularies differ in size: the first V'
     rows of each head (or columns of teacher_logits) are compared, the student head's rows past
     V' get a zero gradient (docs/semantics.md §3.2).
+
+    teacher=xent.TopK(ids, logprobs, mass) in place of teacher_logits / teacher_hidden: a teacher
+    given as its top-k log-probabilities, as in distill (docs/semantics.md §3.1); the student's
+    logits are formed a row chunk at a time within workspace_bytes.
     """
+    if teacher is not None:
+        return _linear_distill_topk(locals())
     if _dtensor.any_dtensor(
         student_hidden,
         student_weight,
@@ -1112,6 +1120,61 @@ def linear_distill(
         )[0]
     return _validated(
         _reshape_rows(loss, row_shape) if reduction == "none" else loss, student_hidden
+    )
+
+
+def _linear_distill_topk(arguments: dict) -> Tensor:
+    """linear_distill with a TopK teacher (docs/semantics.md §3.1, §4)."""
+    function = "linear_distill"
+    a = arguments
+    for name in ("teacher_logits", "teacher_hidden", "teacher_weight"):
+        if a[name] is not None:
+            _fail(function, "teacher", "given twice", f"{name} and teacher", "one of them")
+    student_weight = a["student_weight"]
+    _check_tensor(function, "student_weight", student_weight)
+    hidden2d, target1d, row_shape = _rows(
+        function, "student_hidden", a["student_hidden"], a["target"]
+    )
+    teacher = a["teacher"]
+    ids, logprobs = topk_rows(function, teacher, row_shape, _fail)
+    student_weight, _, _, class_weight = _linear_shared_vocab(
+        function, a["vocab_size"], student_weight, None, None, a["class_weight"]
+    )
+    options = _distill_options(
+        function,
+        a["kind"],
+        a["temperature"],
+        a["beta"],
+        a["softcap"],
+        a["soft_weight"],
+        a["hard_weight"],
+        a["ignore_index"],
+        a["reduction"],
+        a["label_smoothing"],
+        a["z_loss"],
+    )
+    class_weight = _class_weight(function, None, class_weight)
+    autocast = _autocast_dtype(hidden2d)
+    if autocast is not None:
+        hidden2d, student_weight = hidden2d.to(autocast), student_weight.to(autocast)
+    budget = _workspace_budget(function, a["workspace_bytes"], hidden2d)
+    loss = linear_distill_topk(
+        hidden2d,
+        student_weight,
+        ids,
+        logprobs,
+        target1d,
+        class_weight,
+        teacher.mass,
+        options,
+        budget,
+        bool(a["fp32_logits"]),
+        _needs_grad(hidden2d, student_weight),
+        bool(a["grad_in_forward"]),
+    )
+    reduction = options[7]
+    return _validated(
+        _reshape_rows(loss, row_shape) if reduction == "none" else loss, a["student_hidden"]
     )
 
 
