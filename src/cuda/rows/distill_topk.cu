@@ -77,6 +77,51 @@ __device__ double warp_sum(double v) {
   return v;
 }
 
+// Calls f(i, v) for the n values of a row: 16-byte loads over the 16-byte-aligned middle, scalar
+// loads for the head and tail (rows of odd V start anywhere). 32-bit columns (V < 2^31).
+template <class S, class F>
+__device__ __forceinline__ void sweep_row(const S* s, int n, F&& f) {
+  constexpr int kVec = kVectorElements<S>;
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(s) % 16);
+  const int head = min(n, ((16 - misalign) % 16) / static_cast<int>(sizeof(S)));
+  for (int i = threadIdx.x; i < head; i += kTopKThreads) f(i, load_float(s[i]));
+  const int vectors = (n - head) / kVec;
+  const auto* words = reinterpret_cast<const uint4*>(s + head);
+  for (int q = threadIdx.x; q < vectors; q += kTopKThreads) {
+    const Vector<S> v = unpack<S>(__ldg(words + q));
+#pragma unroll
+    for (int u = 0; u < kVec; ++u) f(head + q * kVec + u, v.value[u]);
+  }
+  for (int i = head + vectors * kVec + threadIdx.x; i < n; i += kTopKThreads) {
+    f(i, load_float(s[i]));
+  }
+}
+
+// g[i] = f(i, s[i]) over a row, 16-byte vectors when s and g share their alignment (the usual
+// case, in-place included), scalar otherwise.
+template <class S, class F>
+__device__ __forceinline__ void map_row(const S* s, S* g, int n, F&& f) {
+  constexpr int kVec = kVectorElements<S>;
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(s) % 16);
+  const bool together = misalign == static_cast<int>(reinterpret_cast<uintptr_t>(g) % 16);
+  const int head = together ? min(n, ((16 - misalign) % 16) / static_cast<int>(sizeof(S))) : n;
+  for (int i = threadIdx.x; i < head; i += kTopKThreads)
+    g[i] = store_float<S>(f(i, load_float(s[i])));
+  if (!together) return;
+  const int vectors = (n - head) / kVec;
+  const auto* in = reinterpret_cast<const uint4*>(s + head);
+  auto* out = reinterpret_cast<uint4*>(g + head);
+  for (int q = threadIdx.x; q < vectors; q += kTopKThreads) {
+    Vector<S> v = unpack<S>(in[q]);
+#pragma unroll
+    for (int u = 0; u < kVec; ++u) v.value[u] = f(head + q * kVec + u, v.value[u]);
+    out[q] = pack<S>(v);
+  }
+  for (int i = head + vectors * kVec + threadIdx.x; i < n; i += kTopKThreads) {
+    g[i] = store_float<S>(f(i, load_float(s[i])));
+  }
+}
+
 // Shared state of one row: the staged entries and the category results.
 struct TopKShared {
   int64_t id[kTopKMaxK];
@@ -85,7 +130,7 @@ struct TopKShared {
   float grad[kTopKMaxK + 1];
   float all_max[kTopKThreads / 32], all_sum[kTopKThreads / 32];  // per warp (LseState)
   float out_max[kTopKThreads / 32], out_sum[kTopKThreads / 32];
-  float lse_all, a_tail, coef;
+  float lse_all, out_lse, a_tail, coef;
   int bad;  // an id out of range or twice: the row becomes NaN (the CPU reports it)
 };
 
@@ -120,33 +165,92 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
   }
   __syncthreads();
 
-  // One sweep: logsumexp of the row and of the columns outside the ids.
-  LseState all, out;
-  for (int64_t i = tid; i < vocab; i += kTopKThreads) {
-    const float v = transform.value(load_float(s[i]));
-    all.add(v);
-    if (!((bitmap[i / 32] >> (i % 32)) & 1u)) out.add(v);
-  }
-  all = warp_lse(all);
-  out = warp_lse(out);
-  if (tid % 32 == 0) {
-    sh.all_max[tid / 32] = all.max;
-    sh.all_sum[tid / 32] = all.sum;
-    sh.out_max[tid / 32] = out.max;
-    sh.out_sum[tid / 32] = out.sum;
+  // One sweep, one exp a column: the row's logsumexp, and the columns outside the ids summed
+  // against the same running max with their own max tracked by compares. renormalize needs
+  // neither (its normaliser is over the ids, and no column outside them gets a gradient).
+  const bool renormalize_row = a.mass == common::TopKMassCode::renormalize;
+  const int n = static_cast<int>(vocab);
+  if (!renormalize_row) {
+    float m = -INFINITY, sum = 0, out_sum = 0, out_max = -INFINITY;
+    sweep_row(s, n, [&](int i, float x) {
+      const float v = transform.value(x);
+      const bool outside = !((bitmap[i >> 5] >> (i & 31)) & 1u);
+      if (v > m) {
+        const float r = __expf(m - v);  // 0 on the first finite value (m = −inf)
+        sum *= r;
+        out_sum *= r;
+        m = v;
+      }
+      const float e = v == -INFINITY ? 0.0f : (v == m ? 1.0f : __expf(v - m));
+      sum += e;
+      if (outside) {
+        out_sum += e;
+        out_max = fmaxf(out_max, v);
+      }
+    });
+    LseState all, out;
+    all.merge(m, sum);
+    out.merge(m, out_sum);  // relative to the row's max, not the outside max
+    all = warp_lse(all);
+    out = warp_lse(out);
+    for (int offset = 16; offset > 0; offset /= 2)
+      out_max = fmaxf(out_max, __shfl_xor_sync(0xffffffffu, out_max, offset));
+    if (tid % 32 == 0) {
+      sh.all_max[tid / 32] = all.max;
+      sh.all_sum[tid / 32] = all.sum;
+      sh.out_max[tid / 32] = out_max;
+      sh.out_sum[tid / 32] = out.sum;  // out.max is all.max: both merged the same maxima
+    }
+    __syncthreads();
+    if (tid < 32) {
+      LseState ra, ro;
+      float om = -INFINITY;
+      if (tid < kTopKThreads / 32) {
+        ra.merge(sh.all_max[tid], sh.all_sum[tid]);
+        ro.merge(sh.all_max[tid], sh.out_sum[tid]);
+        om = sh.out_max[tid];
+      }
+      ra = warp_lse(ra);
+      ro = warp_lse(ro);
+      for (int offset = 16; offset > 0; offset /= 2)
+        om = fmaxf(om, __shfl_xor_sync(0xffffffffu, om, offset));
+      if (tid == 0) {
+        sh.lse_all = ra.lse();
+        // Outside mass far below the row's max may have lost digits against it: the rare row
+        // sweeps again for the outside logsumexp alone (never 1 − Σ_S p_s, docs/semantics.md §3.1).
+        sh.out_lse = ro.max == -INFINITY || ro.sum == 0 || om < ra.max - 60.0f ? NAN : ro.lse();
+        if (om == -INFINITY) sh.out_lse = -INFINITY;
+      }
+    }
+    __syncthreads();
+    if (sh.out_lse != sh.out_lse) {
+      LseState o;
+      sweep_row(s, n, [&](int i, float x) {
+        if (!((bitmap[i >> 5] >> (i & 31)) & 1u)) o.add(transform.value(x));
+      });
+      o = warp_lse(o);
+      __syncthreads();  // every thread has read out_lse before it is rewritten
+      if (tid % 32 == 0) {
+        sh.out_max[tid / 32] = o.max;
+        sh.out_sum[tid / 32] = o.sum;
+      }
+      __syncthreads();
+      if (tid < 32) {
+        LseState ro;
+        if (tid < kTopKThreads / 32) ro.merge(sh.out_max[tid], sh.out_sum[tid]);
+        ro = warp_lse(ro);
+        if (tid == 0) sh.out_lse = ro.lse();
+      }
+    }
+  } else if (tid == 0) {
+    sh.lse_all = 0;
+    sh.out_lse = -INFINITY;
   }
   __syncthreads();
 
   if (tid < 32) {
     const int lane = tid;
-    LseState ra, ro;
-    if (lane < kTopKThreads / 32) {
-      ra.merge(sh.all_max[lane], sh.all_sum[lane]);
-      ro.merge(sh.out_max[lane], sh.out_sum[lane]);
-    }
-    ra = warp_lse(ra);
-    ro = warp_lse(ro);
-    const float lse_all = ra.lse(), a_tail = ro.lse();
+    const float lse_all = sh.lse_all, a_tail = sh.out_lse;
     const bool renormalize = a.mass == common::TopKMassCode::renormalize;
     const float inv_t = 1.0f / dc_in.temperature;
     // Teacher: logsumexp of ℓ (scaled by 1/T for renormalize); student: over the ids.
@@ -216,13 +320,14 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
   S* g = reinterpret_cast<S*>(static_cast<char*>(a.grad) +
                               row * a.grad_row_stride * static_cast<int64_t>(sizeof(S)));
   const float coef = sh.coef, tail_grad = sh.grad[k], a_tail = sh.a_tail;
-  for (int64_t i = tid; i < vocab; i += kTopKThreads) {
-    if ((bitmap[i / 32] >> (i % 32)) & 1u) continue;  // an id column: written below
-    const float x = load_float(s[i]);
+  // Every column, the id columns included (rewritten below once all have been read: in place,
+  // g may be the student).
+  map_row(s, g, n, [&](int, float x) {
     const float share = a_tail == INFINITY ? 0.0f : __expf(transform.value(x) - a_tail);
-    g[i] = store_float<S>(coef * tail_grad * share * transform.slope(x));
-  }
-  for (int64_t j = tid; j < k; j += kTopKThreads) {
+    return coef * tail_grad * share * transform.slope(x);
+  });
+  __syncthreads();
+  for (int j = tid; j < k; j += kTopKThreads) {
     const int64_t id = sh.id[j];
     if (id >= 0) g[id] = store_float<S>(coef * sh.grad[j] * transform.slope(sh.x[j]));
   }
