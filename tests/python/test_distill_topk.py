@@ -102,6 +102,46 @@ def test_topk_against_reference(device, gen, reduction, kind, mass, options):
     assert ref.rel_error(grad, grad_expected) <= 1e-5 + slack
 
 
+def _check_grad(device, gen, student, ids, logprobs, mass, kind="forward_kl"):
+    """Loss and gradient against the float64 reference, reduction sum, with a target."""
+    target = ref.targets(gen, student.shape[0], student.shape[1])
+    s = student.to(device).requires_grad_()
+    loss = xent.distill(
+        s,
+        target=target.to(device),
+        teacher=xent.TopK(ids.to(device), logprobs.to(device), mass),
+        kind=kind,
+        reduction="sum",
+    )
+    s64 = student.double().requires_grad_()
+    expected = ref.distill_topk(s64, ids, logprobs, target, mass, kind=kind, reduction="sum")
+    assert ref.rel_error(loss, expected) <= 1e-5
+    (grad,) = torch.autograd.grad(loss, [s])
+    (grad_expected,) = torch.autograd.grad(expected, [s64])
+    assert ref.rel_error(grad, grad_expected) <= 1e-5
+
+
+@pytest.mark.parametrize("vocab,k", [(1, 1), (7, 1), (517, 64), (4099, 256), (40961, 512)])
+@pytest.mark.parametrize("mass", list(xent.TOPK_MASSES))
+def test_topk_shapes(device, gen, vocab, k, mass):
+    """Odd V from one column up (vector sweeps with scalar heads and tails), k from 1 to 512."""
+    student = ref.randn(gen, 5, vocab, scale=2.0)
+    ids, logprobs = _topk_teacher(gen, student, k=k, absent=False)
+    if k > 1:
+        ids[1, k // 2 :] = -1
+    _check_grad(device, gen, student, ids, logprobs, mass)
+
+
+@pytest.mark.parametrize("mass", ["tail", "ignore"])
+def test_topk_outside_far_below_the_max(device, gen, mass):
+    """One id 90 above every other column: the outside sum is formed on its own (CUDA: the second
+    sweep), never as 1 - sum over the ids (docs/semantics.md §3.1)."""
+    student = ref.randn(gen, 4, 300, scale=2.0)
+    ids, logprobs = _topk_teacher(gen, student, k=8, absent=False)
+    student[torch.arange(4), ids[:, 0]] += 90.0
+    _check_grad(device, gen, student, ids, logprobs, mass)
+
+
 def test_topk_3d_int32_ids(gen):
     student, target = _inputs(gen, rows=2 * 13)
     ids, logprobs = _topk_teacher(gen, student)
