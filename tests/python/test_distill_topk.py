@@ -1,5 +1,5 @@
 """xent.distill with a top-k teacher (xent.TopK) against the float64 reference (docs/semantics.md
-§3.1), on the CPU (the top-k teacher has no CUDA kernel yet); errors; torch.compile."""
+§3.1), on every device; errors; torch.compile."""
 
 import pytest
 import reference as ref
@@ -57,8 +57,6 @@ def _valid(kind, mass, options):
 def test_topk_against_reference(device, gen, reduction, kind, mass, options):
     if not _valid(kind, mass, options):
         pytest.skip("an error case (test_topk_errors)")
-    if device.type == "cuda" and "hard_weight" in options:
-        pytest.skip("no hard-label term with a top-k teacher on CUDA yet")
     student, target = _inputs(gen)
     options = dict(options)
     if options.pop("no_target", False):
