@@ -113,7 +113,9 @@ def _check_grad(device, gen, student, ids, logprobs, mass, kind="forward_kl"):
     )
     s64 = student.double().requires_grad_()
     expected = ref.distill_topk(s64, ids, logprobs, target, mass, kind=kind, reduction="sum")
-    assert ref.rel_error(loss, expected) <= 1e-5
+    # A row's KL can be small against its terms (~ log V each): bound the error per row.
+    scale = max(abs(expected.item()), student.shape[0])
+    assert abs(loss.item() - expected.item()) <= 1e-5 * scale
     (grad,) = torch.autograd.grad(loss, [s])
     (grad_expected,) = torch.autograd.grad(expected, [s64])
     assert ref.rel_error(grad, grad_expected) <= 1e-5
