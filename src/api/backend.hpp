@@ -17,7 +17,7 @@ namespace xent::cuda {
 #include "api/backend_ops.inc"
 
 // Distillation from a top-k teacher (k <= kDistillTopKMaxK); the workspace is distill's
-// (distill_workspace_size). No hard-label term yet.
+// (distill_workspace_size).
 void distill_topk(TensorView student, const TopKTeacher& teacher, TensorView target,
                   const DistillOptions& options, TensorView loss, TensorView grad,
                   TensorView grad_output, Workspace workspace, Stream stream);
