@@ -5,6 +5,14 @@
 
 namespace xent {
 
+// How a 16-bit ∂W is summed over row chunks (docs/semantics.md §2, "Accumulation in the weight's
+// dtype"). fp32: in an fp32 accumulator, rounded once at the end (on CUDA a V×H fp32 buffer in
+// the workspace, or a slower schedule where the budget cannot hold it). weight_dtype: each chunk's
+// product is added straight into the 16-bit ∂W output (fp32 math inside the product, one rounding
+// per chunk): no accumulator, at an error that grows with the number of chunks. Opt-in only. No
+// effect on an fp32 or fp64 ∂W (accumulate_weight's buffer included), which is summed in place.
+enum class WeightGradAccumulation { fp32, weight_dtype };
+
 struct LinearCeOptions {
   CeOptions ce;  // every option of §1
   // Bytes of extra memory the op may use. On CUDA it bounds everything beyond the inputs and
@@ -14,6 +22,7 @@ struct LinearCeOptions {
   // its gradients come on top (nothing comes on top for fp32 and fp64 layers).
   std::size_t workspace_budget = std::size_t{512} << 20;
   bool fp32_logits = false;  // keep chunk logits in fp32 instead of rounding to the input dtype
+  WeightGradAccumulation weight_grad_accumulation = WeightGradAccumulation::fp32;
   // Optional [N, V] buffer in the chunk-logits dtype (fp32 with fp32_logits, else the input
   // dtype), owned by the caller. A forward that forms no gradient fills it with the logits it
   // computes; a backward given it reads the logits from it instead of recomputing h·Wᵀ. It trades

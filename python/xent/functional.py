@@ -321,37 +321,26 @@ _GIB = 1 << 30
 def default_workspace_bytes(device: torch.device) -> int:
     """The workspace budget linear_cross_entropy / linear_distill use when none is given.
 
-    GPU: min(4 GiB, total / 8), at least 1 GiB, and at most half of what is free (free device
-    memory plus what the caching allocator holds unused): the 16-bit weight gradient's fp32
-    accumulator (V x H x 4 bytes: 2 GiB at 128256 x 4096) then fits beside the chunks and the
-    three-product schedule runs; an fp32 weight gradient (accumulated in place, no accumulator)
-    gets the same budget, whose larger row chunks run that schedule as fast as for a 16-bit
-    weight. Pass workspace_bytes (e.g. 256 MiB) to trade that speed for memory. CPU: 512 MiB.
+    GPU: min(4 GiB, total / 8), at least 1 GiB, where total is the device's total memory (a
+    property of the device, never what is free): the plan of a call, and so its speed and its
+    rounding, then depend only on its shapes, dtypes, options and device, not on what else
+    happens to be allocated. At that budget the 16-bit weight gradient's fp32 accumulator
+    (V x H x 4 bytes: 2 GiB at 128256 x 4096) fits beside the chunks and the three-product
+    schedule runs; an fp32 weight gradient (accumulated in place, no accumulator) gets the same
+    budget. The budget is not checked against free memory: where that much is not free, pass
+    workspace_bytes (e.g. 256 MiB) to trade speed for memory. CPU: 512 MiB.
     """
     if device.type != "cuda":
         return 512 * _MIB
-    if torch.compiler.is_compiling():
-        # Memory queries return host integers that torch.compile cannot trace: a compiled graph
-        # takes the value of the last eager call on that device (1 GiB before any).
-        return _LAST_DEFAULT_BUDGET.get(device.index, _GIB)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    free, total = torch.cuda.mem_get_info(index)
-    budget = max(min(4 * _GIB, total // 8), _GIB)
-    if free // 2 < budget:
-        # Only then can the allocator's unused blocks change the answer. Its counters cost
-        # 0.1-0.2 ms of host time a call (torch.cuda.memory_reserved and memory_allocated each
-        # flatten the whole statistics dictionary), where the device query costs 6 us: paid on
-        # every step, that is GPU idle time wherever the host paces the step.
-        stats = torch.cuda.memory_stats_as_nested_dict(index)
-        free += (
-            stats["reserved_bytes"]["all"]["current"] - stats["allocated_bytes"]["all"]["current"]
-        )
-    budget = int(max(min(budget, free // 2), 64 * _MIB))
-    _LAST_DEFAULT_BUDGET[device.index] = budget
-    return budget
+    return _cuda_default_budget(index)
 
 
-_LAST_DEFAULT_BUDGET: dict = {}
+@torch.compiler.assume_constant_result
+def _cuda_default_budget(index: int) -> int:
+    # A device property, so torch.compile may fold it into the graph as a constant.
+    total = torch.cuda.get_device_properties(index).total_memory
+    return int(max(min(4 * _GIB, total // 8), _GIB))
 
 
 def _workspace_budget(function: str, workspace_bytes: int | None, hidden: Tensor) -> int:
@@ -516,8 +505,9 @@ def linear_cross_entropy(
     chunked so that its scratch memory stays within workspace_bytes. Its default depends on the
     device (see default_workspace_bytes): on a GPU, enough for the fast three-product schedule
     with the fp32 accumulator of a 16-bit weight's gradient, min(4 GiB, total / 8) and at least
-    1 GiB, but never more than half of the memory that is free (an fp32 weight gradient, which
-    is accumulated in place, gets the same budget for its row chunks); 512 MiB on the CPU.
+    1 GiB of the device's total memory, never a figure read from free memory (an fp32 weight
+    gradient, which is accumulated in place, gets the same budget for its row chunks); 512 MiB
+    on the CPU.
     Logits chunks are rounded to the input dtype before the softmax, as F.cross_entropy(h @ W.T)
     sees them, unless fp32_logits=True.
 

@@ -152,6 +152,8 @@ void check_linear_ce(const TensorView& hidden, const TensorView& weight, const T
   shape.vocab = vocab;
   shape.dtype = hidden.dtype;
   shape.with_gradients = any_gradient(grads);
+  shape.weight_dtype_accumulation =
+      options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype;
   std::size_t device_workspace = 0;
 #if defined(XENT_WITH_CUDA)
   if (!check.on_cpu()) {

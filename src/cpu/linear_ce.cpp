@@ -14,13 +14,16 @@ bool any_gradient(const LinearGradients& grads) {
   return grads.hidden.present() || grads.weight.present() || grads.bias.present();
 }
 
-LinearShape linear_ce_shape(TensorView hidden, TensorView weight, bool with_gradients) {
+LinearShape linear_ce_shape(TensorView hidden, TensorView weight, bool with_gradients,
+                            const LinearCeOptions& options) {
   LinearShape shape;
   shape.rows = hidden.rows;
   shape.hidden = hidden.cols;
   shape.vocab = weight.rows;
   shape.dtype = hidden.dtype;
   shape.with_gradients = with_gradients;
+  shape.weight_dtype_accumulation =
+      options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype;
   return shape;
 }
 
@@ -37,14 +40,14 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
                     CacheUse cache_use, Workspace workspace, RowFunction&& row_function) {
   using T = ComputeType<S>;
   const bool with_gradients = any_gradient(grads);
-  const auto plan =
-      plan_linear(linear_ce_shape(hidden, weight, with_gradients), options.workspace_budget);
+  const auto plan = plan_linear(linear_ce_shape(hidden, weight, with_gradients, options),
+                                options.workspace_budget);
   WorkspaceCursor cursor(workspace, plan.total_bytes());
   LinearLayer<S> layer(hidden, weight, bias, plan.weight_copy, plan.bias_copy, cursor);
   std::unique_ptr<LinearGradientAccumulator<S>> accumulator;
   if (with_gradients) {
-    accumulator = std::make_unique<LinearGradientAccumulator<S>>(grads, plan, cursor, layer.vocab(),
-                                                                 layer.width());
+    accumulator = std::make_unique<LinearGradientAccumulator<S>>(
+        grads, plan, cursor, layer.vocab(), layer.width(), options.weight_grad_accumulation);
   }
   T* logits = cursor.take<T>(plan.logits);
   T* hidden_copy = cursor.take<T>(plan.hidden_copy);
@@ -119,6 +122,8 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   shape.vocab = vocab;
   shape.dtype = dtype;
   shape.with_gradients = with_gradients;
+  shape.weight_dtype_accumulation =
+      options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype;
   return plan_linear(shape, options.workspace_budget).total_bytes();
 }
 

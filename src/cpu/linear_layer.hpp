@@ -182,12 +182,20 @@ class LinearGradientAccumulator {
   using T = ComputeType<S>;
 
   LinearGradientAccumulator(const LinearGradients& grads, const LinearPlan& plan,
-                            WorkspaceCursor& cursor, int64_t vocab, int64_t width)
+                            WorkspaceCursor& cursor, int64_t vocab, int64_t width,
+                            WeightGradAccumulation accumulation = WeightGradAccumulation::fp32)
       : grads_(grads), vocab_(vocab), width_(width) {
     grad_hidden_copy_ = cursor.take<T>(plan.grad_hidden);
     T* weight_buffer = cursor.take<T>(plan.grad_weight_accumulator);
     T* bias_buffer = cursor.take<T>(plan.grad_bias_accumulator);
-    if (grads.weight.present()) {
+    // A 16-bit ∂W summed in its own dtype: each chunk's product is staged block by block in the
+    // compute type (the output's rows read, the product added, one rounding back), as a product
+    // with a 16-bit C and beta = 1 does on a GPU.
+    in_weight_dtype_ = accumulation == WeightGradAccumulation::weight_dtype &&
+                       grads.weight.present() && dtype_size(grads.weight.dtype) == 2;
+    if (in_weight_dtype_) {
+      staging_ = own(weight_buffer, std::min(vocab, kWeightGradBlockRows) * width);
+    } else if (grads.weight.present()) {
       grad_weight_ =
           direct<T>(grads.weight)
               ? ComputeMatrix<T>{static_cast<T*>(grads.weight.data), grads.weight.row_stride}
@@ -229,7 +237,9 @@ class LinearGradientAccumulator {
         store_compute_rows(grads_.hidden, row0, rows, grad_hidden_copy_, width_);
       }
     }
-    if (grad_weight_.data) {
+    if (in_weight_dtype_) {
+      add_weight_in_weight_dtype(layer, row0, rows, gradient, hidden_copy);
+    } else if (grad_weight_.data) {
       const ComputeMatrix<T> h = std::is_same_v<S, T>
                                      ? ComputeMatrix<T>{row_pointer<const T>(layer.hidden(), row0),
                                                         layer.hidden().row_stride}
@@ -250,6 +260,13 @@ class LinearGradientAccumulator {
 
   // Writes accumulated ∂W and ∂bias in the outputs' dtypes (once, after the last chunk).
   void finish() {
+    if (in_weight_dtype_ && !weight_started_) {  // no rows: ∂W is zero
+      const int64_t block = std::min(vocab_, kWeightGradBlockRows);
+      zero(staging_, block, width_, width_);
+      for (int64_t v0 = 0; v0 < vocab_; v0 += block) {
+        store_compute_rows(grads_.weight, v0, std::min(block, vocab_ - v0), staging_, width_);
+      }
+    }
     if (grad_weight_.data && !direct<T>(grads_.weight)) {
       store_compute_rows(grads_.weight, 0, vocab_, grad_weight_.data, width_);
     }
@@ -282,8 +299,28 @@ class LinearGradientAccumulator {
     for (int64_t r = 0; r < rows; ++r) std::fill(data + r * stride, data + r * stride + cols, T(0));
   }
 
+  void add_weight_in_weight_dtype(const LinearLayer<S>& layer, int64_t row0, int64_t rows,
+                                  const T* gradient, const T* hidden_copy) {
+    const ComputeMatrix<T> h = std::is_same_v<S, T>
+                                   ? ComputeMatrix<T>{row_pointer<const T>(layer.hidden(), row0),
+                                                      layer.hidden().row_stride}
+                                   : ComputeMatrix<T>{hidden_copy, width_};
+    const int64_t block = std::min(vocab_, kWeightGradBlockRows);
+    for (int64_t v0 = 0; v0 < vocab_; v0 += block) {
+      const int64_t count = std::min(block, vocab_ - v0);
+      if (weight_started_) load_compute_rows(grads_.weight, v0, count, staging_, width_);
+      gemm<T>(true, false, count, width_, rows, T(1), gradient + v0, vocab_, h.data, h.stride,
+              weight_started_ ? T(1) : T(0), staging_, width_);
+      store_compute_rows(grads_.weight, v0, count, staging_, width_);
+    }
+    weight_started_ = true;
+  }
+
   LinearGradients grads_;
   int64_t vocab_, width_;
+  bool in_weight_dtype_ = false;
+  bool weight_started_ = false;
+  T* staging_ = nullptr;
   T* grad_hidden_copy_ = nullptr;
   ComputeMatrix<T> grad_weight_;
   T* grad_bias_ = nullptr;

@@ -51,7 +51,11 @@ LinearPlan plan_linear(const LinearShape& shape, std::size_t budget) {
     plan.teacher_weight_copy = v * th * t;
   }
   if (shape.with_gradients && copy) {
-    plan.grad_weight_accumulator = v * h * t;
+    const std::size_t accumulated_rows =
+        shape.weight_dtype_accumulation
+            ? std::min(v, static_cast<std::size_t>(kWeightGradBlockRows))
+            : v;
+    plan.grad_weight_accumulator = accumulated_rows * h * t;
     plan.grad_bias_accumulator = shape.distill ? 0 : v * t;
   }
   // The buffers are sized by the plan's row_bytes whatever the input dtype, so the chunk buffers

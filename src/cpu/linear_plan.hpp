@@ -19,7 +19,12 @@ struct LinearShape {
   bool distill = false;
   int64_t teacher_hidden = 0;
   bool with_gradients = false;
+  // ∂W added chunk by chunk into a 16-bit output (WeightGradAccumulation::weight_dtype): a staging
+  // block of kWeightGradBlockRows rows of ∂W in the compute type instead of a V×H accumulator.
+  bool weight_dtype_accumulation = false;
 };
+
+constexpr int64_t kWeightGradBlockRows = 128;
 
 // Every buffer is placed at a 64-byte boundary; `alignment` bytes of slack per buffer are counted
 // so a caller's workspace need not be aligned.
@@ -32,7 +37,7 @@ struct LinearPlan {
   std::size_t weight_copy = 0;              // V·H weight in the compute type (non-fp32 inputs)
   std::size_t bias_copy = 0;                // V
   std::size_t teacher_weight_copy = 0;      // V·H_t
-  std::size_t grad_weight_accumulator = 0;  // V·H (non-fp32 weight gradients)
+  std::size_t grad_weight_accumulator = 0;  // V·H (non-fp32 weight gradients), or a staging block
   std::size_t grad_bias_accumulator = 0;    // V
   // Chunk buffers: logits (and their gradient, in place), hidden copy, hidden gradient, and for
   // distillation teacher logits and teacher hidden copy.

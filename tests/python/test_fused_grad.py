@@ -307,38 +307,36 @@ def test_default_workspace_budget_policy():
     assert xent.functional.default_workspace_bytes(torch.device("cpu")) == 512 << 20
     if torch.cuda.is_available():
         device = torch.device("cuda")
-        budget = xent.functional.default_workspace_bytes(device)
-        free, total = torch.cuda.mem_get_info()
-        assert 64 << 20 <= budget <= max(min(4 << 30, total // 8), 1 << 30)
+        total = torch.cuda.get_device_properties(device).total_memory
+        expected = max(min(4 << 30, total // 8), 1 << 30)
+        assert xent.functional.default_workspace_bytes(device) == expected
 
 
-def test_default_workspace_budget_reads_the_allocator_only_when_memory_is_tight(monkeypatch):
-    """The policy of default_workspace_bytes with the device's answers faked (no GPU needed):
-    min(4 GiB, total / 8), at least 1 GiB, at most half of what is free, where the caching
-    allocator's unused blocks count as free; its counters are read only where they can change
-    the answer."""
-    gib, mib = 1 << 30, 1 << 20
+def test_default_workspace_budget_never_reads_free_memory(monkeypatch):
+    """min(4 GiB, total / 8), at least 1 GiB, from the device's total memory alone (faked here,
+    no GPU needed): free memory and the allocator's counters are never asked, so the same call
+    gets the same budget (and plan) whatever else is allocated."""
+    gib = 1 << 30
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the default budget read free memory")
+
+    class Properties:
+        total_memory = 0
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", asked)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", asked)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", asked)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", asked)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties)
     device = torch.device("cuda", 0)
-    answers = {}
-    reads = []
-
-    def stats(index):
-        reads.append(index)
-        return {
-            "reserved_bytes": {"all": {"current": answers["reserved"]}},
-            "allocated_bytes": {"all": {"current": answers["allocated"]}},
-        }
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (answers["free"], 80 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
-    # Plenty free: the 4 GiB cap, the allocator not asked.
-    answers.update(free=60 * gib, reserved=10 * gib, allocated=2 * gib)
-    assert xent.functional.default_workspace_bytes(device) == 4 * gib
-    assert reads == []
-    # Little free on the device but much cached unused: half of (free + unused).
-    answers.update(free=2 * gib, reserved=6 * gib, allocated=4 * gib)
-    assert xent.functional.default_workspace_bytes(device) == 2 * gib
-    assert reads == [0]
-    # Nothing to spare anywhere: the 64 MiB floor.
-    answers.update(free=32 * mib, reserved=1 * gib, allocated=1 * gib)
-    assert xent.functional.default_workspace_bytes(device) == 64 * mib
+    for total, expected in (
+        (141 * gib, 4 * gib),
+        (80 * gib, 4 * gib),
+        (24 * gib, 3 * gib),
+        (4 * gib, 1 * gib),
+    ):
+        Properties.total_memory = total
+        first = xent.functional.default_workspace_bytes(device)
+        assert first == expected
+        assert xent.functional.default_workspace_bytes(device) == first
