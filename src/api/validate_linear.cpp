@@ -326,13 +326,14 @@ void check_policy_options(const ArgumentChecker& check, const PolicyLossOptions&
 
 void check_policy_tokens(const ArgumentChecker& check, const PolicyTokens& tokens, int64_t rows) {
   check.require_present(tokens.advantages, "advantages", "a [N] tensor");
-  check.require_present(tokens.weight, "weight", "a [N] tensor (the aggregation weights g_n)");
+  check.require_present(tokens.weight, "token_weight",
+                        "a [N] tensor (the aggregation weights g_n)");
   const std::pair<const TensorView*, const char*> views[] = {
       {&tokens.advantages, "advantages"},
       {&tokens.old_logprobs, "old_logprobs"},
       {&tokens.ref_logprobs, "ref_logprobs"},
       {&tokens.rollout_logprobs, "rollout_logprobs"},
-      {&tokens.weight, "weight"}};
+      {&tokens.weight, "token_weight"}};
   for (const auto& [view, name] : views) {
     if (!view->present()) continue;
     check.vector(*view, name, rows, bracketed(rows, " (one per row of hidden)"));

@@ -328,8 +328,8 @@ TEST(LinearPolicyErrors, RejectsBadArguments) {
   };
   const PolicyTokens good{adv.view(), {}, {}, {}, g.view()};
   LinearPolicyOptions options;
-  expect_invalid(call({adv.view(), {}, {}, {}, short_g.view()}, options), "weight", "[2]");
-  expect_invalid(call({adv.view(), {}, {}, {}, {}}, options), "weight", "absent");
+  expect_invalid(call({adv.view(), {}, {}, {}, short_g.view()}, options), "token_weight", "[2]");
+  expect_invalid(call({adv.view(), {}, {}, {}, {}}, options), "token_weight", "absent");
   LinearPolicyOptions bad = options;
   bad.policy.dual_clip = 0.5;
   expect_invalid(call(good, bad), "dual_clip", "0.5");
