@@ -23,7 +23,7 @@ _OPS = {
     "distill": ("distill_forward", "distill_backward"),
     "linear_distill": ("linear_distill_forward", "linear_distill_backward"),
     "policy_loss": ("ce_forward", "ce_logprob_backward"),
-    "linear_policy_loss": ("linear_ce_forward", "linear_ce_backward"),
+    "linear_policy_loss": ("linear_ce_forward", "linear_ce_backward", "linear_policy_forward"),
 }
 
 # Per public function: the core's argument names that differ from its Python keywords. Names not

@@ -1,6 +1,10 @@
 """xent.linear_policy_loss: the policy losses of docs/semantics.md §7 fused with the LM head.
 
-The statistics come from linear_ce's `none` forward (chunked within the workspace budget), the
+On CPU tensors, for every loss type but gspo, one op forms it in three products: per row chunk
+the logits, their statistics, the per-token policy math and the gradient in place, then ∂h and
+∂W (docs/semantics.md §7 "Fused with the LM head"); the aggregation weights g_n come first, from
+N-sized torch ops. Elsewhere (CUDA until its kernel exists, and gspo, whose ratio couples a
+sequence's tokens) the composition below runs. The statistics come from linear_ce's `none` forward (chunked within the workspace budget), the
 per-token coefficients c_ℓ and c_H from the same N-sized torch ops as policy_loss (_policy_terms),
 and ∂h, ∂W and ∂bias at once from the fused logprob backward fed with those coefficients, all in
 the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held.
@@ -20,13 +24,64 @@ from xent._autograd import _apply_upstream, _compute_copies, _no_double_backward
 from xent._errors import python_names
 from xent._logprobs import _statistics, linear_none_forward, weight_grad_dtype
 from xent._ops import ops
-from xent._policy import PolicyLossResult, _Options, _policy_terms, _prepare
+from xent._policy import (
+    PolicyLossResult,
+    _aggregation_weights,
+    _Options,
+    _policy_terms,
+    _prepare,
+)
 
 
 def _forward(operands: tuple, target: Tensor, linear: tuple, with_entropy: bool) -> tuple:
     """(lse, logprob, entropy) of the head's logits."""
     outputs = linear_none_forward(operands, target, linear, with_entropy)
     return _statistics(outputs, target, linear[0], with_entropy)
+
+
+def _fused_applies(hidden: Tensor, options: _Options) -> bool:
+    """Whether the three-product op runs: CPU tensors, every loss type but gspo."""
+    return hidden.device.type == "cpu" and options.loss_type != "gspo"
+
+
+def _fused(
+    operands: tuple,
+    target: Tensor,
+    data: tuple,
+    sequence: Tensor | None,
+    divisor: Tensor | None,
+    linear: tuple,
+    options: _Options,
+    wants: tuple,
+    weight_grad: torch.dtype | None,
+) -> tuple:
+    """(loss, logprob, entropy, stats, grads) of the three-product op; grads are empty [0]
+    tensors where not wanted."""
+    valid = target != linear[0]
+    dtype = torch.float64 if operands[0].dtype == torch.float64 else torch.float32
+    weights, _ = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    loss, logprob, entropy, sums, *grads = ops.linear_policy_forward(
+        *operands,
+        target,
+        *data,
+        weights,
+        options.loss_type,
+        options.clip_low,
+        options.clip_high,
+        options.dual_clip,
+        options.kl_coef,
+        options.kl_estimator,
+        options.entropy_coef,
+        options.tis_cap,
+        options.sapo_tau_pos,
+        options.sapo_tau_neg,
+        *linear,
+        *wants,
+        weight_grad,
+    )
+    # The op returns sums over the valid tokens; the statistics are their means.
+    stats = tuple((sums / valid.sum().clamp(min=1).to(dtype)).unbind())
+    return loss, logprob, entropy, stats, tuple(grads)
 
 
 class LinearPolicyLossFunction(torch.autograd.Function):
@@ -52,23 +107,29 @@ class LinearPolicyLossFunction(torch.autograd.Function):
         with_entropy: bool,
     ):
         operands = _compute_copies(compute_dtype, hidden, weight, bias)
-        lse, logprob, entropy = _forward(operands, target, linear, with_entropy)
-        valid = target != linear[0]
-        loss, grad_logprob, grad_entropy, *stats = _policy_terms(
-            logprob, entropy, valid, *data, sequence, divisor, options
-        )
-        grads = ops.linear_logprob_backward(
-            *operands,
-            target,
-            lse,
-            entropy,
-            grad_logprob,
-            grad_entropy,
-            *linear,
-            *wants,
-            None,
-            weight_grad_dtype(compute_dtype, weight),
-        )
+        weight_grad = weight_grad_dtype(compute_dtype, weight)
+        if _fused_applies(hidden, options):
+            loss, logprob, entropy, stats, grads = _fused(
+                operands, target, data, sequence, divisor, linear, options, wants, weight_grad
+            )
+        else:
+            lse, logprob, entropy = _forward(operands, target, linear, with_entropy)
+            valid = target != linear[0]
+            loss, grad_logprob, grad_entropy, *stats = _policy_terms(
+                logprob, entropy, valid, *data, sequence, divisor, options
+            )
+            grads = ops.linear_logprob_backward(
+                *operands,
+                target,
+                lse,
+                entropy,
+                grad_logprob,
+                grad_entropy,
+                *linear,
+                *wants,
+                None,
+                weight_grad,
+            )
         ctx.save_for_backward(*(g if w else None for g, w in zip(grads, wants)))
         ctx.scaled = False
         outputs = (logprob, entropy, *stats)
@@ -125,9 +186,10 @@ def linear_policy_loss(
     are policy_loss's. Chunked within workspace_bytes like linear_cross_entropy (same default;
     chunk logits rounded to the input dtype unless fp32_logits; mixed precision as there).
     The gradients of hidden, weight and bias are formed in the forward and the backward only
-    scales them by the upstream scalar, so a graph supports one backward. Today the forward forms
-    the logits twice (statistics, then the gradient from the per-token coefficients): four
-    products, about linear_cross_entropy(reduction="none")'s time.
+    scales them by the upstream scalar, so a graph supports one backward. On CPU tensors (every
+    loss type but gspo) the forward forms the logits once: three products, as
+    linear_cross_entropy's training step. On CUDA, and for gspo, it still forms them twice
+    (statistics, then the gradient from the per-token coefficients): four products.
     """
     function = "linear_policy_loss"
     _functional._check_tensor(function, "weight", weight)
@@ -162,6 +224,11 @@ def linear_policy_loss(
             compute_dtype,
             options,
             with_entropy,
+        )
+    elif _fused_applies(hidden2d, options):
+        operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
+        loss, logprob, entropy, stats, _ = _fused(
+            operands, target1d, tuple(data), sequence, divisor, linear, options, wants, None
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)

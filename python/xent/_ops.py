@@ -298,6 +298,27 @@ def _linear_logprob_backward_fake(
     )
 
 
+@_register_fake("xent::linear_policy_forward")
+def _linear_policy_forward_fake(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, *rest: Any
+) -> tuple:
+    # rest: target, the four per-token inputs, token_weight, the policy and chunk options, then
+    # (grad_hidden, grad_weight, grad_bias, weight_grad_dtype) as the schema's last four.
+    grad_hidden, grad_weight, grad_bias, weight_grad_dtype = rest[-4:]
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    rows = hidden.shape[0]
+    results = (
+        hidden.new_empty((), dtype=dtype),
+        hidden.new_empty((rows,), dtype=dtype),
+        hidden.new_empty((rows,), dtype=dtype),
+        hidden.new_empty((4,), dtype=dtype),
+    )
+    gradients = _linear_gradients(
+        hidden, weight, bias, grad_hidden, grad_weight, grad_bias, weight_grad_dtype
+    )
+    return results + gradients
+
+
 @_register_fake("xent::distill_forward")
 def _distill_forward_fake(
     student: Tensor,

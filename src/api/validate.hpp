@@ -49,6 +49,11 @@ void validate_linear_ce_backward(const TensorView& hidden, const TensorView& wei
                                  const LinearCeOptions& options, const LinearGradients& grads,
                                  const Workspace& workspace);
 
+void validate_linear_policy_forward(const TensorView& hidden, const TensorView& weight,
+                                    const TensorView& bias, const TensorView& target,
+                                    const PolicyTokens& tokens, const LinearPolicyOptions& options,
+                                    const LinearPolicyOutputs& out, const Workspace& workspace);
+
 void validate_linear_distill_forward(const TensorView& student_hidden,
                                      const TensorView& student_weight, const Teacher& teacher,
                                      const TensorView& target, const LinearDistillOptions& options,

@@ -1,7 +1,10 @@
-// Validation of the fused linear ops (docs/semantics.md §2, §4).
+// Validation of the fused linear ops (docs/semantics.md §2, §4, §7).
+#include <cmath>
+
 #include "api/backend.hpp"
 #include "api/validate.hpp"
 #include "api/validate_parts.hpp"
+#include "cpu/linear_chunks.hpp"
 #include "cpu/linear_plan.hpp"
 
 namespace xent::api {
@@ -298,6 +301,95 @@ void validate_linear_distill_backward(const TensorView& student_hidden,
                               student_hidden.dtype);
   check_linear_distill(check, student_hidden, student_weight, teacher, target, options, nullptr,
                        grads, grad_output, workspace);
+}
+
+namespace {
+
+void check_policy_options(const ArgumentChecker& check, const PolicyLossOptions& p,
+                          const PolicyTokens& tokens) {
+  check.non_negative_finite(p.clip_low, "clip_low");
+  if (p.clip_low >= 1) {
+    check.fail("clip_low", "out of range", std::to_string(p.clip_low), "a value in [0, 1)");
+  }
+  check.non_negative_finite(p.clip_high, "clip_high");
+  if (p.dual_clip != 0) {
+    if (p.type != PolicyLossType::clipped_surrogate) {
+      check.fail("dual_clip", "unsupported", std::to_string(p.dual_clip),
+                 "0 (dual clipping applies to the clipped surrogate only)");
+    }
+    if (!(p.dual_clip > 1) || !std::isfinite(p.dual_clip)) {
+      check.fail("dual_clip", "out of range", std::to_string(p.dual_clip),
+                 "0 (off) or a finite value > 1");
+    }
+  }
+  check.positive_finite(p.sapo_tau_pos, "sapo_tau_pos");
+  check.positive_finite(p.sapo_tau_neg, "sapo_tau_neg");
+  if (tokens.rollout_logprobs.present()) {
+    check.positive_finite(p.tis_cap, "tis_cap");
+  } else if (p.tis_cap != 0) {
+    check.fail("tis_cap", "given without rollout_logprobs", std::to_string(p.tis_cap),
+               "0 (the cap applies to the rollout importance weight only)");
+  }
+  check.non_negative_finite(p.kl_coef, "kl_coef");
+  if (!std::isfinite(p.entropy_coef)) {
+    check.fail("entropy_coef", "not finite", std::to_string(p.entropy_coef), "a finite value");
+  }
+}
+
+void check_policy_tokens(const ArgumentChecker& check, const PolicyTokens& tokens, int64_t rows) {
+  check.require_present(tokens.advantages, "advantages", "a [N] tensor");
+  check.require_present(tokens.weight, "token_weight",
+                        "a [N] tensor (the aggregation weights g_n)");
+  const std::pair<const TensorView*, const char*> views[] = {
+      {&tokens.advantages, "advantages"},
+      {&tokens.old_logprobs, "old_logprobs"},
+      {&tokens.ref_logprobs, "ref_logprobs"},
+      {&tokens.rollout_logprobs, "rollout_logprobs"},
+      {&tokens.weight, "token_weight"}};
+  for (const auto& [view, name] : views) {
+    if (!view->present()) continue;
+    check.vector(*view, name, rows, bracketed(rows, " (one per row of hidden)"));
+    check.result(*view, name);
+    check.same_device(*view, name);
+  }
+}
+
+void check_policy_outputs(const ArgumentChecker& check, const LinearPolicyOutputs& out,
+                          int64_t rows) {
+  check.require_present(out.loss, "loss", "a float32 scalar");
+  check.scalar(out.loss, "loss");
+  check.result(out.loss, "loss");
+  const std::pair<const TensorView*, const char*> vectors[] = {{&out.logprob, "logprob"},
+                                                               {&out.entropy, "entropy"}};
+  for (const auto& [view, name] : vectors) {
+    if (!view->present()) continue;
+    check.vector(*view, name, rows, bracketed(rows, " (one per row of hidden)"));
+    check.result(*view, name);
+  }
+  if (out.stats.present()) {
+    check.vector(out.stats, "stats", 4, "[4] (clip-low, clip-high, KL and ratio sums)");
+    check.result(out.stats, "stats");
+  }
+}
+
+}  // namespace
+
+void validate_linear_policy_forward(const TensorView& hidden, const TensorView& weight,
+                                    const TensorView& bias, const TensorView& target,
+                                    const PolicyTokens& tokens, const LinearPolicyOptions& options,
+                                    const LinearPolicyOutputs& out, const Workspace& workspace) {
+  const ArgumentChecker check("linear_policy_forward", hidden.device, hidden.dtype);
+  if (!check.on_cpu()) {
+    check.fail("hidden", "is on a GPU", "a CUDA tensor",
+               "a CPU tensor (the fused CUDA form is not built yet; the Python API composes "
+               "linear_ce and linear_logprob_backward there)");
+  }
+  const LinearCeOptions linear = cpu::linear_policy_chunk_options(options);
+  check_linear_ce(hidden, weight, bias, target, linear, out.grads, TensorView{}, workspace, check,
+                  nullptr);
+  check_policy_tokens(check, tokens, hidden.rows);
+  check_policy_outputs(check, out, hidden.rows);
+  check_policy_options(check, options.policy, tokens);
 }
 
 }  // namespace xent::api

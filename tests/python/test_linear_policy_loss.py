@@ -10,6 +10,7 @@ from test_compile import _compiled_matches_eager
 from test_policy_loss import CASES, _case_inputs, _check_stats
 
 import xent
+from xent import _linear_policy
 
 HIDDEN = 29
 
@@ -128,6 +129,58 @@ def test_matches_policy_loss_on_materialised_logits(device, gen, loss_type):
         assert ref.rel_error(getattr(fused, name), getattr(plain, name)) <= 1e-5
     for a, b in zip(params, plain_params):
         assert ref.rel_error(a.grad, b.grad) <= 1e-4
+
+
+FUSED_LOSS_TYPES = [t for t in xent.POLICY_LOSS_TYPES if t != "gspo"]
+
+
+def _run_path(monkeypatch, fused, head, target, advantages, kwargs, **extra):
+    """The result and parameter gradients with the three-product op (fused) or the composition."""
+    monkeypatch.setattr(_linear_policy, "_fused_applies", lambda hidden, options: fused)
+    params = [t.detach().clone().requires_grad_() for t in head.params()]
+    result = _call(head, params, target, advantages, kwargs, return_stats=True, **extra)
+    result.loss.backward()
+    return result, [p.grad for p in params]
+
+
+@pytest.mark.parametrize("aggregation", xent.POLICY_AGGREGATIONS)
+@pytest.mark.parametrize("loss_type", FUSED_LOSS_TYPES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_matches_composition_in_float64(monkeypatch, gen, case, loss_type, aggregation):
+    """The per-token math of the three-product op (src/common/policy_row.hpp) against the Python
+    formulas of _policy.py that the composition runs, in float64 on the CPU, for every loss type,
+    option case and aggregation: the guard against the two drifting apart. Both sum the same
+    float64 terms in other orders, so they agree to a few ulps of the magnitudes summed."""
+    head, _, target, advantages, kwargs = _inputs(
+        gen, "cpu", case, loss_type, aggregation, dtype=torch.float64
+    )
+    fused, fused_grads = _run_path(monkeypatch, True, head, target, advantages, kwargs)
+    plain, plain_grads = _run_path(monkeypatch, False, head, target, advantages, kwargs)
+    assert fused.loss.dtype == torch.float64
+    for name, a, b in zip(fused._fields, fused, plain):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    for a, b in zip(fused_grads, plain_grads):
+        assert ref.rel_error(a, b) <= 1e-10
+
+
+@pytest.mark.parametrize("budget", [16 << 10, 40 << 10])  # chunks of a few rows, uneven
+@pytest.mark.parametrize("loss_type", FUSED_LOSS_TYPES)
+def test_fused_chunks_match_composition(monkeypatch, gen, loss_type, budget):
+    head, _, target, advantages, kwargs = _inputs(
+        gen,
+        "cpu",
+        "dual_clip_tis_mask" if loss_type in ("grpo", "dapo") else "off_policy_kl_entropy",
+        loss_type,
+        "token_mean",
+    )
+    fused, fused_grads = _run_path(
+        monkeypatch, True, head, target, advantages, kwargs, workspace_bytes=budget
+    )
+    plain, plain_grads = _run_path(monkeypatch, False, head, target, advantages, kwargs)
+    for name, a, b in zip(fused._fields, fused, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    for a, b in zip(fused_grads, plain_grads):
+        assert ref.rel_error(a, b) <= 1e-5
 
 
 def test_small_workspace_matches_one_chunk(device, gen):
