@@ -1,7 +1,9 @@
 // Fused linear policy loss (docs/semantics.md §7 "Fused with the LM head"): the RL policy losses
 // of x = h·Wᵀ (+ bias) in three products per row chunk (logits, ∂h, ∂W), never holding N×V.
 // GSPO (a sequence's ratio depends on all its tokens' logits) keeps the four-product form of
-// the Python API and has no entry here.
+// the Python API and has no entry here. Where the budget cannot hold the V×H fp32 ∂W accumulator
+// of a 16-bit weight, ∂W is formed block by block from the saved statistics afterwards (linear_ce's
+// vocabulary-blocked schedule): four products.
 #pragma once
 
 #include <optional>
@@ -57,8 +59,16 @@ struct LinearPolicyOutputs {
   LinearGradients grads;  // gradients of the loss for an upstream gradient of 1
 };
 
-// hidden [N, H], weight [V, H], bias [V] or absent, target [N]. CPU only today; an empty
-// workspace makes the op allocate what it needs itself.
+// Bytes of workspace for these sizes: the chunk plan of linear_ce within options.workspace_budget
+// (reduction none, these gradients) and the per-row arrays of the policy terms, all inside the
+// budget whenever the budget holds the smallest plan.
+std::size_t linear_policy_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                         const LinearPolicyOptions& options, Device device,
+                                         bool with_gradients);
+
+// hidden [N, H], weight [V, H], bias [V] or absent, target [N]; float64 on the CPU only. On the
+// CPU an empty workspace makes the op allocate what it needs itself; on CUDA the workspace holds
+// linear_policy_workspace_size bytes.
 void linear_policy_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
                            const PolicyTokens& tokens, const LinearPolicyOptions& options,
                            const LinearPolicyOutputs& out, Workspace workspace = {},

@@ -1,6 +1,6 @@
 // torch op xent::linear_policy_forward: the three-product linear policy loss (docs/semantics.md
-// §7 "Fused with the LM head"), its gradients formed in the forward. CPU only today (the core
-// rejects other devices); GSPO stays with the Python composition.
+// §7 "Fused with the LM head"), its gradients formed in the forward, on CPU and CUDA tensors;
+// GSPO stays with the Python composition.
 #include <c10/core/DeviceGuard.h>
 
 #include <tuple>
@@ -111,9 +111,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> linear_policy
     if (grad_hidden) out.grads.hidden = matrix_view(gh, function, "grad_hidden");
     if (grad_weight) out.grads.weight = matrix_view(gw, function, "grad_weight");
     if (with_bias) out.grads.bias = vector_view(gb, function, "grad_bias");
-    linear_policy_forward(matrix_view(h, function, "hidden"), matrix_view(w, function, "weight"),
-                          optional_vector_view(b, function, "bias"),
-                          vector_view(y, function, "target"), tokens, options, out, Workspace{},
+    const TensorView hidden_view = matrix_view(h, function, "hidden");
+    const TensorView weight_view = matrix_view(w, function, "weight");
+    const std::size_t bytes = linear_policy_workspace_size(
+        rows, hidden_view.cols, weight_view.rows, hidden_view.dtype, options, hidden_view.device,
+        grad_hidden || grad_weight || with_bias);
+    auto [buffer, workspace] = allocate_workspace(hidden, bytes);
+    linear_policy_forward(hidden_view, weight_view, optional_vector_view(b, function, "bias"),
+                          vector_view(y, function, "target"), tokens, options, out, workspace,
                           current_stream(hidden));
     return std::make_tuple(loss, logprob, entropy, stats, gh, gw, gb);
   });

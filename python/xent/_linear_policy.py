@@ -1,15 +1,14 @@
 """xent.linear_policy_loss: the policy losses of docs/semantics.md §7 fused with the LM head.
 
-On CPU tensors, for every loss type but gspo, one op forms it in three products: per row chunk
-the logits, their statistics, the per-token policy math and the gradient in place, then ∂h and
-∂W (docs/semantics.md §7 "Fused with the LM head"); the aggregation weights g_n come first, from
-N-sized torch ops. Elsewhere (CUDA until its kernel exists, and gspo, whose ratio couples a
-sequence's tokens) the composition below runs. The statistics come from linear_ce's `none` forward (chunked within the workspace budget), the
+For every loss type but gspo, one op forms it in three products, on CPU and CUDA tensors: per row
+chunk the logits, their statistics, the per-token policy math and the gradient in place, then ∂h
+and ∂W (docs/semantics.md §7 "Fused with the LM head"); the aggregation weights g_n come first,
+from N-sized torch ops. gspo, whose ratio couples a sequence's tokens, runs the composition below:
+the statistics from linear_ce's `none` forward (chunked within the workspace budget), the
 per-token coefficients c_ℓ and c_H from the same N-sized torch ops as policy_loss (_policy_terms),
 and ∂h, ∂W and ∂bias at once from the fused logprob backward fed with those coefficients, all in
 the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held.
-Four products (the logits are formed twice); the single-pass form is docs/semantics.md §7's
-"Fused with the LM head".
+Four products (the logits are formed twice).
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ def _forward(operands: tuple, target: Tensor, linear: tuple, with_entropy: bool)
     return _statistics(outputs, target, linear[0], with_entropy)
 
 
-def _fused_applies(hidden: Tensor, options: _Options) -> bool:
-    """Whether the three-product op runs: CPU tensors, every loss type but gspo."""
-    return hidden.device.type == "cpu" and options.loss_type != "gspo"
+def _fused_applies(options: _Options) -> bool:
+    """Whether the three-product op runs: every loss type but gspo."""
+    return options.loss_type != "gspo"
 
 
 def _fused(
@@ -108,7 +107,7 @@ class LinearPolicyLossFunction(torch.autograd.Function):
     ):
         operands = _compute_copies(compute_dtype, hidden, weight, bias)
         weight_grad = weight_grad_dtype(compute_dtype, weight)
-        if _fused_applies(hidden, options):
+        if _fused_applies(options):
             loss, logprob, entropy, stats, grads = _fused(
                 operands, target, data, sequence, divisor, linear, options, wants, weight_grad
             )
@@ -186,10 +185,10 @@ def linear_policy_loss(
     are policy_loss's. Chunked within workspace_bytes like linear_cross_entropy (same default;
     chunk logits rounded to the input dtype unless fp32_logits; mixed precision as there).
     The gradients of hidden, weight and bias are formed in the forward and the backward only
-    scales them by the upstream scalar, so a graph supports one backward. On CPU tensors (every
-    loss type but gspo) the forward forms the logits once: three products, as
-    linear_cross_entropy's training step. On CUDA, and for gspo, it still forms them twice
-    (statistics, then the gradient from the per-token coefficients): four products.
+    scales them by the upstream scalar, so a graph supports one backward. For every loss type but
+    gspo the forward forms the logits once: three products, as linear_cross_entropy's training
+    step (four where the budget cannot hold ∂W's fp32 accumulator of a 16-bit weight, as there).
+    gspo forms them twice (statistics, then the gradient from the per-token coefficients).
     """
     function = "linear_policy_loss"
     _functional._check_tensor(function, "weight", weight)
@@ -225,7 +224,7 @@ def linear_policy_loss(
             options,
             with_entropy,
         )
-    elif _fused_applies(hidden2d, options):
+    elif _fused_applies(options):
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
         loss, logprob, entropy, stats, _ = _fused(
             operands, target1d, tuple(data), sequence, divisor, linear, options, wants, None

@@ -10,11 +10,6 @@ namespace xent::cpu {
 void distill_topk(TensorView student, const TopKTeacher& teacher, TensorView target,
                   const DistillOptions& options, TensorView loss, TensorView grad,
                   TensorView grad_output);
-
-// The three-product linear policy loss (no CUDA backend yet).
-void linear_policy_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
-                           const PolicyTokens& tokens, const LinearPolicyOptions& options,
-                           const LinearPolicyOutputs& out, Workspace workspace, Stream stream);
 }  // namespace xent::cpu
 
 #if defined(XENT_WITH_CUDA)

@@ -1,7 +1,9 @@
 // Validation of the fused linear ops (docs/semantics.md §2, §4, §7).
 #include <cmath>
+#include <optional>
 
 #include "api/backend.hpp"
+#include "api/policy_options.hpp"
 #include "api/validate.hpp"
 #include "api/validate_parts.hpp"
 #include "cpu/linear_chunks.hpp"
@@ -137,7 +139,8 @@ void check_linear_ce(const TensorView& hidden, const TensorView& weight, const T
                      const TensorView& target, const LinearCeOptions& options,
                      const LinearGradients& grads, const TensorView& grad_output,
                      const Workspace& workspace, const ArgumentChecker& check,
-                     const CeOutputs* loss_and_stats) {
+                     const CeOutputs* loss_and_stats,
+                     std::optional<std::size_t> device_workspace_bytes = std::nullopt) {
   check_linear_layer(check, hidden, "hidden", weight, "weight", &bias);
   const int64_t rows = hidden.rows, vocab = weight.rows;
   check_target(check, target, rows, "a [N] tensor", true);
@@ -160,8 +163,10 @@ void check_linear_ce(const TensorView& hidden, const TensorView& weight, const T
   std::size_t device_workspace = 0;
 #if defined(XENT_WITH_CUDA)
   if (!check.on_cpu()) {
-    device_workspace = cuda::linear_ce_workspace_size(rows, hidden.cols, vocab, hidden.dtype,
-                                                      options, shape.with_gradients);
+    device_workspace = device_workspace_bytes
+                           ? *device_workspace_bytes
+                           : cuda::linear_ce_workspace_size(rows, hidden.cols, vocab, hidden.dtype,
+                                                            options, shape.with_gradients);
   }
 #endif
   check_linear_memory(check, shape, options.workspace_budget, workspace, device_workspace);
@@ -379,14 +384,16 @@ void validate_linear_policy_forward(const TensorView& hidden, const TensorView& 
                                     const PolicyTokens& tokens, const LinearPolicyOptions& options,
                                     const LinearPolicyOutputs& out, const Workspace& workspace) {
   const ArgumentChecker check("linear_policy_forward", hidden.device, hidden.dtype);
+  const LinearCeOptions linear = linear_policy_chunk_options(options);
+  std::optional<std::size_t> device_workspace;
+#if defined(XENT_WITH_CUDA)
   if (!check.on_cpu()) {
-    check.fail("hidden", "is on a GPU", "a CUDA tensor",
-               "a CPU tensor (the fused CUDA form is not built yet; the Python API composes "
-               "linear_ce and linear_logprob_backward there)");
+    device_workspace = cuda::linear_policy_workspace_size(
+        hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, any_gradient(out.grads));
   }
-  const LinearCeOptions linear = cpu::linear_policy_chunk_options(options);
+#endif
   check_linear_ce(hidden, weight, bias, target, linear, out.grads, TensorView{}, workspace, check,
-                  nullptr);
+                  nullptr, device_workspace);
   check_policy_tokens(check, tokens, hidden.rows);
   check_policy_outputs(check, out, hidden.rows);
   check_policy_options(check, options.policy, tokens);

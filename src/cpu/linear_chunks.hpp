@@ -6,21 +6,9 @@
 #include <memory>
 
 #include "cpu/linear_layer.hpp"
-#include "xent/linear_policy.hpp"
+#include "xent/linear_ce.hpp"
 
 namespace xent::cpu {
-
-// The chunk options of linear_policy: its logits are linear_ce's with reduction none.
-inline LinearCeOptions linear_policy_chunk_options(const LinearPolicyOptions& options) {
-  LinearCeOptions linear;
-  linear.ce.ignore_index = options.ignore_index;
-  linear.ce.reduction = Reduction::none;
-  linear.ce.softcap = options.softcap;
-  linear.ce.logit_scale = options.logit_scale;
-  linear.workspace_budget = options.workspace_budget;
-  linear.fp32_logits = options.fp32_logits;
-  return linear;
-}
 
 inline bool any_gradient(const LinearGradients& grads) {
   return grads.hidden.present() || grads.weight.present() || grads.bias.present();

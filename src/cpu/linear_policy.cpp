@@ -5,42 +5,13 @@
 #include <vector>
 
 #include "api/backend.hpp"
+#include "api/policy_options.hpp"
 #include "common/policy_row.hpp"
 #include "cpu/ce_rows.hpp"
 #include "cpu/linear_chunks.hpp"
 
 namespace xent::cpu {
 namespace {
-
-template <class T>
-common::PolicyOptions<T> policy_options(const PolicyLossOptions& p, const PolicyTokens& tokens) {
-  common::PolicyOptions<T> o;
-  switch (p.type) {
-    case PolicyLossType::cispo:
-      o.term = common::PolicyTerm::cispo;
-      break;
-    case PolicyLossType::sapo:
-      o.term = common::PolicyTerm::sapo;
-      break;
-    default:
-      o.term = common::PolicyTerm::surrogate;
-  }
-  o.low = static_cast<T>(1.0 - p.clip_low);
-  o.high = static_cast<T>(1.0 + p.clip_high);
-  o.dual_clip = static_cast<T>(p.dual_clip);
-  o.sapo_tau_pos = static_cast<T>(p.sapo_tau_pos);
-  o.sapo_tau_neg = static_cast<T>(p.sapo_tau_neg);
-  o.tis_cap = static_cast<T>(p.tis_cap);
-  o.kl = p.kl_estimator == KlEstimator::k1   ? common::KlEstimator::k1
-         : p.kl_estimator == KlEstimator::k2 ? common::KlEstimator::k2
-                                             : common::KlEstimator::k3;
-  o.kl_coef = static_cast<T>(p.kl_coef);
-  o.entropy_coef = static_cast<T>(p.entropy_coef);
-  o.has_old = tokens.old_logprobs.present();
-  o.has_ref = tokens.ref_logprobs.present();
-  o.has_rollout = tokens.rollout_logprobs.present();
-  return o;
-}
 
 // One valid token's inputs read from the caller's [N] views.
 template <class T>
@@ -63,10 +34,10 @@ void linear_policy_forward_typed(TensorView hidden, TensorView weight, TensorVie
                                  const LinearPolicyOptions& options, const LinearPolicyOutputs& out,
                                  Workspace workspace) {
   using T = ComputeType<S>;
-  const LinearCeOptions linear = linear_policy_chunk_options(options);
+  const LinearCeOptions linear = api::linear_policy_chunk_options(options);
   const int64_t rows = hidden.rows, vocab = weight.rows;
   const auto call = make_ce_call<T>(linear.ce, vocab, ValidCounts{});
-  const auto policy = policy_options<T>(options.policy, tokens);
+  const auto policy = api::policy_options<T>(options.policy, tokens);
   const bool with_gradients = any_gradient(out.grads);
   // Per-token results kept until every row is done, then summed in row order (deterministic).
   std::vector<common::PolicyResult<T>> results(static_cast<std::size_t>(rows));
@@ -110,6 +81,13 @@ void linear_policy_forward_typed(TensorView hidden, TensorView weight, TensorVie
 }
 
 }  // namespace
+
+// The chunk plan of the row loop; the per-token results live in host vectors of the call.
+std::size_t linear_policy_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
+                                         const LinearPolicyOptions& options, bool with_gradients) {
+  return linear_ce_workspace_size(rows, hidden, vocab, dtype,
+                                  api::linear_policy_chunk_options(options), with_gradients);
+}
 
 void linear_policy_forward(TensorView hidden, TensorView weight, TensorView bias, TensorView target,
                            const PolicyTokens& tokens, const LinearPolicyOptions& options,

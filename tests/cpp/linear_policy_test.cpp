@@ -176,8 +176,13 @@ void check_linear_policy(const LinearPolicyProblem& p, Rng& rng) {
     out.entropy = entropy.view();
     out.stats = stats.view();
     out.grads = {gh.view(), gw.view(), gb.view()};
+    // The CPU allocates its own; CUDA takes the caller's workspace.
+    const Scratch scratch(on_gpu() ? linear_policy_workspace_size(rows, p.hidden, vocab, p.dtype,
+                                                                  trial, test_device(), true)
+                                   : 0);
     linear_policy_forward(hidden.view(), weight.view(), bias.view(), target_tensor.view(), tokens,
-                          trial, out);
+                          trial, out, scratch.workspace());
+    finish();
   };
   Tensor loss = Tensor::scalar(stat), logprob = Tensor::vector(stat, rows),
          entropy = Tensor::vector(stat, rows), stats = Tensor::vector(stat, 4),
@@ -232,17 +237,19 @@ void check_linear_policy(const LinearPolicyProblem& p, Rng& rng) {
 
 using PolicyParam = std::tuple<DType, PolicyLossType, unsigned>;
 
-// The fused CUDA form is not built yet: the GPU binary skips these suites.
+// Both backends; float64 on the CPU only.
 template <class Param>
-class CpuOnly : public ::testing::TestWithParam<Param> {
+class OnDevice : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     require_device();
-    if (on_gpu()) GTEST_SKIP() << "the fused CUDA form is not built yet";
+    if (on_gpu() && std::get<0>(this->GetParam()) == DType::f64) {
+      GTEST_SKIP() << "float64 runs on the CPU only";
+    }
   }
 };
 
-class LinearPolicyGrid : public CpuOnly<PolicyParam> {};
+class LinearPolicyGrid : public OnDevice<PolicyParam> {};
 
 TEST_P(LinearPolicyGrid, MatchesReference) {
   XENT_TEST_RNG(rng);
@@ -280,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Budgets (one chunk, several, uneven) and the KL estimators, on the recipe: clip-higher,
 // KL, an entropy bonus.
 using BudgetParam = std::tuple<DType, Budget, KlEstimator>;
-class LinearPolicyBudgets : public CpuOnly<BudgetParam> {};
+class LinearPolicyBudgets : public OnDevice<BudgetParam> {};
 
 TEST_P(LinearPolicyBudgets, MatchesReference) {
   XENT_TEST_RNG(rng);
@@ -309,7 +316,6 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(LinearPolicyErrors, RejectsBadArguments) {
   require_device();
-  if (on_gpu()) GTEST_SKIP() << "the fused CUDA form is not built yet";
   Rng rng(1);
   const Tensor h = Tensor::of(rng.matrix(3, 4, 1.0), DType::f32);
   const Tensor w = Tensor::of(rng.matrix(5, 4, 1.0), DType::f32);
@@ -323,7 +329,11 @@ TEST(LinearPolicyErrors, RejectsBadArguments) {
   out.loss = loss.view();
   auto call = [&](const PolicyTokens& tokens, const LinearPolicyOptions& options) {
     return [&, tokens, options] {
-      linear_policy_forward(h.view(), w.view(), {}, target.view(), tokens, options, out);
+      const Scratch scratch(on_gpu() ? linear_policy_workspace_size(3, 4, 5, DType::f32, options,
+                                                                    test_device(), false)
+                                     : 0);
+      linear_policy_forward(h.view(), w.view(), {}, target.view(), tokens, options, out,
+                            scratch.workspace());
     };
   };
   const PolicyTokens good{adv.view(), {}, {}, {}, g.view()};

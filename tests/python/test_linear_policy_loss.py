@@ -3,6 +3,8 @@ every loss type × aggregation × policy_loss's option cases, the gradients of h
 bias, agreement with policy_loss on materialised logits, small workspaces, dtypes, the path without
 gradient, torch.compile, and the errors."""
 
+import re
+
 import pytest
 import reference as ref
 import torch
@@ -136,7 +138,7 @@ FUSED_LOSS_TYPES = [t for t in xent.POLICY_LOSS_TYPES if t != "gspo"]
 
 def _run_path(monkeypatch, fused, head, target, advantages, kwargs, **extra):
     """The result and parameter gradients with the three-product op (fused) or the composition."""
-    monkeypatch.setattr(_linear_policy, "_fused_applies", lambda hidden, options: fused)
+    monkeypatch.setattr(_linear_policy, "_fused_applies", lambda options: fused)
     params = [t.detach().clone().requires_grad_() for t in head.params()]
     result = _call(head, params, target, advantages, kwargs, return_stats=True, **extra)
     result.loss.backward()
@@ -181,6 +183,46 @@ def test_fused_chunks_match_composition(monkeypatch, gen, loss_type, budget):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     for a, b in zip(fused_grads, plain_grads):
         assert ref.rel_error(a, b) <= 1e-5
+
+
+def _smallest_budget(head, target, advantages, kwargs):
+    """The backend's smallest workspace budget for this call with every gradient, read from the
+    error a budget of one byte gives (on CUDA it also holds product scratch)."""
+    params = [t.detach().clone().requires_grad_() for t in head.params()]
+    with pytest.raises(ValueError, match="too small") as error:
+        _call(head, params, target, advantages, kwargs, workspace_bytes=1)
+    found = re.search(r"expected at least (\d+)", str(error.value))
+    assert found, str(error.value)
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [0, 3, None], ids=["smallest", "smallest+3rows", "default"])
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "sapo"])
+def test_fused_matches_composition_on_device(monkeypatch, device, gen, loss_type, rows, dtype):
+    """The three-product op against the composition on each backend, one chunk or many: at the
+    smallest budget a 16-bit weight's ∂W has no room for its fp32 accumulator, so the op runs the
+    vocabulary-blocked schedule (∂W from the saved statistics and coefficients). Both paths form
+    16-bit chunk logits and gradients in other chunkings, so they agree to the rounding of the
+    dtype; fp32 to that of its products."""
+    head, _, target, advantages, kwargs = _inputs(
+        gen, device, "off_policy_kl_entropy", loss_type, "seq_mean_token_mean", dtype=dtype
+    )
+    extra = {}
+    if rows is not None:
+        # A few rows of fp32 chunk logits and gradient above the smallest plan.
+        vocab = head.weight.shape[0]
+        extra["workspace_bytes"] = (
+            _smallest_budget(head, target, advantages, kwargs) + rows * 8 * vocab
+        )
+    fused, fused_grads = _run_path(monkeypatch, True, head, target, advantages, kwargs, **extra)
+    plain, plain_grads = _run_path(monkeypatch, False, head, target, advantages, kwargs, **extra)
+    half = dtype != torch.float32
+    tol = 2e-2 if half else 1e-5
+    for name, a, b in zip(fused._fields, fused, plain):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=name)
+    for a, b in zip(fused_grads, plain_grads):
+        assert a.dtype == dtype and ref.rel_error(a, b) <= (3e-2 if half else 1e-5)
 
 
 def test_small_workspace_matches_one_chunk(device, gen):

@@ -218,7 +218,8 @@ enum class OpCode : int32_t {
   linear_ce_forward,
   linear_ce_backward,
   linear_distill_forward,
-  linear_distill_backward
+  linear_distill_backward,
+  linear_policy_forward
 };
 const char* op_name(OpCode op);
 

@@ -31,6 +31,8 @@ const char* op_name(OpCode op) {
       return "linear_distill_forward";
     case OpCode::linear_distill_backward:
       return "linear_distill_backward";
+    case OpCode::linear_policy_forward:
+      return "linear_policy_forward";
     case OpCode::none:
       break;
   }

@@ -3,34 +3,13 @@
 // fixed-order reduction of per-row values. Both run as one CTA: N targets or N per-row floats
 // are a few hundred KB at most, microseconds next to the N×V pass, and one CTA makes the order
 // of every addition fixed (bitwise reproducible) without atomics.
+#include "cuda/rows/block_reduce.cuh"
 #include "cuda/rows/ce_rows.cuh"
 
 namespace xent::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
-
-// Sum (or minimum) over the CTA in a fixed shape: a shuffle tree per warp, then warp 0 folds the
-// 32 warp results with the same tree (the thread-0 loop this replaced was a 31-step dependent
-// chain of shared-memory reads, about a microsecond per call at the end of every op).
-template <class T>
-__device__ T block_reduce(T value, T* scratch, bool minimum = false) {
-  static_assert(kThreads == 32 * 32, "warp 0 folds one value per warp");
-  auto warp_fold = [minimum](T v) {
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const T other = __shfl_down_sync(0xffffffffu, v, offset);
-      v = minimum ? (other < v ? other : v) : v + other;
-    }
-    return v;
-  };
-  value = warp_fold(value);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  if (warp == 0) value = warp_fold(scratch[lane]);
-  return value;  // valid in thread 0
-}
+constexpr int kThreads = kBlockReduceThreads;
 
 __global__ void __launch_bounds__(kThreads)
     ce_batch_totals_kernel(const CeBatchRequest r, CeBatchTotals* totals, DeviceErrorState* error) {
