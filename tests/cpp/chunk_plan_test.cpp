@@ -778,6 +778,32 @@ TEST(ChunkPlan, SmallestTrainingPlanReportsItsOwnBytes) {
   expect_covers_rows(below, 37);
 }
 
+// A call below the smallest plan names the bytes it needs (the plan it got, priced with the
+// products' scratch share of its budget); a budget of exactly those bytes must then run, though
+// the scratch share of that larger budget would not fit beside the chunks.
+TEST(ChunkPlan, TheBytesAFailedPlanNamesAreEnough) {
+  for (const int64_t rows : {1, 7, 37, 300}) {
+    for (const int64_t vocab : {64, 1031, 50000}) {
+      for (const std::size_t element : {std::size_t{2}, std::size_t{4}}) {
+        for (const bool accumulator : {false, true}) {
+          ChunkRequest request = request_for(rows, 29, vocab, 1);
+          request.logits_element_bytes = element;
+          request.weight_gradient = true;
+          request.weight_accumulator = accumulator;
+          const ChunkPlan failed = plan_chunks(request);
+          ASSERT_FALSE(failed.fits_budget);
+          request.budget_bytes = failed.total_bytes;
+          const ChunkPlan plan = plan_chunks(request);
+          EXPECT_TRUE(plan.fits_budget) << rows << " x " << vocab << ", " << element
+                                        << " B logits, accumulator " << accumulator << ": "
+                                        << plan.total_bytes << " > " << request.budget_bytes;
+          EXPECT_LE(plan.total_bytes, request.budget_bytes);
+        }
+      }
+    }
+  }
+}
+
 TEST(ChunkPlan, TeacherLogitsDoubleThePerRowCost) {
   ChunkRequest request = request_for(8192, 2304, 256000, 512 * kMiB);
   const ChunkPlan student_only = plan_chunks(request);

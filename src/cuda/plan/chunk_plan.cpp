@@ -545,8 +545,7 @@ std::size_t minimum_budget_bytes(const ChunkRequest& request) {
 
 namespace {
 
-ChunkPlan choose_plan(const ChunkRequest& request) {
-  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
+ChunkPlan choose_plan_with(const ChunkRequest& request, std::size_t gemm) {
   const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
   ChunkPlan plan = plain;
   const bool weight = request.weight_gradient || request.weight_accumulator;
@@ -589,6 +588,17 @@ ChunkPlan choose_plan(const ChunkRequest& request) {
     plan.chunk_rows = plan.chunk_count = 0;
   }
   return plan;
+}
+
+// The products' scratch takes a share of the budget (gemm_workspace_for); near the smallest plan
+// that share alone may keep a plan from fitting, and the products also run without scratch. So a
+// budget that holds the plan a failed call names (priced with the scratch its budget gives, none
+// for a tiny one) always runs.
+ChunkPlan choose_plan(const ChunkRequest& request) {
+  const ChunkPlan plan = choose_plan_with(request, gemm_workspace_for(request.budget_bytes));
+  if (plan.fits_budget || plan.gemm_workspace_bytes == 0) return plan;
+  const ChunkPlan bare = choose_plan_with(request, 0);
+  return bare.fits_budget ? bare : plan;
 }
 
 }  // namespace
