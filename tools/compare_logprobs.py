@@ -19,6 +19,9 @@ states and the LM head weight:
   linear_policy  xent.linear_policy_loss(h, W, y, a, ...) at the temperature: GRPO with clip-higher
              (0.2 / 0.28), a k3 KL term (β = 0.04) and an entropy bonus (α = 0.01), off-policy
              (old and reference logprobs within ±0.1 of a typical logprob); a loss, not J
+  gspo_policy  the same with loss_type="gspo" over 1024-token sequences (cu_seqlens): its
+             sequence ratio needs every token of a sequence before any gradient, so it keeps
+             the four-product form
   compile_policy  the same policy loss (DAPO token-mean) on materialised logits through
              torch.compile
   chunked_policy  the same in plain PyTorch over row chunks of 2048 tokens, each chunk's logits
@@ -68,11 +71,12 @@ IMPLS = (
     "linear_ce",
     "linear_ce_none",
     "linear_policy",
+    "gspo_policy",
     "compile_policy",
     "chunked_policy",
     "liger_policy",
 )
-POLICY_IMPLS = ("linear_policy", "compile_policy", "chunked_policy", "liger_policy")
+POLICY_IMPLS = ("linear_policy", "gspo_policy", "compile_policy", "chunked_policy", "liger_policy")
 NO_GRAD_IMPLS = ("product", "xent_logprob", "xent", "eager", "compile")
 ENTROPY_WEIGHT = 0.01
 
@@ -142,10 +146,16 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
         )
     if impl == "linear_ce":
         return lambda h, w, y, advantage: xent.linear_cross_entropy(h, w, y)
-    if impl == "linear_policy":
+    if impl in ("linear_policy", "gspo_policy"):
 
         def policy(h, w, y, advantage):
             old, ref = policy_data(advantage)
+            sequences = {}
+            if impl == "gspo_policy":
+                bounds = torch.arange(0, h.shape[0] + 1, 1024, device=h.device)
+                if bounds[-1] != h.shape[0]:
+                    bounds = torch.cat([bounds, bounds.new_tensor([h.shape[0]])])
+                sequences = dict(loss_type="gspo", cu_seqlens=bounds.to(torch.int32))
             return xent.linear_policy_loss(
                 h,
                 w,
@@ -159,6 +169,7 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
                 kl_estimator="k3",
                 entropy_coef=0.01,
                 temperature=temperature,
+                **sequences,
             )
 
         return policy
