@@ -85,7 +85,16 @@ def _capture(step):
 
 
 @pytest.mark.parametrize(
-    "op", ["cross_entropy", "linear_cross_entropy", "distill", "linear_distill", "linear_logprobs"]
+    "op",
+    [
+        "cross_entropy",
+        "linear_cross_entropy",
+        "distill",
+        "linear_distill",
+        "linear_logprobs",
+        "policy_loss",
+        "linear_policy_loss",
+    ],
 )
 def test_cuda_graph_capture_and_replay(gen, op):
     rows, hidden, vocab = 256, 128, 8192
@@ -96,6 +105,21 @@ def test_cuda_graph_capture_and_replay(gen, op):
         gen, vocab, hidden, device="cuda", dtype=torch.bfloat16, scale=0.1
     ).requires_grad_()
     y = ref.targets(gen, rows, vocab, "cuda")
+    # Per-token data of the policy losses around a typical logprob, so ratios spread over the
+    # clip range: advantages, old and reference logprobs.
+    data = [ref.randn(gen, rows, device="cuda") for _ in range(3)]
+
+    def refresh_data():
+        advantages, old, reference = data
+        old.copy_(torch.randn_like(old) * 0.3 - 9.5)
+        reference.copy_(old + torch.randn_like(old) * 0.1)
+
+    refresh_data()
+    policy = dict(clip_high=0.28, kl_coef=0.04, entropy_coef=0.01, temperature=0.7)
+
+    def policy_options():
+        return dict(advantages=data[0], old_logprobs=data[1], ref_logprobs=data[2], **policy)
+
     calls = {
         "cross_entropy": (lambda: xent.cross_entropy(x, y, z_loss=1e-4), [x]),
         "linear_cross_entropy": (lambda: xent.linear_cross_entropy(h, w, y), [h, w]),
@@ -105,6 +129,11 @@ def test_cuda_graph_capture_and_replay(gen, op):
             lambda: _policy_terms(
                 xent.linear_logprobs(h, w, y, temperature=0.7, return_entropy=True)
             ).sum(),
+            [h, w],
+        ),
+        "policy_loss": (lambda: xent.policy_loss(x, y, **policy_options()), [x]),
+        "linear_policy_loss": (
+            lambda: xent.linear_policy_loss(h, w, y, **policy_options()),
             [h, w],
         ),
     }
@@ -120,6 +149,8 @@ def test_cuda_graph_capture_and_replay(gen, op):
         for tensor in (x, t, h, w):
             tensor.copy_(torch.randn_like(tensor) * (0.1 if tensor is w else 1.0))
         y.copy_(ref.targets(gen, rows, vocab, "cuda"))
+        data[0].copy_(torch.randn_like(data[0]))
+        refresh_data()
     graph.replay()
     torch.cuda.synchronize()
     expected = step()
