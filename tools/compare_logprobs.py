@@ -81,8 +81,14 @@ NO_GRAD_IMPLS = ("product", "xent_logprob", "xent", "eager", "compile")
 ENTROPY_WEIGHT = 0.01
 
 
+def _logits(h, w, temperature):
+    """fp32 logits of 16-bit or fp32 operands; float64 ones stay float64 (the check's reference)."""
+    logits = h @ w.T
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+
+
 def materialised(h, w, y, advantage, temperature):
-    logp = F.log_softmax((h @ w.T).float() / temperature, dim=-1)
+    logp = F.log_softmax(_logits(h, w, temperature), dim=-1)
     valid = y != -100
     logprob = logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1) * valid
     entropy = -(logp.exp() * logp).sum(-1) * valid
@@ -95,17 +101,18 @@ def policy_data(advantage):
     return old, old + 0.05 * torch.cos(advantage * 3.0)
 
 
-def materialised_policy(h, w, y, advantage, temperature):
-    """GRPO with clip-higher (0.2 / 0.28), k3 KL (β = 0.04), entropy bonus (α = 0.01), token-mean."""
-    old, ref = policy_data(advantage)
-    logp = F.log_softmax((h @ w.T).float() / temperature, dim=-1)
+def materialised_policy(h, w, y, advantage, temperature, entropy_weight=ENTROPY_WEIGHT, data=None):
+    """GRPO with clip-higher (0.2 / 0.28), k3 KL (β = 0.04), entropy bonus (α = 0.01), token-mean.
+    data: (old, ref) in place of policy_data(advantage)."""
+    old, ref = policy_data(advantage) if data is None else data
+    logp = F.log_softmax(_logits(h, w, temperature), dim=-1)
     valid = y != -100
     logprob = logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
     ratio = torch.exp(logprob - old)
     policy = -torch.minimum(ratio * advantage, ratio.clamp(0.8, 1.28) * advantage)
     kl = torch.exp(ref - logprob) - (ref - logprob) - 1.0
-    per_token = (policy + 0.04 * kl - ENTROPY_WEIGHT * entropy) * valid
+    per_token = (policy + 0.04 * kl - entropy_weight * entropy) * valid
     return per_token, valid
 
 
@@ -208,7 +215,7 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
             beta=0.04, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo", temperature=temperature
         )
 
-        def liger(h, w, y, advantage, length=1024):
+        def liger(h, w, y, advantage, length=LIGER_SEQUENCE):
             old, ref = policy_data(advantage)
             n = h.shape[0] // length * length
             shape = (n // length, length)
@@ -230,6 +237,65 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
             advantage * xent.linear_cross_entropy(h, w, y, reduction="none")
         ).sum()
     raise ValueError(impl)
+
+
+# The shape where --check holds each implementation's value and gradients to float64.
+CHECK_SHAPE = (2048, 256, 4096)
+LIGER_SEQUENCE = 1024
+
+
+def reference_value(impl: str, h, w, y, advantage, temperature: float):
+    """The float64 value of `impl`'s objective (h, w: float64 leaves, on the CPU)."""
+    if impl in ("linear_policy", "compile_policy", "chunked_policy"):
+        per_token, valid = materialised_policy(h, w, y, advantage, temperature)
+        return per_token.sum() / valid.sum().clamp(min=1)
+    if impl == "liger_policy":
+        # Its configuration as called above: no entropy bonus, each 1024-token sequence's first
+        # advantage for all its tokens, whole sequences only, DAPO's token-mean.
+        n = h.shape[0] // LIGER_SEQUENCE * LIGER_SEQUENCE
+        old, ref = policy_data(advantage[:n])
+        sequence_advantage = advantage[:n:LIGER_SEQUENCE].repeat_interleave(LIGER_SEQUENCE)
+        per_token, valid = materialised_policy(
+            h[:n], w, y[:n], sequence_advantage, temperature, 0.0, (old, ref)
+        )
+        return per_token.sum() / valid.sum().clamp(min=1)
+    if impl == "gspo_policy":
+        # No closed form here: the library's float64 CPU path, which its tests hold to the
+        # float64 formulas of docs/semantics.md §7.
+        return make_objective(impl, temperature)(h, w, y, advantage)
+    if impl in ("xent", "xent_cache", "eager", "compile"):
+        return materialised(h, w, y, advantage, temperature)
+    if impl == "xent_logprob":
+        logp = F.log_softmax(_logits(h, w, temperature), dim=-1)
+        valid = y != -100
+        return (advantage * logp.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1) * valid).sum()
+    if impl == "linear_ce":
+        return F.cross_entropy(h @ w.T, y)
+    if impl == "linear_ce_none":
+        return (advantage * F.cross_entropy(h @ w.T, y, reduction="none")).sum()
+    raise ValueError(impl)
+
+
+def _rel_error(got, want) -> float:
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return float((got - want).norm() / want.norm().clamp(min=1e-300))
+
+
+def check(impl: str, args, dtype) -> dict:
+    """loss_rel_err and grad_rel_err (the larger of ∂h's and ∂W's, in norm) of `impl` at
+    CHECK_SHAPE against its objective in float64."""
+    hidden, weight, target, advantage = make_inputs(*CHECK_SHAPE, dtype, args.device, seed=2)
+    value = make_objective(impl, args.temperature)(hidden, weight, target, advantage)
+    value.backward()
+    h64 = hidden.detach().double().cpu().requires_grad_()
+    w64 = weight.detach().double().cpu().requires_grad_()
+    y, a = target.cpu(), advantage.detach().double().cpu()
+    expected = reference_value(impl, h64, w64, y, a, args.temperature)
+    expected.backward()
+    return {
+        "loss_rel_err": abs(value.item() - expected.item()) / max(abs(expected.item()), 1e-300),
+        "grad_rel_err": max(_rel_error(hidden.grad, h64.grad), _rel_error(weight.grad, w64.grad)),
+    }
 
 
 class _with_budget:
@@ -284,6 +350,16 @@ def measure(impl, inputs, args, base):
         value.backward()
         return value
 
+    if args.check and not args.no_grad:
+        try:
+            record.update(check(impl, args, inputs[0].dtype))
+            progress(
+                f"{impl:15s}: against float64 at {CHECK_SHAPE}: loss {record['loss_rel_err']:.2e},"
+                f" gradients {record['grad_rel_err']:.2e}"
+            )
+        except Exception as error:
+            record["error"] = f"check: {error.__class__.__name__}: {error}"[:500]
+            progress(f"{impl:15s}: check error: {record['error']}")
     try:
         progress(f"{impl:15s}: {args.warmup} warm-up + {args.repeat} timed ...")
         record["value"] = step(0).detach().float().item()  # compiles, allocates
@@ -330,6 +406,12 @@ def main(argv=None) -> int:
         "--portable-paths",
         action="store_true",
         help="run xent's CUDA ops on their portable paths (those of non-Hopper GPUs) on this GPU",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="first hold each implementation's value and gradients to its objective in float64 "
+        f"at (N, H, V) = {CHECK_SHAPE} (records carry loss_rel_err and grad_rel_err)",
     )
     parser.add_argument("--repeat", type=int)
     parser.add_argument("--warmup", type=int)
