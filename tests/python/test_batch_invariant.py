@@ -242,12 +242,12 @@ def test_gpu_linear_logprobs_batch_invariant(gen, dtype):
     # 16-bit ulp, so a logit moves by at most one ulp where the rounding flips (2^-7 relative for
     # bf16, 2^-10 for f16; fp32 logits by the sum's error, ~sqrt(H)·2^-24·|x|, under 1e-5), and
     # logprob and entropy by a few times the largest logit's move.
-    logits = ref.linear_logits(h.cpu(), w.cpu(), round_to=dtype)
-    expected = ref.logprobs(logits, target.cpu())
+    logits = ref.linear_logits(h, w, round_to=dtype)  # float64 on the device
+    expected = ref.logprobs(logits, target)
     unit = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-5}[dtype]
     bound = 4 * unit * logits.abs().max().item()
     for value, reference in zip((logprob, entropy), expected):
-        assert (value.double().cpu() - reference.cpu()).abs().max().item() <= bound
+        assert (value.double() - reference).abs().max().item() <= bound
 
 
 @pytest.mark.gpu
