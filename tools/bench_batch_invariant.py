@@ -18,24 +18,9 @@ import os
 import sys
 
 import torch
+from bench_distill_topk import timed  # median ms of CUDA-event timings
 
 import xent
-
-
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of fn over reps CUDA-event timings, after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> int:
