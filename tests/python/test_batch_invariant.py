@@ -191,16 +191,18 @@ def test_batch_invariant_must_be_a_bool(op):
 # default budget, 64 MiB and 8 MiB (chunks of all rows, hundreds, and tens).
 GPU_ROWS = [1, 7, 64, 1031]
 GPU_BUDGETS = [None, 64 << 20, 8 << 20]
+GPU_HIDDEN = 4096
+GPU = "cuda"
 
 
 def _gpu_head(gen, dtype, vocab=32003):
-    return _linear_pool(gen, "cuda", dtype, max(GPU_ROWS), 4096, vocab)
+    return _linear_pool(gen, GPU, dtype, max(GPU_ROWS), GPU_HIDDEN, vocab)
 
 
 def _gpu_check(gen, dtype, batch_invariant, bias=None, vocab=32003, **options):
     h, w, target = _gpu_head(gen, dtype, vocab)
     if bias is not None:
-        bias = ref.randn(gen, vocab, dtype=dtype, device="cuda")
+        bias = ref.randn(gen, vocab, dtype=dtype, device=GPU)
     rows = max(GPU_ROWS)
 
     def run(piece, budget, copy=False):
