@@ -307,6 +307,6 @@ def test_gpu_linear_logprobs_batch_invariant_with_gradient(gen, cache_logits):
 @pytest.mark.xfail(
     strict=False, raises=AssertionError, reason="records whether the default path is invariant"
 )
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gpu_linear_logprobs_default_path_invariance(gen, dtype):
-    _gpu_check(gen, dtype, False)
+def test_gpu_linear_logprobs_default_path_invariance(gen):
+    # bf16 only: the GPU script's time is short, and the bench tool records the same at 151936.
+    _gpu_check(gen, torch.bfloat16, False)
