@@ -68,17 +68,18 @@ struct GemmScratch {
   std::size_t bytes = 0;
 };
 
-// c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. A pinned product (GemmProduct::pinned)
-// takes its configuration's one algorithm, checked for this M (cublasLtMatmulAlgoCheck); where
-// the check fails, the heuristic's first answer for this M under the same limits (split-K 1, no
-// reduction, no workspace), which GemmPlanState::pinned_fallback reports. Otherwise: descriptors, layouts and the
-// algorithm are cached per shape, dtypes, strides, alignment, scratch size and device. For a
-// product with a short inner dimension (K ≤ 1024, ≥ 2^30 flops; every such product when the test
-// hook asks) the algorithm is the fastest of the heuristic's candidates, timed on the first call
-// of the configuration that writes c over (beta = 0, outside CUDA graph capture); otherwise,
-// before that, and when the test hook turns tuning off, the heuristic's first
-// (docs/archive/perf-notes.md, decision 58). Later calls cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or
-// offers no algorithm.
+// c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. A pinned product
+// (GemmProduct::pinned) takes its configuration's one algorithm, checked for this M
+// (cublasLtMatmulAlgoCheck); where the check fails, the heuristic's first answer for this M under
+// the same limits (split-K 1, no reduction, no workspace), which GemmPlanState::pinned_fallback
+// reports. Otherwise: descriptors, layouts and the algorithm are cached per shape, dtypes,
+// strides, alignment, scratch size and device. For a product with a short inner dimension
+// (K ≤ 1024, ≥ 2^30 flops; every such product when the test hook asks) the algorithm is the
+// fastest of the heuristic's candidates, timed on the first call of the configuration that writes
+// c over (beta = 0, outside CUDA graph capture); otherwise, before that, and when the test hook
+// turns tuning off, the heuristic's first (docs/archive/perf-notes.md, decision 58). Later calls
+// cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or offers no
+// algorithm.
 void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream);
 
 // What the cache holds for the configuration of `product` (for tests).
