@@ -1267,8 +1267,9 @@ def linear_logprobs(
     fp32_logits; one product less: about the time of the mean linear_cross_entropy).
     batch_invariant=True makes each row's logprob and entropy bit-identical whatever the number
     of rows, the row's position and workspace_bytes (the forward's product runs in an order
-    fixed per shape of the head: slower, docs/semantics.md §1); gradients are not covered. CPU
-    only for now: a CUDA call with it raises.
+    fixed per shape of the head: on the CPU the library's own tiled product, on CUDA one cuBLASLt
+    algorithm per head shape without split-K, and no fused Hopper products; slower,
+    docs/semantics.md §1); gradients are not covered.
     """
     if _dtensor.any_dtensor(hidden, weight, bias, target):  # DTensor inputs: xent/_dtensor.py
         return _dtensor.call(linear_logprobs, "linear_logprobs", locals())

@@ -180,11 +180,6 @@ void validate_linear_ce_forward(const TensorView& hidden, const TensorView& weig
                                 const LinearCeOptions& options, const LinearCeOutputs& out,
                                 const TensorView& grad_output, const Workspace& workspace) {
   const ArgumentChecker check("linear_ce_forward", hidden.device, hidden.dtype);
-  // The CUDA products are not pinned yet (cuBLASLt's choice varies with M): refuse the promise
-  // rather than break it silently (docs/semantics.md §1).
-  if (options.batch_invariant && hidden.device.kind == DeviceKind::cuda) {
-    check.fail("batch_invariant", "is not implemented on CUDA yet", "true", "false, or a CPU call");
-  }
   CeOutputs loss_and_stats;
   loss_and_stats.loss = out.loss;
   loss_and_stats.stats = out.stats;

@@ -6,12 +6,15 @@
 // (it is not timed, so nothing runs on it twice), a call captured into a CUDA graph is not timed;
 // small products, long inner dimensions (unless the test hook times all) and
 // the test hook's gemm_tuning = off keep the heuristic's first answer. Each case uses a shape of its own,
-// so the process-wide cache meets it fresh.
+// so the process-wide cache meets it fresh. A pinned product (batch_invariant, docs/semantics.md
+// §1) takes one data-parallel algorithm for every M, so a row's bits do not depend on M, the row's
+// position or the scratch.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cuda/core/gemm.hpp"
@@ -192,6 +195,69 @@ TEST(CudaGemmTuning, AllTimesLongInnerDimensions) {
   EXPECT_TRUE(state.tuned);
   EXPECT_LT(state.chosen, state.candidates);
   t.expect_product(0.0);
+}
+
+// Pinned: one algorithm for every M (split-K 1, no reduction, no workspace, never timed), and
+// the rows of a product of any M, at any position and with any scratch, bit-equal to those of the
+// whole.
+TEST(CudaGemmPinned, OneAlgorithmForEveryRowCountAndBitEqualRows) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  constexpr int64_t kRows = 1031, kColumns = 584, kInner = 1000;
+  ProductCase whole(rng, kRows, kColumns, kInner);
+  whole.fill_output(std::nanf(""));
+  cuda::GemmProduct all = whole.product(0.0f);
+  all.pinned = true;
+  cuda::gemm(all, whole.gemm_scratch(), nullptr);
+  cuda_ok(cudaDeviceSynchronize());
+  const cuda::GemmPlanState chosen = cuda::gemm_plan_state(all, whole.gemm_scratch());
+  ASSERT_TRUE(chosen.cached);
+  EXPECT_TRUE(chosen.pinned);
+  EXPECT_FALSE(chosen.pinned_fallback);
+  EXPECT_TRUE(chosen.tuned);
+  EXPECT_LE(chosen.split_k, 1);
+  EXPECT_EQ(chosen.reduction_scheme, 0);
+  EXPECT_EQ(chosen.workspace_bytes, 0u);
+  whole.expect_product(0.0);
+  std::vector<float> expected(static_cast<std::size_t>(kRows * kColumns));
+  cuda_ok(cudaMemcpy(expected.data(), whole.c, expected.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost));
+
+  float* piece_out = nullptr;
+  cuda_ok(cudaMalloc(&piece_out, static_cast<std::size_t>(kRows * kColumns) * sizeof(float)));
+  struct Piece {
+    int64_t first, count;
+    std::size_t scratch_bytes;
+  };
+  const Piece pieces[] = {{0, 1, 0},      {kRows - 1, 1, ProductCase::kScratchBytes},
+                          {500, 1, 4096}, {3, 7, 0},
+                          {100, 64, 0},   {0, kRows, ProductCase::kScratchBytes / 2}};
+  for (const Piece& piece : pieces) {
+    cuda::GemmProduct part = all;
+    part.a = cuda::gemm_rows(all.a, piece.first, piece.count);
+    part.c = {piece_out, DType::f32, piece.count, kColumns, kColumns};
+    const cuda::GemmScratch scratch{whole.scratch, piece.scratch_bytes};
+    std::vector<float> poison(static_cast<std::size_t>(piece.count * kColumns), std::nanf(""));
+    cuda_ok(cudaMemcpy(piece_out, poison.data(), poison.size() * sizeof(float),
+                       cudaMemcpyHostToDevice));
+    cuda::gemm(part, scratch, nullptr);
+    cuda_ok(cudaDeviceSynchronize());
+    const cuda::GemmPlanState state = cuda::gemm_plan_state(part, scratch);
+    ASSERT_TRUE(state.cached) << piece.first << "+" << piece.count;
+    EXPECT_FALSE(state.pinned_fallback) << piece.count << " rows";
+    EXPECT_EQ(state.algo_id, chosen.algo_id) << piece.count << " rows";
+    EXPECT_EQ(state.tile_id, chosen.tile_id) << piece.count << " rows";
+    std::vector<float> got(poison.size());
+    cuda_ok(cudaMemcpy(got.data(), piece_out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t differing = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const float want = expected[static_cast<std::size_t>(piece.first * kColumns) + i];
+      if (std::memcmp(&got[i], &want, sizeof(float)) != 0) ++differing;
+    }
+    EXPECT_EQ(differing, 0) << "rows " << piece.first << "+" << piece.count << " of " << got.size()
+                            << " elements";
+  }
+  cudaFree(piece_out);
 }
 
 }  // namespace

@@ -44,11 +44,26 @@ cudaDataType_t cuda_type(DType dtype) {
 
 // Largest power of two (up to 256) dividing the address: cuBLASLt's heuristic must be told, or
 // it may pick a kernel that assumes 256-byte aligned operands.
-uint32_t alignment_of(const void* pointer) {
-  const auto address = reinterpret_cast<uintptr_t>(pointer);
+uint32_t alignment_of_value(uintptr_t address) {
   uint32_t alignment = 256;
   while (alignment > 1 && address % alignment != 0) alignment /= 2;
   return alignment;
+}
+uint32_t alignment_of(const void* pointer) {
+  return alignment_of_value(reinterpret_cast<uintptr_t>(pointer));
+}
+
+// A pinned product (GemmProduct::pinned) chooses its algorithm at this many rows of c, whatever
+// the call's (docs/archive/perf-notes.md, notes 132 and 139): large enough for the chunks of
+// a long batch, where the time is.
+constexpr int64_t kPinnedRows = 4096;
+// The alignment a pinned product asks of each operand, so that the choice does not move with the
+// address of a row: 16 bytes (what the TMA kernels need), or less where the row stride or the
+// base is less aligned (then every row start may be).
+constexpr uint32_t kPinnedAlignment = 16;
+uint32_t pinned_alignment(const GemmMatrix& m) {
+  const auto stride_bytes = static_cast<uintptr_t>(m.stride) * dtype_size(m.dtype);
+  return std::min({kPinnedAlignment, alignment_of_value(stride_bytes), alignment_of(m.data)});
 }
 
 // How many of the heuristic's answers a configuration keeps, and so may time (decision 58).
@@ -74,6 +89,8 @@ struct Plan {
   bool tuned = false;  // timed, or never to be timed (switched off, one candidate, too small,
                        // or an inner dimension beyond the default's limit)
   bool has_bias = false;
+  bool pinned = false;
+  bool pinned_fallback = false;
   ~Plan() {
     if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
     if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
@@ -82,10 +99,19 @@ struct Plan {
   }
 };
 
+// A pinned configuration's algorithm: the first of the heuristic's answers at kPinnedRows rows
+// that is data-parallel and also fits a single row (so that it fits the rows between too); none
+// when there is no such answer.
+struct PinnedAlgo {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+
 struct Cache {
   std::mutex mutex;
   std::map<int, cublasLtHandle_t> handles;  // per device
   std::map<std::string, std::unique_ptr<Plan>> plans;
+  std::map<std::string, PinnedAlgo> pinned;  // per pinned configuration (pinned_key_of)
 };
 
 Cache& cache() {
@@ -137,6 +163,28 @@ std::string key_of(int device, const GemmProduct& p, const ColumnMajorProduct& c
          std::to_string(workspace_bytes);
 }
 
+// A pinned product's configuration: key_of without M (the rows of c, cuBLAS's n) or the scratch,
+// with the alignments a pinned product asks for instead of its pointers'.
+std::string pinned_key_of(int device, const GemmProduct& p, const ColumnMajorProduct& cm) {
+  return "pinned:" + std::to_string(device) + ':' + std::to_string(cm.m) + ',' +
+         std::to_string(cm.k) + ':' + std::to_string(cm.trans_first) +
+         std::to_string(cm.trans_second) + ':' + std::to_string(static_cast<int>(p.a.dtype)) +
+         std::to_string(static_cast<int>(p.b.dtype)) + std::to_string(static_cast<int>(p.c.dtype)) +
+         ':' + std::to_string(p.a.stride) + ',' + std::to_string(p.b.stride) + ',' +
+         std::to_string(p.c.stride) + ':' + std::to_string(pinned_alignment(p.a)) + ',' +
+         std::to_string(pinned_alignment(p.b)) + ',' + std::to_string(pinned_alignment(p.c)) + ':' +
+         (p.bias ? std::to_string(std::min(kPinnedAlignment, alignment_of(p.bias)))
+                 : std::string("-"));
+}
+
+// The plan cache's key: a pinned plan is one per M of its configuration (its layouts), whatever
+// the scratch and the operands' addresses.
+std::string plan_key(int device, const GemmProduct& p, const ColumnMajorProduct& cm,
+                     std::size_t workspace_bytes) {
+  if (p.pinned) return pinned_key_of(device, p, cm) + ':' + std::to_string(cm.n);
+  return key_of(device, p, cm, workspace_bytes);
+}
+
 // Which products are timed against the heuristic's other candidates: by default only those whose
 // inner dimension is short (kTuneMaxInner); the tests force none or every product large enough
 // through the test hook. Read as each configuration is first met.
@@ -152,8 +200,8 @@ Tuning tuning_mode() {
   }
 }
 
-std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
-                                const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
+// The descriptors of a product: its operation (with the bias epilogue for an fp32 c) and layouts.
+std::unique_ptr<Plan> describe(const GemmProduct& p, const ColumnMajorProduct& cm) {
   auto plan = std::make_unique<Plan>();
   // fp32 operands use CUBLAS_COMPUTE_32F, which never rounds to TF32 (docs/semantics.md §6: TF32 off).
   XENT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -182,12 +230,22 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
                                                second.cols, second.rows, second.stride));
   XENT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, cuda_type(p.c.dtype), p.c.cols,
                                                p.c.rows, p.c.stride));
+  return plan;
+}
 
+// The heuristic's answers for `plan`'s descriptors into plan->candidates; false when none. A
+// pinned product asks for no workspace and no reduction (so split-K 1: split-K's partial sums
+// need one) and for the alignments pinned_alignment gives.
+bool find_candidates(cublasLtHandle_t handle, Plan& plan, const GemmProduct& p,
+                     const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
   cublasLtMatmulPreference_t preference = nullptr;
   XENT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const uint64_t max_workspace = workspace_bytes;
-  const uint32_t align_first = alignment_of(first.data), align_second = alignment_of(second.data),
-                 align_c = alignment_of(p.c.data);
+  const uint64_t max_workspace = p.pinned ? 0 : workspace_bytes;
+  const uint32_t align_first =
+                     p.pinned ? pinned_alignment(*cm.first) : alignment_of(cm.first->data),
+                 align_second =
+                     p.pinned ? pinned_alignment(*cm.second) : alignment_of(cm.second->data),
+                 align_c = p.pinned ? pinned_alignment(p.c) : alignment_of(p.c.data);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &max_workspace, sizeof max_workspace);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -201,25 +259,123 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
   // Split-K partial sums only in fp32 (the workspace), never in a 16-bit output: with a small
   // workspace the heuristic otherwise took split-K kernels that reduce in the output type (or in
   // place in it), rounding each partial to bf16, which put the chunked ∂h = G·W (K = V) well
-  // above one rounding's error against float64.
-  if (p.c.dtype != DType::f32) {
-    const uint32_t fp32_reductions =
-        CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  // above one rounding's error against float64. A pinned product: no reduction at all.
+  if (p.pinned || p.c.dtype != DType::f32) {
+    const uint32_t reductions =
+        p.pinned ? CUBLASLT_REDUCTION_SCHEME_NONE
+                 : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                         &fp32_reductions, sizeof fp32_reductions);
+                                         &reductions, sizeof reductions);
   }
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c, plan->layout_c,
-      preference, kCandidates, plan->candidates, &found);
+      handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c, plan.layout_c, preference,
+      kCandidates, plan.candidates, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
-  plan->candidate_count = found;
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  plan.candidate_count = found;
+  return true;
+}
+
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProduct& p,
+                                const ColumnMajorProduct& cm, std::size_t workspace_bytes) {
+  std::unique_ptr<Plan> plan = describe(p, cm);
+  if (!find_candidates(handle, *plan, p, cm, workspace_bytes)) return nullptr;
   const double flops =
       2.0 * static_cast<double>(cm.m) * static_cast<double>(cm.n) * static_cast<double>(cm.k);
   const Tuning mode = tuning_mode();
-  plan->tuned = found == 1 || flops < kTuneMinFlops || mode == Tuning::off ||
+  plan->tuned = plan->candidate_count == 1 || flops < kTuneMinFlops || mode == Tuning::off ||
                 (mode == Tuning::short_inner && cm.k > kTuneMaxInner);
+  return plan;
+}
+
+template <class T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
+  T value{};
+  std::size_t written = 0;
+  XENT_CUBLAS_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, sizeof value, &written));
+  return value;
+}
+
+// Whether an algorithm keeps every element's sum in one kernel's k loop: split-K 1 and no
+// reduction (so no partial sums in an order that the shape decides), and no workspace (a
+// stream-K kernel keeps its partial tiles there).
+bool data_parallel(const cublasLtMatmulHeuristicResult_t& result) {
+  return result.workspaceSize == 0 &&
+         algo_config<int32_t>(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1 &&
+         algo_config<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
+             CUBLASLT_REDUCTION_SCHEME_NONE;
+}
+
+// The product `p` with `rows` rows of c (and of a): the shape at which a pinned algorithm is
+// chosen and checked.
+GemmProduct with_rows(const GemmProduct& p, int64_t rows) {
+  GemmProduct shaped = p;
+  shaped.a.rows = rows;
+  shaped.c.rows = rows;
+  return shaped;
+}
+
+// Whether `algo` runs the product `p` as it is (cublasLtMatmulAlgoCheck), data-parallel.
+bool algo_fits(cublasLtHandle_t handle, const GemmProduct& p, const cublasLtMatmulAlgo_t& algo) {
+  const ColumnMajorProduct cm = to_column_major(p);
+  const std::unique_ptr<Plan> shaped = describe(p, cm);
+  cublasLtMatmulHeuristicResult_t result{};
+  if (cublasLtMatmulAlgoCheck(handle, shaped->desc, shaped->layout_a, shaped->layout_b,
+                              shaped->layout_c, shaped->layout_c, &algo,
+                              &result) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  result.algo = algo;
+  return data_parallel(result);
+}
+
+// (PinnedAlgo says which.)
+PinnedAlgo choose_pinned(cublasLtHandle_t handle, const GemmProduct& p) {
+  const GemmProduct canonical = with_rows(p, kPinnedRows);
+  const ColumnMajorProduct cm = to_column_major(canonical);
+  const std::unique_ptr<Plan> plan = describe(canonical, cm);
+  PinnedAlgo pinned;
+  if (!find_candidates(handle, *plan, canonical, cm, 0)) return pinned;
+  for (int i = 0; i < plan->candidate_count; ++i) {
+    const cublasLtMatmulHeuristicResult_t& candidate = plan->candidates[i];
+    if (data_parallel(candidate) && algo_fits(handle, with_rows(p, 1), candidate.algo)) {
+      pinned.found = true;
+      pinned.algo = candidate.algo;
+      return pinned;
+    }
+  }
+  return pinned;
+}
+
+// The plan of a pinned product at its own M: the configuration's algorithm (chosen on first use),
+// checked at this M; where it does not fit, the heuristic's first answer for this M under the
+// same limits (a deterministic rule, but no longer the same kernel for every M: reported as
+// pinned_fallback). Never timed.
+std::unique_ptr<Plan> make_pinned_plan(cublasLtHandle_t handle, Cache& c, int device,
+                                       const GemmProduct& p, const ColumnMajorProduct& cm) {
+  const std::string key = pinned_key_of(device, p, cm);
+  auto found = c.pinned.find(key);
+  if (found == c.pinned.end()) found = c.pinned.emplace(key, choose_pinned(handle, p)).first;
+  const PinnedAlgo& pinned = found->second;
+  std::unique_ptr<Plan> plan = describe(p, cm);
+  plan->pinned = true;
+  plan->tuned = true;
+  if (pinned.found) {
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
+                                plan->layout_c, &pinned.algo, &result) == CUBLAS_STATUS_SUCCESS) {
+      result.algo = pinned.algo;
+      if (data_parallel(result)) {
+        plan->candidates[0] = result;
+        plan->candidate_count = 1;
+        return plan;
+      }
+    }
+  }
+  if (!find_candidates(handle, *plan, p, cm, 0)) return nullptr;
+  plan->pinned_fallback = true;
   return plan;
 }
 
@@ -341,16 +497,23 @@ void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) 
   std::lock_guard<std::mutex> lock(c.mutex);
   const cublasLtHandle_t handle = handle_for(c, device);
 
+  if (product.pinned && product.a_transposed) {
+    throw Error(ErrorKind::runtime, "gemm: a pinned product takes a untransposed");
+  }
   GemmProduct effective = product;
-  std::string key = key_of(device, effective, cm, scratch.bytes);
+  auto make = [&](const GemmProduct& p) {
+    return p.pinned ? make_pinned_plan(handle, c, device, p, cm)
+                    : make_plan(handle, p, cm, scratch.bytes);
+  };
+  std::string key = plan_key(device, effective, cm, scratch.bytes);
   auto found = c.plans.find(key);
   if (found == c.plans.end()) {
-    std::unique_ptr<Plan> plan = make_plan(handle, effective, cm, scratch.bytes);
+    std::unique_ptr<Plan> plan = make(effective);
     if (!plan && effective.bias) {
       // No fused-bias kernel for this combination: the plain product onto c filled with the
       // bias (below).
       effective.bias = nullptr;
-      plan = make_plan(handle, effective, cm, scratch.bytes);
+      plan = make(effective);
     }
     if (!plan) {
       throw Error(ErrorKind::runtime,
@@ -382,10 +545,23 @@ GemmPlanState gemm_plan_state(const GemmProduct& product, GemmScratch scratch) {
   XENT_CUDA_CHECK(cudaGetDevice(&device));
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  const auto found = c.plans.find(key_of(device, product, cm, scratch.bytes));
+  const auto found = c.plans.find(plan_key(device, product, cm, scratch.bytes));
   if (found == c.plans.end()) return {};
   const Plan& plan = *found->second;
-  return {true, plan.candidate_count, plan.chosen, plan.tuned};
+  GemmPlanState state{true, plan.candidate_count, plan.chosen, plan.tuned};
+  state.pinned = plan.pinned;
+  state.pinned_fallback = plan.pinned_fallback;
+  if (plan.pinned) {
+    const cublasLtMatmulHeuristicResult_t& result = plan.candidates[plan.chosen];
+    state.algo_id = algo_config<int32_t>(result.algo, CUBLASLT_ALGO_CONFIG_ID);
+    state.tile_id =
+        static_cast<int>(algo_config<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+    state.split_k = algo_config<int32_t>(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    state.reduction_scheme =
+        static_cast<int>(algo_config<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+    state.workspace_bytes = result.workspaceSize;
+  }
+  return state;
 }
 
 }  // namespace xent::cuda

@@ -55,6 +55,11 @@ struct GemmProduct {
   float beta = 0;              // 1: accumulate into c (c must then be fp32 for exact accumulation)
   const void* bias = nullptr;  // [N], operand dtype, added to every row of c (beta must be 0;
                                // rounded once with the product's sum)
+  // One algorithm for every M (docs/semantics.md §1, batch invariance): chosen once per (N, K,
+  // layout, dtypes, device) at a canonical M, with split-K 1, no reduction and no workspace,
+  // never timed. Each element of c is then summed over k by the same kernel wherever its row
+  // is and however many rows the call has. Only for a product whose a is not transposed.
+  bool pinned = false;
 };
 
 // Caller-provided scratch for cuBLASLt (part of the op's workspace).
@@ -63,14 +68,18 @@ struct GemmScratch {
   std::size_t bytes = 0;
 };
 
-// c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. Descriptors, layouts and the
-// algorithm are cached per shape, dtypes, strides, alignment, scratch size and device. For a
-// product with a short inner dimension (K ≤ 1024, ≥ 2^30 flops; every such product when the test
-// hook asks) the algorithm is the fastest of the heuristic's candidates, timed on the first call
-// of the configuration that writes c over (beta = 0, outside CUDA graph capture); otherwise,
-// before that, and when the test hook turns tuning off, the heuristic's first
-// (docs/archive/perf-notes.md, decision 58). Later calls cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or
-// offers no algorithm.
+// c = alpha · op(a) · op(b) (+ bias) + beta · c on `stream`. A pinned product
+// (GemmProduct::pinned) takes its configuration's one algorithm, checked for this M
+// (cublasLtMatmulAlgoCheck); where the check fails, the heuristic's first answer for this M under
+// the same limits (split-K 1, no reduction, no workspace), which GemmPlanState::pinned_fallback
+// reports. Otherwise: descriptors, layouts and the algorithm are cached per shape, dtypes,
+// strides, alignment, scratch size and device. For a product with a short inner dimension
+// (K ≤ 1024, ≥ 2^30 flops; every such product when the test hook asks) the algorithm is the
+// fastest of the heuristic's candidates, timed on the first call of the configuration that writes
+// c over (beta = 0, outside CUDA graph capture); otherwise, before that, and when the test hook
+// turns tuning off, the heuristic's first (docs/archive/perf-notes.md, decision 58). Later calls
+// cost one cublasLtMatmul launch. Throws a runtime xent::Error when cuBLASLt fails or offers no
+// algorithm.
 void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream);
 
 // What the cache holds for the configuration of `product` (for tests).
@@ -79,6 +88,11 @@ struct GemmPlanState {
   int candidates = 0;  // the heuristic's answers kept
   int chosen = 0;      // the one in use (0: the heuristic's first)
   bool tuned = false;  // chosen by timing, or never to be timed
+  // Pinned products: the algorithm in use and its configuration.
+  bool pinned = false;
+  bool pinned_fallback = false;  // the pinned algorithm failed its check at this M
+  int algo_id = -1, tile_id = -1, split_k = -1, reduction_scheme = -1;
+  std::size_t workspace_bytes = 0;
 };
 GemmPlanState gemm_plan_state(const GemmProduct& product, GemmScratch scratch);
 

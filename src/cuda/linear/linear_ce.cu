@@ -17,6 +17,13 @@ namespace {
 
 std::atomic<int64_t> schedule_runs[4];
 
+// A forward with batch_invariant (docs/semantics.md §1): its values come from the pinned cuBLASLt
+// row chunks and the row kernel only, not from the fused products, whose tiles and reductions are
+// not pinned. A backward is not covered and keeps every path.
+bool pinned_forward(const LinearCeCall& call) {
+  return call.options.batch_invariant && call.op == OpCode::linear_ce_forward;
+}
+
 // Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
 // its plan aside from the path's scratch: gradients formed in this call (a backward that brings
 // the forward's lse forms its own, as the row kernel does: the path stages x in f16, decision
@@ -25,7 +32,8 @@ std::atomic<int64_t> schedule_runs[4];
 // logits cache, bf16 operands the fused products take and no bias (16-bit logits: the plan's
 // schedule and chunks are reference_plan_accepted's).
 bool reference_candidate(const LinearCeCall& call) {
-  return reference_path_possible(call.hidden.dtype, call.options, call.grads) &&
+  return !pinned_forward(call) &&
+         reference_path_possible(call.hidden.dtype, call.options, call.grads) &&
          !call.entropy.present() && !call.bias.present() &&
          (!reference_statistics_wanted(call.stats) ||
           reference_statistics_preferred(call.hidden.cols)) &&
@@ -45,7 +53,8 @@ bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
-  const bool statistics = fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
+  const bool statistics = !pinned_forward(call) &&
+                          fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
   const bool candidate = reference_candidate(call);
   LinearCePlan plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads,
                                          statistics, candidate);
@@ -93,7 +102,7 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
   // Hopper, with no logits buffer (fused_stats.hpp says when); it declines (launching nothing)
   // where it cannot run or is not preferred.
   if (!grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
-      fused_stats_candidate(hidden.dtype, options)) {
+      !options.batch_invariant && fused_stats_candidate(hidden.dtype, options)) {
     const bool logits_chunked =
         plan_linear_ce(hidden.rows, hidden.cols, weight.rows, hidden.dtype, options, PlanWants{})
             .chunks.chunk_count > 1;

@@ -134,6 +134,10 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     forward.c =
         GemmMatrix{logits_of(chunk), plan.logits_dtype, row_count(chunk), vocab, logits_stride};
     forward.bias = call.bias.present() ? call.bias.data : nullptr;
+    // A batch-invariant forward: one algorithm whatever the chunk's rows (docs/semantics.md §1);
+    // with the row kernel's plan from V and dtype alone, a row's values do not depend on the rows
+    // beside it. The backward keeps the default products.
+    forward.pinned = call.options.batch_invariant && call.op == OpCode::linear_ce_forward;
     gemm(forward, scratch, stream);
   };
 
