@@ -36,6 +36,9 @@ struct LinearPolicyOptions {
   double logit_scale = 1.0;                               // 1/temperature
   std::size_t workspace_budget = std::size_t{512} << 20;  // as LinearCeOptions
   bool fp32_logits = false;
+  // As LinearCeOptions::batch_invariant: a row's ℓ and H (and so its per-token terms) bit-identical
+  // whatever the other rows of the call and the budget; the sums over rows are not.
+  bool batch_invariant = false;
 };
 
 // Per-token data, each [N] in the result dtype (float32; float64 for float64 inputs). Only

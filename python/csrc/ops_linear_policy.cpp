@@ -61,7 +61,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> linear_policy
     double entropy_coef, c10::optional<double> tis_cap, double sapo_tau_pos, double sapo_tau_neg,
     int64_t ignore_index, c10::optional<double> softcap, double logit_scale,
     int64_t workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, bool grad_bias,
-    c10::optional<at::ScalarType> weight_grad_dtype) {
+    c10::optional<at::ScalarType> weight_grad_dtype, bool batch_invariant) {
   constexpr const char* function = "linear_policy_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -74,6 +74,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> linear_policy
     options.logit_scale = logit_scale;
     options.workspace_budget = workspace_budget(workspace_bytes, options.workspace_budget);
     options.fp32_logits = fp32_logits;
+    options.batch_invariant = batch_invariant;
 
     const Tensor h = contiguous_rows(hidden), w = contiguous_rows(weight);
     const Tensor y = contiguous_vector(target);
@@ -135,7 +136,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float kl_coef, str kl_estimator, float entropy_coef, float? tis_cap, float sapo_tau_pos, "
       "float sapo_tau_neg, int ignore_index, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
-      "bool grad_bias, ScalarType? weight_grad_dtype) -> (Tensor, Tensor, Tensor, Tensor, "
+      "bool grad_bias, ScalarType? weight_grad_dtype, bool batch_invariant=False) -> (Tensor, "
+      "Tensor, Tensor, Tensor, "
       "Tensor, Tensor, Tensor)");
   xent::torch_binding::impl_on_devices(m, "linear_policy_forward",
                                        &xent::torch_binding::linear_policy_forward_op);

@@ -32,9 +32,13 @@ from xent._policy import (
 )
 
 
-def _forward(operands: tuple, target: Tensor, linear: tuple, with_entropy: bool) -> tuple:
+def _forward(
+    operands: tuple, target: Tensor, linear: tuple, with_entropy: bool, batch_invariant: bool
+) -> tuple:
     """(lse, logprob, entropy) of the head's logits."""
-    outputs = linear_none_forward(operands, target, linear, with_entropy)
+    outputs = linear_none_forward(
+        operands, target, linear, with_entropy, batch_invariant=batch_invariant
+    )
     return _statistics(outputs, target, linear[0], with_entropy)
 
 
@@ -53,6 +57,7 @@ def _fused(
     options: _Options,
     wants: tuple,
     weight_grad: torch.dtype | None,
+    batch_invariant: bool,
 ) -> tuple:
     """(loss, logprob, entropy, stats, grads) of the three-product op; grads are empty [0]
     tensors where not wanted."""
@@ -77,6 +82,7 @@ def _fused(
         *linear,
         *wants,
         weight_grad,
+        batch_invariant=batch_invariant,
     )
     # The op returns sums over the valid tokens; the statistics are their means.
     stats = tuple((sums / valid.sum().clamp(min=1).to(dtype)).unbind())
@@ -104,15 +110,27 @@ class LinearPolicyLossFunction(torch.autograd.Function):
         compute_dtype: torch.dtype | None,
         options: _Options,
         with_entropy: bool,
+        batch_invariant: bool,
     ):
         operands = _compute_copies(compute_dtype, hidden, weight, bias)
         weight_grad = weight_grad_dtype(compute_dtype, weight)
         if _fused_applies(options):
             loss, logprob, entropy, stats, grads = _fused(
-                operands, target, data, sequence, divisor, linear, options, wants, weight_grad
+                operands,
+                target,
+                data,
+                sequence,
+                divisor,
+                linear,
+                options,
+                wants,
+                weight_grad,
+                batch_invariant,
             )
         else:
-            lse, logprob, entropy = _forward(operands, target, linear, with_entropy)
+            lse, logprob, entropy = _forward(
+                operands, target, linear, with_entropy, batch_invariant
+            )
             valid = target != linear[0]
             loss, grad_logprob, grad_entropy, *stats = _policy_terms(
                 logprob, entropy, valid, *data, sequence, divisor, options
@@ -141,7 +159,7 @@ class LinearPolicyLossFunction(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]) and grad_loss is not None:
             grads = _apply_upstream(_scale_saved(ctx, "xent.linear_policy_loss"), grad_loss)
             grads = _no_double_backward("xent.linear_policy_loss", tuple(grads))
-        return tuple(grads) + (None,) * 9
+        return tuple(grads) + (None,) * 10
 
 
 @python_names
@@ -176,6 +194,7 @@ def linear_policy_loss(
     return_stats: bool = False,
     workspace_bytes: int | None = None,
     fp32_logits: bool = False,
+    batch_invariant: bool = False,
 ) -> Tensor | PolicyLossResult:
     """policy_loss(hidden @ weight.T + bias, target, advantages, ...) without ever holding the
     (N, V) logits: the RL policy losses (PPO, GRPO and variants) on a large-vocabulary LM head.
@@ -184,6 +203,9 @@ def linear_policy_loss(
     (V, H); bias (V,) or None. Every other keyword, the result and docs/semantics.md §7's formulas
     are policy_loss's. Chunked within workspace_bytes like linear_cross_entropy (same default;
     chunk logits rounded to the input dtype unless fp32_logits; mixed precision as there).
+    batch_invariant=True makes each row's logprob and entropy (and so its per-token terms) bit-
+    identical whatever the other rows of the call and the budget, as in linear_logprobs; the
+    loss and statistics, sums over the rows, are not.
     The gradients of hidden, weight and bias are formed in the forward and the backward only
     scales them by the upstream scalar, so a graph supports one backward. For every loss type but
     gspo the forward forms the logits once: three products, as linear_cross_entropy's training
@@ -191,6 +213,7 @@ def linear_policy_loss(
     gspo forms them twice (statistics, then the gradient from the per-token coefficients).
     """
     function = "linear_policy_loss"
+    _functional._check_flag(function, "batch_invariant", batch_invariant)
     _functional._check_tensor(function, "weight", weight)
     hidden2d, target1d, row_shape = _functional._rows(function, "hidden", hidden, target)
     options, transform, data, target1d, sequence, divisor = _prepare(
@@ -223,15 +246,25 @@ def linear_policy_loss(
             compute_dtype,
             options,
             with_entropy,
+            batch_invariant,
         )
     elif _fused_applies(options):
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
         loss, logprob, entropy, stats, _ = _fused(
-            operands, target1d, tuple(data), sequence, divisor, linear, options, wants, None
+            operands,
+            target1d,
+            tuple(data),
+            sequence,
+            divisor,
+            linear,
+            options,
+            wants,
+            None,
+            batch_invariant,
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        _, logprob, entropy = _forward(operands, target1d, linear, with_entropy)
+        _, logprob, entropy = _forward(operands, target1d, linear, with_entropy, batch_invariant)
         loss, _, _, *stats = _policy_terms(
             logprob, entropy, target1d != transform[0], *data, sequence, divisor, options
         )

@@ -300,10 +300,13 @@ def _linear_logprob_backward_fake(
 
 @_register_fake("xent::linear_policy_forward")
 def _linear_policy_forward_fake(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, *rest: Any
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, *rest: Any, batch_invariant: bool = False
 ) -> tuple:
     # rest: target, the four per-token inputs, token_weight, the policy and chunk options, then
-    # (grad_hidden, grad_weight, grad_bias, weight_grad_dtype) as the schema's last four.
+    # (grad_hidden, grad_weight, grad_bias, weight_grad_dtype), and batch_invariant when it comes
+    # positionally (the only bool that can end rest).
+    if rest and isinstance(rest[-1], bool):
+        rest = rest[:-1]
     grad_hidden, grad_weight, grad_bias, weight_grad_dtype = rest[-4:]
     dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     rows = hidden.shape[0]

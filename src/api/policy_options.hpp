@@ -16,6 +16,7 @@ inline LinearCeOptions linear_policy_chunk_options(const LinearPolicyOptions& op
   linear.ce.logit_scale = options.logit_scale;
   linear.workspace_budget = options.workspace_budget;
   linear.fp32_logits = options.fp32_logits;
+  linear.batch_invariant = options.batch_invariant;
   return linear;
 }
 

@@ -169,7 +169,43 @@ def test_policy_loss_takes_batch_invariant(device, gen):
     torch.testing.assert_close(call(slice(0, rows), False, None)[0], expected)
 
 
-@pytest.mark.parametrize("op", ["logprobs", "linear_logprobs", "policy_loss"])
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "with_gradient"])
+def test_linear_policy_loss_batch_invariant(device, gen, grad):
+    # The three-product op: a row's logprob and entropy (hence its per-token terms) alone and in
+    # batches, under several budgets, with and without the gradients formed in the forward. On
+    # CUDA a real head's width, bf16 (the pinned product), and budgets down to 8 MiB (row chunks
+    # of a few rows; with ∂W the vocabulary-blocked schedule).
+    cuda = device.type == "cuda"
+    hidden, vocab = (GPU_HIDDEN, 32003) if cuda else (16, 301)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    h, w, target = _linear_pool(gen, device, dtype, POOL, hidden, vocab)
+    advantages = ref.randn(gen, POOL, device=device)
+    old = xent.linear_logprobs(h.float(), w.float(), target).detach() - 0.05
+    # On the CPU a row with gradients takes more than the logits' buffers: twice those budgets.
+    budgets = GPU_BUDGETS if cuda else [b and 2 * b for b in _cpu_budgets(hidden, vocab)]
+
+    def call(piece, copy, budget):
+        rows = h[piece].clone() if copy else h[piece]
+        rows = rows.detach().requires_grad_(grad)
+        result = xent.linear_policy_loss(
+            rows,
+            w,
+            target[piece],
+            advantages[piece],
+            old_logprobs=old[piece],
+            entropy_coef=0.01,
+            return_stats=True,
+            workspace_bytes=budget,
+            batch_invariant=True,
+        )
+        if grad:
+            result.loss.backward()
+        return result.logprob, result.entropy
+
+    _assert_rows_invariant(call, POOL, budgets)
+
+
+@pytest.mark.parametrize("op", ["logprobs", "linear_logprobs", "policy_loss", "linear_policy_loss"])
 def test_batch_invariant_must_be_a_bool(op):
     logits = torch.randn(3, 5)
     target = torch.tensor([0, 1, 2])
@@ -180,6 +216,9 @@ def test_batch_invariant_must_be_a_bool(op):
         ),
         "policy_loss": lambda: xent.policy_loss(
             logits, target, torch.ones(3), batch_invariant=None
+        ),
+        "linear_policy_loss": lambda: xent.linear_policy_loss(
+            logits, torch.randn(7, 5), target, torch.ones(3), batch_invariant=0
         ),
     }
     with pytest.raises(ValueError, match="batch_invariant is not a bool"):

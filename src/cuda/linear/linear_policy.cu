@@ -123,6 +123,7 @@ void linear_policy_forward(TensorView hidden, TensorView weight, TensorView bias
     forward.b_transposed = true;
     forward.c = GemmMatrix{chunk_buffer, plan.logits_dtype, count, vocab, vocab};
     forward.bias = bias.present() ? bias.data : nullptr;
+    forward.pinned = linear.batch_invariant;  // docs/semantics.md §1
     gemm(forward, scratch, stream);
 
     CeRowsArgs args;  // step 2
