@@ -33,11 +33,15 @@ bool reference_candidate(const LinearCeCall& call) {
 }
 
 // Whether the reference path's fp32 ∂h product rows may lie in the ∂W output: a 16-bit ∂W written
-// over (not added into), one contiguous buffer twice the bytes of N fp32 rows of H.
+// over (not added into, nor holding the running sums of weight_dtype accumulation), one contiguous
+// buffer twice the bytes of N fp32 rows of H.
 bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
   const TensorView& weight_grad = call.grads.weight;
+  const bool sums_in_output =
+      call.options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype;
   return call.grads.hidden.present() && weight_grad.present() && !call.grads.accumulate_weight &&
-         weight_grad.dtype != DType::f32 && weight_grad.row_stride == weight_grad.cols &&
+         !sums_in_output && weight_grad.dtype != DType::f32 &&
+         weight_grad.row_stride == weight_grad.cols &&
          reinterpret_cast<std::uintptr_t>(weight_grad.data) % kWorkspaceAlignment == 0 &&
          weight_grad.rows >= 2 * call.hidden.rows;
 }
