@@ -524,8 +524,8 @@ def case_title(case: dict) -> str:
     shape = f"{case['n']}x{str(case['h']) + 'x' if case['h'] else ''}{case['v']}"
     notes = [
         case[k]
-        for k in ("options", "reduction", "distribution", "weight")
-        if case.get(k) not in (None, "plain", "mean", "random")
+        for k in ("options", "reduction", "distribution", "weight", "weight_grad_accumulation")
+        if case.get(k) not in (None, "plain", "mean", "random", "fp32")
     ]
     if case.get("inplace"):
         notes.append("inplace")
@@ -592,6 +592,7 @@ def measure_case(
         "mean_target_prob": case.get("mean_target_prob"),
         "weight_dtype": "float32" if case.get("weight", "").startswith("fp32") else None,
         "autocast": case.get("weight") == "fp32-autocast",
+        "weight_grad_accumulation": case.get("weight_grad_accumulation"),
         "label": case.get("label", ""),
         "device": device_name(device),
         "copy_bandwidth_bytes_per_s": bandwidth,
@@ -829,9 +830,14 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--budget-mib",
-        type=int,
-        help="workspace budget of xent's fused linear ops in MiB (default: the "
-        "package's device-aware default)",
+        help="workspace budget of xent's fused linear ops in MiB, or a comma list of budgets "
+        "(one case each, the anchors in the first only; default: the package's device-aware "
+        "default)",
+    )
+    parser.add_argument(
+        "--weight-grad-accumulation",
+        help="linear_ce: xent's weight_grad_accumulation, or a comma list of 'fp32', "
+        "'weight_dtype' (one case each per budget, the anchors in the first only)",
     )
     parser.add_argument(
         "--distribution",
@@ -900,11 +906,59 @@ def parse_args(argv=None):
             parser.error(f"--h is required for --op {args.op}")
         if min(args.n, args.v) <= 0:
             parser.error("--n and --v must be positive")
-    if args.budget_mib is not None and (args.budget_mib <= 0 or args.suite is not None):
-        parser.error("--budget-mib: a positive number of MiB, for a single shape (--n, --v)")
+    if args.budget_mib is not None:
+        try:
+            args.budget_mib = [int(mib) for mib in args.budget_mib.split(",")]
+        except ValueError:
+            args.budget_mib = [0]
+        if min(args.budget_mib) <= 0 or args.suite is not None:
+            parser.error(
+                "--budget-mib: positive numbers of MiB (a comma list), for a single shape "
+                "(--n, --v)"
+            )
+    if args.weight_grad_accumulation is not None:
+        args.weight_grad_accumulation = args.weight_grad_accumulation.split(",")
+        if args.suite is not None or args.op != "linear_ce":
+            parser.error("--weight-grad-accumulation: for a single linear_ce shape (--n, --v)")
+        for value in args.weight_grad_accumulation:
+            if value not in ("fp32", "weight_dtype"):
+                parser.error(
+                    f"--weight-grad-accumulation: got '{value}'; expected a comma list of "
+                    "fp32, weight_dtype"
+                )
     if args.weight is not None and args.suite is not None:
         parser.error("--weight: for a single shape (--n, --v); the suites set their own weights")
     return args
+
+
+def single_shape_cases(args) -> list[dict]:
+    """The cases of a run given --n, --v (and --h): one per --budget-mib and
+    --weight-grad-accumulation value, the anchors (whose memory is their own) in the first only."""
+    shape = dict(
+        op=args.op,
+        n=args.n,
+        h=args.h if "linear" in args.op else 0,
+        v=args.v,
+        dtype=args.dtype,
+        mode=args.mode,
+        kind=args.kind,
+        label="",
+        distribution=args.distribution or "random",
+    )
+    if args.weight is not None:
+        shape["weight"] = args.weight
+    cases = []
+    for mib in args.budget_mib or [None]:
+        for accumulation in args.weight_grad_accumulation or [None]:
+            case = dict(shape)
+            if mib is not None:
+                case["budget_bytes"] = mib << 20
+            if accumulation is not None:
+                case["weight_grad_accumulation"] = accumulation
+            if cases:
+                case["impls"] = ("xent_torch",)
+            cases.append(case)
+    return cases
 
 
 def main(argv=None) -> int:
@@ -940,26 +994,7 @@ def main(argv=None) -> int:
                 args.time_limit = 800.0
         else:
             args.op, args.n, args.h, args.v, args.dtype = "linear_ce", 1024, 256, 32000, "fp32"
-    if args.suite:
-        cases = selected_suite_cases(args)
-    else:
-        cases = [
-            dict(
-                op=args.op,
-                n=args.n,
-                h=args.h if "linear" in args.op else 0,
-                v=args.v,
-                dtype=args.dtype,
-                mode=args.mode,
-                kind=args.kind,
-                label="",
-                distribution=args.distribution or "random",
-            )
-        ]
-        if args.weight is not None:
-            cases[0]["weight"] = args.weight
-        if args.budget_mib is not None:
-            cases[0]["budget_bytes"] = args.budget_mib << 20
+    cases = selected_suite_cases(args) if args.suite else single_shape_cases(args)
     commit = git_commit()
     progress(f"device: {device_name(args.device)}, torch {torch.__version__}")
     bandwidth = copy_bandwidth(args.device)

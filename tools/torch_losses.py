@@ -149,6 +149,8 @@ def library_loss(impl: str, case: dict):
         budget = (
             {} if case.get("budget_bytes") is None else {"workspace_bytes": case["budget_bytes"]}
         )
+        if op == "linear_ce" and case.get("weight_grad_accumulation"):
+            budget["weight_grad_accumulation"] = case["weight_grad_accumulation"]
         if op == "ce":
             return lambda x: xf.cross_entropy(
                 x["logits"], x["target"], reduction=reduction, **options, **extra

@@ -49,6 +49,16 @@ LinearCeOptions make_linear_options(const char* function, const LinearInputs& in
   return options;
 }
 
+// The schema's weight_grad_accumulation string (linear_ce.hpp WeightGradAccumulation).
+WeightGradAccumulation parse_weight_grad_accumulation(const char* function,
+                                                      c10::string_view value_view) {
+  const std::string value(value_view.data(), value_view.size());
+  if (value == "fp32") return WeightGradAccumulation::fp32;
+  if (value == "weight_dtype") return WeightGradAccumulation::weight_dtype;
+  TORCH_CHECK_VALUE(false, function, ": weight_grad_accumulation unknown: got '", value,
+                    "'; expected one of 'fp32', 'weight_dtype'");
+}
+
 // Gradient tensors in their input's dtype ([0] when not requested) and their views.
 struct GradientBuffers {
   Tensor hidden, weight, bias;
@@ -101,7 +111,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                      bool fp32_logits, bool with_stats, bool grad_hidden, bool grad_weight,
                      bool grad_bias, bool cache_logits, const c10::optional<Tensor>& grad_scale,
                      c10::optional<at::ScalarType> weight_grad_dtype,
-                     const c10::optional<Tensor>& accumulate_into, bool batch_invariant) {
+                     const c10::optional<Tensor>& accumulate_into, bool batch_invariant,
+                     c10::string_view weight_grad_accumulation) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -111,6 +122,8 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
         make_linear_options(function, inputs, ignore_index, reduction, label_smoothing, z_loss,
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     options.batch_invariant = batch_invariant;
+    options.weight_grad_accumulation =
+        parse_weight_grad_accumulation(function, weight_grad_accumulation);
     const int64_t rows = hidden.dim() >= 1 ? hidden.size(0) : 0;
     const auto f32 = hidden.options().dtype(at::kFloat);
     const Reduction reduction_kind = options.ce.reduction;
@@ -183,7 +196,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     c10::optional<double> softcap, double logit_scale, int64_t workspace_bytes, bool fp32_logits,
     bool grad_hidden, bool grad_weight, bool grad_bias, const c10::optional<Tensor>& logits_cache,
-    c10::optional<at::ScalarType> weight_grad_dtype, const c10::optional<Tensor>& accumulate_into) {
+    c10::optional<at::ScalarType> weight_grad_dtype, const c10::optional<Tensor>& accumulate_into,
+    c10::string_view weight_grad_accumulation) {
   constexpr const char* function = "linear_ce_backward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -194,6 +208,8 @@ std::tuple<Tensor, Tensor, Tensor> linear_ce_backward_op(
                             softcap, logit_scale, workspace_bytes, fp32_logits);
     const auto cache_rows = optional_rows(logits_cache);
     options.logits_cache = optional_matrix_view(cache_rows, function, "logits_cache");
+    options.weight_grad_accumulation =
+        parse_weight_grad_accumulation(function, weight_grad_accumulation);
     return run_linear_backward(
         function, inputs, options, lse, grad_output.to(result_dtype(hidden)).contiguous(),
         EntropyGradient{}, grad_hidden, grad_weight, grad_bias, weight_grad_dtype, accumulate_into);
@@ -277,7 +293,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
       "bool grad_weight, bool grad_bias, bool cache_logits, Tensor? grad_scale, "
       "ScalarType? weight_grad_dtype, Tensor(a!)? accumulate_into=None, "
-      "bool batch_invariant=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "bool batch_invariant=False, str weight_grad_accumulation='fp32') -> (Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, "
       "Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "
@@ -285,7 +302,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "str reduction, float label_smoothing, float z_loss, float? softcap, float logit_scale, "
       "int workspace_bytes, bool fp32_logits, bool grad_hidden, bool grad_weight, "
       "bool grad_bias, Tensor? logits_cache, ScalarType? weight_grad_dtype, "
-      "Tensor(a!)? accumulate_into=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor(a!)? accumulate_into=None, str weight_grad_accumulation='fp32') -> (Tensor, "
+      "Tensor, Tensor)");
   m.def(
       "linear_ce_accumulate_correction(Tensor hidden, Tensor weight, Tensor? bias, "
       "Tensor target, Tensor lse, Tensor grad_loss, Tensor? grad_scale, Tensor? class_weight, "

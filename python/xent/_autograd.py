@@ -216,6 +216,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     # under autocast, or with 16-bit hidden states): ∂W then goes straight into an fp32 gradient
     # (the core accumulates it in place, no accumulator). grad_scale: 1/normalizer or None.
     # accumulate_into: an fp32 (V, H) buffer ∂W is added into instead of returned (or None).
+    # weight_grad_accumulation: "fp32" or "weight_dtype" (a 16-bit ∂W summed in its own dtype).
     @staticmethod
     def forward(
         ctx: Any,
@@ -233,6 +234,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         compute_dtype: torch.dtype,
         grad_scale: Tensor | None,
         accumulate_into: Tensor | None,
+        weight_grad_accumulation: str = "fp32",
     ):
         reduction = options[1]
         # sum/mean: the gradient for an upstream of 1 (or 1/normalizer) is formed in the same
@@ -262,8 +264,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             grad_scale if in_forward else None,
             weight_grad_dtype,
             ctx.accumulate_into if in_forward else None,
+            False,
+            weight_grad_accumulation,
         )
         stats, grads, logits_cache = list(outputs[:7]), outputs[7:10], outputs[10]
+        ctx.weight_grad_accumulation = weight_grad_accumulation
         ctx.options = options
         ctx.wants = wants
         ctx.returned = (wants[0], wants[1] and ctx.accumulate_into is None, wants[2])
@@ -302,7 +307,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, *unused: Any):
-        none = (None,) * 11
+        none = (None,) * 12
         if grad_loss is None:
             return (None, None, None) + none
         if ctx.in_forward:
@@ -341,6 +346,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                     cache,
                     ctx.weight_grad_dtype,
                     ctx.accumulate_into,
+                    ctx.weight_grad_accumulation,
                 )
             grads = tuple(g if w else None for g, w in zip(result, ctx.returned))
         grads = _no_double_backward("xent.linear_cross_entropy", grads)

@@ -157,6 +157,7 @@ def _linear_ce_forward_fake(
     weight_grad_dtype: torch.dtype | None,
     accumulate_into: Tensor | None = None,
     batch_invariant: bool = False,
+    weight_grad_accumulation: str = "fp32",
 ) -> tuple:
     grads = _linear_gradients(
         hidden,
@@ -220,6 +221,7 @@ def _linear_ce_backward_fake(
     logits_cache: Tensor | None,
     weight_grad_dtype: torch.dtype | None,
     accumulate_into: Tensor | None = None,
+    weight_grad_accumulation: str = "fp32",
 ) -> tuple:
     return _linear_gradients(
         hidden,

@@ -498,6 +498,7 @@ def linear_cross_entropy(
     vocab_size: int | None = None,
     reduce_hidden_grad: bool = True,
     accumulate_into: Tensor | None = None,
+    weight_grad_accumulation: str = "fp32",
 ) -> Tensor | CrossEntropyResult:
     """cross_entropy(hidden @ weight.T + bias, target) without ever holding the (N, V) logits.
 
@@ -542,6 +543,15 @@ def linear_cross_entropy(
     backward captured into a CUDA graph, where nothing can be read (it always adds (g - 1) times
     the gradient). With reduction "none" or grad_in_forward=False the backward adds the gradient
     of the real upstream. Not with process_group.
+
+    weight_grad_accumulation: how a 16-bit weight gradient is summed over the row chunks.
+    "fp32" (the default): in fp32, rounded once at the end (on a GPU a (V, H) fp32 accumulator
+    inside workspace_bytes, or a slower schedule where the budget cannot hold it). "weight_dtype"
+    (opt-in): each chunk's product is added straight into the 16-bit gradient, fp32 math inside
+    the product and one rounding per chunk: no accumulator, so small budgets keep the fast
+    three-product schedule, at a weight-gradient error that grows with the number of chunks K
+    (about sqrt(K) to K roundings of the dtype; docs/semantics.md §2). No effect on an fp32 weight
+    gradient (an fp32 weight, accumulate_into), which is summed in place. Not with process_group.
     """
     if _dtensor.any_dtensor(hidden, weight, bias, target, class_weight, row_weight):
         return _dtensor.call(linear_cross_entropy, "linear_cross_entropy", locals())
@@ -567,6 +577,7 @@ def linear_cross_entropy(
     grad_scale = _grad_scale(function, normalizer, reduction, hidden)
     if accumulate_into is not None:
         accumulate_into = _gradient_buffer(function, accumulate_into, weight, process_group)
+    _check_weight_grad_accumulation(function, weight_grad_accumulation, process_group)
     in_forward = False
     if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
         outputs = _distributed.linear_cross_entropy(
@@ -602,6 +613,7 @@ def linear_cross_entropy(
             compute_dtype,
             grad_scale,
             accumulate_into,
+            weight_grad_accumulation,
         )
         in_forward = grad_in_forward and reduction != "none"
     else:
@@ -624,6 +636,28 @@ def linear_cross_entropy(
     if not in_forward:
         outputs = _normalized(outputs, grad_scale)  # autograd carries 1/normalizer backward
     return _validated(_result(outputs, reduction, row_shape, return_stats), hidden)
+
+
+_WEIGHT_GRAD_ACCUMULATIONS = ("fp32", "weight_dtype")
+
+
+def _check_weight_grad_accumulation(function: str, value: Any, process_group: Any) -> None:
+    if not isinstance(value, str) or value not in _WEIGHT_GRAD_ACCUMULATIONS:
+        _fail(
+            function,
+            "weight_grad_accumulation",
+            "unknown",
+            repr(value),
+            "one of 'fp32', 'weight_dtype'",
+        )
+    if value != "fp32" and process_group is not None:
+        _fail(
+            function,
+            "weight_grad_accumulation",
+            "unsupported with process_group",
+            repr(value),
+            "'fp32' (the vocabulary-parallel form accumulates in fp32)",
+        )
 
 
 def _gradient_buffer(

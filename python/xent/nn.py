@@ -82,7 +82,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     """Fused LM head + cross-entropy: forward(input, weight, target, bias=None).
 
     input (N, H) or (B, T, H), weight (V, H) as F.linear takes them. The (N, V) logits are never
-    held: work is chunked within workspace_bytes (default 512 MiB).
+    held: work is chunked within workspace_bytes (default 512 MiB). weight_grad_accumulation as
+    in xent.linear_cross_entropy ("fp32", or the opt-in "weight_dtype").
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         fp32_logits: bool = False,
         grad_in_forward: bool = True,
         cache_logits: bool = False,
+        weight_grad_accumulation: str = "fp32",
     ):
         super().__init__()
         self.register_buffer("class_weight", class_weight)
@@ -112,6 +114,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.fp32_logits = fp32_logits
         self.grad_in_forward = grad_in_forward
         self.cache_logits = cache_logits
+        self.weight_grad_accumulation = weight_grad_accumulation
 
     def forward(
         self,
@@ -142,6 +145,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             grad_in_forward=self.grad_in_forward,
             cache_logits=self.cache_logits,
             accumulate_into=accumulate_into,
+            weight_grad_accumulation=self.weight_grad_accumulation,
         )
 
     def extra_repr(self) -> str:

@@ -291,6 +291,48 @@ TEST(ChunkPlan, Fp32WeightGradientOrOneChunkNeedsNoAccumulator) {
   EXPECT_EQ(one_chunk.accumulator_bytes, 0u);
 }
 
+TEST(ChunkPlan, WeightSumsInTheOutputKeepRowChunksWithoutAnAccumulator) {
+  // WeightGradAccumulation::weight_dtype: a 16-bit ∂W summed in its output over the row chunks,
+  // at every budget (64 MiB: ~200-row chunks where the fp32 accumulator forces blocks), with its
+  // 16-bit traffic per chunk (half an accumulator pass) in the predicted time. Statistics blocks
+  // are not taken even where preferred (their block ∂W would need a block accumulator).
+  for (const std::size_t budget : {16 * kMiB, 64 * kMiB, 256 * kMiB, 1024 * kMiB}) {
+    ChunkRequest request = training_request(8192, 4096, 128256, budget);
+    request.weight_gradient = true;
+    request.weight_accumulator = false;
+    request.weight_sums_in_output = true;
+    request.statistics_product = true;
+    request.statistics_bytes = 4 * kMiB;
+    request.prefer_statistics = true;
+    const ChunkPlan plan = plan_chunks(request);
+    SCOPED_TRACE(budget / kMiB);
+    EXPECT_EQ(plan.schedule, Schedule::row_chunks);
+    EXPECT_EQ(plan.accumulator_bytes, 0u);
+    EXPECT_TRUE(plan.fits_budget);
+    EXPECT_LE(plan.total_bytes, budget);
+    expect_covers_rows(plan, 8192);
+    if (budget == 64 * kMiB) {
+      EXPECT_GE(plan.chunk_count, 30);
+      EXPECT_LE(plan.chunk_count, 64);
+    }
+    ChunkRequest fp32_sums = request;
+    fp32_sums.weight_sums_in_output = false;
+    fp32_sums.weight_gradient = true;
+    fp32_sums.statistics_product = false;
+    const ChunkPlan in_place = plan_chunks(fp32_sums);  // the same chunks, an fp32 ∂W in place
+    if (in_place.schedule == Schedule::row_chunks && in_place.chunk_count == plan.chunk_count &&
+        plan.chunk_count > 1) {
+      const double acc_ms = 8.0 * 128256 * 4096 / 3e12 * 1e3;
+      EXPECT_NEAR(in_place.predicted_ms - plan.predicted_ms, plan.chunk_count * acc_ms / 2, 1e-6);
+    }
+  }
+  // The smallest budget is the one-row row-chunk plan's.
+  ChunkRequest request = training_request(8192, 4096, 128256, 0);
+  request.weight_accumulator = false;
+  request.weight_sums_in_output = true;
+  EXPECT_EQ(minimum_budget_bytes(request), plan_chunks(request).total_bytes);
+}
+
 TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
   // Blocks: 4 products + 4 passes over N×V; accumulated rows: 3 products + 2 passes + one
   // accumulator pass (8·V·H bytes) per chunk; both with their operands' re-reads.

@@ -21,20 +21,17 @@ double unit_roundoff(DType dtype) {
   return dtype == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
 }
 
-// Rows per rounding of ∂W under this budget: the plan's row chunks, or on CUDA the row tiles of
-// the vocabulary-blocked schedules (their ∂W is summed per tile in the output likewise).
+// Rows per rounding of ∂W under this budget: the plan's row chunks (on CUDA always the row-chunk
+// schedule without an accumulator, whose products add into the 16-bit ∂W).
 int64_t rows_per_rounding(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                           const LinearCeOptions& options,
                           [[maybe_unused]] const LinearGradients& grads) {
 #if XENT_TEST_ON_GPU
   const cuda::ChunkPlan plan =
       cuda::linear_ce_chunk_plan(rows, hidden, vocab, dtype, options, grads);
-  const bool blocked = plan.schedule == cuda::Schedule::vocabulary_blocks ||
-                       plan.schedule == cuda::Schedule::statistics_blocks;
-  EXPECT_NE(plan.schedule, cuda::Schedule::row_chunks_accumulated)
-      << "weight_dtype needs no fp32 accumulator";
-  if (blocked) EXPECT_EQ(plan.accumulator_bytes, 0u) << "nor a block accumulator";
-  return blocked ? plan.tile_rows : plan.chunk_rows;
+  EXPECT_EQ(plan.schedule, cuda::Schedule::row_chunks) << "weight_dtype needs no fp32 accumulator";
+  EXPECT_EQ(plan.accumulator_bytes, 0u);
+  return plan.chunk_rows;
 #else
   cpu::LinearShape shape;
   shape.rows = rows;
@@ -158,6 +155,36 @@ INSTANTIATE_TEST_SUITE_P(Chunks, LinearCeWeightDtype,
                          ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
                                             ::testing::Values(37, 8, 3, 1)),
                          weight_dtype_name);
+
+#if XENT_TEST_ON_GPU
+// The plan at the shape (no run): at 64 MiB the fp32 path cannot hold its 1.96 GiB
+// accumulator and leaves the row chunks; weight_dtype keeps them, with no accumulator, and the
+// workspace query stays within the budget.
+TEST(LinearCeWeightDtypeEdges, SmallBudgetKeepsRowChunksOnCuda) {
+  require_device();
+  const int64_t rows = 8192, hidden_size = 4096, vocab = 128256;
+  const LinearGradients grads{TensorView{nullptr, DType::bf16, 2, rows, hidden_size, hidden_size},
+                              TensorView{nullptr, DType::bf16, 2, vocab, hidden_size, hidden_size},
+                              {}};
+  LinearCeOptions options;
+  options.workspace_budget = std::size_t{64} << 20;
+  const cuda::ChunkPlan fp32 =
+      cuda::linear_ce_chunk_plan(rows, hidden_size, vocab, DType::bf16, options, grads);
+  EXPECT_NE(fp32.schedule, cuda::Schedule::row_chunks);
+  options.weight_grad_accumulation = WeightGradAccumulation::weight_dtype;
+  for (const bool statistics : {false, true}) {
+    const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(rows, hidden_size, vocab, DType::bf16,
+                                                            options, grads, statistics);
+    EXPECT_EQ(plan.schedule, cuda::Schedule::row_chunks);
+    EXPECT_EQ(plan.accumulator_bytes, 0u);
+    EXPECT_GT(plan.chunk_count, 1);
+    EXPECT_LE(plan.total_bytes, options.workspace_budget);
+  }
+  EXPECT_LE(
+      linear_ce_workspace_size(rows, hidden_size, vocab, DType::bf16, options, test_device(), true),
+      options.workspace_budget);
+}
+#endif
 
 TEST(LinearCeWeightDtypeEdges, NoEffectOnAnFp32LayerOrAnEmptyBatch) {
   require_device();

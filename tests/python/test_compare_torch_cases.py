@@ -251,3 +251,38 @@ def test_curve_plot_from_a_record(tmp_path):
 
     other = [dict(r, label="perf-linear") for r in records]
     assert plot_results.plot_linear_curve(plt, other, "GPU X", str(out)) == []
+
+
+def test_budgets_and_weight_grad_accumulations_make_one_case_each():
+    args = compare_torch.parse_args(
+        "--n 64 --h 32 --v 1000 --budget-mib 64,256 --weight-grad-accumulation "
+        "fp32,weight_dtype --impls liger,xent_torch".split()
+    )
+    cases = compare_torch.single_shape_cases(args)
+    assert [(c["budget_bytes"] >> 20, c["weight_grad_accumulation"]) for c in cases] == [
+        (64, "fp32"),
+        (64, "weight_dtype"),
+        (256, "fp32"),
+        (256, "weight_dtype"),
+    ]
+    assert "impls" not in cases[0]
+    assert all(c["impls"] == ("xent_torch",) for c in cases[1:])
+    single = compare_torch.single_shape_cases(
+        compare_torch.parse_args("--n 8 --h 4 --v 10".split())
+    )
+    assert len(single) == 1 and "budget_bytes" not in single[0]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--budget-mib", "64,x"],
+        ["--budget-mib", "0"],
+        ["--weight-grad-accumulation", "bf16"],
+        ["--weight-grad-accumulation", "fp32", "--op", "ce"],
+    ],
+)
+def test_bad_budget_or_accumulation_lists_are_refused(flag, capsys):
+    with pytest.raises(SystemExit):
+        compare_torch.parse_args(["--n", "8", "--h", "4", "--v", "10", *flag])
+    assert flag[0] in capsys.readouterr().err

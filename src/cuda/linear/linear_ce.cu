@@ -41,11 +41,16 @@ bool reference_candidate(const LinearCeCall& call) {
 }
 
 // Whether the reference path's fp32 ∂h product rows may lie in the ∂W output: a 16-bit ∂W written
-// over (not added into), one contiguous buffer twice the bytes of N fp32 rows of H.
-bool hidden_product_fits_weight_grad(const LinearCeCall& call) {
+// over (not added into, nor holding the running sums of weight_dtype accumulation over `chunks`
+// row chunks: one chunk writes it over too), one contiguous buffer twice the bytes of N fp32 rows
+// of H.
+bool hidden_product_fits_weight_grad(const LinearCeCall& call, int64_t chunks) {
   const TensorView& weight_grad = call.grads.weight;
+  const bool sums_in_output =
+      call.options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype && chunks > 1;
   return call.grads.hidden.present() && weight_grad.present() && !call.grads.accumulate_weight &&
-         weight_grad.dtype != DType::f32 && weight_grad.row_stride == weight_grad.cols &&
+         !sums_in_output && weight_grad.dtype != DType::f32 &&
+         weight_grad.row_stride == weight_grad.cols &&
          reinterpret_cast<std::uintptr_t>(weight_grad.data) % kWorkspaceAlignment == 0 &&
          weight_grad.rows >= 2 * call.hidden.rows;
 }
@@ -74,7 +79,8 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   // (reference_plan_accepted).
   ReferenceUse reference;
   if (candidate) {
-    reference.hidden_product_in_weight_grad = hidden_product_fits_weight_grad(call);
+    reference.hidden_product_in_weight_grad =
+        hidden_product_fits_weight_grad(call, plan.chunks.chunk_count);
     const LinearCePlan with_scratch = plan_for_gradients(
         rows, hidden, vocab, dtype, call.options, call.grads, statistics, true,
         reference_chunk_row_bytes(

@@ -182,12 +182,15 @@ ChunkPlan row_chunk_plan(const ChunkRequest& request, std::size_t gemm, std::siz
   // ∂W over several chunks re-reads and re-writes V×H fp32 per chunk, in the workspace
   // accumulator or in an fp32 output alike.
   const bool accumulates =
-      (request.weight_gradient || request.weight_accumulator) && plan.chunk_count > 1;
+      (request.weight_gradient || request.weight_accumulator || request.weight_sums_in_output) &&
+      plan.chunk_count > 1;
   const double row_passes = request.gradient_in_product
                                 ? kReferenceEpiloguePasses
                                 : static_cast<double>(request.logits_buffers_per_row + 1);
+  // A 16-bit ∂W summed in its output moves half the bytes of an fp32 one per chunk.
+  const double acc_ms = request.weight_sums_in_output ? m.acc_ms / 2 : m.acc_ms;
   plan.predicted_ms = products * m.product_ms + row_passes * m.pass_ms +
-                      (accumulates ? plan.chunk_count * m.acc_ms : 0.0) +
+                      (accumulates ? plan.chunk_count * acc_ms : 0.0) +
                       reread_ms(m, products, plan.chunk_count, 0, 0) +
                       plan.chunk_count * (products + 1) * kLaunchSeconds * 1e3;
   return plan;
@@ -549,7 +552,7 @@ ChunkPlan choose_plan_with(const ChunkRequest& request, std::size_t gemm) {
   const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
   ChunkPlan plan = plain;
   const bool weight = request.weight_gradient || request.weight_accumulator;
-  if (weight && plain.chunk_count > 1) {
+  if (weight && plain.chunk_count > 1 && !request.weight_sums_in_output) {
     // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
     // place (the plain plan), which may still lose to blocks when chunks are small.
     const std::size_t accumulator = request.weight_accumulator
@@ -571,7 +574,7 @@ ChunkPlan choose_plan_with(const ChunkRequest& request, std::size_t gemm) {
   // (d) when the call can form its statistics without logits and (d) fits: when predicted faster
   // than the plan above, against (c) with the model's measured bias (below), and whenever asked
   // to (then even where one chunk would do).
-  if (request.statistics_product && weight && request.rows > 0 &&
+  if (request.statistics_product && weight && request.rows > 0 && !request.weight_sums_in_output &&
       (plain.chunk_count > 1 || request.prefer_statistics)) {
     const ChunkPlan statistics = best_statistics_block_plan(request, gemm);
     const bool plan_fits = plan.total_bytes <= request.budget_bytes;

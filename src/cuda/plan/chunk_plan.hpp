@@ -44,6 +44,11 @@ struct ChunkRequest {
   // ∂W is wanted in a 16-bit dtype: accumulating it over several row chunks needs fp32 (V×H, or
   // block×H in the vocabulary-blocked schedule). Not set for fp32 ∂W (accumulated in place).
   bool weight_accumulator = false;
+  // A 16-bit ∂W added chunk by chunk straight into its output (WeightGradAccumulation::
+  // weight_dtype; weight_accumulator is then false): row chunks without an accumulator whatever
+  // their count, each re-reading and re-writing V×H 16-bit values. The vocabulary-blocked
+  // schedules, which would sum row tiles in an fp32 block accumulator, are not taken.
+  bool weight_sums_in_output = false;
   std::size_t bias_accumulator_bytes = 0;  // fp32 ∂bias of a 16-bit bias (V floats)
   // Bytes per row that the first pass of the vocabulary-blocked schedule saves for the block
   // gradients: the lse for cross-entropy; lse of student and teacher, the row sums and the hard
@@ -90,7 +95,8 @@ struct ChunkRequest {
 };
 
 enum class Schedule {
-  // (a) row chunks, no V×H accumulator: one chunk, fp32 ∂W accumulated in place, or no ∂W.
+  // (a) row chunks, no V×H accumulator: one chunk, fp32 ∂W accumulated in place, a 16-bit ∂W
+  // added into its output (weight_sums_in_output), or no ∂W.
   row_chunks,
   // (b) row chunks and an fp32 V×H ∂W accumulator in the workspace.
   row_chunks_accumulated,

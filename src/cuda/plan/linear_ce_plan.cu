@@ -68,7 +68,12 @@ LinearCePlan plan_linear_ce(int64_t rows, int64_t hidden, int64_t vocab, DType d
   // Only the gradient path pipelines (the forward-only path has no products to hide behind).
   request.gradient_in_product = wants.gradients && wants.reference_priced;
   request.weight_gradient = wants.gradients && wants.weight;
-  request.weight_accumulator = request.weight_gradient && wants.weight_accumulator;
+  // weight_dtype: a 16-bit ∂W is summed in the caller's output, so no fp32 accumulator is counted
+  // (docs/semantics.md §2); an fp32 ∂W has none to drop.
+  const bool sixteen_bit_weight = request.weight_gradient && wants.weight_accumulator;
+  const bool in_output = options.weight_grad_accumulation == WeightGradAccumulation::weight_dtype;
+  request.weight_accumulator = sixteen_bit_weight && !in_output;
+  request.weight_sums_in_output = sixteen_bit_weight && in_output;
   request.bias_accumulator_bytes =
       bias_accumulator_bytes(wants.gradients && wants.bias_accumulator, vocab);
   request.statistics_product = wants.gradients && wants.statistics;
