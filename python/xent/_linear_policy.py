@@ -7,9 +7,11 @@ N-sized torch ops. Elsewhere (CUDA until its kernel exists, and gspo, whose rati
 sequence's tokens) the composition below runs. The statistics come from linear_ce's `none` forward (chunked within the workspace budget), the
 per-token coefficients c_ℓ and c_H from the same N-sized torch ops as policy_loss (_policy_terms),
 and ∂h, ∂W and ∂bias at once from the fused logprob backward fed with those coefficients, all in
-the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held.
-Four products (the logits are formed twice); the single-pass form is docs/semantics.md §7's
-"Fused with the LM head".
+the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held:
+the statistics pass keeps the logits of the first rows that DEFAULT_LOGPROBS_CACHE_BYTES (1 GiB)
+holds for the gradient pass, which recomputes the others'. Four products for the rows outside
+that cache (the logits formed twice), three for those in it; the single-pass form is
+docs/semantics.md §7's "Fused with the LM head".
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from torch import Tensor
 import xent.functional as _functional  # its helpers, read at call time (it imports this module)
 from xent._autograd import _apply_upstream, _compute_copies, _no_double_backward, _scale_saved
 from xent._errors import python_names
-from xent._logprobs import _statistics, linear_none_forward, weight_grad_dtype
+from xent._logprobs import (
+    DEFAULT_LOGPROBS_CACHE_BYTES,
+    _statistics,
+    linear_none_forward,
+    logits_cache_rows,
+    weight_grad_dtype,
+)
 from xent._ops import ops
 from xent._policy import (
     PolicyLossResult,
@@ -33,10 +41,14 @@ from xent._policy import (
 )
 
 
-def _forward(operands: tuple, target: Tensor, linear: tuple, with_entropy: bool) -> tuple:
-    """(lse, logprob, entropy) of the head's logits."""
-    outputs = linear_none_forward(operands, target, linear, with_entropy)
-    return _statistics(outputs, target, linear[0], with_entropy)
+def _forward(
+    operands: tuple, target: Tensor, linear: tuple, with_entropy: bool, cache_rows: int = 0
+) -> tuple:
+    """(lse, logprob, entropy) of the head's logits, and the cache of the logits of rows
+    [0, cache_rows) (None without)."""
+    outputs = linear_none_forward(operands, target, linear, with_entropy, cache_rows)
+    cache = outputs[10] if cache_rows > 0 else None
+    return (*_statistics(outputs, target, linear[0], with_entropy), cache)
 
 
 def _fused_applies(hidden: Tensor, options: _Options) -> bool:
@@ -113,7 +125,16 @@ class LinearPolicyLossFunction(torch.autograd.Function):
                 operands, target, data, sequence, divisor, linear, options, wants, weight_grad
             )
         else:
-            lse, logprob, entropy = _forward(operands, target, linear, with_entropy)
+            hidden_rows, weight_rows = operands[0].shape[0], operands[1].shape[0]
+            rows = logits_cache_rows(
+                hidden_rows,
+                weight_rows,
+                operands[0].dtype,
+                linear[4],
+                False,
+                DEFAULT_LOGPROBS_CACHE_BYTES,
+            )
+            lse, logprob, entropy, cache = _forward(operands, target, linear, with_entropy, rows)
             valid = target != linear[0]
             loss, grad_logprob, grad_entropy, *stats = _policy_terms(
                 logprob, entropy, valid, *data, sequence, divisor, options
@@ -127,9 +148,10 @@ class LinearPolicyLossFunction(torch.autograd.Function):
                 grad_entropy,
                 *linear,
                 *wants,
-                None,
+                cache,
                 weight_grad,
             )
+            del cache
         ctx.save_for_backward(*(g if w else None for g, w in zip(grads, wants)))
         ctx.scaled = False
         outputs = (logprob, entropy, *stats)
@@ -189,7 +211,9 @@ def linear_policy_loss(
     scales them by the upstream scalar, so a graph supports one backward. On CPU tensors (every
     loss type but gspo) the forward forms the logits once: three products, as
     linear_cross_entropy's training step. On CUDA, and for gspo, it still forms them twice
-    (statistics, then the gradient from the per-token coefficients): four products.
+    (statistics, then the gradient from the per-token coefficients): four products, but for the
+    first rows whose logits DEFAULT_LOGPROBS_CACHE_BYTES (1 GiB, held only inside the forward)
+    keeps between the two passes.
     """
     function = "linear_policy_loss"
     _functional._check_tensor(function, "weight", weight)
@@ -232,7 +256,7 @@ def linear_policy_loss(
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        _, logprob, entropy = _forward(operands, target1d, linear, with_entropy)
+        _, logprob, entropy, _ = _forward(operands, target1d, linear, with_entropy)
         loss, _, _, *stats = _policy_terms(
             logprob, entropy, target1d != transform[0], *data, sequence, divisor, options
         )
