@@ -6,9 +6,14 @@ Every implementation computes J = Σ_n a_n·logprob_n + β·Σ_n entropy_n (a: r
 advantages, β = 0.01: the shape of a GRPO/PPO policy loss) and backpropagates it into the hidden
 states and the LM head weight:
 
-  xent       xent.linear_logprobs(h, W, y, temperature, return_entropy=True)
+  xent       xent.linear_logprobs(h, W, y, temperature, return_entropy=True): its default
+             logits cache (the first rows' logits within DEFAULT_LOGPROBS_CACHE_BYTES, 1 GiB)
   xent_cache the same with cache_logits=True (the forward keeps the N×V logits for the backward:
              three products instead of four, N·V elements more)
+  xent_nocache  the same with cache_bytes=0: every row's logits recomputed (four products)
+  xent_cache_1g, xent_cache_4g  the same with cache_bytes 1 GiB / 4 GiB
+  products3  the three bare products of a training step (h·Wᵀ, G·W, Gᵀ·h in the input dtype, G a
+             fixed N×V tensor): F, the floor; records carry time_vs_products3
   xent_logprob  xent.linear_logprobs(h, W, y, temperature) without the entropy: J = Σ a·logprob
              (the forward asks for the loss and lse alone, so the lean kernels run)
   eager      log_softmax((h @ W.T).float() / T), gather and entropy, in PyTorch eager
@@ -65,6 +70,10 @@ from compare_torch import (  # noqa: E402
 IMPLS = (
     "xent",
     "xent_cache",
+    "xent_nocache",
+    "xent_cache_1g",
+    "xent_cache_4g",
+    "products3",
     "xent_logprob",
     "eager",
     "compile",
@@ -126,7 +135,20 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
     if impl == "product":
         return lambda h, w, y, advantage: h @ w.T
 
-    if impl in ("xent", "xent_cache"):
+    if impl == "products3":
+        gradient = {}
+
+        def objective(h, w, y, advantage):
+            # A leaf of its own so that backward() runs the two gradient products and nothing else.
+            if "g" not in gradient:
+                gradient["g"] = torch.randn(h.shape[0], w.shape[0], device=h.device).to(h.dtype)
+            logits = h @ w.T
+            return _ThreeProducts.apply(h, w, logits, gradient["g"])
+
+        return objective
+    cache_bytes = {"xent_nocache": 0, "xent_cache_1g": 1 << 30, "xent_cache_4g": 4 << 30}
+    if impl in ("xent", "xent_cache") or impl in cache_bytes:
+        keywords = {"cache_bytes": cache_bytes[impl]} if impl in cache_bytes else {}
 
         def objective(h, w, y, advantage):
             logprob, entropy = xent.linear_logprobs(
@@ -136,6 +158,7 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
                 temperature=temperature,
                 return_entropy=True,
                 cache_logits=impl == "xent_cache",
+                **keywords,
             )
             return (advantage * logprob).sum() + ENTROPY_WEIGHT * entropy.sum()
 
@@ -263,7 +286,7 @@ def reference_value(impl: str, h, w, y, advantage, temperature: float):
         # No closed form here: the library's float64 CPU path, which its tests hold to the
         # float64 formulas of docs/semantics.md §7.
         return make_objective(impl, temperature)(h, w, y, advantage)
-    if impl in ("xent", "xent_cache", "eager", "compile"):
+    if impl.startswith("xent_cache") or impl in ("xent", "xent_nocache", "eager", "compile"):
         return materialised(h, w, y, advantage, temperature)
     if impl == "xent_logprob":
         logp = F.log_softmax(_logits(h, w, temperature), dim=-1)
@@ -296,6 +319,20 @@ def check(impl: str, args, dtype) -> dict:
         "loss_rel_err": abs(value.item() - expected.item()) / max(abs(expected.item()), 1e-300),
         "grad_rel_err": max(_rel_error(hidden.grad, h64.grad), _rel_error(weight.grad, w64.grad)),
     }
+
+
+class _ThreeProducts(torch.autograd.Function):
+    """A scalar of the logits whose backward is the two gradient products with a fixed G."""
+
+    @staticmethod
+    def forward(ctx, h, w, logits, gradient):
+        ctx.save_for_backward(h, w, gradient)
+        return logits.new_zeros((), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, _):
+        h, w, gradient = ctx.saved_tensors
+        return gradient @ w, gradient.T @ h, None, None
 
 
 class _with_budget:
@@ -350,7 +387,7 @@ def measure(impl, inputs, args, base):
         value.backward()
         return value
 
-    if args.check and not args.no_grad:
+    if args.check and not args.no_grad and impl not in ("product", "products3"):
         try:
             record.update(check(impl, args, inputs[0].dtype))
             progress(
@@ -452,12 +489,15 @@ def main(argv=None) -> int:
     records = [measure(impl, inputs, args, base) for impl in args.impls.split(",") if impl]
     reference = next((r for r in records if r["impl"] == "linear_ce" and r["time_ms"]), None)
     product = next((r for r in records if r["impl"] == "product" and r["time_ms"]), None)
+    three = next((r for r in records if r["impl"] == "products3" and r["time_ms"]), None)
     for r in records:
         if product and r["time_ms"]:
             r["time_vs_product"] = r["time_ms"]["median"] / product["time_ms"]["median"]
+        if three and r["time_ms"]:
+            r["time_vs_products3"] = r["time_ms"]["median"] / three["time_ms"]["median"]
     print(
         f"{'impl':15s} {'median ms':>10s} {'p20 ms':>10s} {'p80 ms':>10s} {'extra MiB':>10s}"
-        f" {'vs linear_ce':>12s} {'vs product':>10s}"
+        f" {'vs linear_ce':>12s} {'vs product':>10s} {'vs F':>6s}"
     )
     for r in records:
         if r["error"]:
@@ -469,9 +509,10 @@ def main(argv=None) -> int:
         extra = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.1f}"
         ratio = f"{r['time_vs_linear_ce']:.3f}" if reference else "-"
         floor = f"{r['time_vs_product']:.3f}" if product else "-"
+        in_f = f"{r['time_vs_products3']:.3f}" if three else "-"
         print(
             f"{r['impl']:15s} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f}"
-            f" {extra:>10s} {ratio:>12s} {floor:>10s}"
+            f" {extra:>10s} {ratio:>12s} {floor:>10s} {in_f:>6s}"
         )
     if args.json:
         with open(args.json, "w") as f:

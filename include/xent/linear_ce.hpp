@@ -23,10 +23,12 @@ struct LinearCeOptions {
   std::size_t workspace_budget = std::size_t{512} << 20;
   bool fp32_logits = false;  // keep chunk logits in fp32 instead of rounding to the input dtype
   WeightGradAccumulation weight_grad_accumulation = WeightGradAccumulation::fp32;
-  // Optional [N, V] buffer in the chunk-logits dtype (fp32 with fp32_logits, else the input
-  // dtype), owned by the caller. A forward that forms no gradient fills it with the logits it
-  // computes; a backward given it reads the logits from it instead of recomputing h·Wᵀ. It trades
-  // N×V memory for one product in `none` training, so it is off unless the caller opts in.
+  // Optional [R, V] buffer (R ≤ N) in the chunk-logits dtype (fp32 with fp32_logits, else the
+  // input dtype), owned by the caller: the logits of rows [0, R). A forward that forms no gradient
+  // fills it with the logits it computes for those rows; a backward given it reads their logits
+  // from it instead of recomputing h·Wᵀ and recomputes the other rows' as without a cache. It
+  // trades R×V memory for R/N of one product in `none` training, so it is off unless the caller
+  // opts in; R < N keeps part of the saving within a memory budget.
   TensorView logits_cache;
   // Each row's forward values (loss, lse, logprob, entropy) are bit-identical whatever the number
   // of rows in the call, the row's position and the workspace budget: the logits product runs in

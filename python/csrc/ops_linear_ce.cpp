@@ -100,8 +100,9 @@ GradientBuffers make_gradients(const char* function, const LinearInputs& inputs,
 }
 
 // (loss, lse, logprob, entropy, argmax, accuracy, z_loss_value, grad_hidden, grad_weight,
-//  grad_bias, logits_cache): unrequested ones are empty [0] tensors. The logits cache [N, V] is
-// filled by a forward that forms no gradient, for a backward that then skips h·Wᵀ.
+//  grad_bias, logits_cache): unrequested ones are empty [0] tensors. The logits cache [R, V] of
+// rows [0, R) (R = cache_rows, or N when it is negative) is filled by a forward that forms no
+// gradient, for a backward that then skips h·Wᵀ on those rows.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>
 linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
                      const Tensor& target, const c10::optional<Tensor>& class_weight,
@@ -112,7 +113,7 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
                      bool grad_bias, bool cache_logits, const c10::optional<Tensor>& grad_scale,
                      c10::optional<at::ScalarType> weight_grad_dtype,
                      const c10::optional<Tensor>& accumulate_into, bool batch_invariant,
-                     c10::string_view weight_grad_accumulation) {
+                     c10::string_view weight_grad_accumulation, int64_t cache_rows) {
   constexpr const char* function = "linear_ce_forward";
   return translate_errors([&] {
     c10::DeviceGuard guard(hidden.device());
@@ -137,7 +138,9 @@ linear_ce_forward_op(const Tensor& hidden, const Tensor& weight, const c10::opti
     Tensor logits_cache = at::empty({0}, hidden.options());
     if (cache_logits) {
       const int64_t vocab = weight.dim() >= 1 ? weight.size(0) : 0;
-      logits_cache = at::empty({rows, vocab}, fp32_logits ? f32 : hidden.options());
+      // A count above N is left to the core's check of the cache's shape.
+      logits_cache = at::empty({cache_rows < 0 ? rows : cache_rows, vocab},
+                               fp32_logits ? f32 : hidden.options());
       cached_options.logits_cache = matrix_view(logits_cache, function, "logits_cache");
     }
 
@@ -249,8 +252,9 @@ void linear_ce_accumulate_correction_op(
 
 // The backward of xent.linear_logprobs (reduction none, no other loss option): g_lp enters as
 // grad_output = −g_lp, grad_entropy (may be absent) adds the entropy term to each chunk's
-// gradient in the same pass, from the forward's lse and entropy. logits_cache: the [N, V] logits
-// a forward with cache_logits kept (read instead of recomputed), and weight_grad_dtype (fp32 for
+// gradient in the same pass, from the forward's lse and entropy. logits_cache: the [R, V] logits
+// of rows [0, R) a forward with cache_logits kept (read instead of recomputed; the other rows'
+// recomputed), and weight_grad_dtype (fp32 for
 // an fp32 master weight: ∂W accumulated in place), as in linear_ce_backward.
 std::tuple<Tensor, Tensor, Tensor> linear_logprob_backward_op(
     const Tensor& hidden, const Tensor& weight, const c10::optional<Tensor>& bias,
@@ -293,8 +297,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "int workspace_bytes, bool fp32_logits, bool with_stats, bool grad_hidden, "
       "bool grad_weight, bool grad_bias, bool cache_logits, Tensor? grad_scale, "
       "ScalarType? weight_grad_dtype, Tensor(a!)? accumulate_into=None, "
-      "bool batch_invariant=False, str weight_grad_accumulation='fp32') -> (Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "bool batch_invariant=False, str weight_grad_accumulation='fp32', int cache_rows=-1) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
       "Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "linear_ce_backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor target, Tensor? lse, "

@@ -7,8 +7,10 @@ from N-sized torch ops. gspo, whose ratio couples a sequence's tokens, runs the 
 the statistics from linear_ce's `none` forward (chunked within the workspace budget), the
 per-token coefficients c_ℓ and c_H from the same N-sized torch ops as policy_loss (_policy_terms),
 and ∂h, ∂W and ∂bias at once from the fused logprob backward fed with those coefficients, all in
-the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held.
-Four products (the logits are formed twice).
+the forward; the backward only scales them by the upstream scalar. No N × V tensor is ever held:
+the statistics pass keeps the logits of the first rows that DEFAULT_LOGPROBS_CACHE_BYTES (1 GiB)
+holds for the gradient pass, which recomputes the others'. Four products for the rows outside
+that cache (the logits formed twice), three for those in it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from torch import Tensor
 import xent.functional as _functional  # its helpers, read at call time (it imports this module)
 from xent._autograd import _apply_upstream, _compute_copies, _no_double_backward, _scale_saved
 from xent._errors import python_names
-from xent._logprobs import _statistics, linear_none_forward, weight_grad_dtype
+from xent._logprobs import (
+    DEFAULT_LOGPROBS_CACHE_BYTES,
+    _statistics,
+    linear_none_forward,
+    logits_cache_rows,
+    weight_grad_dtype,
+)
 from xent._ops import ops
 from xent._policy import (
     PolicyLossResult,
@@ -33,13 +41,20 @@ from xent._policy import (
 
 
 def _forward(
-    operands: tuple, target: Tensor, linear: tuple, with_entropy: bool, batch_invariant: bool
+    operands: tuple,
+    target: Tensor,
+    linear: tuple,
+    with_entropy: bool,
+    batch_invariant: bool,
+    cache_rows: int = 0,
 ) -> tuple:
-    """(lse, logprob, entropy) of the head's logits."""
+    """(lse, logprob, entropy) of the head's logits, and the cache of the logits of rows
+    [0, cache_rows) (None without)."""
     outputs = linear_none_forward(
-        operands, target, linear, with_entropy, batch_invariant=batch_invariant
+        operands, target, linear, with_entropy, cache_rows, batch_invariant=batch_invariant
     )
-    return _statistics(outputs, target, linear[0], with_entropy)
+    cache = outputs[10] if cache_rows > 0 else None
+    return (*_statistics(outputs, target, linear[0], with_entropy), cache)
 
 
 def _fused_applies(options: _Options) -> bool:
@@ -128,8 +143,17 @@ class LinearPolicyLossFunction(torch.autograd.Function):
                 batch_invariant,
             )
         else:
-            lse, logprob, entropy = _forward(
-                operands, target, linear, with_entropy, batch_invariant
+            hidden_rows, weight_rows = operands[0].shape[0], operands[1].shape[0]
+            rows = logits_cache_rows(
+                hidden_rows,
+                weight_rows,
+                operands[0].dtype,
+                linear[4],
+                False,
+                DEFAULT_LOGPROBS_CACHE_BYTES,
+            )
+            lse, logprob, entropy, cache = _forward(
+                operands, target, linear, with_entropy, batch_invariant, rows
             )
             valid = target != linear[0]
             loss, grad_logprob, grad_entropy, *stats = _policy_terms(
@@ -144,9 +168,10 @@ class LinearPolicyLossFunction(torch.autograd.Function):
                 grad_entropy,
                 *linear,
                 *wants,
-                None,
+                cache,
                 weight_grad,
             )
+            del cache
         ctx.save_for_backward(*(g if w else None for g, w in zip(grads, wants)))
         ctx.scaled = False
         outputs = (logprob, entropy, *stats)
@@ -210,7 +235,9 @@ def linear_policy_loss(
     scales them by the upstream scalar, so a graph supports one backward. For every loss type but
     gspo the forward forms the logits once: three products, as linear_cross_entropy's training
     step (four where the budget cannot hold ∂W's fp32 accumulator of a 16-bit weight, as there).
-    gspo forms them twice (statistics, then the gradient from the per-token coefficients).
+    gspo forms them twice (statistics, then the gradient from the per-token coefficients), but
+    for the first rows whose logits DEFAULT_LOGPROBS_CACHE_BYTES (1 GiB, held only inside the
+    forward) keeps between the two passes.
     """
     function = "linear_policy_loss"
     _functional._check_flag(function, "batch_invariant", batch_invariant)
@@ -264,7 +291,7 @@ def linear_policy_loss(
         )
     else:
         operands = _compute_copies(compute_dtype, hidden2d, weight, bias)
-        _, logprob, entropy = _forward(operands, target1d, linear, with_entropy, batch_invariant)
+        _, logprob, entropy, _ = _forward(operands, target1d, linear, with_entropy, batch_invariant)
         loss, _, _, *stats = _policy_terms(
             logprob, entropy, target1d != transform[0], *data, sequence, divisor, options
         )

@@ -18,6 +18,10 @@ from torch import Tensor
 from xent._autograd import _compute_copies, _no_double_backward
 from xent._ops import ops
 
+# What linear_logprobs keeps of the forward's logits for its backward when gradients are wanted
+# (its cache_bytes), and linear_policy_loss's composition between its two passes.
+DEFAULT_LOGPROBS_CACHE_BYTES = 1 << 30
+
 
 def _zero_ignored(values: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     # Ignored rows' entropy is 0 (their logprob already is), whatever the statistic holds there.
@@ -42,13 +46,14 @@ def linear_none_forward(
     target: Tensor,
     options: tuple,
     with_stats: bool,
-    cache_logits: bool = False,
+    cache_rows: int = 0,
     batch_invariant: bool = False,
 ) -> tuple:
     """linear_ce_forward's outputs with reduction none, no label smoothing and no z-loss: the
     per-row statistics of the fused logprob ops. options: (ignore_index, softcap, logit_scale,
-    workspace_bytes, fp32_logits). batch_invariant: each row's statistics bit-identical whatever
-    the rows around it and the budget (docs/semantics.md §1)."""
+    workspace_bytes, fp32_logits). cache_rows: the logits of rows [0, cache_rows) are kept in
+    outputs[10] for the backward (0: none). batch_invariant: each row's statistics bit-identical
+    whatever the rows around it and the budget (docs/semantics.md §1)."""
     ignore_index, *rest = options
     return ops.linear_ce_forward(
         *operands,
@@ -64,11 +69,24 @@ def linear_none_forward(
         False,
         False,
         False,
-        bool(cache_logits),
+        cache_rows > 0,
         None,
         None,
         batch_invariant=bool(batch_invariant),
+        cache_rows=int(cache_rows),
     )
+
+
+def logits_cache_rows(
+    rows: int, vocab: int, dtype: torch.dtype, fp32_logits: bool, cache_logits: bool, budget: int
+) -> int:
+    """How many rows' logits the forward of linear_logprobs keeps for the backward: all with
+    cache_logits, else as many as `budget` bytes hold (V elements of the chunk-logits dtype a
+    row: fp32 with fp32_logits, else the operands' dtype)."""
+    if cache_logits:
+        return rows
+    row_bytes = vocab * (4 if fp32_logits else torch.empty((), dtype=dtype).element_size())
+    return min(rows, budget // max(row_bytes, 1))
 
 
 def weight_grad_dtype(compute_dtype: torch.dtype | None, weight: Tensor) -> torch.dtype | None:
@@ -144,8 +162,9 @@ class LogprobsFunction(torch.autograd.Function):
 class LinearLogprobsFunction(torch.autograd.Function):
     # options: (ignore_index, softcap, logit_scale, workspace_bytes, fp32_logits)
     # wants: (hidden, weight, bias) gradients needed, decided by the caller from requires_grad.
-    # cache_logits: the forward keeps the [N, V] logits for the backward (three products instead
-    # of four, N·V elements more). compute_dtype: as in LinearCrossEntropyFunction (the products
+    # cache_rows: the forward keeps the logits of rows [0, cache_rows) for the backward, which
+    # recomputes only the others' (all rows: three products instead of four, N·V elements more;
+    # 0: no cache). compute_dtype: as in LinearCrossEntropyFunction (the products
     # run on converted copies that live only inside each op; an fp32 weight's gradient is
     # accumulated in place in fp32). batch_invariant: the forward's pinned products
     # (docs/semantics.md §1); the backward is unchanged by it.
@@ -159,7 +178,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
         options: tuple,
         wants: tuple,
         with_entropy: bool,
-        cache_logits: bool,
+        cache_rows: int,
         compute_dtype: torch.dtype,
         batch_invariant: bool = False,
     ):
@@ -172,7 +191,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
             target,
             options,
             with_entropy,
-            cache_logits,
+            cache_rows,
             batch_invariant,
         )
         ctx.wants = wants
@@ -186,7 +205,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
             (hidden, weight, bias),
             options,
             with_entropy,
-            outputs[10] if cache_logits else None,
+            outputs[10] if cache_rows > 0 else None,
         )
 
     @staticmethod

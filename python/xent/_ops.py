@@ -158,6 +158,7 @@ def _linear_ce_forward_fake(
     accumulate_into: Tensor | None = None,
     batch_invariant: bool = False,
     weight_grad_accumulation: str = "fp32",
+    cache_rows: int = -1,
 ) -> tuple:
     grads = _linear_gradients(
         hidden,
@@ -170,7 +171,8 @@ def _linear_ce_forward_fake(
         accumulate_into,
     )
     cache_dtype = torch.float32 if fp32_logits else hidden.dtype
-    cache_shape = (hidden.shape[0], weight.shape[0]) if cache_logits else (0,)
+    rows = hidden.shape[0] if cache_rows < 0 else cache_rows
+    cache_shape = (rows, weight.shape[0]) if cache_logits else (0,)
     cache = hidden.new_empty(cache_shape, dtype=cache_dtype if cache_logits else hidden.dtype)
     return _ce_outputs(hidden, hidden.shape[0], reduction, with_stats) + grads + (cache,)
 

@@ -31,10 +31,12 @@ from xent._errors import python_names
 from xent._linear_policy import linear_policy_loss
 from xent._linear_topk import linear_distill_topk
 from xent._logprobs import (
+    DEFAULT_LOGPROBS_CACHE_BYTES,
     LinearLogprobsFunction,
     LogprobsFunction,
     _statistics,
     linear_none_forward,
+    logits_cache_rows,
 )
 from xent._ops import ops
 from xent._policy import (
@@ -1284,9 +1286,10 @@ def linear_logprobs(
     fp32_logits: bool = False,
     cache_logits: bool = False,
     batch_invariant: bool = False,
+    cache_bytes: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """logprobs(hidden @ weight.T + bias, target, temperature, return_entropy) without ever
-    holding the (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
+    holding all (N, V) logits: for RL losses (PPO, GRPO) on a large-vocabulary LM head.
 
     hidden (N, H) or (B, T, H); weight (V, H); bias (V,) or None. Chunked within workspace_bytes
     like linear_cross_entropy (same default, see default_workspace_bytes); chunk logits are
@@ -1295,10 +1298,14 @@ def linear_logprobs(
     also with 16-bit hidden states outside autocast) is converted inside the op only, its
     gradient accumulated in place in fp32.
     The upstream gradients of logprob and entropy are per token and unknown in the forward, so
-    the backward recomputes each chunk's logits once and folds both in before the products: four
-    products, the time of linear_cross_entropy(reduction="none"). cache_logits=True keeps the
-    (N, V) logits from the forward instead (N·V elements of the input dtype more, fp32 with
-    fp32_logits; one product less: about the time of the mean linear_cross_entropy).
+    when gradients are wanted the forward keeps the logits of the first rows in a cache of at
+    most cache_bytes (default DEFAULT_LOGPROBS_CACHE_BYTES, 1 GiB: V elements of the input
+    dtype a row, fp32 with fp32_logits; held from the forward until the backward), and the
+    backward reads those rows' logits there and recomputes the others' chunk by chunk, folding
+    both upstream gradients in before the products. Each cached row saves a quarter of its
+    four products: with every row cached, about the time of the mean linear_cross_entropy; with
+    none (cache_bytes=0), that of linear_cross_entropy(reduction="none"). cache_logits=True
+    caches all (N, V) logits whatever cache_bytes.
     batch_invariant=True makes each row's logprob and entropy bit-identical whatever the number
     of rows, the row's position and workspace_bytes (the forward's product runs in an order
     fixed per shape of the head: on the CPU the library's own tiled product, on CUDA one cuBLASLt
@@ -1309,6 +1316,9 @@ def linear_logprobs(
         return _dtensor.call(linear_logprobs, "linear_logprobs", locals())
     function = "linear_logprobs"
     _check_flag(function, "batch_invariant", batch_invariant)
+    cache_budget = DEFAULT_LOGPROBS_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    if cache_budget < 0:
+        _fail(function, "cache_bytes", "out of range", cache_bytes, "a size of 0 or more")
     _check_tensor(function, "weight", weight)
     hidden2d, target1d, row_shape = _rows(function, "hidden", hidden, target)
     compute_dtype = _compute_dtype(hidden2d, weight)
@@ -1330,7 +1340,14 @@ def linear_logprobs(
             options,
             wants,
             bool(return_entropy),
-            bool(cache_logits),
+            logits_cache_rows(
+                hidden2d.shape[0],
+                weight.shape[0],
+                compute_dtype or hidden2d.dtype,
+                bool(fp32_logits),
+                bool(cache_logits),
+                cache_budget,
+            ),
             compute_dtype,
             batch_invariant,
         )

@@ -109,16 +109,22 @@ void check_linear_memory(const ArgumentChecker& check, const cpu::LinearShape& s
   }
 }
 
-// The caller's logits cache: [N, V] in the chunk-logits dtype, disjoint from every other tensor
-// (the forward writes it while reading the inputs; the backward reads it while writing grads).
+// The caller's logits cache: [R, V] with R ≤ N (the logits of rows [0, R)) in the chunk-logits
+// dtype, disjoint from every other tensor (the forward writes it while reading the inputs; the
+// backward reads it while writing grads).
 void check_logits_cache(const ArgumentChecker& check, const LinearCeOptions& options,
                         const TensorView& hidden, const TensorView& weight, const TensorView& bias,
                         const LinearGradients& grads) {
   const TensorView& cache = options.logits_cache;
   if (!cache.present()) return;
-  check.matrix(cache, "logits_cache", hidden.rows, weight.rows,
-               "[N, V] = [" + std::to_string(hidden.rows) + ", " + std::to_string(weight.rows) +
-                   "] (rows of hidden, rows of weight)");
+  const std::string what = "[R, V] with R <= N = " + std::to_string(hidden.rows) +
+                           " (rows of hidden) and V = " + std::to_string(weight.rows) +
+                           " (rows of weight)";
+  check.matrix(cache, "logits_cache", -1, weight.rows, what);
+  if (cache.rows > hidden.rows) {
+    check.fail("logits_cache", "has more rows than hidden", std::to_string(cache.rows) + " rows",
+               what);
+  }
   if (options.fp32_logits) {
     check.dtype_in(cache, "logits_cache", {DType::f32}, "float32 (fp32_logits is set)");
   } else {

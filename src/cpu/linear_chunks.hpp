@@ -28,12 +28,14 @@ inline LinearShape linear_ce_shape(TensorView hidden, TensorView weight, bool wi
 }
 
 // Where a pass takes its chunk logits from: the product, the product stored on into the
-// caller's logits cache (a forward without gradients), or the cache (a backward).
+// caller's logits cache (a forward without gradients), or the cache (a backward). The cache
+// holds rows [0, R) (linear_ce.hpp); the other rows always come from the product.
 enum class CacheUse { none, fill, read };
 
 // Runs `row_function(n, logits_row)` on every row, chunk by chunk, once the chunk logits are
 // formed; when the pass has gradients the function leaves ∂loss/∂x in the row, and the chunk's
-// products follow.
+// products follow. With a cache of R rows no chunk crosses row R, so each chunk is either read
+// from the cache or formed by the product.
 template <class S, class RowFunction>
 void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
                     const LinearGradients& grads, const LinearCeOptions& options,
@@ -52,14 +54,16 @@ void for_each_chunk(TensorView hidden, TensorView weight, TensorView bias,
   T* logits = cursor.take<T>(plan.logits);
   T* hidden_copy = cursor.take<T>(plan.hidden_copy);
   const int64_t rows = hidden.rows, vocab = layer.vocab();
-  for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
-    const int64_t count = std::min(plan.chunk_rows, rows - row0);
-    if (cache_use == CacheUse::read) {
+  const int64_t cached_rows = cache_use == CacheUse::none ? 0 : options.logits_cache.rows;
+  for (int64_t row0 = 0, count = 0; row0 < rows; row0 += count) {
+    const bool cached = row0 < cached_rows;
+    count = std::min(plan.chunk_rows, (cached ? cached_rows : rows) - row0);
+    if (cached && cache_use == CacheUse::read) {
       layer.cached_logits(row0, count, hidden_copy, logits, options.logits_cache);
     } else {
       layer.logits(row0, count, hidden_copy, logits, !options.fp32_logits, options.batch_invariant);
     }
-    if (cache_use == CacheUse::fill) {
+    if (cached && cache_use == CacheUse::fill) {
       store_compute_rows(options.logits_cache, row0, count, logits, vocab);
     }
 #pragma omp parallel for schedule(static) if (count * vocab >= kParallelWork)

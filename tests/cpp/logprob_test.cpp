@@ -166,12 +166,16 @@ TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
 
 // ---- fused with the linear layer --------------------------------------------------------------
 
-// cache: the forward fills options.logits_cache and the backward reads the logits there (row
-// chunks and, at the smallest budget, vocabulary blocks) instead of recomputing them.
-using LinearParam = std::tuple<DType, double, Budget, bool>;
+// Cache: the forward fills options.logits_cache with the logits of its rows [0, R) and the
+// backward reads them there (row chunks and, at the smallest budget, vocabulary blocks) instead
+// of recomputing them, recomputing the other rows': no cache, a cache of no rows, of some rows (a
+// count no chunk size divides, so chunks and tiles cross row R), of all rows.
+enum class Cache { none, no_rows, some_rows, all_rows };
+using LinearParam = std::tuple<DType, double, Budget, Cache>;
 
 std::string linear_grid_name(const ::testing::TestParamInfo<LinearParam>& info) {
-  return grid_name(info) + (std::get<3>(info.param) ? "_cache" : "");
+  static const char* const suffix[] = {"", "_cache0", "_cache_some", "_cache"};
+  return grid_name(info) + suffix[static_cast<int>(std::get<3>(info.param))];
 }
 
 class LogprobLinear : public ::testing::TestWithParam<LinearParam> {};
@@ -207,8 +211,9 @@ TEST_P(LogprobLinear, MatchesReference) {
   LinearCeOptions options;
   options.ce.reduction = Reduction::none;
   options.ce.logit_scale = spec.logit_scale;
-  Tensor logits_cache = Tensor::matrix(dtype, cache ? rows : 0, cache ? vocab : 0);
-  if (cache) {
+  const int64_t cache_rows = cache == Cache::all_rows ? rows : cache == Cache::some_rows ? 13 : 0;
+  Tensor logits_cache = Tensor::matrix(dtype, cache_rows, cache == Cache::none ? 0 : vocab);
+  if (cache != Cache::none) {
     logits_cache.poison();  // the forward must write every element the backward reads
     options.logits_cache = logits_cache.view();
   }
@@ -278,12 +283,38 @@ TEST_P(LogprobLinear, MatchesReference) {
   }
 }
 
+TEST(LogprobErrors, LogitsCacheHoldsAtMostTheRows) {
+  const int64_t rows = 3, hidden_size = 4, vocab = 5;
+  const Tensor hidden = Tensor::matrix(DType::f32, rows, hidden_size);
+  const Tensor weight = Tensor::matrix(DType::f32, vocab, hidden_size);
+  const Tensor target = Tensor::of_integers({0, 1, 2}, DType::i64);
+  const RowOutputs row_outputs(rows);
+  LinearCeOutputs out;
+  out.loss = row_outputs.loss.view();
+  LinearCeOptions options;
+  options.ce.reduction = Reduction::none;
+  const Tensor too_many = Tensor::matrix(DType::f32, rows + 1, vocab);
+  options.logits_cache = too_many.view();
+  auto forward = [&] {
+    const Scratch scratch(on_gpu() ? linear_ce_workspace_size(rows, hidden_size, vocab, DType::f32,
+                                                              options, test_device(), false)
+                                   : 0);
+    linear_ce_forward(hidden.view(), weight.view(), {}, target.view(), options, out, {},
+                      scratch.workspace());
+  };
+  expect_invalid(forward, "logits_cache", "more rows");
+  const Tensor narrow = Tensor::matrix(DType::f32, rows, vocab - 1);
+  options.logits_cache = narrow.view();
+  expect_invalid(forward, "logits_cache", "wrong shape");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Grid, LogprobLinear,
     ::testing::Combine(::testing::Values(DType::f32, DType::bf16), ::testing::Values(1.0, 0.6),
                        ::testing::Values(Budget::default_budget, Budget::smallest,
                                          Budget::several_chunks, Budget::uneven_chunks),
-                       ::testing::Bool()),
+                       ::testing::Values(Cache::none, Cache::no_rows, Cache::some_rows,
+                                         Cache::all_rows)),
     linear_grid_name);
 
 }  // namespace

@@ -44,12 +44,14 @@ def test_no_grad_forwards_agree_and_face_the_product(tmp_path, budget):
 
 
 def test_training_objectives_agree(tmp_path):
-    records = _run(tmp_path, "--impls", "xent,xent_cache,eager,linear_ce")
+    impls = "xent,xent_cache,xent_nocache,xent_cache_1g,eager,linear_ce,products3"
+    records = _run(tmp_path, "--impls", impls)
     assert not any(r["error"] for r in records.values())
     assert records["xent"]["mode"] == "fwdbwd"
-    for impl in ("xent_cache", "eager"):
+    for impl in ("xent_cache", "xent_nocache", "xent_cache_1g", "eager"):
         assert records[impl]["value"] == pytest.approx(records["xent"]["value"], rel=1e-4)
     assert records["linear_ce"]["time_vs_linear_ce"] == 1.0
+    assert records["products3"]["time_vs_products3"] == 1.0
 
 
 def test_policy_losses_agree(tmp_path):

@@ -115,12 +115,30 @@ def _linear_inputs(gen, device, rows=37, hidden=67, vocab=1031, dtype=torch.floa
     return h, w, b, y
 
 
-# cache_logits: the backward reads the forward's logits instead of recomputing them (with the
-# 64 KiB budget through the vocabulary-blocked pass as well).
-@pytest.mark.parametrize("cache_logits", [False, True])
+# How much of the forward's logits the backward reads instead of recomputing: none (cache_bytes
+# 0, or less than a row), the first rows (13 of 37: a count that no chunk size divides, so
+# chunks and tiles cross the cache's end), every row (cache_logits=True).
+CACHES = ["none", "under_a_row", "some_rows", "all_rows"]
+
+
+def _cache(cache: str, vocab: int, element: int = 4, rows: int = 13) -> dict:
+    if cache == "all_rows":
+        return {"cache_logits": True}
+    row_bytes = vocab * element
+    sizes = {
+        "none": 0,
+        "under_a_row": row_bytes - 1,
+        "some_rows": rows * row_bytes + row_bytes // 2,
+    }
+    return {"cache_bytes": sizes[cache]}
+
+
+# The cache with the default budget and with 64 KiB, where the backward also takes the
+# vocabulary-blocked pass.
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("workspace_bytes", [None, 64 << 10])
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes, cache_logits):
+def test_linear_logprobs_against_reference(device, gen, temperature, workspace_bytes, cache):
     h, w, b, y = _linear_inputs(gen, device)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
     outputs = xent.linear_logprobs(
@@ -131,7 +149,7 @@ def test_linear_logprobs_against_reference(device, gen, temperature, workspace_b
         temperature=temperature,
         return_entropy=True,
         workspace_bytes=workspace_bytes,
-        cache_logits=cache_logits,
+        **_cache(cache, w.shape[0]),
     )
     ref_params = [t.cpu().double().requires_grad_() for t in (h, w, b)]
     expected = ref.logprobs(ref.linear_logits(*ref_params), y.cpu(), temperature)
@@ -144,10 +162,8 @@ def test_linear_logprobs_against_reference(device, gen, temperature, workspace_b
         assert ref.rel_error(grad, grad_expected) <= 1e-4
 
 
-@pytest.mark.parametrize("cache_logits", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, cache_logits):
-    h, w, b, y = _linear_inputs(gen, device, dtype=dtype)
+def _half_no_worse_than_torch(device, gen, dtype, workspace_bytes, cache, cache_rows=13, **shape):
+    h, w, b, y = _linear_inputs(gen, device, dtype=dtype, **shape)
     params = [t.clone().requires_grad_() for t in (h, w, b)]
     outputs = xent.linear_logprobs(
         params[0],
@@ -156,7 +172,8 @@ def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, cache_logi
         params[2],
         temperature=0.7,
         return_entropy=True,
-        cache_logits=cache_logits,
+        workspace_bytes=workspace_bytes,
+        **_cache(cache, w.shape[0], 2, cache_rows),
     )
     upstream = _upstream(gen, y.shape[0], "cpu")
     grads = _grads(outputs, params, upstream)
@@ -172,6 +189,23 @@ def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, cache_logi
     for grad, torch_grad, exp in zip(grads, torch_grads, expected_grads):
         assert grad.dtype == dtype and torch.isfinite(grad).all()
         assert ref.rel_error(grad, exp) <= ref.rel_error(torch_grad, exp) + 1e-3
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("workspace_bytes", [None, 64 << 10])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_logprobs_half_no_worse_than_torch(device, gen, dtype, workspace_bytes, cache):
+    _half_no_worse_than_torch(device, gen, dtype, workspace_bytes, cache)
+
+
+# Aligned 16-bit operands, which the Hopper products take (the fused gradient product for the
+# chunks outside the cache), in one row chunk (the default budget) or several (256 KiB), with
+# the cache's end (row 137) inside a chunk: its cached rows copied, the others formed.
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("workspace_bytes", [None, 256 << 10])
+def test_linear_logprobs_partial_cache_aligned_bf16(device, gen, workspace_bytes, cache):
+    shape = {"rows": 300, "hidden": 128, "vocab": 2053}
+    _half_no_worse_than_torch(device, gen, torch.bfloat16, workspace_bytes, cache, 137, **shape)
 
 
 def test_linear_logprobs_3d_without_bias_and_frozen_weight(device, gen):
@@ -210,9 +244,9 @@ def test_linear_logprobs_autocast_casts_like_f_linear(device, gen):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
 
 
-@pytest.mark.parametrize("cache_logits", [False, True])
+@pytest.mark.parametrize("cache", ["none", "some_rows", "all_rows"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16-hidden", "autocast"])
-def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast, cache_logits):
+def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast, cache):
     h, w, _, y = _linear_inputs(gen, device)
     upstream = _upstream(gen, y.shape[0], "cpu")
     h_in = (h if autocast else h.to(torch.bfloat16)).clone().requires_grad_()
@@ -225,7 +259,7 @@ def test_linear_logprobs_fp32_weight_gets_an_fp32_gradient(device, gen, autocast
             temperature=0.7,
             return_entropy=True,
             workspace_bytes=1 << 16,
-            cache_logits=cache_logits,
+            **_cache(cache, w.shape[0], 2),  # the products' dtype: bf16
         )
     grads = _grads(outputs, [h_in, w_in], upstream)
     assert grads[1].dtype == torch.float32 and grads[0].dtype == h_in.dtype
@@ -267,21 +301,33 @@ def test_gradcheck_logprobs(gen):
     )
 
 
-@pytest.mark.parametrize("cache_logits", [False, True])
-def test_gradcheck_linear_logprobs(gen, cache_logits):
+@pytest.mark.parametrize("cache", ["none", "some_rows", "all_rows"])
+def test_gradcheck_linear_logprobs(gen, cache):
     h = torch.randn(4, 3, generator=gen, dtype=torch.float64).requires_grad_()
     w = torch.randn(6, 3, generator=gen, dtype=torch.float64).requires_grad_()
     b = torch.randn(6, generator=gen, dtype=torch.float64).requires_grad_()
     y = torch.tensor([0, 5, -100, 2])
     assert torch.autograd.gradcheck(
         lambda h, w, b: xent.linear_logprobs(
-            h, w, y, b, temperature=1.3, return_entropy=True, cache_logits=cache_logits
+            h, w, y, b, temperature=1.3, return_entropy=True, **_cache(cache, 6, 8, rows=2)
         ),
         (h, w, b),
         eps=1e-3,
         atol=2e-3,
         rtol=1e-3,
     )
+
+
+def test_linear_logprobs_cache_default_and_bad_size(gen):
+    h, w, b, y = _linear_inputs(gen, "cpu", rows=9, hidden=8, vocab=33)
+    # The default budget (1 GiB) holds these rows: the same values as every row cached.
+    assert xent.functional.DEFAULT_LOGPROBS_CACHE_BYTES == 1 << 30
+    h1, h2 = h.clone().requires_grad_(), h.clone().requires_grad_()
+    xent.linear_logprobs(h1, w, y, b).sum().backward()
+    xent.linear_logprobs(h2, w, y, b, cache_logits=True).sum().backward()
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="linear_logprobs: cache_bytes out of range"):
+        xent.linear_logprobs(h1, w, y, cache_bytes=-1)
 
 
 def test_bad_temperature_is_named():
@@ -293,13 +339,13 @@ def test_bad_temperature_is_named():
         xent.linear_logprobs(torch.randn(3, 4), torch.randn(5, 4), y, temperature=-1.0)
 
 
-@pytest.mark.parametrize("cache_logits", [False, True])
-def test_compile_linear_logprobs(device, gen, cache_logits):
+@pytest.mark.parametrize("cache", ["none", "some_rows", "all_rows"])
+def test_compile_linear_logprobs(device, gen, cache):
     h, w, _, y = _linear_inputs(gen, device, rows=22, hidden=40, vocab=257)
 
     def fn(h, w):
         logprob, entropy = xent.linear_logprobs(
-            torch.tanh(h), w, y, temperature=0.9, return_entropy=True, cache_logits=cache_logits
+            torch.tanh(h), w, y, temperature=0.9, return_entropy=True, **_cache(cache, 257)
         )
         return (logprob * 0.3).sum() + 0.01 * entropy.sum() + xent.logprobs(h @ w.T, y).sum()
 

@@ -14,8 +14,14 @@ namespace xent::cuda {
 
 namespace {
 
-// The tile's logits: read from the cache where there is one, else h·W_blockᵀ (+ bias) by cuBLASLt
-// into the tile buffer.
+// How many of the tile's first rows the cache holds (it holds rows [0, R)).
+int64_t cached_tile_rows(const BlockPassInputs& pass, int64_t first_row, int64_t rows) {
+  if (!pass.logits_cache.present()) return 0;
+  return std::clamp<int64_t>(pass.logits_cache.rows - first_row, 0, rows);
+}
+
+// The tile's logits: read from the cache where it holds them all, else h·W_blockᵀ (+ bias) by
+// cuBLASLt into the tile buffer, after the rows the cache holds (copied there from it).
 void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
                        const GemmMatrix& hidden_rows, const GemmMatrix& weight_block,
                        cudaStream_t stream) {
@@ -23,20 +29,34 @@ void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
   const std::size_t element = dtype_size(pass.logits_dtype);
   const int64_t first_column = block_tile.gradient.first_column;
   const int64_t columns = block_tile.gradient.columns;
-  if (cache.present()) {
+  const int64_t rows = block_tile.gradient.rows;
+  const int64_t held = cached_tile_rows(pass, block_tile.first_row, rows);
+  const void* cached = nullptr;
+  if (held > 0) {
     const std::size_t offset = static_cast<std::size_t>(block_tile.first_row) *
                                    static_cast<std::size_t>(cache.row_stride) +
                                static_cast<std::size_t>(first_column);
-    block_tile.logits = static_cast<const char*>(cache.data) + offset * element;
+    cached = static_cast<const char*>(cache.data) + offset * element;
+  }
+  if (held == rows) {
+    block_tile.logits = cached;
     block_tile.logits_stride = cache.row_stride;
     return;
   }
+  const std::size_t row_bytes = static_cast<std::size_t>(columns) * element;
+  if (held > 0) {
+    XENT_CUDA_CHECK(cudaMemcpy2DAsync(block_tile.gradient.grad, row_bytes, cached,
+                                      static_cast<std::size_t>(cache.row_stride) * element,
+                                      row_bytes, static_cast<std::size_t>(held),
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
   GemmProduct forward;
-  forward.a = hidden_rows;
+  forward.a = gemm_rows(hidden_rows, held, rows - held);
   forward.b = weight_block;
   forward.b_transposed = true;
-  forward.c = GemmMatrix{block_tile.gradient.grad, pass.logits_dtype, block_tile.gradient.rows,
-                         columns, columns};
+  forward.c = GemmMatrix{
+      static_cast<char*>(block_tile.gradient.grad) + static_cast<std::size_t>(held) * row_bytes,
+      pass.logits_dtype, rows - held, columns, columns};
   if (pass.bias.present()) {
     forward.bias = static_cast<const char*>(pass.bias.data) +
                    static_cast<std::size_t>(first_column) * dtype_size(pass.bias.dtype);
@@ -108,7 +128,6 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
   const int64_t rows = pass.hidden.rows, hidden = pass.hidden.cols, vocab = pass.weight.rows;
   const DType logits_dtype = pass.logits_dtype, operand_dtype = pass.hidden.dtype;
   const std::size_t element = dtype_size(logits_dtype);
-  const TensorView& cache = pass.logits_cache;
   char* tile = static_cast<char*>(pass.region);
   char* second_tile = tile + align_up(static_cast<std::size_t>(chunks.tile_rows) *
                                       static_cast<std::size_t>(chunks.block_columns) * element);
@@ -146,7 +165,8 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
       block_tile.first_row = first;
       block_tile.second_buffer = second_tile;
       GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
-      if (!cache.present() && pass.fused_gradient && pass.fused_gradient(block_tile, stream)) {
+      if (cached_tile_rows(pass, first, count) == 0 && pass.fused_gradient &&
+          pass.fused_gradient(block_tile, stream)) {
         gradient.dtype = operand_dtype;  // written as the products read it
       } else {
         form_block_logits(pass, block_tile, hidden_rows, weight_block, stream);

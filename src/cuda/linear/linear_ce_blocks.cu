@@ -42,9 +42,9 @@ BlockGradArgs block_grad_args(const CeBlockPass& pass, const BlockTile& tile) {
 // Whether the blocks of this call form their gradients with the fused gradient product
 // (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel: preferred for its
 // hidden size (fused_grad_preferred), Hopper operands it takes (fused_operands_eligible), logits
-// not read from a cache.
-bool fused_gradient_eligible(const LinearCeCall& call, bool read_cache) {
-  return fused_grad_preferred(call.hidden.cols) && !read_cache &&
+// not all read from a cache (tiles outside a partial cache's rows take it).
+bool fused_gradient_eligible(const LinearCeCall& call, bool all_cached) {
+  return fused_grad_preferred(call.hidden.cols) && !all_cached &&
          fused_operands_eligible(call.hidden, call.weight, call.bias);
 }
 
@@ -110,7 +110,8 @@ void run_block_pass(const CeBlockPass& pass, cudaStream_t stream, float* bias_su
   inputs.hidden_accumulator = pass.hidden_accumulator;
   inputs.hidden_grad = call.grads.hidden;
   inputs.bias_sums = bias_sums;
-  if (pass.records && fused_gradient_eligible(call, pass.read_cache)) {
+  const bool all_cached = pass.read_cache && call.options.logits_cache.rows == call.hidden.rows;
+  if (pass.records && fused_gradient_eligible(call, all_cached)) {
     if (!pass.records_formed) form_grad_records(pass, stream);
     inputs.fused_gradient = [&](const BlockTile& tile, cudaStream_t on) {
       return fused_tile_gradient(pass, tile, on);

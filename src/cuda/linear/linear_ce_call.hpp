@@ -58,8 +58,9 @@ struct ReferenceUse {
 void run_block_pass(const CeBlockPass& pass, cudaStream_t stream, float* bias_sums = nullptr);
 
 // Whether the blocks of this call form their gradients with the fused gradient product
-// (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel.
-bool fused_gradient_eligible(const LinearCeCall& call, bool read_cache);
+// (fused_grad.cuh) instead of cuBLASLt logits and the elementwise block kernel (all_cached: every
+// row's logits are read from a cache, so none is formed).
+bool fused_gradient_eligible(const LinearCeCall& call, bool all_cached);
 
 // The gradient of `tile` by the fused gradient product; false, having launched nothing, if it
 // declines.

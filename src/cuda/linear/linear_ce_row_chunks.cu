@@ -16,11 +16,15 @@
 // lse, then per vocabulary block the block's logits again, its gradient elementwise
 // (linear_block_grad.cuh) and ∂W of the block (the pass that linear_distill.cu shares,
 // linear_block_pass.hpp).
-// options.logits_cache: a forward without gradients writes the logits of all rows into the cache
-// (one product, the row kernel reads them there); a backward reads every chunk's and block's logits
-// from it instead of forming h·Wᵀ, and writes gradients into its own buffers (the cache stays
-// intact for further backwards).
+// options.logits_cache, rows [0, R) of the logits (linear_ce.hpp): a forward without gradients
+// writes those rows' logits into the cache (one product, the row kernel reads them there) and
+// forms the other rows in chunks as without a cache; a backward keeps the plan's chunks and tiles,
+// reads those within the cached rows from the cache instead of forming h·Wᵀ, forms those after
+// them as without a cache, and for the one across row R copies its cached rows into the chunk
+// buffer and forms only the others there; it writes gradients into its own buffers (the cache
+// stays intact for further backwards).
 // The loss is one fixed-order reduction of the per-row arrays at the end; nothing synchronises
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/core/gemm.hpp"
@@ -95,6 +99,8 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   const TensorView& cache = call.options.logits_cache;
   const bool fill_cache = cache.present() && !want_grad && call.op == OpCode::linear_ce_forward;
   const bool read_cache = cache.present() && call.op == OpCode::linear_ce_backward;
+  const int64_t cached_rows = fill_cache || read_cache ? cache.rows : 0;
+  const bool all_cached = read_cache && cached_rows == rows;
 
   const CeRowOptions row_options = ce_row_options(ce);
   const bool per_row_upstream = reduction == Reduction::none && call.grad_output.present();
@@ -102,14 +108,26 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
 
   const bool sum_or_mean = reduction != Reduction::none;
   const bool want_accuracy = stats && stats->accuracy.present();
-  // Filling the cache needs no chunk buffer: all rows are one product into the cache.
-  const int64_t chunk_rows = fill_cache ? std::max<int64_t>(rows, 1) : plan.chunks.chunk_rows;
+  // Filling the cache needs no chunk buffer for the cached rows: they are one product into the
+  // cache (the lead chunk), and the rows after them follow in chunks of the plan. Otherwise all
+  // chunks are the plan's, from row 0 (its ∂W accumulation counts on them); a backward reads
+  // those within the cached rows from the cache.
+  const int64_t chunk_rows = std::max<int64_t>(plan.chunks.chunk_rows, 1);
+  const int64_t lead_rows = fill_cache ? cached_rows : 0;
+  const int64_t lead = lead_rows > 0 ? 1 : 0;
   const DType operand_dtype = call.hidden.dtype;
   const bool narrow_gradient = plan.logits_dtype != operand_dtype;
 
   const GemmMatrix weight = gemm_matrix(call.weight, 0, vocab);
-  auto first_row = [&](int64_t chunk) { return chunk * chunk_rows; };
-  auto row_count = [&](int64_t chunk) { return std::min(chunk_rows, rows - chunk * chunk_rows); };
+  auto first_row = [&](int64_t chunk) {
+    return chunk < lead ? 0 : lead_rows + (chunk - lead) * chunk_rows;
+  };
+  auto row_count = [&](int64_t chunk) {
+    return chunk < lead ? lead_rows : std::min(chunk_rows, rows - first_row(chunk));
+  };
+  auto cached = [&](int64_t chunk) {
+    return chunk < lead || (read_cache && first_row(chunk) + row_count(chunk) <= cached_rows);
+  };
   const std::size_t logits_element = dtype_size(plan.logits_dtype);
   auto cache_at = [&](int64_t row, int64_t column) -> void* {
     return static_cast<char*>(cache.data) +
@@ -119,20 +137,32 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   };
   // Where a chunk's logits are (the cache, or the chunk buffer) and their row stride.
   auto logits_of = [&](int64_t chunk) -> void* {
-    return fill_cache || read_cache ? cache_at(first_row(chunk), 0) : chunk_buffer;
+    return cached(chunk) ? cache_at(first_row(chunk), 0) : chunk_buffer;
   };
-  const int64_t logits_stride = fill_cache || read_cache ? cache.row_stride : vocab;
+  auto logits_stride = [&](int64_t chunk) { return cached(chunk) ? cache.row_stride : vocab; };
   // Pass 1 of the blocked schedule forms no ∂W; its gradient is only needed for ∂h and ∂bias.
   const bool chunk_grad = want_grad && (!blocked || want_hidden || want_bias);
 
-  // Stage 1: L = h_chunk·Wᵀ (+ bias).
+  // Stage 1: L = h_chunk·Wᵀ (+ bias). In a backward, a chunk across the cache's last row takes
+  // its cached rows' logits from the cache (a copy into the chunk buffer) and forms the others.
   auto form_logits = [&](int64_t chunk) {
+    const int64_t first = first_row(chunk), count = row_count(chunk);
+    const int64_t held = read_cache ? std::clamp<int64_t>(cached_rows - first, 0, count) : 0;
+    if (held > 0) {
+      const std::size_t row_bytes = static_cast<std::size_t>(vocab) * logits_element;
+      XENT_CUDA_CHECK(cudaMemcpy2DAsync(chunk_buffer, row_bytes, cache_at(first, 0),
+                                        static_cast<std::size_t>(cache.row_stride) * logits_element,
+                                        row_bytes, static_cast<std::size_t>(held),
+                                        cudaMemcpyDeviceToDevice, stream));
+    }
     GemmProduct forward;
-    forward.a = gemm_matrix(call.hidden, first_row(chunk), row_count(chunk));
+    forward.a = gemm_matrix(call.hidden, first + held, count - held);
     forward.b = weight;
     forward.b_transposed = true;
-    forward.c =
-        GemmMatrix{logits_of(chunk), plan.logits_dtype, row_count(chunk), vocab, logits_stride};
+    forward.c = GemmMatrix{
+        static_cast<char*>(logits_of(chunk)) + static_cast<std::size_t>(held) * logits_element *
+                                                   static_cast<std::size_t>(logits_stride(chunk)),
+        plan.logits_dtype, count - held, vocab, logits_stride(chunk)};
     forward.bias = call.bias.present() ? call.bias.data : nullptr;
     // A batch-invariant forward: one algorithm whatever the chunk's rows (docs/semantics.md §1);
     // with the row kernel's plan from V and dtype alone, a row's values do not depend on the rows
@@ -140,6 +170,9 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     forward.pinned = call.options.batch_invariant && call.op == OpCode::linear_ce_forward;
     gemm(forward, scratch, stream);
   };
+  // Whether a backward's chunk reads any row from the cache (then it takes no fused gradient,
+  // which would form them again).
+  auto touches_cache = [&](int64_t chunk) { return read_cache && first_row(chunk) < cached_rows; };
 
   // What the row kernel of a chunk takes: its logits, rows, outputs and gradient (in place).
   auto rows_args = [&](int64_t chunk) {
@@ -150,7 +183,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
     args.dtype = plan.logits_dtype;
     args.rows = row_count(chunk);
     args.vocab = vocab;
-    args.row_stride = logits_stride;
+    args.row_stride = logits_stride(chunk);
     args.target = static_cast<const char*>(call.target.data) +
                   static_cast<std::size_t>(first) * dtype_size(call.target.dtype);
     args.target_dtype = call.target.dtype;
@@ -230,7 +263,7 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   fused_pass.records = records;
   const bool fused_chunks = !reference.on && call.op == OpCode::linear_ce_backward &&
                             call.lse.present() && chunk_grad &&
-                            fused_gradient_eligible(call, read_cache);
+                            fused_gradient_eligible(call, all_cached);
   if (fused_chunks) {
     form_grad_records(fused_pass, stream);  // after batch_totals, on this stream
     // Pass 2 of the blocked schedule reads the lse that the row kernel would have saved.
@@ -288,15 +321,15 @@ void run_row_chunks(const LinearCeCall& call, const LinearCePlan& plan, Workspac
   // With saved lse and H, pass 1 of the blocked schedule has nothing to do when it forms no
   // chunk gradient.
   const bool skip_chunks = entropy_grad && !chunk_grad;
-  const int64_t chunks =
-      fill_cache ? (rows > 0 ? 1 : 0) : (skip_chunks ? 0 : plan.chunks.chunk_count);
+  const int64_t chunks = fill_cache ? lead + (rows - lead_rows + chunk_rows - 1) / chunk_rows
+                                    : (skip_chunks ? 0 : plan.chunks.chunk_count);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     if (reference.on && reference_chunk_gradients(chunk)) continue;
-    if (fused_chunks && fused_chunk_gradient(chunk)) {
+    if (fused_chunks && !touches_cache(chunk) && fused_chunk_gradient(chunk)) {
       products(chunk, true);
       continue;
     }
-    if (!read_cache) form_logits(chunk);
+    if (!cached(chunk) || fill_cache) form_logits(chunk);
     row_kernel(chunk, stream);
     if (chunk_grad) products(chunk, false);
   }
