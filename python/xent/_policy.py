@@ -557,6 +557,9 @@ def policy_loss(
     normalizer: float | Tensor | None = None,
     return_stats: bool = False,
     batch_invariant: bool = False,
+    process_group: Any = None,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
 ) -> Tensor | PolicyLossResult:
     """The policy-gradient loss of RL fine-tuning (PPO, GRPO and variants) on logits (N, V) or
     (B, T, V), reduced to a scalar; every formula is in docs/semantics.md §7.
@@ -588,6 +591,10 @@ def policy_loss(
     returns a PolicyLossResult: the loss and, detached, per-token logprob and entropy, the clip
     fractions, mean KL and mean ratio. batch_invariant: as in logprobs (per-token values on
     logits are already batch invariant; accepted for the fused form's sake).
+
+    With process_group, logits are this rank's vocabulary slice (vocab_offset / vocab_size: its
+    first id and the global V, else gathered): the result, identical on every rank, is that of
+    the concatenated vocabulary (xent.distributed, docs/semantics.md §5).
     """
     function = "policy_loss"
     _functional._check_flag(function, "batch_invariant", batch_invariant)
@@ -604,7 +611,18 @@ def policy_loss(
         (temperature, softcap, ignore_index, loss_mask, sequence_ids, cu_seqlens, normalizer),
     )
     with_entropy = bool(return_stats) or options.entropy_coef != 0.0
-    if _functional._needs_grad(logits)[0]:
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
+        from xent import _sharded_policy  # it builds on this module
+
+        loss, logprob, entropy, *stats = _sharded_policy.policy_loss(
+            logits2d,
+            target1d,
+            tuple(data),
+            (sequence, divisor, transform, options),
+            _functional._needs_grad(logits)[0],
+            (process_group, vocab_offset, vocab_size),
+        )
+    elif _functional._needs_grad(logits)[0]:
         loss, logprob, entropy, *stats = PolicyLossFunction.apply(
             logits2d, target1d, *data, sequence, divisor, transform, options, with_entropy
         )
