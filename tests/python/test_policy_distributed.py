@@ -218,6 +218,11 @@ def _error_cases(rank, world, group):
         xent.linear_policy_loss(
             torch.randn(ROWS, HIDDEN), weight, target, advantages, process_group=group
         )
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    logits = distribute_tensor(torch.randn(ROWS, VOCAB), weight.device_mesh, [Shard(1)])
+    with pytest.raises(TypeError, match="DTensor"):
+        xent.policy_loss(logits, target, advantages, process_group=group)
 
 
 def _all_cases(rank, world, group, seed, device="cpu"):
