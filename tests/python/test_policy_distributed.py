@@ -167,7 +167,13 @@ def _linear_cases(rank, world, group, seed, device):
             **kwargs,
         )
         got.loss.backward()
-        _compare(tag, got, expected)
+        if dtype == torch.bfloat16 and device != "cpu":
+            # Both round the chunk logits to bf16, but after products summed in other orders: a
+            # logit may round one ulp apart (2^-6 at |x| < 4), and a clip decision flip with it.
+            for name in ("loss", "logprob", "entropy"):
+                _close(f"{tag} {name}", getattr(got, name), getattr(expected, name), 0, 2**-5)
+        else:
+            _compare(tag, got, expected)
         _close_grad(f"{tag} grad hidden", h.grad, h_full.grad, 1e-4)
         _close_grad(f"{tag} grad weight", w.grad, w_full.grad[begin:end], 1e-4)
         _close_grad(f"{tag} grad bias", b.grad, b_full.grad[begin:end], 1e-4)
