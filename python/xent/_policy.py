@@ -241,13 +241,19 @@ def _policy_terms(
     sequence: Tensor | None,
     divisor: Tensor | None,
     options: _Options,
+    block_weights: Tensor | None = None,
 ) -> tuple:
     """(loss, c_ℓ, c_H, clip_low, clip_high, kl, ratio) of docs/semantics.md §7 from the per-token
-    ℓ and H (all detached data here; N-sized ops in ℓ's dtype)."""
+    ℓ and H (all detached data here; N-sized ops in ℓ's dtype). block_weights: the tokens'
+    aggregation weights g when the inputs are a block of rows of the batch (not for gspo); the
+    four statistics are then sums over the block's valid tokens, not means."""
     dtype = logprob.dtype
     zero = torch.zeros_like(logprob)
     mask = valid.to(dtype)
-    weights, counts = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    if block_weights is None:
+        weights, counts = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    else:
+        weights, counts = block_weights, None
     advantage = torch.where(valid, advantages.to(dtype), zero)
     old_lp = logprob if old is None else old.to(dtype)
     # where, not a product: an ignored token's data may be anything (-inf padding included).
@@ -331,7 +337,7 @@ def _policy_terms(
         total = total - weights * options.entropy_coef * entropy
         grad_entropy = -options.entropy_coef * weights
 
-    count = mask.sum().clamp(min=1)
+    count = mask.sum().clamp(min=1) if block_weights is None else 1.0
 
     def mean(values: Tensor) -> Tensor:
         return torch.where(valid, values.to(dtype), zero).sum() / count

@@ -10,11 +10,14 @@ ce_shard_backward with the per-row upstream −c_ℓ (it knows which rank owns t
 c_H is not zero, the entropy part of ce_logprob_backward (a second read of the slice; its target
 term is given a zero coefficient, so any in-slice column stands for the target).
 
-linear_policy_loss runs two passes over row chunks of the local head (each chunk's logits within
-workspace_bytes, every rank cutting the batch at the same rows): the records of every chunk and
-one all_gather of them, the policy math, then per chunk the logits again, their gradient in
-place, ∂hidden and ∂weight (∂bias). Four products per chunk; three when the batch is one chunk,
-whose logits are kept from the first pass. ∂hidden is all-reduced unless reduce_hidden_grad=False.
+linear_policy_loss runs over row chunks of the local head (each chunk's logits within
+workspace_bytes, every rank cutting the batch at the same rows). Every loss type but gspo: the
+aggregation weights first (targets and sequences only), then per chunk its logits, records, one
+all_gather of them, its tokens' policy math and at once its gradient in place, ∂hidden and
+∂weight (∂bias): three products per chunk. gspo, whose sequence ratio needs all of a sequence's
+tokens, runs two passes: the records of every chunk and one all_gather, the policy math, then per
+chunk the logits again: four products per chunk, three when the batch is one chunk (its logits
+kept from the first pass). ∂hidden is all-reduced unless reduce_hidden_grad=False.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from torch import Tensor
 from xent._linear_policy import LinearPolicyLossFunction
 from xent._logprobs import _zero_ignored
 from xent._ops import ops
-from xent._policy import PolicyLossFunction, _policy_terms
+from xent._policy import PolicyLossFunction, _aggregation_weights, _policy_terms
 from xent._sharded_linear import _chunk_logits, _ChunkGrads, _head_layout
 from xent._vocab_parallel import _gather_records, _refuse_dtensor, vocab_layout
 
@@ -216,12 +219,68 @@ def _linear_forward(
     return (loss, logprob, entropy, *stats), grads
 
 
+def _linear_in_chunks(operands: tuple, *plan: Any) -> tuple:
+    """_linear_forward (plan: its arguments after the operands) for every loss type but gspo over
+    several row chunks: the aggregation
+    weights first (from the targets and sequences alone), then per chunk its logits, records, one
+    all_gather of them, its tokens' policy math and at once its gradient, ∂hidden and ∂W: three
+    products per chunk, the logits never formed twice."""
+    target, data, rest, linear, layout, group, wants, reduce_hidden_grad = plan
+    sequence, divisor, transform, options = rest
+    hidden, weight, bias = operands
+    chunk, fp32_logits = linear[1], linear[2]
+    valid = target != transform[0]
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    weights, _ = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    accumulated = _ChunkGrads(hidden, weight, bias, wants, chunk) if any(wants) else None
+    losses, logprobs, entropies, sums = [], [], [], []
+    for begin in range(0, hidden.shape[0], chunk):
+        rows = slice(begin, min(hidden.shape[0], begin + chunk))
+        logits = _chunk_logits(hidden[rows], weight, bias, fp32_logits)
+        block = target[rows]
+        gathered = _gather_records(_records(logits, block, transform, layout), group)
+        lse, logprob, entropy = _statistics(gathered, block, transform, layout)
+        loss, grad_logprob, grad_entropy, *block_sums = _policy_terms(
+            logprob,
+            entropy,
+            valid[rows],
+            *(None if d is None else d[rows] for d in data),
+            None,
+            None,
+            options,
+            weights[rows],
+        )
+        if accumulated is not None:
+            g = _slice_gradient(
+                logits, block, gathered, lse, entropy, grad_logprob, grad_entropy, transform, layout
+            )
+            accumulated.add(g, hidden[rows], weight, rows.start, rows.stop)
+        losses.append(loss)
+        logprobs.append(logprob)
+        entropies.append(entropy)
+        sums.append(torch.stack(block_sums))
+    stats = torch.stack(sums).sum(0) / valid.sum().clamp(min=1).to(dtype)
+    grads = (None, None, None)
+    if accumulated is not None:
+        grads = accumulated.finish(group, reduce_hidden_grad)
+    outputs = (torch.stack(losses).sum(), torch.cat(logprobs), torch.cat(entropies))
+    return (*outputs, *stats.unbind()), grads
+
+
+def _linear_schedule(plan: tuple) -> Any:
+    """The chunked schedule of every loss type but gspo when the batch is several chunks, else the
+    two passes (gspo's sequence ratio needs all its tokens' records first)."""
+    target, rest, linear = plan[0], plan[2], plan[3]
+    several = target.shape[0] > linear[1]
+    return _linear_in_chunks if several and rest[3].loss_type != "gspo" else _linear_forward
+
+
 class _ShardedLinearPolicyLoss(LinearPolicyLossFunction):
     # plan: the arguments of _linear_forward after the operands. The backward (the saved
     # gradients scaled by the upstream scalar) is LinearPolicyLossFunction's.
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, plan: tuple):
-        outputs, grads = _linear_forward((hidden, weight, bias), *plan)
+        outputs, grads = _linear_schedule(plan)((hidden, weight, bias), *plan)
         wants = plan[6]
         ctx.save_for_backward(*(g if w else None for g, w in zip(grads, wants)))
         ctx.scaled = False
@@ -257,4 +316,4 @@ def linear_policy_loss(
         return _ShardedLinearPolicyLoss.apply(*operands, plan)
     with torch.no_grad():
         plan = (target1d, data, rest, linear, layout, group, wants, False)
-        return _linear_forward(operands, *plan)[0]
+        return _linear_schedule(plan)(operands, *plan)[0]
