@@ -220,6 +220,10 @@ def linear_policy_loss(
     workspace_bytes: int | None = None,
     fp32_logits: bool = False,
     batch_invariant: bool = False,
+    process_group: Any = None,
+    reduce_hidden_grad: bool = True,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
 ) -> Tensor | PolicyLossResult:
     """policy_loss(hidden @ weight.T + bias, target, advantages, ...) without ever holding the
     (N, V) logits: the RL policy losses (PPO, GRPO and variants) on a large-vocabulary LM head.
@@ -238,6 +242,10 @@ def linear_policy_loss(
     gspo forms them twice (statistics, then the gradient from the per-token coefficients), but
     for the first rows whose logits DEFAULT_LOGPROBS_CACHE_BYTES (1 GiB, held only inside the
     forward) keeps between the two passes.
+
+    With process_group, weight/bias are this rank's vocabulary rows of the LM head (vocab_offset /
+    vocab_size as in policy_loss); ∂hidden is all-reduced over the group unless
+    reduce_hidden_grad=False (xent.distributed, docs/semantics.md §5).
     """
     function = "linear_policy_loss"
     _functional._check_flag(function, "batch_invariant", batch_invariant)
@@ -259,7 +267,28 @@ def linear_policy_loss(
     compute_dtype = _functional._compute_dtype(hidden2d, weight)
     wants = _functional._needs_grad(hidden2d, weight, bias)
     with_entropy = bool(return_stats) or options.entropy_coef != 0.0
-    if any(wants):
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
+        if batch_invariant:
+            # The sharded chunks' products are torch's, not the pinned ones.
+            _functional._fail(
+                function,
+                "batch_invariant",
+                "unsupported with process_group",
+                True,
+                "False with process_group (the vocabulary-parallel form does not pin its products)",
+            )
+        from xent import _sharded_policy  # it builds on this module's imports
+
+        loss, logprob, entropy, *stats = _sharded_policy.linear_policy_loss(
+            (hidden2d, weight, bias),
+            target1d,
+            tuple(data),
+            (sequence, divisor, transform, options),
+            wants,
+            (process_group, vocab_offset, vocab_size),
+            (workspace_bytes, fp32_logits, reduce_hidden_grad),
+        )
+    elif any(wants):
         loss, logprob, entropy, *stats = LinearPolicyLossFunction.apply(
             hidden2d,
             weight,

@@ -241,13 +241,19 @@ def _policy_terms(
     sequence: Tensor | None,
     divisor: Tensor | None,
     options: _Options,
+    block_weights: Tensor | None = None,
 ) -> tuple:
     """(loss, c_ℓ, c_H, clip_low, clip_high, kl, ratio) of docs/semantics.md §7 from the per-token
-    ℓ and H (all detached data here; N-sized ops in ℓ's dtype)."""
+    ℓ and H (all detached data here; N-sized ops in ℓ's dtype). block_weights: the tokens'
+    aggregation weights g when the inputs are a block of rows of the batch (not for gspo); the
+    four statistics are then sums over the block's valid tokens, not means."""
     dtype = logprob.dtype
     zero = torch.zeros_like(logprob)
     mask = valid.to(dtype)
-    weights, counts = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    if block_weights is None:
+        weights, counts = _aggregation_weights(valid, sequence, divisor, options.aggregation, dtype)
+    else:
+        weights, counts = block_weights, None
     advantage = torch.where(valid, advantages.to(dtype), zero)
     old_lp = logprob if old is None else old.to(dtype)
     # where, not a product: an ignored token's data may be anything (-inf padding included).
@@ -331,7 +337,7 @@ def _policy_terms(
         total = total - weights * options.entropy_coef * entropy
         grad_entropy = -options.entropy_coef * weights
 
-    count = mask.sum().clamp(min=1)
+    count = mask.sum().clamp(min=1) if block_weights is None else 1.0
 
     def mean(values: Tensor) -> Tensor:
         return torch.where(valid, values.to(dtype), zero).sum() / count
@@ -557,6 +563,9 @@ def policy_loss(
     normalizer: float | Tensor | None = None,
     return_stats: bool = False,
     batch_invariant: bool = False,
+    process_group: Any = None,
+    vocab_offset: int | None = None,
+    vocab_size: int | None = None,
 ) -> Tensor | PolicyLossResult:
     """The policy-gradient loss of RL fine-tuning (PPO, GRPO and variants) on logits (N, V) or
     (B, T, V), reduced to a scalar; every formula is in docs/semantics.md §7.
@@ -588,6 +597,10 @@ def policy_loss(
     returns a PolicyLossResult: the loss and, detached, per-token logprob and entropy, the clip
     fractions, mean KL and mean ratio. batch_invariant: as in logprobs (per-token values on
     logits are already batch invariant; accepted for the fused form's sake).
+
+    With process_group, logits are this rank's vocabulary slice (vocab_offset / vocab_size: its
+    first id and the global V, else gathered): the result, identical on every rank, is that of
+    the concatenated vocabulary (xent.distributed, docs/semantics.md §5).
     """
     function = "policy_loss"
     _functional._check_flag(function, "batch_invariant", batch_invariant)
@@ -604,7 +617,18 @@ def policy_loss(
         (temperature, softcap, ignore_index, loss_mask, sequence_ids, cu_seqlens, normalizer),
     )
     with_entropy = bool(return_stats) or options.entropy_coef != 0.0
-    if _functional._needs_grad(logits)[0]:
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
+        from xent import _sharded_policy  # it builds on this module
+
+        loss, logprob, entropy, *stats = _sharded_policy.policy_loss(
+            logits2d,
+            target1d,
+            tuple(data),
+            (sequence, divisor, transform, options),
+            _functional._needs_grad(logits)[0],
+            (process_group, vocab_offset, vocab_size),
+        )
+    elif _functional._needs_grad(logits)[0]:
         loss, logprob, entropy, *stats = PolicyLossFunction.apply(
             logits2d, target1d, *data, sequence, divisor, transform, options, with_entropy
         )

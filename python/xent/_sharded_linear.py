@@ -359,6 +359,29 @@ def _backward_recompute(ctx: Any, grad_loss: Tensor) -> tuple:
         return grads.finish(ctx.group, ctx.reduce_hidden_grad)
 
 
+def _head_layout(function: str, tensors: tuple, group: Any, sizes: tuple) -> tuple:
+    """(layout, rows per chunk) of a sharded LM head, after the checks every sharded linear op
+    makes. tensors: (hidden [N, H], weight [V_local, H], bias, class_weight or None); sizes:
+    (workspace_bytes, fp32_logits, vocab_offset, vocab_size)."""
+    hidden2d, weight = tensors[0], tensors[1]
+    workspace_bytes, fp32_logits, vocab_offset, vocab_size = sizes
+    for name, tensor in zip(("hidden", "weight", "bias", "class_weight"), tensors):
+        _refuse_dtensor(function, name, tensor)
+    if weight.dim() != 2 or hidden2d.dim() != 2 or weight.shape[1] != hidden2d.shape[1]:
+        _fail(
+            function,
+            "weight",
+            "shape mismatch",
+            tuple(weight.shape),
+            f"(V_local, {hidden2d.shape[-1]}) (the local LM-head rows, H of hidden)",
+        )
+    layout = vocab_layout(weight.shape[0], group, weight.device, vocab_offset, vocab_size, function)
+    budget = int(workspace_bytes) if workspace_bytes else _DEFAULT_BUDGET
+    element = 4 if fp32_logits else hidden2d.element_size()
+    widest = _widest_slice(weight.shape[0], group, weight.device)
+    return layout, _chunk_rows(hidden2d.shape[0], widest, element, budget)
+
+
 def linear_cross_entropy(
     hidden2d: Tensor,
     weight: Tensor,
@@ -386,29 +409,12 @@ def linear_cross_entropy(
     False (then it is this rank's partial sum, for a tensor-parallel layer that reduces it).
     Schedules and collectives: see this module's docstring. cache_logits applies to the two-pass
     schedule (the in-forward one never recomputes)."""
-    function = "linear_cross_entropy"
-    for name, tensor in (
-        ("hidden", hidden2d),
-        ("weight", weight),
-        ("bias", bias),
-        ("class_weight", class_weight),
-    ):
-        _refuse_dtensor(function, name, tensor)
-    if weight.dim() != 2 or hidden2d.dim() != 2 or weight.shape[1] != hidden2d.shape[1]:
-        _fail(
-            function,
-            "weight",
-            "shape mismatch",
-            tuple(weight.shape),
-            f"(V_local, {hidden2d.shape[-1]}) (the local LM-head rows, H of hidden)",
-        )
-    layout = vocab_layout(
-        weight.shape[0], process_group, weight.device, vocab_offset, vocab_size, function
+    layout, chunk = _head_layout(
+        "linear_cross_entropy",
+        (hidden2d, weight, bias, class_weight),
+        process_group,
+        (workspace_bytes, fp32_logits, vocab_offset, vocab_size),
     )
-    budget = int(workspace_bytes) if workspace_bytes else _DEFAULT_BUDGET
-    element = 4 if fp32_logits else hidden2d.element_size()
-    widest = _widest_slice(weight.shape[0], process_group, weight.device)
-    chunk = _chunk_rows(hidden2d.shape[0], widest, element, budget)
     if any(wants):
         in_forward = (
             bool(grad_in_forward)

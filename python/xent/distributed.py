@@ -38,6 +38,14 @@ and soft_ce, two (the second of [N, 5] sums, after a second read of the local lo
 tvd, none in the backward. linear_distill is not sharded (process_group is not one of its
 arguments): gather the heads, or compute the logits per rank and call distill.
 
+policy_loss and linear_policy_loss (RL, docs/semantics.md §7): the ce records (one all_gather
+for the batch) give each token's lse, ℓ and H; the per-token policy math runs replicated on every
+rank and each slice's gradient is formed in the forward from the global lse and H
+(xent/_sharded_policy.py). linear_policy_loss: per row chunk one product, the chunk's records,
+their all_gather, the policy math and the chunk's gradients (three products per chunk); gspo
+takes the records of every chunk first (its sequence ratio needs all of a sequence's tokens), then
+forms each chunk's logits again (four products per chunk, three when the batch is one chunk).
+
 DTensor inputs need no process_group: pass the DTensors themselves (logits Shard(-1), an LM head
 Shard(0) with hidden Replicate) and xent/_dtensor.py runs this module on their mesh's group, the
 offsets taken from the placements; its docstring lists the placements and the FSDP2 rule.

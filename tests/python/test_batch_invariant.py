@@ -349,3 +349,11 @@ def test_gpu_linear_logprobs_batch_invariant_with_gradient(gen, cache_logits):
 def test_gpu_linear_logprobs_default_path_invariance(gen):
     # bf16 only: the GPU script's time is short, and the bench tool records the same at 151936.
     _gpu_check(gen, torch.bfloat16, False)
+
+
+def test_linear_policy_loss_refuses_batch_invariant_with_process_group():
+    h, w, target = torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="batch_invariant.*unsupported with process_group"):
+        xent.linear_policy_loss(
+            h, w, target, torch.ones(3), batch_invariant=True, process_group=object()
+        )

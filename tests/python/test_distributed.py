@@ -9,14 +9,10 @@ every reduction, fp32 and fp64, loss and the gradient of the local student slice
 pays the process start-up twice.
 """
 
-import os
-import tempfile
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_group import needs_gloo, run_group, sharded_head
 
 ROWS, VOCAB, HIDDEN = 37, 1031, 67
 SPLITS = {2: [500, 531], 3: [400, 7, 624]}
@@ -331,51 +327,21 @@ def _error_cases(rank, world, group):
         xent.cross_entropy(
             logits, target, process_group=group, vocab_offset=VOCAB, vocab_size=VOCAB
         )
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import Shard, distribute_tensor
-
-        mesh = init_device_mesh("cpu", (world,))
-        weight = distribute_tensor(torch.randn(VOCAB, HIDDEN), mesh, [Shard(0)])
-    except Exception:  # a torch without CPU device meshes: nothing to check here
+    weight = sharded_head(world, VOCAB, HIDDEN)
+    if weight is None:
         return
     with pytest.raises(TypeError, match="DTensor"):
         xent.linear_cross_entropy(torch.randn(ROWS, HIDDEN), weight, target, process_group=group)
 
 
-def _worker(rank, world, init_file, error_dir):
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-        )
-        group = dist.group.WORLD
-        _ce_cases(rank, world, group)
-        _linear_cases(rank, world, group)
-        _distill_cases(rank, world, group)
-        _error_cases(rank, world, group)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as out:
-            out.write(traceback.format_exc())
-        raise
+def _all_cases(rank, world, group):
+    _ce_cases(rank, world, group)
+    _linear_cases(rank, world, group)
+    _distill_cases(rank, world, group)
+    _error_cases(rank, world, group)
 
 
-@pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(),
-    reason="torch.distributed with gloo is not available",
-)
+@needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_vocabulary_parallel_matches_single_process(world):
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        try:
-            mp.spawn(_worker, args=(world, init_file, tmp), nprocs=world, join=True)
-        except Exception as error:
-            reports = [
-                open(os.path.join(tmp, f)).read()
-                for f in sorted(os.listdir(tmp))
-                if f.startswith("rank")
-            ]
-            pytest.fail(f"{error}\n" + "\n".join(reports))
+    run_group(world, _all_cases)
