@@ -96,12 +96,21 @@ TEST_P(LinearCeWeightDtype, OneRoundingPerChunkWithinTheErrorModel) {
   options.ce = setup.options;
   options.weight_grad_accumulation = WeightGradAccumulation::weight_dtype;
 #if XENT_TEST_ON_GPU
-  // The smallest budget (steps of 1/8) whose plan sums ∂W over chunks of at most rows_per_chunk.
-  for (options.workspace_budget = 4096;
-       rows_per_rounding(rows, hidden_size, vocab, dtype, options, grads) > rows_per_chunk &&
-       options.workspace_budget < (std::size_t{64} << 20);
-       options.workspace_budget += options.workspace_budget / 8) {
+  // The largest budget (steps of 1/8) whose plan fits it and sums ∂W over chunks of at most
+  // rows_per_chunk rows. (A budget below the smallest plan reports that plan, of one-row chunks,
+  // which the call would refuse: only plans that fit count.)
+  std::size_t chosen = 0;
+  for (std::size_t budget = 4096; budget < (std::size_t{64} << 20); budget += budget / 8) {
+    LinearCeOptions trial = options;
+    trial.workspace_budget = budget;
+    const cuda::ChunkPlan plan =
+        cuda::linear_ce_chunk_plan(rows, hidden_size, vocab, dtype, trial, grads);
+    if (!plan.fits_budget) continue;
+    if (plan.chunk_rows > rows_per_chunk) break;
+    chosen = budget;
   }
+  ASSERT_GT(chosen, 0u) << "no budget gives chunks of at most " << rows_per_chunk << " rows";
+  options.workspace_budget = chosen;
 #else
   cpu::LinearShape shape;
   shape.rows = rows;
