@@ -1,12 +1,10 @@
 // Distillation from a top-k teacher, CUDA backend (docs/semantics.md §3.1): one portable CTA per
 // row (no clusters or TMA, sm_80 and up). The row's ids and log-probabilities are staged in shared
 // memory with a membership bitmap of the V columns; one vectorised sweep over the student forms
-// the logsumexp of the whole row and of the columns outside the ids (none for renormalize),
-// copying the row into shared memory when it is short enough (the gradient then reads it there);
-// one warp forms the categories' terms (common/distill_topk_row.hpp); the gradient sweep writes
-// every column (renormalize: a constant, the row unread), then the id columns from the shared
-// category gradients. The hard-label ce term takes its own statistics sweep. The per-row losses
-// go through distill_reduce as distill's do.
+// the logsumexp of the whole row and of the columns outside the ids (none for renormalize); one
+// warp forms the categories' terms (common/distill_topk_row.hpp); the gradient sweep writes every
+// column, then the id columns from the shared category gradients. The hard-label ce term takes
+// its own statistics sweep. The per-row losses go through distill_reduce as distill's do.
 #include "api/backend.hpp"
 #include "common/distill_topk_row.hpp"
 #include "cuda/rows/distill_rows.cuh"
@@ -82,119 +80,49 @@ __device__ double warp_sum(double v) {
   return v;
 }
 
-constexpr int kBatch = 4;  // 16-byte vectors in flight a thread (perf-notes 141)
-
-// One 16-byte vector of a row: the read-only path from global memory, or the staged copy.
-template <bool kShared>
-__device__ __forceinline__ uint4 load_vector(const uint4* p) {
-  if constexpr (kShared) {
-    return load_shared_vector(p);
-  } else {
-    return __ldg(p);
-  }
-}
-
-// Elements before the first 16-byte boundary of a row of n values at p.
-template <class S>
-__device__ __forceinline__ int head_of(const void* p, int n) {
-  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(p) % 16);
-  return min(n, ((16 - misalign) % 16) / static_cast<int>(sizeof(S)));
-}
-
-// Calls f(i, v) for the n values of a row: 16-byte loads over the 16-byte-aligned middle, kBatch
-// issued before any is used, scalar loads for the head and tail (rows of odd V start anywhere).
-// stage, when not null, receives a copy of the row at the same 16-byte alignment as s. kShared:
-// s itself is in shared memory. 32-bit columns (V < 2^31).
-template <class S, bool kShared, class F>
-__device__ __forceinline__ void sweep_row(const S* s, int n, S* stage, F&& f) {
+// Calls f(i, v) for the n values of a row: 16-byte loads over the 16-byte-aligned middle, scalar
+// loads for the head and tail (rows of odd V start anywhere). 32-bit columns (V < 2^31).
+template <class S, class F>
+__device__ __forceinline__ void sweep_row(const S* s, int n, F&& f) {
   constexpr int kVec = kVectorElements<S>;
-  const int head = head_of<S>(s, n);
-  for (int i = threadIdx.x; i < head; i += kTopKThreads) {
-    if (stage) stage[i] = s[i];
-    f(i, load_float(s[i]));
-  }
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(s) % 16);
+  const int head = min(n, ((16 - misalign) % 16) / static_cast<int>(sizeof(S)));
+  for (int i = threadIdx.x; i < head; i += kTopKThreads) f(i, load_float(s[i]));
   const int vectors = (n - head) / kVec;
   const auto* words = reinterpret_cast<const uint4*>(s + head);
-  auto* staged = stage ? reinterpret_cast<uint4*>(stage + head) : nullptr;
-  for (int q0 = threadIdx.x; q0 < vectors; q0 += kBatch * kTopKThreads) {
-    uint4 w[kBatch];
+  for (int q = threadIdx.x; q < vectors; q += kTopKThreads) {
+    const Vector<S> v = unpack<S>(__ldg(words + q));
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = q0 + b * kTopKThreads;
-      w[b] = q < vectors ? load_vector<kShared>(words + q) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = q0 + b * kTopKThreads;
-      if (q >= vectors) break;
-      if (stage) staged[q] = w[b];
-      const Vector<S> v = unpack<S>(w[b]);
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) f(head + q * kVec + u, v.value[u]);
-    }
+    for (int u = 0; u < kVec; ++u) f(head + q * kVec + u, v.value[u]);
   }
   for (int i = head + vectors * kVec + threadIdx.x; i < n; i += kTopKThreads) {
-    if (stage) stage[i] = s[i];
     f(i, load_float(s[i]));
   }
 }
 
-// g[i] = f(i, s[i]) over a row, 16-byte vectors (kBatch loads issued before the first store:
-// each thread reads its own columns before writing them, so g may be s) when s and g share their
-// alignment (the usual case, in-place and staged included), scalar otherwise.
-template <class S, bool kShared, class F>
+// g[i] = f(i, s[i]) over a row, 16-byte vectors when s and g share their alignment (the usual
+// case, in-place included), scalar otherwise.
+template <class S, class F>
 __device__ __forceinline__ void map_row(const S* s, S* g, int n, F&& f) {
   constexpr int kVec = kVectorElements<S>;
-  const bool together = reinterpret_cast<uintptr_t>(s) % 16 == reinterpret_cast<uintptr_t>(g) % 16;
-  const int head = together ? head_of<S>(s, n) : n;
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(s) % 16);
+  const bool together = misalign == static_cast<int>(reinterpret_cast<uintptr_t>(g) % 16);
+  const int head = together ? min(n, ((16 - misalign) % 16) / static_cast<int>(sizeof(S))) : n;
   for (int i = threadIdx.x; i < head; i += kTopKThreads)
     g[i] = store_float<S>(f(i, load_float(s[i])));
   if (!together) return;
   const int vectors = (n - head) / kVec;
   const auto* in = reinterpret_cast<const uint4*>(s + head);
   auto* out = reinterpret_cast<uint4*>(g + head);
-  for (int q0 = threadIdx.x; q0 < vectors; q0 += kBatch * kTopKThreads) {
-    uint4 w[kBatch];
+  for (int q = threadIdx.x; q < vectors; q += kTopKThreads) {
+    Vector<S> v = unpack<S>(in[q]);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = q0 + b * kTopKThreads;
-      // Not __ldg: in place, g is s and the row is written here.
-      if constexpr (kShared) {
-        w[b] = q < vectors ? load_shared_vector(in + q) : make_uint4(0, 0, 0, 0);
-      } else {
-        w[b] = q < vectors ? in[q] : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = q0 + b * kTopKThreads;
-      if (q >= vectors) break;
-      Vector<S> v = unpack<S>(w[b]);
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) v.value[u] = f(head + q * kVec + u, v.value[u]);
-      out[q] = pack<S>(v);
-    }
+    for (int u = 0; u < kVec; ++u) v.value[u] = f(head + q * kVec + u, v.value[u]);
+    out[q] = pack<S>(v);
   }
   for (int i = head + vectors * kVec + threadIdx.x; i < n; i += kTopKThreads) {
     g[i] = store_float<S>(f(i, load_float(s[i])));
   }
-}
-
-// g[i] = value over a row, 16-byte stores over its aligned middle.
-template <class S>
-__device__ __forceinline__ void fill_row(S* g, int n, float value) {
-  constexpr int kVec = kVectorElements<S>;
-  const S stored = store_float<S>(value);
-  const int head = head_of<S>(g, n);
-  for (int i = threadIdx.x; i < head; i += kTopKThreads) g[i] = stored;
-  const int vectors = (n - head) / kVec;
-  Vector<S> v;
-#pragma unroll
-  for (int u = 0; u < kVec; ++u) v.value[u] = value;
-  const uint4 word = pack<S>(v);
-  auto* out = reinterpret_cast<uint4*>(g + head);
-  for (int q = threadIdx.x; q < vectors; q += kTopKThreads) out[q] = word;
-  for (int i = head + vectors * kVec + threadIdx.x; i < n; i += kTopKThreads) g[i] = stored;
 }
 
 // Shared state of one row: the staged entries and the category results.
@@ -217,11 +145,9 @@ struct TopKHard {
   common::CeGradRow<float>* row = nullptr;
 };
 
-// kStaged: the statistics sweep copies the row into stage (shared memory, at the row's 16-byte
-// alignment), and the later sweeps read it there (one read of the row from HBM).
-template <class S, bool kStaged, class Transform>
+template <class S, class Transform>
 __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShared& sh,
-                         uint32_t* bitmap, S* stage, int64_t row, const TopKHard& hard) {
+                         uint32_t* bitmap, int64_t row, const TopKHard& hard) {
   const int tid = threadIdx.x;
   const S* s = static_cast<const S*>(a.student) + row * a.row_stride;
   const int64_t vocab = a.vocab, k = a.k;
@@ -257,7 +183,7 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
   const int n = static_cast<int>(vocab);
   if (!renormalize_row) {
     float m = -INFINITY, sum = 0, out_sum = 0, out_max = -INFINITY;
-    sweep_row<S, false>(s, n, kStaged ? stage : nullptr, [&](int i, float x) {
+    sweep_row(s, n, [&](int i, float x) {
       const float v = transform.value(x);
       const bool outside = !((bitmap[i >> 5] >> (i & 31)) & 1u);
       if (v > m) {
@@ -310,14 +236,9 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
     __syncthreads();
     if (sh.out_lse != sh.out_lse) {
       LseState o;
-      auto outside = [&](int i, float x) {
+      sweep_row(s, n, [&](int i, float x) {
         if (!((bitmap[i >> 5] >> (i & 31)) & 1u)) o.add(transform.value(x));
-      };
-      if constexpr (kStaged) {
-        sweep_row<S, true>(stage, n, nullptr, outside);
-      } else {
-        sweep_row<S, false>(s, n, nullptr, outside);
-      }
+      });
       o = warp_lse(o);
       __syncthreads();  // every thread has read out_lse before it is rewritten
       if (tid % 32 == 0) {
@@ -459,17 +380,11 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
     const float p = __expf(hc.transform.value(x) - hard_row.lse);
     return common::ce_grad_from_prob(hard_row, p, hc.transform.slope(x), i == hard.target, w);
   };
-  if (renormalize_row && !with_hard && !(a.options.softcap > 0)) {
-    // Outside the ids the gradient is coef · 0 · slope, and without a softcap the slope is the
-    // row's constant 1/T: written without reading the row (the ids were gathered above).
-    fill_row(g, n, coef * tail_grad * 0.0f * transform.slope(0.0f));
-  } else {
-    map_row<S, kStaged>(kStaged ? stage : s, g, n, [&](int i, float x) {
-      const float share = a_tail == INFINITY ? 0.0f : __expf(transform.value(x) - a_tail);
-      const float soft = coef * tail_grad * share * transform.slope(x);
-      return with_hard ? soft + hard_part(i, x) : soft;
-    });
-  }
+  map_row(s, g, n, [&](int i, float x) {
+    const float share = a_tail == INFINITY ? 0.0f : __expf(transform.value(x) - a_tail);
+    const float soft = coef * tail_grad * share * transform.slope(x);
+    return with_hard ? soft + hard_part(i, x) : soft;
+  });
   __syncthreads();
   for (int j = tid; j < k; j += kTopKThreads) {
     const int64_t id = sh.id[j];
@@ -480,16 +395,9 @@ __device__ void topk_row(const TopKArgs& a, const Transform& transform, TopKShar
   }
 }
 
-// Dynamic shared memory: the membership bitmap (V bits, padded to 16 bytes), then for kStaged the
-// row with 16 bytes of room to match its alignment.
-__host__ __device__ inline std::size_t bitmap_bytes_of(int64_t vocab) {
-  return static_cast<std::size_t>((vocab + 127) / 128) * 16;
-}
-
-template <class S, bool kStaged>
+template <class S>
 __global__ void __launch_bounds__(kTopKThreads) distill_topk_kernel(const TopKArgs a) {
-  extern __shared__ uint4 dynamic_shared[];
-  auto* bitmap = reinterpret_cast<uint32_t*>(dynamic_shared);
+  extern __shared__ uint32_t bitmap[];
   __shared__ TopKShared sh;
   __shared__ SharedStorage<common::RowStats<float>[kTopKThreads / 32]> hard_scratch;
   __shared__ SharedStorage<common::CeGradRow<float>> hard_row;
@@ -506,7 +414,7 @@ __global__ void __launch_bounds__(kTopKThreads) distill_topk_kernel(const TopKAr
     if (a.grad) {
       S* g = reinterpret_cast<S*>(static_cast<char*>(a.grad) +
                                   row * a.grad_row_stride * static_cast<int64_t>(sizeof(S)));
-      fill_row(g, static_cast<int>(a.vocab), 0.0f);
+      for (int64_t i = threadIdx.x; i < a.vocab; i += kTopKThreads) g[i] = store_float<S>(0.0f);
     }
     return;
   }
@@ -519,50 +427,17 @@ __global__ void __launch_bounds__(kTopKThreads) distill_topk_kernel(const TopKAr
     hard.scratch = hard_scratch.get();
     hard.row = &hard_row.get();
   }
-  S* stage = nullptr;
-  if constexpr (kStaged) {
-    const S* s = static_cast<const S*>(a.student) + row * a.row_stride;
-    const auto misalign = static_cast<int>(reinterpret_cast<uintptr_t>(s) % 16);
-    stage = reinterpret_cast<S*>(reinterpret_cast<char*>(dynamic_shared) +
-                                 bitmap_bytes_of(a.vocab) + misalign);
-  }
-  with_distill_transform(
-      transform, [&](const auto& t) { topk_row<S, kStaged>(a, t, sh, bitmap, stage, row, hard); });
-}
-
-// The row is staged for a gradient that reads it twice (tail and ignore) when two CTAs still fit
-// a multiprocessor: one CTA a multiprocessor idles it while a row is staged and while its
-// gradient drains (perf-notes 129). Longer rows read the row twice, the second time partly from L2.
-template <class S>
-bool stage_rows(const TopKArgs& a, std::size_t staged_bytes) {
-  if (!a.grad || a.mass == common::TopKMassCode::renormalize) return false;
-  int device = 0, per_multiprocessor = 0, per_block = 0, reserved = 0;
-  XENT_CUDA_CHECK(cudaGetDevice(&device));
-  XENT_CUDA_CHECK(cudaDeviceGetAttribute(&per_multiprocessor,
-                                         cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  XENT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  XENT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  cudaFuncAttributes attributes{};
-  XENT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, distill_topk_kernel<S, true>));
-  const std::size_t block = staged_bytes + attributes.sharedSizeBytes;
-  return block <= static_cast<std::size_t>(per_block) &&
-         2 * (block + static_cast<std::size_t>(reserved)) <=
-             static_cast<std::size_t>(per_multiprocessor);
+  with_distill_transform(transform,
+                         [&](const auto& t) { topk_row<S>(a, t, sh, bitmap, row, hard); });
 }
 
 template <class S>
 void launch_topk(const TopKArgs& a, cudaStream_t stream) {
-  const std::size_t bitmap_bytes = bitmap_bytes_of(a.vocab);
-  const std::size_t staged_bytes =
-      bitmap_bytes + static_cast<std::size_t>(a.vocab) * sizeof(S) + 16;
-  const bool staged = stage_rows<S>(a, staged_bytes);
-  const std::size_t bytes = staged ? staged_bytes : bitmap_bytes;
-  auto* kernel = staged ? distill_topk_kernel<S, true> : distill_topk_kernel<S, false>;
-  XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-  kernel<<<static_cast<unsigned>(a.rows), kTopKThreads, bytes, stream>>>(a);
+  const std::size_t bitmap_bytes = static_cast<std::size_t>((a.vocab + 31) / 32) * 4;
+  XENT_CUDA_CHECK(cudaFuncSetAttribute(distill_topk_kernel<S>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bitmap_bytes)));
+  distill_topk_kernel<S><<<static_cast<unsigned>(a.rows), kTopKThreads, bitmap_bytes, stream>>>(a);
   XENT_CUDA_CHECK_LAUNCH();
 }
 
