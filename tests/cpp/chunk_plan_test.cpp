@@ -836,9 +836,9 @@ TEST(ChunkPlan, TheBytesAFailedPlanNamesAreEnough) {
           ASSERT_FALSE(failed.fits_budget);
           request.budget_bytes = failed.total_bytes;
           const ChunkPlan plan = plan_chunks(request);
-          EXPECT_TRUE(plan.fits_budget) << rows << " x " << vocab << ", " << element
-                                        << " B logits, accumulator " << accumulator << ": "
-                                        << plan.total_bytes << " > " << request.budget_bytes;
+          EXPECT_TRUE(plan.fits_budget)
+              << rows << " x " << vocab << ", " << element << " B logits, accumulator "
+              << accumulator << ": " << plan.total_bytes << " > " << request.budget_bytes;
           EXPECT_LE(plan.total_bytes, request.budget_bytes);
         }
       }
