@@ -21,6 +21,20 @@ double unit_roundoff(DType dtype) {
   return dtype == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
 }
 
+#if !XENT_TEST_ON_GPU
+// The CPU planner's view of a training call with weight_dtype accumulation.
+cpu::LinearShape training_shape(int64_t rows, int64_t hidden, int64_t vocab, DType dtype) {
+  cpu::LinearShape shape;
+  shape.rows = rows;
+  shape.hidden = hidden;
+  shape.vocab = vocab;
+  shape.dtype = dtype;
+  shape.with_gradients = true;
+  shape.weight_dtype_accumulation = true;
+  return shape;
+}
+#endif
+
 // Rows per rounding of ∂W under this budget: the plan's row chunks (on CUDA always the row-chunk
 // schedule without an accumulator, whose products add into the 16-bit ∂W).
 int64_t rows_per_rounding(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
@@ -33,14 +47,8 @@ int64_t rows_per_rounding(int64_t rows, int64_t hidden, int64_t vocab, DType dty
   EXPECT_EQ(plan.accumulator_bytes, 0u);
   return plan.chunk_rows;
 #else
-  cpu::LinearShape shape;
-  shape.rows = rows;
-  shape.hidden = hidden;
-  shape.vocab = vocab;
-  shape.dtype = dtype;
-  shape.with_gradients = true;
-  shape.weight_dtype_accumulation = true;
-  return cpu::plan_linear(shape, options.workspace_budget).chunk_rows;
+  return cpu::plan_linear(training_shape(rows, hidden, vocab, dtype), options.workspace_budget)
+      .chunk_rows;
 #endif
 }
 
@@ -112,14 +120,8 @@ TEST_P(LinearCeWeightDtype, OneRoundingPerChunkWithinTheErrorModel) {
   ASSERT_GT(chosen, 0u) << "no budget gives chunks of at most " << rows_per_chunk << " rows";
   options.workspace_budget = chosen;
 #else
-  cpu::LinearShape shape;
-  shape.rows = rows;
-  shape.hidden = hidden_size;
-  shape.vocab = vocab;
-  shape.dtype = dtype;
-  shape.with_gradients = true;
-  options.workspace_budget =
-      static_cast<std::size_t>(rows_per_chunk) * cpu::linear_row_bytes(shape);
+  options.workspace_budget = static_cast<std::size_t>(rows_per_chunk) *
+                             cpu::linear_row_bytes(training_shape(rows, hidden_size, vocab, dtype));
 #endif
   const int64_t chunk_rows = rows_per_rounding(rows, hidden_size, vocab, dtype, options, grads);
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget

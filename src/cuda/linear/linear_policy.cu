@@ -42,11 +42,6 @@ LinearCeOptions chunk_options(const LinearPolicyOptions& options, int64_t rows) 
   return linear;
 }
 
-template <class T>
-const T* data_of(const TensorView& view, int64_t first_row) {
-  return offset_rows<const T>(view, first_row);
-}
-
 }  // namespace
 
 std::size_t linear_policy_workspace_size(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
@@ -149,11 +144,11 @@ void linear_policy_forward(TensorView hidden, TensorView weight, TensorView bias
     step.ignore_index = options.ignore_index;
     step.logprob = logprob + first;
     step.entropy = entropy_term ? entropy + first : nullptr;
-    step.advantages = data_of<float>(tokens.advantages, first);
-    step.old_logprobs = data_of<float>(tokens.old_logprobs, first);
-    step.ref_logprobs = data_of<float>(tokens.ref_logprobs, first);
-    step.rollout_logprobs = data_of<float>(tokens.rollout_logprobs, first);
-    step.weight = data_of<float>(tokens.weight, first);
+    step.advantages = offset_rows<const float>(tokens.advantages, first);
+    step.old_logprobs = offset_rows<const float>(tokens.old_logprobs, first);
+    step.ref_logprobs = offset_rows<const float>(tokens.ref_logprobs, first);
+    step.rollout_logprobs = offset_rows<const float>(tokens.rollout_logprobs, first);
+    step.weight = offset_rows<const float>(tokens.weight, first);
     step.options = policy;
     step.upstream = upstream + first;
     step.grad_entropy = grad_entropy + first;
