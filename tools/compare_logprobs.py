@@ -11,7 +11,8 @@ states and the LM head weight:
   xent_cache the same with cache_logits=True (the forward keeps the N×V logits for the backward:
              three products instead of four, N·V elements more)
   xent_nocache  the same with cache_bytes=0: every row's logits recomputed (four products)
-  xent_cache_1g, xent_cache_4g  the same with cache_bytes 1 GiB / 4 GiB
+  xent_cache_256m, xent_cache_512m, xent_cache_1g, xent_cache_4g  the same with cache_bytes
+             256 MiB / 512 MiB / 1 GiB / 4 GiB
   products3  the three bare products of a training step (h·Wᵀ, G·W, Gᵀ·h in the input dtype, G a
              fixed N×V tensor): F, the floor; records carry time_vs_products3
   xent_logprob  xent.linear_logprobs(h, W, y, temperature) without the entropy: J = Σ a·logprob
@@ -71,6 +72,8 @@ IMPLS = (
     "xent",
     "xent_cache",
     "xent_nocache",
+    "xent_cache_256m",
+    "xent_cache_512m",
     "xent_cache_1g",
     "xent_cache_4g",
     "products3",
@@ -146,7 +149,13 @@ def make_objective(impl: str, temperature: float, budget: int | None = None):
             return _ThreeProducts.apply(h, w, logits, gradient["g"])
 
         return objective
-    cache_bytes = {"xent_nocache": 0, "xent_cache_1g": 1 << 30, "xent_cache_4g": 4 << 30}
+    cache_bytes = {
+        "xent_nocache": 0,
+        "xent_cache_256m": 256 << 20,
+        "xent_cache_512m": 512 << 20,
+        "xent_cache_1g": 1 << 30,
+        "xent_cache_4g": 4 << 30,
+    }
     if impl in ("xent", "xent_cache") or impl in cache_bytes:
         keywords = {"cache_bytes": cache_bytes[impl]} if impl in cache_bytes else {}
 

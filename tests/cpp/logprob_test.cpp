@@ -4,6 +4,10 @@
 #include <cmath>
 
 #include "linear_check.hpp"
+#if XENT_TEST_ON_GPU
+#include "cuda/plan/linear_ce_plan.hpp"
+#include "gpu_support.hpp"
+#endif
 
 namespace xent::test {
 namespace {
@@ -166,6 +170,50 @@ TEST(LogprobErrors, EntropyGradientNeedsNoneAndLse) {
 
 // ---- fused with the linear layer --------------------------------------------------------------
 
+// Runs of the CUDA backward's schedule (d) and of the fused gradient product so far (zeros off
+// the GPU build).
+struct BackwardRuns {
+  int64_t blocks = 0, fused = 0;
+};
+
+BackwardRuns backward_runs() {
+#if XENT_TEST_ON_GPU
+  return {cuda::linear_ce_runs(cuda::Schedule::statistics_blocks), cuda::fused_grad_count()};
+#else
+  return {};
+#endif
+}
+
+// On a Hopper GPU: one run of schedule (d) and at least one fused gradient product between the
+// two counts (elsewhere both decline and the cuBLASLt schedules run).
+void expect_statistics_blocks([[maybe_unused]] const BackwardRuns& before,
+                              [[maybe_unused]] const BackwardRuns& after) {
+#if XENT_TEST_ON_GPU
+  if (!hopper_paths_here()) return;
+  EXPECT_EQ(after.blocks - before.blocks, 1) << "schedule (d) did not run";
+  EXPECT_GT(after.fused, before.fused) << "the fused gradient product did not run";
+#endif
+}
+
+// The smallest power-of-two budget at which the CUDA planner takes schedule (d) for this backward
+// (the budget of a case that must take it).
+std::size_t statistics_blocks_budget([[maybe_unused]] int64_t rows, [[maybe_unused]] int64_t hidden,
+                                     [[maybe_unused]] int64_t vocab, [[maybe_unused]] DType dtype,
+                                     const LinearCeOptions& options,
+                                     [[maybe_unused]] const LinearGradients& grads) {
+#if XENT_TEST_ON_GPU
+  LinearCeOptions trial = options;
+  for (std::size_t bytes = std::size_t{16} << 10; bytes <= (std::size_t{256} << 20); bytes *= 2) {
+    trial.workspace_budget = bytes;
+    const cuda::ChunkPlan plan =
+        cuda::linear_ce_chunk_plan(rows, hidden, vocab, dtype, trial, grads, true);
+    if (plan.fits_budget && plan.schedule == cuda::Schedule::statistics_blocks) return bytes;
+  }
+  ADD_FAILURE() << "no budget up to 256 MiB takes schedule (d)";
+#endif
+  return options.workspace_budget;
+}
+
 // Cache: the forward fills options.logits_cache with the logits of its rows [0, R) and the
 // backward reads them there (row chunks and, at the smallest budget, vocabulary blocks) instead
 // of recomputing them, recomputing the other rows': no cache, a cache of no rows, of some rows (a
@@ -178,13 +226,18 @@ std::string linear_grid_name(const ::testing::TestParamInfo<LinearParam>& info) 
   return grid_name(info) + suffix[static_cast<int>(std::get<3>(info.param))];
 }
 
-class LogprobLinear : public ::testing::TestWithParam<LinearParam> {};
+// The layer's sizes and the rows a "some rows" cache holds.
+struct LayerShape {
+  int64_t rows, hidden, vocab, some_rows;
+};
 
-TEST_P(LogprobLinear, MatchesReference) {
-  require_device();
-  XENT_TEST_RNG(rng);
-  const auto [dtype, temperature, budget, cache] = GetParam();
-  const int64_t rows = 37, hidden_size = 67, vocab = 1031;
+// What a case asserts of the backward's path: nothing, or (on a Hopper GPU) schedule (d) with the
+// fused gradient product, at a budget chosen for that schedule instead of `budget`.
+enum class BackwardPath { any, statistics_blocks };
+
+void check_linear_logprobs(DType dtype, double temperature, Budget budget, Cache cache,
+                           const LayerShape& shape, BackwardPath path, Rng& rng) {
+  const int64_t rows = shape.rows, hidden_size = shape.hidden, vocab = shape.vocab;
   const LinearLayer layer = make_linear_layer(rng, rows, hidden_size, vocab, true, 2.0, dtype);
   const std::vector<int64_t> target = make_targets(rng, rows, vocab, -100, true, false, false);
   reference::CeSpec spec;
@@ -211,7 +264,9 @@ TEST_P(LogprobLinear, MatchesReference) {
   LinearCeOptions options;
   options.ce.reduction = Reduction::none;
   options.ce.logit_scale = spec.logit_scale;
-  const int64_t cache_rows = cache == Cache::all_rows ? rows : cache == Cache::some_rows ? 13 : 0;
+  const int64_t cache_rows = cache == Cache::all_rows    ? rows
+                             : cache == Cache::some_rows ? shape.some_rows
+                                                         : 0;
   Tensor logits_cache = Tensor::matrix(dtype, cache_rows, cache == Cache::none ? 0 : vocab);
   if (cache != Cache::none) {
     logits_cache.poison();  // the forward must write every element the backward reads
@@ -255,22 +310,29 @@ TEST_P(LogprobLinear, MatchesReference) {
                        grad_output.view(), entropy_grad, o, grads, scratch.workspace());
     finish();
   };
-  options.workspace_budget = budget_bytes(budget, [&](std::size_t bytes) {
-    LinearCeOptions trial = options;
-    trial.workspace_budget = bytes;
-    try {
-      backward(trial);
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
-      throw;
-    }
-    return true;
-  });
+  if (path == BackwardPath::statistics_blocks) {
+    options.workspace_budget =
+        statistics_blocks_budget(rows, hidden_size, vocab, dtype, options, grads);
+  } else {
+    options.workspace_budget = budget_bytes(budget, [&](std::size_t bytes) {
+      LinearCeOptions trial = options;
+      trial.workspace_budget = bytes;
+      try {
+        backward(trial);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("workspace_budget") != std::string::npos) return false;
+        throw;
+      }
+      return true;
+    });
+  }
   SCOPED_TRACE(::testing::Message() << "workspace_budget " << options.workspace_budget);
   grad_h.poison();
   grad_w.poison();
   grad_b.poison();
+  const BackwardRuns before = backward_runs();
   backward(options);
+  if (path == BackwardPath::statistics_blocks) expect_statistics_blocks(before, backward_runs());
   const std::pair<const Tensor*, std::pair<const std::vector<double>*, const std::vector<double>*>>
       checks[] = {{&grad_h, {&ref_grads.hidden.values, &torch_grads.hidden.values}},
                   {&grad_w, {&ref_grads.weight.values, &torch_grads.weight.values}},
@@ -282,6 +344,38 @@ TEST_P(LogprobLinear, MatchesReference) {
                       grad_tolerance(dtype, Family::linear, *values.second, *values.first)));
   }
 }
+
+class LogprobLinear : public ::testing::TestWithParam<LinearParam> {};
+
+TEST_P(LogprobLinear, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  const auto [dtype, temperature, budget, cache] = GetParam();
+  check_linear_logprobs(dtype, temperature, budget, cache, {37, 67, 1031, 13}, BackwardPath::any,
+                        rng);
+}
+
+// Aligned bf16 operands, which the Hopper products take, at a budget where the backward takes
+// schedule (d): its vocabulary-block tiles read the cached rows' logits (a tile across the cache's
+// end, row 137, forms the others by the fused gradient product), and the forward runs the
+// uncached rows apart (the fused statistics product).
+class LogprobLinearBlocks : public ::testing::TestWithParam<Cache> {};
+
+TEST_P(LogprobLinearBlocks, MatchesReference) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_linear_logprobs(DType::bf16, 0.7, Budget::smallest, GetParam(), {300, 64, 2053, 137},
+                        on_gpu() ? BackwardPath::statistics_blocks : BackwardPath::any, rng);
+}
+
+std::string cache_name(const ::testing::TestParamInfo<Cache>& info) {
+  static const char* const names[] = {"none", "no_rows", "some_rows", "all_rows"};
+  return names[static_cast<int>(info.param)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, LogprobLinearBlocks,
+                         ::testing::Values(Cache::none, Cache::some_rows, Cache::all_rows),
+                         cache_name);
 
 TEST(LogprobErrors, LogitsCacheHoldsAtMostTheRows) {
   const int64_t rows = 3, hidden_size = 4, vocab = 5;

@@ -66,6 +66,33 @@ void form_block_logits(const BlockPassInputs& pass, BlockTile& block_tile,
   block_tile.logits_stride = columns;
 }
 
+// The tile's gradient by the fused gradient product, in the operand dtype; false, having
+// launched nothing, when it declines. A tile across the cache's last row forms its cached rows'
+// gradient from the cache (the block-gradient step writes them in the operand dtype too when the
+// logits have it) and its other rows by the product, which would form them again.
+bool fused_tile(const BlockPassInputs& pass, const BlockTile& block_tile,
+                const GemmMatrix& hidden_rows, const GemmMatrix& weight_block,
+                const BlockGradientStep& block_gradient, cudaStream_t stream) {
+  if (!pass.fused_gradient) return false;
+  const int64_t rows = block_tile.gradient.rows;
+  const int64_t held = cached_tile_rows(pass, block_tile.first_row, rows);
+  if (held == 0) return pass.fused_gradient(block_tile, stream);
+  if (held == rows || pass.logits_dtype != pass.hidden.dtype) return false;
+  BlockTile after = block_tile;
+  after.first_row += held;
+  after.gradient.rows = rows - held;
+  after.gradient.grad = static_cast<char*>(block_tile.gradient.grad) +
+                        static_cast<std::size_t>(held) *
+                            static_cast<std::size_t>(block_tile.gradient.columns) *
+                            dtype_size(pass.logits_dtype);
+  if (!pass.fused_gradient(after, stream)) return false;
+  BlockTile before = block_tile;
+  before.gradient.rows = held;
+  form_block_logits(pass, before, gemm_rows(hidden_rows, 0, held), weight_block, stream);
+  block_gradient(before, stream);
+  return true;
+}
+
 // Where the fp32 ∂h sums of each row are: rows [0, head_rows) from the start of the ∂h output,
 // the others in `tail` (rows from head_rows on).
 struct HiddenSumsPlace {
@@ -165,8 +192,7 @@ void weight_gradient_by_blocks(const BlockPassInputs& pass, const BlockGradientS
       block_tile.first_row = first;
       block_tile.second_buffer = second_tile;
       GemmMatrix gradient{tile, logits_dtype, count, columns, columns};
-      if (cached_tile_rows(pass, first, count) == 0 && pass.fused_gradient &&
-          pass.fused_gradient(block_tile, stream)) {
+      if (fused_tile(pass, block_tile, hidden_rows, weight_block, block_gradient, stream)) {
         gradient.dtype = operand_dtype;  // written as the products read it
       } else {
         form_block_logits(pass, block_tile, hidden_rows, weight_block, stream);

@@ -24,6 +24,12 @@ bool pinned_forward(const LinearCeCall& call) {
   return call.options.batch_invariant && call.op == OpCode::linear_ce_forward;
 }
 
+LinearCeOptions without_cache(const LinearCeOptions& options) {
+  LinearCeOptions uncached = options;
+  uncached.logits_cache = TensorView{};
+  return uncached;
+}
+
 // Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
 // its plan aside from the path's scratch: gradients formed in this call (a backward that brings
 // the forward's lse forms its own, as the row kernel does: the path stages x in f16, decision
@@ -58,8 +64,12 @@ bool hidden_product_fits_weight_grad(const LinearCeCall& call, int64_t chunks) {
 void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t stream) {
   const int64_t rows = call.hidden.rows, hidden = call.hidden.cols, vocab = call.weight.rows;
   const DType dtype = call.hidden.dtype;
-  const bool statistics = !pinned_forward(call) &&
-                          fused_stats_eligible(call.hidden, call.weight, call.bias, call.options);
+  // A backward reads a logits cache and writes none: the cache keeps it off no fused product.
+  const bool statistics =
+      !pinned_forward(call) &&
+      fused_stats_eligible(
+          call.hidden, call.weight, call.bias,
+          call.op == OpCode::linear_ce_backward ? without_cache(call.options) : call.options);
   const bool candidate = reference_candidate(call);
   LinearCePlan plan = plan_for_gradients(rows, hidden, vocab, dtype, call.options, call.grads,
                                          statistics, candidate);
@@ -120,17 +130,16 @@ LinearCeOutputs output_rows(const LinearCeOutputs& out, int64_t first, int64_t c
 
 // A forward that fills a logits cache of its first R < N rows: the other rows need no logits
 // written, so where the fused statistics product may take them, they run as a forward without
-// a cache (two calls over the rows; per-row outputs only, no gradients, no batch statistic).
+// a cache (two calls over the rows; per-row outputs only, no gradients; the accuracy, a batch
+// statistic, from both parts' argmax after them).
 bool split_at_cache(const TensorView& hidden, const LinearCeOptions& options,
                     const LinearCeOutputs& out) {
   const TensorView& cache = options.logits_cache;
   const LinearGradients& grads = out.grads;
-  LinearCeOptions uncached = options;
-  uncached.logits_cache = TensorView{};
   return cache.present() && cache.rows < hidden.rows && options.ce.reduction == Reduction::none &&
          !grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
-         !out.stats.accuracy.present() && !options.batch_invariant &&
-         fused_stats_candidate(hidden.dtype, uncached);
+         (!out.stats.accuracy.present() || out.stats.argmax.present()) &&
+         !options.batch_invariant && fused_stats_candidate(hidden.dtype, without_cache(options));
 }
 
 }  // namespace
@@ -158,6 +167,12 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
     cuda::linear_ce_forward(row_range(hidden, cached, rest), weight, bias,
                             row_range(target, cached, rest), part, output_rows(out, cached, rest),
                             {}, workspace, stream);
+    const CeStats& stats = out.stats;
+    if (stats.accuracy.present()) {
+      accuracy_from_argmax(static_cast<const int64_t*>(stats.argmax.data), target.data,
+                           target.dtype, hidden.rows, options.ce.ignore_index,
+                           static_cast<float*>(stats.accuracy.data), stream_of(stream));
+    }
     return;
   }
   // Without gradients (and no logits cache to fill) the forward may be fused products on

@@ -143,7 +143,8 @@ void batch_totals(const LinearCeCall& call, CeBatchTotals* totals, cudaStream_t 
 // and every row's lse without forming logits (skipped when a backward brings the forward's lse
 // and entropy); then per vocabulary block the block's logits, its gradient from the lse, ∂W of
 // the block and ∂h += G·W_block into an fp32 N×H accumulator in the chunk region, written to
-// grads.hidden at the end. False, having launched nothing, when the fused product declines.
+// grads.hidden at the end. A backward given a logits cache reads its rows' logits there.
+// False, having launched nothing, when the fused product declines.
 bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan, Workspace workspace,
                            cudaStream_t stream) {
   const ChunkPlan& chunks = plan.chunks;
@@ -186,7 +187,7 @@ bool run_statistics_blocks(const LinearCeCall& call, const LinearCePlan& plan, W
                    totals,
                    ce_row_options(call.options.ce),
                    call.options.ce.reduction == Reduction::none && call.grad_output.present(),
-                   false};
+                   call.op == OpCode::linear_ce_backward && call.options.logits_cache.present()};
   pass.records = records;
   if (want_hidden) {
     pass.hidden_accumulator =
