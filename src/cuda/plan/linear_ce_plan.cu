@@ -146,7 +146,11 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   // smallest plan.
   std::size_t bytes = 0;
   const bool half = dtype != DType::f32;
-  const bool candidate = fused_stats_candidate(dtype, options);
+  // A call with gradients reads a logits cache and writes none, so the cache keeps it off no
+  // plan of schedule (d) (linear_ce.cu).
+  LinearCeOptions uncached = options;
+  uncached.logits_cache = TensorView{};
+  const bool candidate = fused_stats_candidate(dtype, uncached);
   // Each choice once: {false} where its other side cannot occur (the query runs per call, and
   // every plan costs the planner's scan of block widths).
   auto choices = [](bool possible) {
