@@ -41,9 +41,6 @@ struct FusedCase {
   // false: only the loss, lse, logprob and z-loss value are asked for, so (without label
   // smoothing) the product forms max and Σe alone (the lean epilogue without extras).
   bool all_stats = true;
-  bool accuracy = true;  // with all_stats: whether the accuracy (a batch statistic) is asked for
-  // >= 0: a logits cache of that many leading rows, poisoned, which the forward must fill.
-  int64_t cache_rows = -1;
   Path expected = Path::fused;
 };
 
@@ -66,11 +63,6 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
   LinearCeOptions options;
   options.ce = setup.options;
   if (c.budget > 0) options.workspace_budget = c.budget;
-  Tensor cache = c.cache_rows >= 0 ? Tensor::matrix(c.dtype, c.cache_rows, vocab) : Tensor();
-  if (cache.present()) {
-    cache.poison();
-    options.logits_cache = cache.view();
-  }
 
   const DType stat = result_dtype(c.dtype);
   Tensor loss = loss_tensor(c.reduction, rows, c.dtype);
@@ -83,7 +75,6 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
   out.stats = {lse.view(),    logprob.view(),  entropy.view(),
                argmax.view(), accuracy.view(), z_value.view()};
   if (!c.all_stats) out.stats.entropy = out.stats.argmax = out.stats.accuracy = TensorView();
-  if (!c.accuracy) out.stats.accuracy = TensorView();
 
   std::optional<HookScope> hook(std::in_place);
   (*hook)->fused_statistics = c.fused_switch;
@@ -112,12 +103,6 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
   check_stat("lse", lse, ref.lse, torch.lse);
   check_stat("logprob", logprob, ref.logprob, torch.logprob);
   check_stat("z_loss_value", z_value, ref.z_loss_value, torch.z_loss_value);
-  if (cache.present()) {
-    // The cached rows' logits as the forward formed them: fp32 products rounded to the dtype.
-    const std::vector<double> all = rounded(logits, c.dtype).values;
-    const std::vector<double> lead(all.begin(), all.begin() + c.cache_rows * vocab);
-    EXPECT_TRUE(close("logits_cache", cache.download(), lead, 1e-2));
-  }
   if (!c.all_stats) return;
   check_stat("entropy", entropy, ref.entropy, torch.entropy);
   const std::vector<double> lse_out = lse.download(), entropy_out = entropy.download();
@@ -141,47 +126,8 @@ void check_fused_forward(const FusedCase& c, Rng& rng) {
     EXPECT_LE(std::abs(chosen - ref.transformed_max[n]), tie * (1 + std::abs(chosen)))
         << "argmax row " << n << ": got " << arg[n] << ", expected " << ref.argmax[n];
   }
-  if (c.accuracy) {
-    EXPECT_NEAR(accuracy.download()[0], valid ? double(correct) / double(valid) : 0.0, 1e-6);
-  }
+  EXPECT_NEAR(accuracy.download()[0], valid ? double(correct) / double(valid) : 0.0, 1e-6);
 }
-
-// A forward that fills a logits cache of its first R < N rows (linear_ce.cu, split_at_cache):
-// the other rows need no logits written and take the fused product in a call of their own (one
-// fused run), the cached rows the cuBLASLt product into the cache; the accuracy, when asked for,
-// comes from both parts' argmax. A cache of every row is not split (no fused run).
-// (dtype, R, accuracy)
-using CacheCase = std::tuple<DType, int64_t, bool>;
-
-class CudaFusedStatsCache : public ::testing::TestWithParam<CacheCase> {};
-
-TEST_P(CudaFusedStatsCache, SplitsAtTheCachedRows) {
-  require_device();
-  XENT_TEST_RNG(rng);
-  const auto [dtype, cache_rows, accuracy] = GetParam();
-  FusedCase c;
-  c.dtype = dtype;
-  c.rows = 300;
-  c.vocab = 4099;
-  c.reduction = Reduction::none;
-  c.options = kRowWeight | kLogitScale;
-  c.cache_rows = cache_rows;
-  c.accuracy = accuracy;
-  c.expected = cache_rows == c.rows ? Path::fallback : Path::fused;
-  check_fused_forward(c, rng);
-}
-
-INSTANTIATE_TEST_SUITE_P(Rows, CudaFusedStatsCache,
-                         ::testing::Combine(::testing::Values(DType::bf16, DType::f16),
-                                            ::testing::Values<int64_t>(0, 77, 300),
-                                            ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<CacheCase>& info) {
-                           // std::get, not a structured binding: its commas would split the macro's arguments.
-                           return std::string(std::get<0>(info.param) == DType::bf16 ? "bf16"
-                                                                                     : "f16") +
-                                  "_R" + std::to_string(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_accuracy" : "");
-                         });
 
 // (dtype, N, H, V, options, reduction)
 using FusedShapeCase = std::tuple<DType, int64_t, int64_t, int64_t, unsigned, Reduction>;

@@ -365,8 +365,7 @@ TEST_P(LogprobLinear, MatchesReference) {
 
 // Aligned bf16 operands, which the Hopper products take, at a budget where the backward takes
 // schedule (d): its vocabulary-block tiles read the cached rows' logits (a tile across the cache's
-// end, row 137, forms the others by the fused gradient product), and the forward runs the
-// uncached rows apart (the fused statistics product).
+// end, row 137, forms the others by the fused gradient product).
 class LogprobLinearBlocks : public ::testing::TestWithParam<Cache> {};
 
 TEST_P(LogprobLinearBlocks, MatchesReference) {

@@ -103,45 +103,6 @@ void run_linear_ce(const LinearCeCall& call, Workspace workspace, cudaStream_t s
   schedule_runs[static_cast<int>(plan.chunks.schedule)].fetch_add(1);
 }
 
-// Rows [first, first + count) of a per-row view (a vector of N, or a matrix of N rows); an absent
-// view stays absent.
-TensorView row_range(const TensorView& view, int64_t first, int64_t count) {
-  if (!view.present()) return view;
-  TensorView part = view;
-  const int64_t stride = view.ndim == 2 ? view.row_stride : 1;
-  part.data = static_cast<char*>(view.data) +
-              static_cast<std::size_t>(first * stride) * dtype_size(view.dtype);
-  part.rows = count;
-  return part;
-}
-
-LinearCeOutputs output_rows(const LinearCeOutputs& out, int64_t first, int64_t count) {
-  LinearCeOutputs part;
-  part.loss = row_range(out.loss, first, count);
-  const CeStats& s = out.stats;
-  part.stats = {row_range(s.lse, first, count),
-                row_range(s.logprob, first, count),
-                row_range(s.entropy, first, count),
-                row_range(s.argmax, first, count),
-                TensorView{},
-                row_range(s.z_loss_value, first, count)};
-  return part;
-}
-
-// A forward that fills a logits cache of its first R < N rows: the other rows need no logits
-// written, so where the fused statistics product may take them, they run as a forward without
-// a cache (two calls over the rows; per-row outputs only, no gradients; the accuracy, a batch
-// statistic, from both parts' argmax after them).
-bool split_at_cache(const TensorView& hidden, const LinearCeOptions& options,
-                    const LinearCeOutputs& out) {
-  const TensorView& cache = options.logits_cache;
-  const LinearGradients& grads = out.grads;
-  return cache.present() && cache.rows < hidden.rows && options.ce.reduction == Reduction::none &&
-         !grads.hidden.present() && !grads.weight.present() && !grads.bias.present() &&
-         (!out.stats.accuracy.present() || out.stats.argmax.present()) &&
-         !options.batch_invariant && fused_stats_candidate(hidden.dtype, without_cache(options));
-}
-
 }  // namespace
 
 int64_t linear_ce_runs(Schedule schedule) {
@@ -153,28 +114,6 @@ void linear_ce_forward(TensorView hidden, TensorView weight, TensorView bias, Te
                        TensorView grad_output, Workspace workspace, Stream stream) {
   DeviceGuard guard(hidden.device.index);
   const LinearGradients& grads = out.grads;
-  if (split_at_cache(hidden, options, out)) {
-    const int64_t cached = options.logits_cache.rows, rest = hidden.rows - cached;
-    LinearCeOptions part = options;
-    if (cached > 0) {
-      part.ce.row_weight = row_range(options.ce.row_weight, 0, cached);
-      cuda::linear_ce_forward(row_range(hidden, 0, cached), weight, bias,
-                              row_range(target, 0, cached), part, output_rows(out, 0, cached), {},
-                              workspace, stream);
-    }
-    part.logits_cache = TensorView{};
-    part.ce.row_weight = row_range(options.ce.row_weight, cached, rest);
-    cuda::linear_ce_forward(row_range(hidden, cached, rest), weight, bias,
-                            row_range(target, cached, rest), part, output_rows(out, cached, rest),
-                            {}, workspace, stream);
-    const CeStats& stats = out.stats;
-    if (stats.accuracy.present()) {
-      accuracy_from_argmax(static_cast<const int64_t*>(stats.argmax.data), target.data,
-                           target.dtype, hidden.rows, options.ce.ignore_index,
-                           static_cast<float*>(stats.accuracy.data), stream_of(stream));
-    }
-    return;
-  }
   // Without gradients (and no logits cache to fill) the forward may be fused products on
   // Hopper, with no logits buffer (fused_stats.hpp says when); it declines (launching nothing)
   // where it cannot run or is not preferred.

@@ -18,8 +18,7 @@
 // linear_block_pass.hpp).
 // options.logits_cache, rows [0, R) of the logits (linear_ce.hpp): a forward without gradients
 // writes those rows' logits into the cache (one product, the row kernel reads them there) and
-// forms the other rows in chunks as without a cache (linear_ce.cu gives those rows a call of their
-// own where the fused statistics product may take them); a backward keeps the plan's chunks and tiles,
+// forms the other rows in chunks as without a cache; a backward keeps the plan's chunks and tiles,
 // reads those within the cached rows from the cache instead of forming h·Wᵀ, forms those after
 // them as without a cache, and for the one across row R copies its cached rows into the chunk
 // buffer and forms only the others there; it writes gradients into its own buffers (the cache

@@ -114,12 +114,6 @@ struct CeReduceArgs {
 // sum adds), summed in a fixed order in double.
 void ce_reduce(const CeReduceArgs& args, cudaStream_t stream);
 
-// The accuracy of a batch from its rows' argmax (int64) and targets, as ce_reduce forms it from
-// row_correct: the share of the rows whose target is not ignore_index that have argmax == target
-// (for a forward run over its rows in parts, each without the accuracy).
-void accuracy_from_argmax(const int64_t* argmax, const void* target, DType target_dtype,
-                          int64_t rows, int64_t ignore_index, float* accuracy, cudaStream_t stream);
-
 // The inputs of ce_rows for logits [N, V] and target [N] with the §1 options (no outputs set).
 CeRowsArgs ce_rows_args(TensorView logits, TensorView target, const CeOptions& options,
                         const CeBatchTotals* totals);

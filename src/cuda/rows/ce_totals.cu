@@ -114,32 +114,7 @@ __global__ void __launch_bounds__(kThreads) ce_reduce_kernel(const CeReduceArgs 
     *a.accuracy = t.valid_rows > 0 ? static_cast<float>(correct / t.valid_rows) : 0.0f;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    accuracy_from_argmax_kernel(const int64_t* argmax, const void* target, DType target_dtype,
-                                int64_t rows, int64_t ignore_index, float* accuracy) {
-  __shared__ double scratch[32];
-  double valid = 0, correct = 0;
-  for (int64_t n = threadIdx.x; n < rows; n += kThreads) {
-    const int64_t y = target_dtype == DType::i32 ? int64_t{static_cast<const int32_t*>(target)[n]}
-                                                 : static_cast<const int64_t*>(target)[n];
-    if (y == ignore_index) continue;
-    valid += 1;
-    correct += argmax[n] == y ? 1 : 0;
-  }
-  valid = block_reduce(valid, scratch);
-  correct = block_reduce(correct, scratch);
-  if (threadIdx.x == 0) *accuracy = valid > 0 ? static_cast<float>(correct / valid) : 0.0f;
-}
-
 }  // namespace
-
-void accuracy_from_argmax(const int64_t* argmax, const void* target, DType target_dtype,
-                          int64_t rows, int64_t ignore_index, float* accuracy,
-                          cudaStream_t stream) {
-  accuracy_from_argmax_kernel<<<1, kThreads, 0, stream>>>(argmax, target, target_dtype, rows,
-                                                          ignore_index, accuracy);
-  XENT_CUDA_CHECK_LAUNCH();
-}
 
 void ce_batch_totals(const CeBatchRequest& request, CeBatchTotals* totals, cudaStream_t stream) {
   ce_batch_totals_kernel<<<1, kThreads, 0, stream>>>(request, totals, device_error_state());

@@ -201,8 +201,7 @@ bool fused_stats_preferred(const LinearCeOptions& options, const LinearCeOutputs
 
 bool fused_stats_candidate(DType dtype, const LinearCeOptions& options) {
   if (fused_switch() == '0') return false;
-  // A forward that fills the logits cache forms its cached rows on the cuBLASLt path (it must
-  // write their logits); linear_ce.cu runs the other rows as a call of their own.
+  // A forward that fills the logits cache stays on the cuBLASLt path (it must write the logits).
   return (dtype == DType::bf16 || dtype == DType::f16) && !options.logits_cache.present();
 }
 
