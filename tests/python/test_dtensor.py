@@ -3,14 +3,14 @@ on GPUs with NCCL (one GPU a rank; marked gpu, run where there are as many GPUs 
 
 World sizes 2 and 3 on a 1-D mesh from init_device_mesh("cpu", ...), vocabularies that DTensor
 splits unevenly (1031: 516/515 and 344/344/343; 7: 4/3 and 3/3/1; 4 over 3 ranks, 2/2/0, which
-leaves a rank nothing, is refused on every rank). Every op with Shard(-1) logits (distill also
-with a whole top-k teacher) or a Shard(0) LM head (Replicate hidden): loss, statistics and the
-gradients with their placements; the errors for other placements and for an FSDP2-sharded head used outside its
-module's forward; no value read back to the host and no collective beyond the process-group
-path's; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss
-and gradients as without xent. World 4: a 2 x 2 (dp, tp) mesh, FSDP2 x TP on one tiny Llama,
-xent's loss and gradients against torch's loss_parallel cross-entropy. Each world size is one
-spawn running all its cases.
+leaves a rank nothing, is refused on every rank). Every op with Shard(-1) logits (distill also with
+a whole top-k teacher) or a Shard(0) LM head (Replicate hidden): loss, statistics and the gradients
+with their placements; the errors for other placements and for an FSDP2-sharded head used outside
+its module's forward; no value read back to the host and no collective beyond the process-group
+path's; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss and gradients
+as without xent. World 4: a 2 x 2 (dp, tp) mesh, FSDP2 x TP on one tiny Llama, xent's loss and
+gradients against torch's loss_parallel cross-entropy. Each world size is one spawn running all its
+cases.
 """
 
 import os
