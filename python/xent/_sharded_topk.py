@@ -121,10 +121,10 @@ def _check_values(
 def _compact_student(
     student: Tensor, ids: Tensor, mass: str, softcap: float | None, layout: tuple, group: Any
 ) -> tuple:
-    """(compact [N, k + 1] student values, compact ids [N, k + 1]): a_j at column j, a_tail at
-    column k (−inf for renormalize, which has no tail). A row whose ids cover all V columns has
-    no tail category: its column k is then an id of the compact row (with log-probability −inf),
-    so that the compact row, like the whole one, leaves none."""
+    """(compact [N, k + 1] student values, compact ids [N, k + 1]): a_j at column j (−inf for an
+    absent id), a_tail at column k (unused by renormalize, which has no tail). A row whose ids
+    cover all V columns has no tail category: every column of its compact row is then an id
+    (those of −inf, with log-probability −inf, add 0), so that the compact row leaves none."""
     offset, vocab = layout
     rows, width = student.shape
     k = ids.shape[1]
@@ -133,6 +133,7 @@ def _compact_student(
     if softcap is not None:
         u = softcap * torch.tanh(u / softcap)
     bad = _bad_rows(ids, vocab)
+    with_tail = mass != "renormalize"
     present = ids >= 0
     local = ids.long() - offset
     owned = present & (local >= 0) & (local < width)
@@ -141,8 +142,7 @@ def _compact_student(
         part = torch.where(owned, u.gather(1, index), 0.0)
     else:
         part = u.new_zeros((rows, k))
-    with_tail = mass != "renormalize"
-    full = ~bad & (present.sum(1) == vocab)
+    full = with_tail & ~bad & (present.sum(1) == vocab)
     if with_tail:  # Σ e^(s̃_i − m) over this slice's columns outside the ids, m the global max
         mask = torch.zeros((rows, width + 1), dtype=torch.bool, device=student.device)
         mask.scatter_(1, torch.where(owned, local, width), True)
@@ -160,17 +160,11 @@ def _compact_student(
         sum_exp = torch.where(full, 1.0, total[:, k])
         tail = torch.where(full, inf, top + torch.log(sum_exp))
     else:
-        tail = inf.expand(rows)
+        tail = torch.zeros_like(total[:, 0])  # never read: finite, so no row is all −inf
     compact = torch.cat([values, tail[:, None]], 1)
-    extra = torch.where(full, k, -1).to(ids.dtype)
-    compact_ids = torch.cat(
-        [
-            torch.where(present, torch.arange(k, device=ids.device, dtype=ids.dtype), -1),
-            extra[:, None],
-        ],
-        1,
-    )
-    return compact, compact_ids
+    categories = torch.cat([present, full[:, None]], 1) | full[:, None]
+    column = torch.arange(k + 1, device=ids.device, dtype=ids.dtype)
+    return compact, torch.where(categories, column, -1)
 
 
 def distill_topk(
@@ -215,7 +209,7 @@ def distill_topk(
     _check_values(hard_weight, softcap, target1d, ignore_index, class_weight, layout[1])
     compact, compact_ids = _compact_student(student2d, ids, mass, softcap, layout, process_group)
     extra = torch.full_like(logprobs[:, :1], float("-inf"))
-    compact_logprobs = torch.cat([logprobs, extra], 1)
+    compact_logprobs = torch.cat([logprobs.masked_fill(ids < 0, float("-inf")), extra], 1)
     compact_target = None
     if target1d is not None:  # only which rows count: any valid compact id for the others
         stand_in = 0 if ignore_index != 0 else 1

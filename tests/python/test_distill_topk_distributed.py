@@ -19,7 +19,7 @@ from gloo_group import needs_gloo, run_group, slice_of
 
 ROWS, VOCAB, K = 37, 1031, 24
 SPLITS = {2: [500, 531], 3: [400, 7, 624]}
-SMALL_VOCAB = 11  # k = SMALL_VOCAB: some rows name every column
+SMALL_VOCAB = 11  # k = SMALL_VOCAB + 3 (3 absent entries in each row): rows naming every column
 SMALL_SPLITS = {2: [5, 6], 3: [4, 1, 6]}
 MASS_KINDS = {
     "renormalize": ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd"),
@@ -89,6 +89,11 @@ def _run_case(xent, group, rank, world, seed, case, shape):
     gen = torch.Generator().manual_seed(seed)
     student = torch.randn(*shape, vocab, generator=gen, dtype=torch.float64) * 2
     ids, logprobs = _teacher(gen, student.reshape(-1, vocab), vocab, K if vocab == VOCAB else vocab)
+    if vocab == SMALL_VOCAB:
+        ids = torch.cat([ids, torch.full((ids.shape[0], 3), -1)], 1)
+        logprobs = torch.cat([logprobs, torch.zeros(ids.shape[0], 3, dtype=logprobs.dtype)], 1)
+        order = torch.argsort(torch.rand(ids.shape, generator=gen), -1)
+        ids, logprobs = ids.gather(1, order), logprobs.gather(1, order)
     ids, logprobs = ids.reshape(*shape, -1), logprobs.reshape(*shape, -1)
     if dtype != torch.float64:
         logprobs = logprobs.float()
