@@ -20,6 +20,8 @@ Accepted placements (mesh of any rank; "the other mesh dims" must be Replicate):
 * linear_distill, linear_logprobs: the same weight/hidden placements; they have no fused
   sharded form, so each rank forms its local logits ``hidden @ weight_local.T`` (N x V_local
   elements) and runs distill / logprobs on them.
+* distill's top-k teacher (``teacher=xent.TopK(ids, logprobs)``) beside ``Shard(-1)`` student
+  logits: ids and logprobs whole (global ids), plain tensors or ``Replicate`` DTensors.
 * targets, row weights: plain tensors or ``Replicate`` DTensors (the same on every rank of the
   vocabulary group). class_weight: a plain or Replicate full-vocabulary tensor (each rank takes
   its slice) or a DTensor sharded like the logits.
@@ -255,19 +257,28 @@ def _cross_entropy(fn: Callable, args: dict) -> Any:
 def _distill(fn: Callable, args: dict) -> Any:
     function = "distill"
     student, teacher = args["student_logits"], args["teacher_logits"]
-    if not (any_dtensor(student) and any_dtensor(teacher)):
-        raise ValueError(
-            f"xent.{function}: student_logits and teacher_logits must both be "
-            f"DTensors with {_ACCEPTED_LOGITS} (the same sharding)"
+    topk = args["teacher"]
+    if topk is not None and teacher is None and any_dtensor(student):  # the whole top-k teacher
+        args["student_logits"], layout = _vocab_logits(function, "student_logits", student)
+        args["teacher"] = type(topk)(
+            _replicated(function, "teacher.ids", topk.ids),
+            _replicated(function, "teacher.logprobs", topk.logprobs),
+            topk.mass,
         )
-    args["student_logits"], layout = _vocab_logits(function, "student_logits", student)
-    args["teacher_logits"], other = _vocab_logits(function, "teacher_logits", teacher)
-    if not layout.same(other):
-        raise ValueError(
-            f"xent.{function}: teacher_logits placements {tuple(teacher.placements)}"
-            f" differ from student_logits' {tuple(student.placements)}; accepted: "
-            "both sharded alike"
-        )
+    else:
+        if not (any_dtensor(student) and any_dtensor(teacher)):
+            raise ValueError(
+                f"xent.{function}: student_logits and teacher_logits must both be "
+                f"DTensors with {_ACCEPTED_LOGITS} (the same sharding)"
+            )
+        args["student_logits"], layout = _vocab_logits(function, "student_logits", student)
+        args["teacher_logits"], other = _vocab_logits(function, "teacher_logits", teacher)
+        if not layout.same(other):
+            raise ValueError(
+                f"xent.{function}: teacher_logits placements {tuple(teacher.placements)}"
+                f" differ from student_logits' {tuple(student.placements)}; accepted: "
+                "both sharded alike"
+            )
     args["target"] = _replicated(function, "target", args["target"])
     args["class_weight"] = _class_slice(function, args["class_weight"], layout)
     if layout.sharded:

@@ -35,7 +35,10 @@ derived from an ``all_gather`` of the local sizes in rank order at the first cal
 
 distill: see ``distill`` below: one all_gather of [N, 13] records for forward_kl, reverse_kl
 and soft_ce, two (the second of [N, 5] sums, after a second read of the local logits) for jsd and
-tvd, none in the backward. linear_distill is not sharded (process_group is not one of its
+tvd, none in the backward. With a top-k teacher (``teacher=xent.TopK(...)``), see
+``distill_topk``: every rank holds the whole teacher (global ids), the ids' student logits are
+summed over ranks from their owners, and the single-process top-k op runs on [N, k + 1] per-row
+values. linear_distill is not sharded, with either teacher (process_group is not one of its
 arguments): gather the heads, or compute the logits per rank and call distill.
 
 policy_loss and linear_policy_loss (RL, docs/semantics.md §7): the ce records (one all_gather
@@ -67,11 +70,12 @@ import torch
 from xent._autograd import _no_double_backward
 from xent._ops import ops
 from xent._sharded_linear import linear_cross_entropy  # its own module: the chunk schedules
+from xent._sharded_topk import distill_topk  # its own module: a composition of torch ops
 from xent._vocab_parallel import _gather_records, _refuse_dtensor, vocab_layout
 
 Tensor = torch.Tensor
 
-__all__ = ["cross_entropy", "linear_cross_entropy", "distill", "vocab_layout"]
+__all__ = ["cross_entropy", "linear_cross_entropy", "distill", "distill_topk", "vocab_layout"]
 
 
 class _ShardedCrossEntropy(torch.autograd.Function):

@@ -830,8 +830,10 @@ def distill(
 
     teacher=xent.TopK(ids, logprobs, mass) in place of teacher_logits: a teacher given as its
     top-k log-probabilities (docs/semantics.md §3.1). softcap and temperature then act on the
-    student (and temperature on a renormalized teacher); inplace_backward and process_group do
-    not apply.
+    student (and temperature on a renormalized teacher); inplace_backward does not apply. With
+    process_group, student_logits (and class_weight) are this rank's slice and the TopK the
+    whole teacher, global ids, the same on every rank (xent.distributed.distill_topk: every
+    option works sharded; the gradient is formed in the backward).
 
     Without process_group, vocab_size=V' names the vocabulary student and teacher share when
     their widths differ (a padded or extended head): only the first V' columns of each enter the
@@ -873,6 +875,8 @@ def distill(
             inplace_backward,
             normalizer,
             process_group,
+            vocab_offset,
+            vocab_size,
         )
     _check_tensor(function, "teacher_logits", teacher_logits)
     if tuple(teacher_logits.shape) != tuple(student_logits.shape):
@@ -945,8 +949,11 @@ def _distill_topk(
     inplace_backward: bool,
     normalizer: Any,
     process_group: Any,
+    vocab_offset: int | None,
+    vocab_size: int | None,
 ) -> Tensor:
-    """distill with a TopK teacher (docs/semantics.md §3.1)."""
+    """distill with a TopK teacher (docs/semantics.md §3.1), vocabulary-parallel with
+    process_group (xent/_sharded_topk.py)."""
     function = "distill"
     if teacher is None:
         _fail(
@@ -954,14 +961,6 @@ def _distill_topk(
         )
     if teacher_logits is not None:
         _fail(function, "teacher", "given twice", "teacher_logits and teacher", "one of them")
-    if process_group is not None:
-        _fail(
-            function,
-            "process_group",
-            "unsupported with a TopK teacher",
-            type(process_group).__name__,
-            "None (the vocabulary-parallel top-k form is not built)",
-        )
     if inplace_backward:
         _fail(function, "inplace_backward", "unsupported with a TopK teacher", True, "False")
     reduction = options[7]
@@ -970,7 +969,20 @@ def _distill_topk(
     mode = _fused_mode(function, reduction, grad_in_forward, False)
     grad_scale = _grad_scale(function, normalizer, reduction, student_logits)
     topk_options = (teacher.mass, *options)
-    if _needs_grad(student2d)[0]:
+    if process_group is not None:  # vocabulary-parallel (docs/semantics.md §5)
+        mode = "recompute"  # autograd through the sharded composition (xent/_sharded_topk.py)
+        loss = _distributed.distill_topk(
+            student2d,
+            ids,
+            logprobs,
+            target1d,
+            class_weight,
+            topk_options,
+            process_group=process_group,
+            vocab_offset=vocab_offset,
+            vocab_size=vocab_size,
+        )
+    elif _needs_grad(student2d)[0]:
         loss = DistillTopKFunction.apply(
             student2d, ids, logprobs, target1d, class_weight, topk_options, mode, grad_scale
         )

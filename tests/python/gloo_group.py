@@ -60,3 +60,14 @@ def sharded_head(world, vocab, hidden):
         return distribute_tensor(torch.randn(vocab, hidden), mesh, [Shard(0)])
     except Exception:  # a torch without CPU device meshes: nothing to check with it
         return None
+
+
+def slice_of(sizes, rank):
+    """[begin, end) of rank's slice when the ranks hold `sizes` columns each, in rank order."""
+    begin = sum(sizes[:rank])
+    return begin, begin + sizes[rank]
+
+
+def close(what, got, expected, rtol=2e-5, atol=2e-6):
+    """assert_close with `what` named in the message (the vocabulary-parallel tolerance)."""
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")

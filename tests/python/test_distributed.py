@@ -12,7 +12,8 @@ pays the process start-up twice.
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_group import needs_gloo, run_group, sharded_head
+from gloo_group import close as _close
+from gloo_group import needs_gloo, run_group, sharded_head, slice_of
 
 ROWS, VOCAB, HIDDEN = 37, 1031, 67
 SPLITS = {2: [500, 531], 3: [400, 7, 624]}
@@ -54,10 +55,6 @@ def _targets(gen):
     return target
 
 
-def _close(what, got, expected, rtol=2e-5, atol=2e-6):
-    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
 def _compare_result(tag, got, expected):
     _close(f"{tag} loss", got.loss, expected.loss)
     for name in STATS:
@@ -69,9 +66,7 @@ def _compare_result(tag, got, expected):
 
 
 def _slice_of(rank, world):
-    sizes = SPLITS[world]
-    begin = sum(sizes[:rank])
-    return begin, begin + sizes[rank]
+    return slice_of(SPLITS[world], rank)
 
 
 def _ce_cases(rank, world, group):

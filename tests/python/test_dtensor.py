@@ -3,14 +3,14 @@ on GPUs with NCCL (one GPU a rank; marked gpu, run where there are as many GPUs 
 
 World sizes 2 and 3 on a 1-D mesh from init_device_mesh("cpu", ...), vocabularies that DTensor
 splits unevenly (1031: 516/515 and 344/344/343; 7: 4/3 and 3/3/1; 4 over 3 ranks, 2/2/0, which
-leaves a rank nothing, is refused on every rank). Every op with Shard(-1)
-logits or a Shard(0) LM head (Replicate hidden): loss, statistics and the gradients with their
-placements; the errors for other placements and for an FSDP2-sharded head used outside its
-module's forward; no value read back to the host and no collective beyond the process-group
-path's; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss
-and gradients as without xent. World 4: a 2 x 2 (dp, tp) mesh, FSDP2 x TP on one tiny Llama,
-xent's loss and gradients against torch's loss_parallel cross-entropy. Each world size is one
-spawn running all its cases.
+leaves a rank nothing, is refused on every rank). Every op with Shard(-1) logits (distill also with
+a whole top-k teacher) or a Shard(0) LM head (Replicate hidden): loss, statistics and the gradients
+with their placements; the errors for other placements and for an FSDP2-sharded head used outside
+its module's forward; no value read back to the host and no collective beyond the process-group
+path's; a fully_shard-ed tiny Llama patched by xent.hf.patch trains with the same loss and gradients
+as without xent. World 4: a 2 x 2 (dp, tp) mesh, FSDP2 x TP on one tiny Llama, xent's loss and
+gradients against torch's loss_parallel cross-entropy. Each world size is one spawn running all its
+cases.
 """
 
 import os
@@ -142,6 +142,22 @@ def _distill_cases(mesh, gen):
                 assert _is_shard(grad.placements, -1, 2), tag
                 _close(f"{tag} loss", _full(got), ref)
                 _close(f"{tag} grad", _full(grad), ref_grad)
+        # A top-k teacher: the whole teacher (plain tensors) beside Shard(-1) student logits.
+        logprobs, ids = torch.log_softmax(teacher, -1).topk(min(vocab, 5), -1)
+        for mass, options in (("renormalize", dict(temperature=2.0)), ("tail", {})):
+            tag = f"distill top-k V={vocab} {mass}"
+            topk = xent.TopK(ids, logprobs, mass)
+            options.update(kind="jsd", hard_weight=0.5)
+            ref_in = student.clone().requires_grad_()
+            ref = xent.distill(ref_in, target=target, teacher=topk, **options)
+            (ref_grad,) = torch.autograd.grad(ref, ref_in)
+            s = distribute_tensor(student, mesh, [Shard(-1)]).requires_grad_()
+            got = xent.distill(s, target=target, teacher=topk, **options)
+            assert _is_replicate(got), tag
+            (grad,) = torch.autograd.grad(got, s)
+            assert _is_shard(grad.placements, -1, 2), tag
+            _close(f"{tag} loss", _full(got), ref)
+            _close(f"{tag} grad", _full(grad), ref_grad)
 
 
 def _logprobs_cases(mesh, gen):

@@ -13,7 +13,8 @@ float64 reference in test_policy_loss.py. One spawn per world size.
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_group import needs_gloo, run_group, sharded_head
+from gloo_group import close as _close
+from gloo_group import needs_gloo, run_group, sharded_head, slice_of
 
 ROWS, VOCAB, HIDDEN = 37, 1031, 29
 SPLITS = {2: [500, 531], 3: [400, 7, 624]}
@@ -32,13 +33,7 @@ FIELDS = ("loss", "logprob", "entropy", "clip_fraction_low", "clip_fraction_high
 
 
 def _slice_of(rank, world):
-    sizes = SPLITS[world]
-    begin = sum(sizes[:rank])
-    return begin, begin + sizes[rank]
-
-
-def _close(what, got, expected, rtol=2e-5, atol=2e-6):
-    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    return slice_of(SPLITS[world], rank)
 
 
 def _close_grad(what, got, expected, rtol):
