@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -15,6 +18,7 @@ namespace xent::cuda {
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr double kBlocksBias = 1.05;  // (c)'s predicted time over the bare model (chunk_plan.cpp)
 
 ChunkRequest request_for(int64_t rows, int64_t hidden, int64_t vocab, std::size_t budget) {
   ChunkRequest request;
@@ -226,17 +230,18 @@ TEST(ChunkPlan, DistillationBlocksFormBlockGradientsFromRowStatistics) {
   EXPECT_LE(plan.total_bytes, 512 * kMiB);
   const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
   const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
-  EXPECT_NEAR(plan.predicted_ms,
+  // (c) is priced with the model's measured bias against (d) (1.05, chunk_plan.cpp).
+  EXPECT_NEAR(plan.predicted_ms / kBlocksBias,
               6 * product_ms + 6 * pass_ms + blocks_reread_ms(plan, 3, 8192, 4096, 128256), 1.0);
   // Against the 4 products the op cannot avoid: about 1.7, where recomputing whole rows per
   // block took 6 (docs/archive/perf-notes.md).
-  EXPECT_LT(plan.predicted_ms, 1.8 * 4 * product_ms);
+  EXPECT_LT(plan.predicted_ms / kBlocksBias, 1.8 * 4 * product_ms);
   // With teacher logits (one buffer, no teacher product): 4 products and 4 passes, as for ce.
   ChunkRequest logits = training_request(8192, 4096, 128256, 512 * kMiB);
   logits.saved_row_bytes = 32;
   const ChunkPlan from_logits = plan_chunks(logits);
   EXPECT_EQ(from_logits.schedule, Schedule::vocabulary_blocks);
-  EXPECT_NEAR(from_logits.predicted_ms,
+  EXPECT_NEAR(from_logits.predicted_ms / kBlocksBias,
               4 * product_ms + 4 * pass_ms + blocks_reread_ms(from_logits, 2, 8192, 4096, 128256),
               0.5);
 }
@@ -340,7 +345,7 @@ TEST(ChunkPlan, PredictedTimeFollowsTheModel) {
   const double product_ms = 2.0 * 8192 * 128256 * 4096 / 700e12 * 1e3;  // 12.3 ms
   const double pass_ms = 8192.0 * 128256 * 2 / 3e12 * 1e3;              // 0.70 ms
   const ChunkPlan blocks = plan_chunks(training_request(8192, 4096, 128256, 512 * kMiB));
-  EXPECT_NEAR(blocks.predicted_ms,
+  EXPECT_NEAR(blocks.predicted_ms / kBlocksBias,
               4 * product_ms + 4 * pass_ms + blocks_reread_ms(blocks, 2, 8192, 4096, 128256), 0.5);
   const double product2_ms = 2.0 * 8192 * 256000 * 2304 / 700e12 * 1e3;  // 13.8 ms
   const double pass2_ms = 8192.0 * 256000 * 2 / 3e12 * 1e3;              // 1.40 ms
@@ -861,6 +866,137 @@ TEST(ChunkPlan, NoRowsNoChunks) {
   const ChunkPlan plan = plan_chunks(request_for(0, 64, 1000, 64 * kMiB));
   EXPECT_EQ(plan.chunk_count, 0);
   EXPECT_TRUE(plan.fits_budget);
+}
+
+// ---- more budget is never predicted slower ----------------------------------------------------
+
+// One call's request: dtype (logit bytes), ∂W 16-bit (accumulator) or fp32, ∂h, the fused
+// statistics product, the outputs as (d)'s scratch, and the fused gradient's waves priced.
+struct CallShape {
+  int64_t rows, hidden, vocab;
+  std::size_t element;
+  bool weight_16_bit, hidden_gradient, statistics, scratch, waves;
+};
+
+ChunkRequest call_request(const CallShape& call, std::size_t budget) {
+  ChunkRequest request = request_for(call.rows, call.hidden, call.vocab, budget);
+  request.logits_element_bytes = call.element;
+  request.fixed_bytes = static_cast<std::size_t>(call.rows) * 48;
+  request.weight_gradient = true;
+  request.weight_accumulator = call.weight_16_bit;
+  request.hidden_gradient = call.hidden_gradient;
+  request.statistics_product = call.statistics;
+  request.statistics_bytes = static_cast<std::size_t>(std::min<int64_t>(call.rows, 128)) *
+                                 ((call.vocab + 255) / 256) * 24 +
+                             static_cast<std::size_t>(call.rows) * 52 + 4096;
+  if (call.scratch) {
+    request.weight_grad_row_bytes =
+        static_cast<std::size_t>(call.hidden) * (call.weight_16_bit ? 2 : 4);
+    request.weight_grad_bytes =
+        static_cast<std::size_t>(call.vocab) * request.weight_grad_row_bytes;
+    request.hidden_grad_bytes = static_cast<std::size_t>(call.rows * call.hidden) * call.element;
+  }
+  if (call.waves) {
+    request.gradient_tile_rows = 128;
+    request.gradient_tile_columns = 256;
+    request.multiprocessors = 132;
+  }
+  return request;
+}
+
+std::vector<CallShape> monotone_calls() {
+  std::vector<CallShape> calls;
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {8192, 4096, 128256}, {8192, 2304, 256000}, {32768, 768, 128256}, {37, 67, 1031},
+      {1, 4096, 128256},    {65536, 64, 5003},    {3001, 1000, 200003}, {129, 8191, 32001}};
+  for (const auto& [rows, hidden, vocab] : shapes) {
+    for (int variant = 0; variant < 6; ++variant) {
+      const bool fp32 = variant == 5;
+      calls.push_back({rows, hidden, vocab, fp32 ? std::size_t{4} : std::size_t{2},
+                       variant != 2 && !fp32, variant != 3, variant != 4 && !fp32, variant % 2 == 0,
+                       variant < 2});
+    }
+  }
+  return calls;
+}
+
+std::string describe(const CallShape& call) {
+  std::ostringstream text;
+  text << "(" << call.rows << ", " << call.hidden << ", " << call.vocab << ") element "
+       << call.element << " ∂W 16-bit " << call.weight_16_bit << " ∂h " << call.hidden_gradient
+       << " statistics " << call.statistics << " scratch " << call.scratch << " waves "
+       << call.waves;
+  return text.str();
+}
+
+TEST(ChunkPlan, MoreBudgetIsNeverPredictedSlower) {
+  // From the smallest budget that runs to 8 GiB in steps of a sixteenth: every plan fits, and
+  // its predicted time never rises with the budget (a smaller budget's plan fits a larger one).
+  for (const CallShape& call : monotone_calls()) {
+    SCOPED_TRACE(describe(call));
+    const std::size_t smallest = minimum_budget_bytes(call_request(call, 0));
+    double previous = INFINITY;
+    std::size_t previous_budget = 0;
+    for (std::size_t budget = smallest; budget <= (std::size_t{8} << 30);
+         budget += std::max<std::size_t>(budget / 16, 1)) {
+      const ChunkPlan plan = plan_chunks(call_request(call, budget));
+      ASSERT_TRUE(plan.fits_budget) << budget;
+      ASSERT_LE(plan.total_bytes, budget);
+      ASSERT_LE(plan.predicted_ms, previous)
+          << "at " << budget << " bytes against " << previous_budget;
+      previous = plan.predicted_ms;
+      previous_budget = budget;
+    }
+  }
+}
+
+void expect_same_plan(const ChunkPlan& a, const ChunkPlan& b) {
+  EXPECT_EQ(a.schedule, b.schedule);
+  EXPECT_EQ(a.chunk_rows, b.chunk_rows);
+  EXPECT_EQ(a.block_columns, b.block_columns);
+  EXPECT_EQ(a.tile_rows, b.tile_rows);
+  EXPECT_EQ(a.hidden_sums_in_weight_grad, b.hidden_sums_in_weight_grad);
+  EXPECT_EQ(a.hidden_sums_head_rows, b.hidden_sums_head_rows);
+  EXPECT_EQ(a.total_bytes, b.total_bytes);
+  EXPECT_EQ(a.predicted_ms, b.predicted_ms);
+}
+
+TEST(ChunkPlan, APlanDependsOnlyOnItsRequest) {
+  // The same call planned twice, and again after more calls than the planner keeps (256).
+  const std::vector<CallShape> calls = monotone_calls();
+  const CallShape call = calls[0];
+  const ChunkRequest request = call_request(call, 195 * kMiB);
+  const ChunkPlan first = plan_chunks(request);
+  expect_same_plan(plan_chunks(request), first);
+  for (std::size_t budget = 64; budget < 64 + 300; ++budget) {
+    plan_chunks(call_request(calls[budget % calls.size()], budget * kMiB));
+  }
+  expect_same_plan(plan_chunks(request), first);
+}
+
+TEST(ChunkPlan, PlansOfTheMeasuredCurve) {
+  // Logged for docs/archive/perf-notes.md: bf16, ∂W 16-bit and ∂h, the fused statistics product,
+  // the outputs as scratch and the waves of 132 multiprocessors priced (an H200's call).
+  for (const auto& [rows, hidden, vocab] :
+       {std::make_tuple(int64_t{8192}, int64_t{4096}, int64_t{128256}),
+        std::make_tuple(int64_t{8192}, int64_t{2304}, int64_t{256000}),
+        std::make_tuple(int64_t{32768}, int64_t{768}, int64_t{128256})}) {
+    for (const std::size_t mib : {64, 128, 256, 512, 1024, 2048, 4096}) {
+      const CallShape call{rows, hidden, vocab, 2, true, true, true, true, true};
+      const ChunkPlan plan = plan_chunks(call_request(call, mib * kMiB));
+      EXPECT_TRUE(plan.fits_budget);
+      std::printf(
+          "(%lld, %lld, %lld) %5zu MiB: schedule %c, %.2f ms, rows %lld, columns %lld, "
+          "tile %lld x %lld, sums in dW %d, head %lld\n",
+          static_cast<long long>(rows), static_cast<long long>(hidden),
+          static_cast<long long>(vocab), mib, "abcd"[static_cast<int>(plan.schedule)],
+          plan.predicted_ms, static_cast<long long>(plan.chunk_rows),
+          static_cast<long long>(plan.block_columns), static_cast<long long>(plan.tile_rows),
+          static_cast<long long>(plan.tile_count),
+          static_cast<int>(plan.hidden_sums_in_weight_grad),
+          static_cast<long long>(plan.hidden_sums_head_rows));
+    }
+  }
 }
 
 }  // namespace

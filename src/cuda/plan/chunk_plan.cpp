@@ -34,7 +34,8 @@ constexpr double kLaunchSeconds = 6e-6;  // per product or kernel launch (small 
 // Fitted on an H100 at 64 MiB (docs/archive/perf-notes.md decision 52), where splitting every block's ∂h
 // product in two cost ≈ 10–50 µs per block.
 constexpr double kSplitProductSeconds = 30e-6;
-// How much more the model underprices (c) than (d), measured on an H200 at the three docs/performance.md
+// How much more the model underprices (c) than (d), part of (c)'s predicted time (so that one
+// comparison of predicted times picks the plan at every budget), measured on an H200 at the three docs/performance.md
 // shapes at 512 MiB (docs/archive/perf-notes.md decision 45): (c) ran 1.07–1.09 × its prediction, (d)
 // 1.03–1.08 ×; at 256 MiB (8192, 4096, 128256) (d) ran 4 % faster where the bare model chose (c).
 constexpr double kBlocksModelBias = 1.05;
@@ -47,9 +48,12 @@ constexpr double kBlocksModelBias = 1.05;
 // (decision 115).
 constexpr double kReferenceEpiloguePasses = 0.5;
 
-std::size_t gemm_workspace_for(std::size_t budget) {
-  const std::size_t share = std::min(kGemmWorkspaceBytes, budget / 16);
-  return share / kWorkspaceAlignment * kWorkspaceAlignment;
+// The scratch's share of a budget that holds the smallest plan (`smallest` bytes without
+// scratch): never so much that the smallest plan no longer fits. Unaligned: the plans are formed
+// around it and hand the products its aligned part, so that the room left for the rest never
+// shrinks as the budget grows (an aligned share would take 256 bytes at once).
+std::size_t gemm_share_for(std::size_t budget, std::size_t smallest) {
+  return std::min({kGemmWorkspaceBytes, budget / 16, budget > smallest ? budget - smallest : 0});
 }
 
 std::size_t bytes_per_chunk_row(const ChunkRequest& request) {
@@ -230,8 +234,13 @@ double gradient_waves_ms(const ChunkRequest& r, const Model& m, const ChunkPlan&
   return waves * m.product_ms * sms / all_tiles;
 }
 
-// Schedule (c) with blocks of `max_columns` columns (before balancing).
-ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns) {
+// No cap on a block's row tile: as many rows as the budget holds.
+constexpr int64_t kAnyTileRows = INT64_MAX;
+
+// Schedule (c) with blocks of `max_columns` columns (before balancing), and row tiles of at most
+// `max_tile_rows` rows (before balancing; below N they are tiles even where all rows would fit).
+ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns,
+                     int64_t max_tile_rows = kAnyTileRows) {
   ChunkPlan plan;
   plan.schedule = Schedule::vocabulary_blocks;
   plan.gemm_workspace_bytes = gemm;
@@ -262,14 +271,16 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
   const std::size_t tile_row_bytes =
       static_cast<std::size_t>(plan.block_columns) * element * static_cast<std::size_t>(buffers);
   const std::size_t tile_padding = static_cast<std::size_t>(buffers) * kWorkspaceAlignment;
-  if (static_cast<std::size_t>(rows) * tile_row_bytes + tile_padding <= available) {
+  if (max_tile_rows >= rows &&
+      static_cast<std::size_t>(rows) * tile_row_bytes + tile_padding <= available) {
     plan.tile_rows = rows;  // ∂W of a block in one product, straight into the output
   } else {
     plan.accumulator_bytes = needed_accumulator;
     const std::size_t reserved_for_tiles = needed_accumulator + tile_padding - kWorkspaceAlignment;
     const std::size_t for_tiles =
         available > reserved_for_tiles ? available - reserved_for_tiles : 0;
-    plan.tile_rows = balanced_rows(rows, rows_within(for_tiles, tile_row_bytes));
+    plan.tile_rows =
+        balanced_rows(rows, std::min(max_tile_rows, rows_within(for_tiles, tile_row_bytes)));
   }
   plan.tile_count = count_of(rows, plan.tile_rows);
   const std::size_t one_tile = static_cast<std::size_t>(plan.tile_rows) *
@@ -291,6 +302,7 @@ ChunkPlan block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_
       row_tiles_ms(m, plan.tile_count) +
       (launches * plan.chunk_count + launches * plan.block_count * plan.tile_count) *
           kLaunchSeconds * 1e3;
+  plan.predicted_ms *= kBlocksModelBias;
   if (request.rows == 0) plan.chunk_count = plan.tile_count = 0;
   plan.total_bytes = chunk_region_bytes(plan) + reserved_bytes(request, gemm) + plan.lse_bytes;
   return plan;
@@ -358,7 +370,7 @@ double deferred_share(const ChunkRequest& request, const ChunkPlan& plan,
 // of N×V, the ∂h accumulator's read and write per block after the first (8·N·H bytes), and the
 // deferred blocks' second logits product and gradient.
 ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm, int64_t max_columns,
-                                bool in_weight_grad) {
+                                bool in_weight_grad, int64_t max_tile_rows = kAnyTileRows) {
   ChunkRequest blocks_only = request;
   const HiddenSumsInWeightGrad place = hidden_sums_in_weight_grad(request);
   in_weight_grad = in_weight_grad && place.fits;
@@ -372,7 +384,7 @@ ChunkPlan statistics_block_plan(const ChunkRequest& request, std::size_t gemm, i
   const std::size_t records = align_up(request.statistics_records_bytes);
   const std::size_t beside = hidden_accumulator + records;
   blocks_only.budget_bytes = request.budget_bytes > beside ? request.budget_bytes - beside : 0;
-  ChunkPlan plan = block_plan(blocks_only, gemm, max_columns);
+  ChunkPlan plan = block_plan(blocks_only, gemm, max_columns, max_tile_rows);
   plan.schedule = Schedule::statistics_blocks;
   plan.chunk_rows = plan.chunk_count = 0;
   plan.logits_buffer_bytes = 0;
@@ -448,18 +460,44 @@ bool preferred(const ChunkPlan& plan, bool fits, const ChunkPlan& best, bool bes
   return fits ? plan.predicted_ms < best.predicted_ms : plan.total_bytes < best.total_bytes;
 }
 
-// The cheapest plan of `plan_for(columns)` over block widths from all of V down to
-// kMinimumBlockColumns.
-template <class PlanFor>
-ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
+// The largest tile row cap below `cap` whose balanced tiles are shorter than `tile_rows` (0 when
+// none): balanced_rows is nondecreasing in its cap, so a bisection finds where it steps down.
+int64_t next_tile_cap(int64_t rows, int64_t cap, int64_t tile_rows) {
+  int64_t low = 0, high = std::min(cap, rows);  // balanced_rows(rows, low) < tile_rows
+  while (high - low > 1) {
+    const int64_t middle = low + (high - low) / 2;
+    (balanced_rows(rows, middle) < tile_rows ? low : high) = middle;
+  }
+  return low;
+}
+
+// The cheapest plan of `plan_for(columns, max_tile_rows)` over block widths from all of V down to
+// kMinimumBlockColumns and, per width, over every row tile the budget holds: the widest tile, and
+// each shorter one (a smaller budget's) while `floor_for` (the same shape priced without the
+// costs that are not monotone in the tile: the fused gradient's waves, the deferred blocks) says
+// it could still be cheaper. So a plan a smaller budget chose is a candidate here too, and more
+// budget never predicts a slower plan.
+template <class PlanFor, class FloorFor>
+ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& plan_for,
+                                 const FloorFor& floor_for) {
   auto fits = [&](const ChunkPlan& plan) { return plan.total_bytes <= request.budget_bytes; };
   ChunkPlan best;
   bool have = false;
-  auto consider = [&](int64_t columns) {
-    const ChunkPlan plan = plan_for(columns);
+  auto consider = [&](const ChunkPlan& plan) {
     if (!have || preferred(plan, fits(plan), best, fits(best))) {
       best = plan;
       have = true;
+    }
+  };
+  auto consider_tiles = [&](int64_t columns) {
+    ChunkPlan plan = plan_for(columns, kAnyTileRows);
+    consider(plan);
+    if (!fits(plan) || request.rows <= 1) return;
+    for (int64_t cap = kAnyTileRows;;) {
+      cap = next_tile_cap(request.rows, cap, plan.tile_rows);
+      if (cap <= 0 || floor_for(columns, cap) >= best.predicted_ms) return;
+      plan = plan_for(columns, cap);
+      if (fits(plan)) consider(plan);
     }
   };
   // Block counts 1, 2, ..., 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, ... (steps of an eighth): the
@@ -473,30 +511,46 @@ ChunkPlan best_over_block_widths(const ChunkRequest& request, const PlanFor& pla
   const bool waves = grid > 0 && request.multiprocessors > 0;
   for (int64_t blocks = 1;;) {
     const int64_t columns = std::max<int64_t>(count_of(request.vocab, blocks), 1);
-    consider(columns);
+    consider_tiles(columns);
     if (columns <= kMinimumBlockColumns || columns <= 1) break;
     blocks = blocks < 8 || (waves && columns >= 4 * grid) ? blocks + 1 : blocks * 9 / 8;
   }
   return best;
 }
 
-template <class PlanFor>
-ChunkPlan best_block_widths(const ChunkRequest& request, const PlanFor& plan_for) {
-  return best_over_block_widths(request, plan_for);
+// The request a tile's floor price is formed with: room for any tile, its waves not priced.
+ChunkRequest floor_request(const ChunkRequest& request) {
+  ChunkRequest floor = request;
+  floor.budget_bytes = SIZE_MAX / 2;
+  floor.gradient_tile_rows = floor.gradient_tile_columns = 0;
+  return floor;
 }
 
 ChunkPlan best_block_plan(const ChunkRequest& request, std::size_t gemm) {
-  return best_block_widths(request,
-                           [&](int64_t columns) { return block_plan(request, gemm, columns); });
+  const ChunkRequest floor = floor_request(request);
+  return best_over_block_widths(
+      request,
+      [&](int64_t columns, int64_t tile_rows) {
+        return block_plan(request, gemm, columns, tile_rows);
+      },
+      [&](int64_t columns, int64_t tile_rows) {
+        return block_plan(floor, gemm, columns, tile_rows).predicted_ms;
+      });
 }
 
 // The better of (d)'s two places for its ∂h sums (or the one asked for): fitting first, then
-// predicted time.
+// predicted time. The floor keeps the sums in the workspace, where no block is deferred.
 ChunkPlan best_statistics_block_plan(const ChunkRequest& request, std::size_t gemm) {
+  const ChunkRequest floor = floor_request(request);
   auto best_for = [&](bool in_weight_grad) {
-    return best_block_widths(request, [&](int64_t columns) {
-      return statistics_block_plan(request, gemm, columns, in_weight_grad);
-    });
+    return best_over_block_widths(
+        request,
+        [&](int64_t columns, int64_t tile_rows) {
+          return statistics_block_plan(request, gemm, columns, in_weight_grad, tile_rows);
+        },
+        [&](int64_t columns, int64_t tile_rows) {
+          return statistics_block_plan(floor, gemm, columns, false, tile_rows).predicted_ms;
+        });
   };
   const bool can_use_weight_grad = hidden_sums_in_weight_grad(request).fits;
   if (request.hidden_sums == HiddenSums::workspace || !can_use_weight_grad) return best_for(false);
@@ -540,52 +594,55 @@ std::size_t chunk_region_bytes(const ChunkPlan& plan) {
 std::size_t minimum_budget_bytes(const ChunkRequest& request) {
   ChunkRequest smallest = request;
   smallest.budget_bytes = 0;
-  const std::size_t gemm = gemm_workspace_for(request.budget_bytes);
-  ChunkPlan plan = row_chunk_plan(smallest, gemm, 0);
-  if (request.weight_accumulator && request.rows > 1) plan = best_block_plan(smallest, gemm);
+  ChunkPlan plan = row_chunk_plan(smallest, 0, 0);
+  if (request.weight_accumulator && request.rows > 1) plan = best_block_plan(smallest, 0);
   return plan.total_bytes;
 }
 
 namespace {
 
+// The cheapest plan that fits among every schedule the call may run, each priced with its own
+// bias, so that the same comparison decides at every budget: a larger budget only adds plans
+// (a shape that fits a budget fits every larger one, gemm_share_for), and its choice is never
+// predicted slower. Ties go to the schedule listed first. When nothing fits, the smallest plan
+// of (a)–(c), which names the bytes the call needs.
 ChunkPlan choose_plan_with(const ChunkRequest& request, std::size_t gemm) {
-  const ChunkPlan plain = row_chunk_plan(request, gemm, 0);
-  ChunkPlan plan = plain;
+  const auto fits = [&](const ChunkPlan& plan) { return plan.total_bytes <= request.budget_bytes; };
+  ChunkPlan plan = row_chunk_plan(request, gemm, 0);
   const bool weight = request.weight_gradient || request.weight_accumulator;
-  if (weight && plain.chunk_count > 1 && !request.weight_sums_in_output) {
-    // A 16-bit ∂W over several row chunks needs the V×H accumulator; an fp32 one accumulates in
-    // place (the plain plan), which may still lose to blocks when chunks are small.
-    const std::size_t accumulator = request.weight_accumulator
-                                        ? align_up(static_cast<std::size_t>(request.vocab) *
-                                                   static_cast<std::size_t>(request.hidden) * 4)
-                                        : 0;
-    const ChunkPlan accumulated = row_chunk_plan(request, gemm, accumulator);
-    const ChunkPlan blocked = best_block_plan(request, gemm);
-    const bool accumulated_fits = accumulated.total_bytes <= request.budget_bytes;
-    const bool blocked_fits = blocked.total_bytes <= request.budget_bytes;
-    if (accumulated_fits && (!blocked_fits || accumulated.predicted_ms <= blocked.predicted_ms)) {
-      plan = accumulated;
-    } else if (blocked_fits || blocked.total_bytes < accumulated.total_bytes) {
-      plan = blocked;
-    } else {
-      plan = accumulated;
+  // A 16-bit ∂W over several row chunks needs the V×H accumulator (b); an fp32 one accumulates in
+  // place (the plain plan), and one summed in its output takes neither (b) nor blocks.
+  const bool blocks_possible = weight && !request.weight_sums_in_output && request.rows > 0;
+  bool have_fitting = fits(plan) && !(request.weight_accumulator && plan.chunk_count > 1);
+  auto consider = [&](const ChunkPlan& candidate) {
+    if (fits(candidate) ? !have_fitting || candidate.predicted_ms < plan.predicted_ms
+                        : !have_fitting && candidate.total_bytes < plan.total_bytes) {
+      plan = candidate;
+      have_fitting = fits(candidate);
     }
+  };
+  if (blocks_possible && request.weight_accumulator) {
+    // Considered (over a one-chunk plain plan too) first when nothing fits yet, so that a plain
+    // plan of several chunks, which cannot run, is never kept.
+    const ChunkPlan accumulated =
+        row_chunk_plan(request, gemm,
+                       align_up(static_cast<std::size_t>(request.vocab) *
+                                static_cast<std::size_t>(request.hidden) * 4));
+    if (!have_fitting && !fits(accumulated)) plan = accumulated;
+    consider(accumulated);
   }
-  // (d) when the call can form its statistics without logits and (d) fits: when predicted faster
-  // than the plan above, against (c) with the model's measured bias (below), and whenever asked
-  // to (then even where one chunk would do).
-  if (request.statistics_product && weight && request.rows > 0 && !request.weight_sums_in_output &&
-      (plain.chunk_count > 1 || request.prefer_statistics)) {
+  if (blocks_possible) consider(best_block_plan(request, gemm));
+  // (d) where the call can form its statistics without logits, when it fits: the cheapest, or
+  // whenever asked to (tests, measurements).
+  if (blocks_possible && request.statistics_product) {
     const ChunkPlan statistics = best_statistics_block_plan(request, gemm);
-    const bool plan_fits = plan.total_bytes <= request.budget_bytes;
-    const double bias = plan.schedule == Schedule::vocabulary_blocks ? kBlocksModelBias : 1.0;
-    if (statistics.total_bytes <= request.budget_bytes &&
-        (request.prefer_statistics || !plan_fits ||
-         statistics.predicted_ms < bias * plan.predicted_ms)) {
+    if (fits(statistics) && (request.prefer_statistics || !have_fitting ||
+                             statistics.predicted_ms < plan.predicted_ms)) {
       plan = statistics;
+      have_fitting = true;
     }
   }
-  plan.fits_budget = plan.total_bytes <= request.budget_bytes;
+  plan.fits_budget = have_fitting;
   if (request.rows <= 0) {
     plan.fits_budget = true;
     plan.chunk_rows = plan.chunk_count = 0;
@@ -593,15 +650,15 @@ ChunkPlan choose_plan_with(const ChunkRequest& request, std::size_t gemm) {
   return plan;
 }
 
-// The products' scratch takes a share of the budget (gemm_workspace_for); near the smallest plan
-// that share alone may keep a plan from fitting, and the products also run without scratch. So a
-// budget that holds the plan a failed call names (priced with the scratch its budget gives, none
-// for a tiny one) always runs.
+// The products' scratch takes a share of the budget that leaves the smallest plan room
+// (gemm_share_for); the plans are formed around that share and keep its aligned part.
 ChunkPlan choose_plan(const ChunkRequest& request) {
-  const ChunkPlan plan = choose_plan_with(request, gemm_workspace_for(request.budget_bytes));
-  if (plan.fits_budget || plan.gemm_workspace_bytes == 0) return plan;
-  const ChunkPlan bare = choose_plan_with(request, 0);
-  return bare.fits_budget ? bare : plan;
+  const std::size_t share = gemm_share_for(request.budget_bytes, minimum_budget_bytes(request));
+  ChunkPlan plan = choose_plan_with(request, share);
+  const std::size_t aligned = share / kWorkspaceAlignment * kWorkspaceAlignment;
+  plan.total_bytes -= plan.gemm_workspace_bytes - aligned;
+  plan.gemm_workspace_bytes = aligned;
+  return plan;
 }
 
 }  // namespace
