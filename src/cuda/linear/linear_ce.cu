@@ -24,12 +24,6 @@ bool pinned_forward(const LinearCeCall& call) {
   return call.options.batch_invariant && call.op == OpCode::linear_ce_forward;
 }
 
-LinearCeOptions without_cache(const LinearCeOptions& options) {
-  LinearCeOptions uncached = options;
-  uncached.logits_cache = TensorView{};
-  return uncached;
-}
-
 // Whether a call may form its row chunks by the per-row reference path (linear_reference.cuh),
 // its plan aside from the path's scratch: gradients formed in this call (a backward that brings
 // the forward's lse forms its own, as the row kernel does: the path stages x in f16, decision

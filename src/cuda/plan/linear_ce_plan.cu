@@ -129,6 +129,12 @@ bool reference_path_possible(DType dtype, const LinearCeOptions& options,
          dtype == DType::bf16;
 }
 
+LinearCeOptions without_cache(const LinearCeOptions& options) {
+  LinearCeOptions uncached = options;
+  uncached.logits_cache = TensorView{};
+  return uncached;
+}
+
 ChunkPlan linear_ce_chunk_plan(int64_t rows, int64_t hidden, int64_t vocab, DType dtype,
                                const LinearCeOptions& options, const LinearGradients& grads,
                                bool statistics_product) {
@@ -148,9 +154,7 @@ std::size_t linear_ce_workspace_size(int64_t rows, int64_t hidden, int64_t vocab
   const bool half = dtype != DType::f32;
   // A call with gradients reads a logits cache and writes none, so the cache keeps it off no
   // plan of schedule (d) (linear_ce.cu).
-  LinearCeOptions uncached = options;
-  uncached.logits_cache = TensorView{};
-  const bool candidate = fused_stats_candidate(dtype, uncached);
+  const bool candidate = fused_stats_candidate(dtype, without_cache(options));
   // Each choice once: {false} where its other side cannot occur (the query runs per call, and
   // every plan costs the planner's scan of block widths).
   auto choices = [](bool possible) {

@@ -51,6 +51,10 @@ LinearCePlan plan_for_gradients(int64_t rows, int64_t hidden, int64_t vocab, DTy
 // Whether a call planned as `plan` takes the per-row reference path with the plan `with_scratch`.
 bool reference_plan_accepted(const LinearCePlan& plan, const LinearCePlan& with_scratch);
 
+// The options without the logits cache: what a call that only reads a cache is planned and sized
+// with (a cache keeps a forward that fills it off the fused products; a reader, off none).
+LinearCeOptions without_cache(const LinearCeOptions& options);
+
 // Whether a call of this dtype, options and gradients may form its row chunks by the per-row
 // reference path, as far as its plan's inputs show.
 bool reference_path_possible(DType dtype, const LinearCeOptions& options,
