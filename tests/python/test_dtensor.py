@@ -13,14 +13,10 @@ gradients against torch's loss_parallel cross-entropy. Each world size is one sp
 cases.
 """
 
-import os
-import tempfile
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_group import run_group
 
 ROWS, HIDDEN = 13, 24
 VOCABS = (1031, 7)
@@ -472,44 +468,26 @@ def _fsdp_tp_cases(rank):
         _close(f"fsdp x tp ∂{name}", grad, ref_grads[name], rtol=1e-4, atol=1e-6)
 
 
-def _worker(rank, world, device, init_file, error_dir):
+def _body(rank, world, group, device):
     global _DEVICE
     _DEVICE = device
-    try:
-        torch.set_num_threads(1)
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl" if device == "cuda" else "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-        )
-        if world == 4:
-            _fsdp_tp_cases(rank)
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
+    if world == 4:
+        _fsdp_tp_cases(rank)
+        return
+    from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh(device, (world,))
-            gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
-            for cases in (
-                _ce_cases,
-                _distill_cases,
-                _logprobs_cases,
-                _linear_cases,
-                _error_cases,
-                _quiet_cases,
-            ):
-                cases(mesh, gen)
-            _fsdp_cases(mesh, rank)
-        dist.barrier()
-    except BaseException:
-        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    mesh = init_device_mesh(device, (world,))
+    gen = torch.Generator().manual_seed(1234)  # the same full tensors on every rank
+    for cases in (
+        _ce_cases,
+        _distill_cases,
+        _logprobs_cases,
+        _linear_cases,
+        _error_cases,
+        _quiet_cases,
+    ):
+        cases(mesh, gen)
+    _fsdp_cases(mesh, rank)
 
 
 def _cases():
@@ -529,14 +507,4 @@ def test_dtensor_matches_single_process(world, device):
     pytest.importorskip("torch.distributed.tensor")
     if world == 4:
         pytest.importorskip("transformers")
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        try:
-            mp.spawn(_worker, args=(world, device, init_file, tmp), nprocs=world, join=True)
-        except Exception:
-            errors = [
-                open(os.path.join(tmp, name)).read()
-                for name in sorted(os.listdir(tmp))
-                if name.startswith("rank")
-            ]
-            pytest.fail("\n".join(errors) or "a worker failed")
+    run_group(world, _body, (device,), nccl=device == "cuda")
