@@ -320,6 +320,14 @@ def linear_logits(hidden, weight, bias=None, round_to=None):
     return logits
 
 
+def fp32_tvd_tie_band(*logits):
+    """tvd_tie_band for an op computing in fp32: log p = v − lse loses about one ulp of the largest
+    |logit|, so probabilities that close (relative) may land on either side of tvd's kink (the C++
+    check's error model, distill_check.cpp)."""
+    largest = max(t.detach().abs().max().item() for t in logits)
+    return 8 * 2.0**-23 * (largest + 8.0)
+
+
 def rel_error(actual, expected):
     """‖actual − expected‖ / ‖expected‖ in float64 (absolute when the reference is 0)."""
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()

@@ -39,13 +39,6 @@ def _compare(gen, loss, expected, inputs, ref_inputs, tol, midpoint=None):
         assert ref.rel_error(grad, grad_expected) <= tol + slack
 
 
-def _fp32_tie_band(*logits):
-    """Relative band of an fp32 probability: log p = v − lse loses about one ulp of the largest
-    |logit| (as distill_check.cpp)."""
-    largest = max(t.detach().abs().max().item() for t in logits)
-    return 8 * 2.0**-23 * (largest + 8.0)
-
-
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
@@ -79,7 +72,7 @@ def test_distill_against_reference(device, gen, reduction, kind, options):
     midpoint = None
     if kind == "tvd":
         temperature = kwargs.get("temperature", 1.0)
-        band = _fp32_tie_band(
+        band = ref.fp32_tvd_tie_band(
             *(
                 ref.softcapped(x.cpu().double(), kwargs.get("softcap")) / temperature
                 for x in (student, teacher)
