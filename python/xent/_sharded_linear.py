@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from xent._autograd import _apply_upstream, _no_double_backward, _scale_saved
 from xent._ops import ops
-from xent._vocab_parallel import _fail, _gather_records, _refuse_dtensor, vocab_layout
+from xent._vocab_parallel import _fail, _gather_records, _refuse_dtensor, group_facts, vocab_layout
 
 Tensor = torch.Tensor
 
@@ -34,23 +34,21 @@ _DEFAULT_BUDGET = 512 << 20
 _RECORD_WIDTH = 9  # kCeShardStatsWidth
 
 
-_WIDEST: dict = {}
-
-
 def _widest_slice(local_vocab: int, group: Any, device: torch.device) -> int:
     """The largest local vocabulary of the group (one all_reduce MAX at the first call, cached
     per group and local size). Row chunks are sized by it, so that every rank cuts the batch at
     the same rows: the in-forward schedule gathers once per chunk, and ranks whose chunks
     differed would issue mismatched collectives."""
-    key = (id(group), int(local_vocab))
-    if key not in _WIDEST:
+    widest = group_facts(group)
+    key = ("widest", int(local_vocab))
+    if key not in widest:
         if dist.get_world_size(group) == 1:
-            _WIDEST[key] = int(local_vocab)
+            widest[key] = int(local_vocab)
         else:
             size = torch.tensor([int(local_vocab)], dtype=torch.int64, device=device)
             dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
-            _WIDEST[key] = int(size.item())
-    return _WIDEST[key]
+            widest[key] = int(size.item())
+    return widest[key]
 
 
 def _chunk_rows(rows: int, local_vocab: int, element: int, budget: int) -> int:

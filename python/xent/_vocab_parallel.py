@@ -3,13 +3,26 @@ layout of the vocabulary over a process group, and the all_gather of per-row rec
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-_LAYOUTS: dict = {}
+# What was learned from a group's collectives (slice layouts, widest slices), kept per group
+# object: an entry goes with its group, so a group created later (which may reuse the address,
+# the id, of a destroyed one) never meets a stale layout, and no cache keeps a group alive.
+_GROUP_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def group_facts(group: Any) -> dict:
+    """The cache of `group` (None: the default group), a dict the callers key as they need."""
+    group = dist.group.WORLD if group is None else group
+    facts = _GROUP_FACTS.get(group)
+    if facts is None:
+        facts = _GROUP_FACTS[group] = {}
+    return facts
 
 
 def _fail(function: str, argument: str, problem: str, got: Any, expected: str) -> NoReturn:
@@ -44,16 +57,17 @@ def vocab_layout(
     if vocab_offset is not None and vocab_size is not None:
         offset, vocab = int(vocab_offset), int(vocab_size)
     else:
-        key = (id(process_group), int(local_vocab))
-        if key not in _LAYOUTS:
+        layouts = group_facts(process_group)
+        key = ("layout", int(local_vocab))
+        if key not in layouts:
             world = dist.get_world_size(process_group)
             mine = torch.tensor([int(local_vocab)], dtype=torch.int64, device=device)
             sizes = [torch.empty_like(mine) for _ in range(world)]
             dist.all_gather(sizes, mine, group=process_group)
             sizes = [int(s.item()) for s in sizes]
             rank = dist.get_rank(process_group)
-            _LAYOUTS[key] = (sum(sizes[:rank]), sum(sizes))
-        offset, vocab = _LAYOUTS[key]
+            layouts[key] = (sum(sizes[:rank]), sum(sizes))
+        offset, vocab = layouts[key]
         if vocab_offset is not None and int(vocab_offset) != offset:
             _fail(
                 function,

@@ -329,11 +329,42 @@ def _error_cases(rank, world, group):
         xent.linear_cross_entropy(torch.randn(ROWS, HIDDEN), weight, target, process_group=group)
 
 
+def _new_group_cases(rank, world, group):
+    """Groups made and destroyed one after another over the same ranks, the last rank's slice the
+    same size each time but at another offset of another vocabulary: each call finds its own
+    group's layout (layouts are learned per group object, not per address, which a later group
+    may reuse), and a destroyed group leaves no entry behind."""
+    import gc
+
+    import xent
+    import xent._vocab_parallel as vocab_parallel
+
+    gen = torch.Generator().manual_seed(77)
+    known = len(vocab_parallel._GROUP_FACTS)
+    for first in (500, 300, 11):
+        splits = [first] + SPLITS[world][1:]
+        vocab = sum(splits)
+        logits = torch.randn(ROWS, vocab, generator=gen, dtype=torch.float64)
+        target = torch.randint(0, vocab, (ROWS,), generator=gen)
+        expected = xent.cross_entropy(logits, target, reduction="none")
+        other = dist.new_group(list(range(world)))
+        begin, end = slice_of(splits, rank)
+        got = xent.cross_entropy(
+            logits[:, begin:end], target, reduction="none", process_group=other
+        )
+        _close(f"new group {splits} loss", got, expected)
+        dist.destroy_process_group(other)
+        del other
+        gc.collect()
+        assert len(vocab_parallel._GROUP_FACTS) == known, "a destroyed group's layout was kept"
+
+
 def _all_cases(rank, world, group):
     _ce_cases(rank, world, group)
     _linear_cases(rank, world, group)
     _distill_cases(rank, world, group)
     _error_cases(rank, world, group)
+    _new_group_cases(rank, world, group)
 
 
 @needs_gloo
