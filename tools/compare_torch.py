@@ -531,12 +531,13 @@ def topk_reference_loss(case: dict, x: dict, rows: int = 1024) -> float:
     total = 0.0
     with torch.no_grad():
         n = x["topk_ids"].shape[0]
+        weight = x["weight"].double() if "weight" in x else None
         for start in range(0, n, rows):
             part = slice(start, start + rows)
-            if "logits" in x:
+            if weight is None:
                 student = x["logits"][part].double()
             else:
-                student = x["hidden"][part].double() @ x["weight"].double().t()
+                student = x["hidden"][part].double() @ weight.t()
             total += (
                 distill_topk_rows(
                     student,

@@ -192,3 +192,19 @@ def test_bad_topk_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         compare_torch.parse_args(argv.split())
     assert message in capsys.readouterr().err
+
+
+def test_plots_keep_topk_records_apart():
+    """A top-k record is its own case for the plots' newest-record choice, and no distill picture
+    of full teachers draws it."""
+    spec = importlib.util.spec_from_file_location(
+        "plot_results", ROOT / "tools" / "plot_results.py"
+    )
+    plot_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_results)
+    full = dict(op="distill", impl="xent_torch", kind="forward_kl", n=8, h=0, v=64)
+    full.update(dtype="bfloat16", mode="fwdbwd")
+    topk = dict(full, teacher_topk=4, topk_mass="tail")
+    kept = plot_results.latest([full, topk, dict(topk, topk_mass="renormalize")])
+    assert len(kept) == 3
+    assert plot_results.plain_fwdbwd(kept, "distill") == [full]
