@@ -18,9 +18,14 @@ import os
 import sys
 
 import torch
-from bench_distill_topk import timed  # median ms of CUDA-event timings
+from compare_torch import Timer, summarize
 
 import xent
+
+
+def timed(fn, reps: int) -> float:
+    """Median milliseconds of fn over reps CUDA-event timings, after three warm-up calls."""
+    return summarize(Timer("cuda", 3, reps).run(lambda i: fn()))["median"]
 
 
 def main() -> int:

@@ -17,6 +17,15 @@ Implementations, each skipped with a note when not importable:
   quack       QuACK (quack-kernels)
   xent_torch  xent through its Python package and autograd (records of xent-bench, the C++
               kernels alone, are impl "xent")
+  chunked     linear_distill with a top-k teacher in plain PyTorch a chunk of rows at a time,
+              torch.utils.checkpoint around each (torch_losses.chunked_linear_distill_topk)
+  xent_linear_ce  beside linear_distill with a top-k teacher: xent.linear_cross_entropy (mean) on
+              the same h, W and budget; the other records carry ratio_to_linear_ce against it
+
+Top-k teachers (--teacher-topk K --topk-mass MASS, docs/semantics.md §3.1): k ids and fp32
+log-probabilities a row, the top-k of a teacher correlated with the student, drawn once outside
+the timing. F then counts no teacher product; every loss is checked against the float64 loss of
+the first inputs (loss_rel_err).
 
 Modes: fwdbwd (forward + backward through autograd), fwd (forward without gradient), and for the
 small-V rows of the seed benchmark also fwd_graph (the forward of a training step alone) and bwd
@@ -24,7 +33,9 @@ small-V rows of the seed benchmark also fwd_graph (the forward of a training ste
 hidden states are h = noise + a·W[y], a set so the mean target probability is about 0.3.
 
 Usage: compare_torch.py --op linear_ce --n 8192 --h 4096 --v 128256 [--json FILE [--append]]
-       compare_torch.py --suite perf-ce|perf-ce-small|perf-distill|perf-linear|perf
+       compare_torch.py --suite perf-ce|perf-ce-small|perf-distill|perf-linear|perf|topk
+       compare_torch.py --op linear_distill --n 8192 --h 4096 --v 128256 --teacher-topk 64,256
+       --topk-mass tail,renormalize
        [--rounds R]: F and every library timed in R interleaved rounds (the GPU's clock drifts)
 """
 
@@ -41,12 +52,26 @@ from collections.abc import Callable
 
 try:
     import torch
-    from torch_losses import eager_loss, library_loss
+    from torch_losses import distill_topk_rows, eager_loss, library_loss
 except ImportError:  # reported in main(), so --help works without torch
     torch = None
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
-IMPLS = ("eager", "compile", "liger", "cce", "cce_exact", "quack", "xent_torch")
+IMPLS = (
+    "eager",
+    "compile",
+    "chunked",
+    "liger",
+    "cce",
+    "cce_exact",
+    "quack",
+    "xent_torch",
+    "xent_linear_ce",
+)
+# Run only where they mean something: linear_distill with a top-k teacher.
+LINEAR_TOPK_IMPLS = ("chunked", "xent_linear_ce")
+TOPK_MASSES = ("renormalize", "tail", "ignore")
+TOPK_IGNORE_KINDS = ("forward_kl", "soft_ce")  # the kinds docs/semantics.md §3.1 gives `ignore`
 LINEAR_SHAPES = ((8192, 4096, 128256), (8192, 2304, 256000), (32768, 768, 128256))
 # linear_ce's memory–time curve: xent at each workspace budget (MiB), the anchors once per shape.
 CURVE_BUDGETS_MIB = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -262,6 +287,42 @@ def suite_cases(name: str) -> list[dict]:
                             label="linear-curve xent",
                         )
                     )
+    if name == "topk":
+        # Issue 51's top-k teacher rows: distill on logits as a fraction of B (xent and its eager
+        # anchor), linear_distill beside linear_ce, the anchors on materialised logits and the
+        # chunked one; few repeats, the compiles dominate.
+        for n, v in ((16384, 32768), (4096, 131072), (2048, 262144)):
+            for mass in ("renormalize", "tail"):
+                cases.append(
+                    dict(
+                        op="distill",
+                        n=n,
+                        h=0,
+                        v=v,
+                        mode="fwdbwd",
+                        teacher_topk=64,
+                        topk_mass=mass,
+                        impls=("eager", "xent_torch"),
+                        repeat=20,
+                        label="topk distill",
+                    )
+                )
+        for k in (64, 256):
+            for mass in ("tail", "renormalize"):
+                cases.append(
+                    dict(
+                        op="linear_distill",
+                        n=8192,
+                        h=4096,
+                        v=128256,
+                        mode="fwdbwd",
+                        teacher_topk=k,
+                        topk_mass=mass,
+                        impls=("eager", "compile", "chunked", "xent_torch", "xent_linear_ce"),
+                        repeat=10,
+                        label="topk linear",
+                    )
+                )
     for case in cases:
         case.setdefault("kind", "forward_kl")
         case.setdefault("dtype", "bf16")
@@ -369,10 +430,12 @@ def copy_bandwidth(device: str) -> float | None:
 
 
 def gemm_floor_flops(case: dict) -> int | None:
-    """Flops of the products F times (gemm_floor_samples): 2·N·H·V each; None for other ops."""
+    """Flops of the products F times (gemm_floor_samples): 2·N·H·V each; None for other ops. A
+    top-k teacher brings no product of its own: F is then linear_ce's."""
     if case["op"] not in ("linear_ce", "linear_distill"):
         return None
-    products = 1 + (case["op"] == "linear_distill") + 2 * (case["mode"] == "fwdbwd")
+    teacher = case["op"] == "linear_distill" and not case.get("teacher_topk")
+    products = 1 + teacher + 2 * (case["mode"] == "fwdbwd")
     return 2 * case["n"] * case["h"] * case["v"] * products
 
 
@@ -386,7 +449,7 @@ def gemm_floor_samples(case: dict, dtype, device: str, timer: Timer) -> list[flo
     weight = torch.randn(v, h, device=device, dtype=dtype) / math.sqrt(h)
     grad = torch.randn(n, v, device=device, dtype=dtype)
     backward = case["mode"] == "fwdbwd"
-    teacher = case["op"] == "linear_distill"
+    teacher = case["op"] == "linear_distill" and not case.get("teacher_topk")
 
     def products(i):
         torch.matmul(hidden, weight.t())
@@ -418,9 +481,10 @@ def make_inputs(case: dict, dtype, device: str, seed: int) -> dict[str, torch.Te
 
     x = {"target": torch.randint(0, v, (n,), device=device, generator=generator)}
     op = case["op"]
+    topk = case.get("teacher_topk")
     if op in ("ce", "distill"):
         x["logits"] = uniform((n, v), 8.0).requires_grad_(grad)
-        if op == "distill":
+        if op == "distill" and not topk:
             x["teacher"] = uniform((n, v), 8.0)
     else:
         bound = 8.0 * math.sqrt(3.0 / h)
@@ -432,10 +496,60 @@ def make_inputs(case: dict, dtype, device: str, seed: int) -> dict[str, torch.Te
             weight = weight.float()  # an fp32 (master) weight beside 16-bit hidden states
         x["hidden"] = hidden.requires_grad_(grad)
         x["weight"] = weight.requires_grad_(grad)
-        if op == "linear_distill":
+        if op == "linear_distill" and not topk:
             x["teacher_hidden"] = uniform((n, h), 1.0)
             x["teacher_weight"] = uniform((v, h), bound)
+    if topk:
+        x["topk_ids"], x["topk_logprobs"] = topk_teacher(x, topk, generator)
     return x
+
+
+def topk_teacher(x: dict, k: int, generator, rows: int = 1024):
+    """The top-k ids and fp32 log-probabilities of a teacher correlated with the student: its
+    logits plus Gaussian noise of scale 0.5, a chunk of rows at a time (no N x V fp32 at once)."""
+    ids, logprobs = [], []
+    with torch.no_grad():
+        n = x["logits"].shape[0] if "logits" in x else x["hidden"].shape[0]
+        for start in range(0, n, rows):
+            if "logits" in x:
+                student = x["logits"][start : start + rows].float()
+            else:
+                hidden = x["hidden"][start : start + rows]
+                student = (hidden @ x["weight"].to(hidden.dtype).t()).float()
+            noise = torch.randn(
+                student.shape, device=student.device, dtype=student.dtype, generator=generator
+            )
+            values, chosen = (student + 0.5 * noise).log_softmax(-1).topk(k, -1)
+            logprobs.append(values)
+            ids.append(chosen)
+    return torch.cat(ids), torch.cat(logprobs)
+
+
+def topk_reference_loss(case: dict, x: dict, rows: int = 1024) -> float:
+    """The float64 loss (mean over rows) of a top-k case's first inputs, what every
+    implementation's first loss is compared with."""
+    total = 0.0
+    with torch.no_grad():
+        n = x["topk_ids"].shape[0]
+        weight = x["weight"].double() if "weight" in x else None
+        for start in range(0, n, rows):
+            part = slice(start, start + rows)
+            if weight is None:
+                student = x["logits"][part].double()
+            else:
+                student = x["hidden"][part].double() @ weight.t()
+            total += (
+                distill_topk_rows(
+                    student,
+                    x["topk_ids"][part],
+                    x["topk_logprobs"][part],
+                    case.get("kind", "forward_kl"),
+                    case["topk_mass"],
+                )
+                .sum()
+                .item()
+            )
+    return total / n
 
 
 def mean_target_probability(case: dict, dtype, device: str, scale: float, rows: int = 256):
@@ -531,6 +645,8 @@ def case_title(case: dict) -> str:
         notes.append("inplace")
     if case.get("budget_bytes"):
         notes.append(f"{case['budget_bytes'] >> 20} MiB")
+    if case.get("teacher_topk"):
+        notes.append(f"top-{case['teacher_topk']} {case['topk_mass']}")
     kind = ":" + case["kind"] if "distill" in op else ""
     return f"{op}{kind} {shape} {case['dtype']} {mode}" + (
         f" [{', '.join(notes)}]" if notes else ""
@@ -545,6 +661,9 @@ def measure_case(
     op, kind, mode = case["op"], case.get("kind", "forward_kl"), case["mode"]
     reduction = case.get("reduction", "mean")
     impls = [impl for impl in impls if impl in case.get("impls", impls)]
+    linear_topk = op == "linear_distill" and bool(case.get("teacher_topk"))
+    if not linear_topk:
+        impls = [impl for impl in impls if impl not in LINEAR_TOPK_IMPLS]
     title = case_title(case)
     if case.get("distribution") == "peaked" and device == "cuda":
         case["peak_scale"] = calibrate_peak(case, dtype, device)
@@ -593,6 +712,8 @@ def measure_case(
         "weight_dtype": "float32" if case.get("weight", "").startswith("fp32") else None,
         "autocast": case.get("weight") == "fp32-autocast",
         "weight_grad_accumulation": case.get("weight_grad_accumulation"),
+        "teacher_topk": case.get("teacher_topk"),
+        "topk_mass": case.get("topk_mass"),
         "label": case.get("label", ""),
         "device": device_name(device),
         "copy_bandwidth_bytes_per_s": bandwidth,
@@ -602,7 +723,12 @@ def measure_case(
         "cuda_ptx": build_archs("cuda_ptx"),
         "paths": "portable" if args.portable_paths else "default",
     }
+    if linear_topk:
+        base.update(ratio_to_linear_ce=None, extra_bytes_to_linear_ce=None)
     reference_loss = None
+    if case.get("teacher_topk"):
+        progress(f"{title}: float64 reference loss ...")
+        reference_loss = topk_reference_loss(case, first)
     records = []
     runners = []  # (record, (timed function, prepare), its pending state) of each library that ran
 
@@ -692,9 +818,11 @@ def measure_case(
             progress(f"{impl:10s} {title}: first call ...")
             refresh(0)
             loss = step(0).detach().float().item()  # compiles, autotunes, allocates
-            if reference_loss is None:
-                reference_loss = loss
-            record["loss_rel_err"] = abs(loss - reference_loss) / max(abs(reference_loss), 1e-30)
+            if impl != "xent_linear_ce":  # another loss: its time is the reference, not its value
+                if reference_loss is None:
+                    reference_loss = loss
+                relative = abs(loss - reference_loss) / max(abs(reference_loss), 1e-30)
+                record["loss_rel_err"] = relative
             if linear_reference is not None:
                 grad_h, grad_w = inputs[0]["hidden"].grad, inputs[0]["weight"].grad
                 if grad_h is not None and grad_w is not None:
@@ -720,7 +848,8 @@ def measure_case(
     # load (its clock falls and recovers over tens of calls, docs/archive/perf-notes.md decision 79)
     # reaches F and every library alike.
     rounds = max(1, args.rounds)
-    per_round = max(1, -(-args.repeat // rounds))
+    repeat = args.repeat if args.repeat_given else case.get("repeat", args.repeat)
+    per_round = max(1, -(-repeat // rounds))
     samples = {id(record): [] for record, _, _ in runners}
     floor_samples = []
     for round_index in range(rounds):
@@ -756,7 +885,10 @@ def measure_case(
             # The step in the products' own terms: F's flops over the library's time.
             record["products_tflops"] = gemm_floor_flops(case) / (times["median"] / 1e3) / 1e12
         else:
-            tensors = (2 if op == "distill" else 1) + (1 if mode == "fwdbwd" else 0)
+            # A top-k teacher's few columns are not counted: one read of the student (and one
+            # write of its gradient).
+            teacher = op == "distill" and not case.get("teacher_topk")
+            tensors = (2 if teacher else 1) + (1 if mode == "fwdbwd" else 0)
             if mode == "bwd":
                 tensors = 1  # the fused forms write the gradient in the forward
             record["ratio_kind"] = "bandwidth"
@@ -778,13 +910,27 @@ def measure_case(
                 else ""
             )
         )
+    linear_ce = next(
+        (r for r in records if r["impl"] == "xent_linear_ce" and r["time_ms"] is not None), None
+    )
+    if linear_ce is not None:  # issue 51: within 1.05 x linear_ce's time and its memory
+        for record in records:
+            if record["time_ms"] is not None:
+                record["ratio_to_linear_ce"] = (
+                    record["time_ms"]["median"] / linear_ce["time_ms"]["median"]
+                )
+                if record["peak_extra_bytes"] is not None and linear_ce["peak_extra_bytes"]:
+                    record["extra_bytes_to_linear_ce"] = (
+                        record["peak_extra_bytes"] / linear_ce["peak_extra_bytes"]
+                    )
     return records
 
 
 def print_table(records: list[dict]) -> None:
     print(
-        f"{'case':60s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
+        f"{'case':72s} {'impl':10s} {'median ms':>10s} {'p20 ms':>10s}"
         f" {'p80 ms':>10s} {'extra MiB':>10s} {'ratio':>8s} {'TFLOP/s':>8s} {'loss diff':>10s}"
+        f" {'x lin_ce':>8s}"
     )
     for r in records:
         case = dict(
@@ -795,7 +941,7 @@ def print_table(records: list[dict]) -> None:
             if r.get("weight_dtype")
             else None,
         )
-        head = f"{case_title(case)[:60]:60s} {r['impl']:10s}"
+        head = f"{case_title(case)[:72]:72s} {r['impl']:10s}"
         if r["error"]:
             print(f"{head} error: {r['error']}")
             continue
@@ -804,9 +950,10 @@ def print_table(records: list[dict]) -> None:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         diff = "-" if r["loss_rel_err"] is None else f"{r['loss_rel_err']:.2e}"
         tflops = "-" if r.get("products_tflops") is None else f"{r['products_tflops']:.0f}"
+        to_ce = "-" if r.get("ratio_to_linear_ce") is None else f"{r['ratio_to_linear_ce']:.3f}"
         print(
             f"{head} {t['median']:10.3f} {t['p20']:10.3f} {t['p80']:10.3f} {extra:>10s}"
-            f" {ratio:>8s} {tflops:>8s} {diff:>10s}"
+            f" {ratio:>8s} {tflops:>8s} {diff:>10s} {to_ce:>8s}"
         )
 
 
@@ -824,9 +971,28 @@ def parse_args(argv=None):
     parser.add_argument("--device", choices=("cuda", "cpu"))
     parser.add_argument(
         "--suite",
-        choices=("perf-ce", "perf-ce-small", "perf-distill", "perf-linear", "perf", "linear-curve"),
+        choices=(
+            "perf-ce",
+            "perf-ce-small",
+            "perf-distill",
+            "perf-linear",
+            "perf",
+            "linear-curve",
+            "topk",
+        ),
         help="a docs/performance.md suite; linear-curve: linear_ce at each workspace budget "
-        "beside the anchors (not part of perf)",
+        "beside the anchors; topk: distill and linear_distill with a top-k teacher (neither "
+        "part of perf)",
+    )
+    parser.add_argument(
+        "--teacher-topk",
+        help="distill, linear_distill: a teacher given as its top-k ids and log-probabilities, "
+        "k ids a row (a comma list of k: one case each)",
+    )
+    parser.add_argument(
+        "--topk-mass",
+        help="with --teacher-topk: what becomes of the teacher's mass outside the ids, a comma "
+        f"list of {', '.join(TOPK_MASSES)} (one case each; default renormalize)",
     )
     parser.add_argument(
         "--budget-mib",
@@ -928,12 +1094,45 @@ def parse_args(argv=None):
                 )
     if args.weight is not None and args.suite is not None:
         parser.error("--weight: for a single shape (--n, --v); the suites set their own weights")
+    args.repeat_given = args.repeat is not None
+    check_topk_args(parser, args)
     return args
+
+
+def check_topk_args(parser, args) -> None:
+    """--teacher-topk and --topk-mass as lists (k, masses); errors name the flag at fault."""
+    if args.teacher_topk is None:
+        if args.topk_mass is not None:
+            parser.error("--topk-mass: only with --teacher-topk")
+        return
+    if args.suite is not None or args.default_run:
+        parser.error("--teacher-topk: for a single shape (--n, --v); --suite topk has its own")
+    if args.op not in ("distill", "linear_distill"):
+        parser.error(f"--teacher-topk: for --op distill or linear_distill, not {args.op}")
+    try:
+        args.teacher_topk = [int(k) for k in args.teacher_topk.split(",")]
+    except ValueError:
+        parser.error(f"--teacher-topk: got '{args.teacher_topk}'; expected a comma list of k")
+    for k in args.teacher_topk:
+        if not 0 < k <= args.v:
+            parser.error(f"--teacher-topk: got k = {k}; expected 1 <= k <= V = {args.v}")
+    args.topk_mass = (args.topk_mass or "renormalize").split(",")
+    for mass in args.topk_mass:
+        if mass not in TOPK_MASSES:
+            parser.error(f"--topk-mass: got '{mass}'; expected a comma list of {TOPK_MASSES}")
+        if mass == "ignore" and args.kind not in TOPK_IGNORE_KINDS:
+            parser.error(
+                f"--topk-mass: ignore with --kind {args.kind}; ignore takes "
+                f"{' or '.join(TOPK_IGNORE_KINDS)} (docs/semantics.md §3.1)"
+            )
+    if args.mode in ("fwd_graph", "bwd"):
+        parser.error("--teacher-topk: with --mode fwdbwd or fwd")
 
 
 def single_shape_cases(args) -> list[dict]:
     """The cases of a run given --n, --v (and --h): one per --budget-mib and
-    --weight-grad-accumulation value, the anchors (whose memory is their own) in the first only."""
+    --weight-grad-accumulation value, the anchors (whose memory is their own) in the first only;
+    all that for each --teacher-topk k and --topk-mass."""
     shape = dict(
         op=args.op,
         n=args.n,
@@ -948,16 +1147,24 @@ def single_shape_cases(args) -> list[dict]:
     if args.weight is not None:
         shape["weight"] = args.weight
     cases = []
-    for mib in args.budget_mib or [None]:
-        for accumulation in args.weight_grad_accumulation or [None]:
-            case = dict(shape)
-            if mib is not None:
-                case["budget_bytes"] = mib << 20
-            if accumulation is not None:
-                case["weight_grad_accumulation"] = accumulation
-            if cases:
-                case["impls"] = ("xent_torch",)
-            cases.append(case)
+    teachers = [
+        dict(teacher_topk=k, topk_mass=mass)
+        for k in args.teacher_topk or []
+        for mass in args.topk_mass
+    ]
+    for teacher in teachers or [{}]:
+        first = True
+        for mib in args.budget_mib or [None]:
+            for accumulation in args.weight_grad_accumulation or [None]:
+                case = dict(shape, **teacher)
+                if mib is not None:
+                    case["budget_bytes"] = mib << 20
+                if accumulation is not None:
+                    case["weight_grad_accumulation"] = accumulation
+                if not first:  # xent alone (and linear_ce's reference at its budget)
+                    case["impls"] = ("xent_torch", "xent_linear_ce") if teacher else ("xent_torch",)
+                first = False
+                cases.append(case)
     return cases
 
 
@@ -994,6 +1201,8 @@ def main(argv=None) -> int:
                 args.time_limit = 800.0
         else:
             args.op, args.n, args.h, args.v, args.dtype = "linear_ce", 1024, 256, 32000, "fp32"
+    if args.suite == "topk" and args.time_limit is None:
+        args.time_limit = 330.0  # about 6 minutes on an H200 with the last case
     cases = selected_suite_cases(args) if args.suite else single_shape_cases(args)
     commit = git_commit()
     progress(f"device: {device_name(args.device)}, torch {torch.__version__}")

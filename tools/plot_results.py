@@ -92,9 +92,9 @@ def style(impl: str):
 
 
 def latest(records: list) -> list:
-    """One record per (device, impl, op, kind, shape, dtype, mode, options): the last one read,
-    the newest (without the device, a record of one GPU replaced the same case measured on
-    another)."""
+    """One record per (device, impl, op, kind, shape, dtype, mode, options, top-k teacher): the
+    last one read, the newest (without the device, a record of one GPU replaced the same case
+    measured on another)."""
     keyed = {}
     for r in records:
         # h and the budget matter to the linear ops only (older records of the logits ops carry
@@ -116,6 +116,8 @@ def latest(records: list) -> list:
             r.get("distribution") or "random",
             r.get("weight_dtype"),
             bool(r.get("autocast")),
+            r.get("teacher_topk"),
+            r.get("topk_mass"),
         )
         keyed[key] = r
     return list(keyed.values())
@@ -131,6 +133,7 @@ def plain_fwdbwd(records: list, op: str) -> list:
         and r["mode"] == "fwdbwd"
         and r.get("options", "plain") == "plain"
         and r.get("reduction", "mean") == "mean"
+        and not r.get("teacher_topk")  # a top-k teacher is another problem, not drawn here
     ]
     dtype = most_common(r["dtype"] for r in rows)
     return [r for r in rows if r["dtype"] == dtype]
