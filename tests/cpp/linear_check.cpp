@@ -32,7 +32,7 @@ double bias_grad_tolerance(DType dtype, const Matrix& grad_logits,
                            const std::vector<double>& ref_bias) {
   const double tolerance = grad_tolerance(dtype, Family::linear, torch_bias, ref_bias);
   if (!is_half(dtype)) return tolerance;
-  const double unit_roundoff = dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double u = unit_roundoff(dtype);
   std::vector<double> coherent(ref_bias.size(), 0.0);
   std::vector<int> rows_of(ref_bias.size(), 0);
   for (std::size_t n = 0; n < target.size(); ++n) {
@@ -47,7 +47,7 @@ double bias_grad_tolerance(DType dtype, const Matrix& grad_logits,
   }
   const double reference_norm = norm(ref_bias);
   if (reference_norm == 0.0) return tolerance;
-  return tolerance + unit_roundoff * std::sqrt(coherent_squares) / reference_norm;
+  return tolerance + u * std::sqrt(coherent_squares) / reference_norm;
 }
 
 void check_argmax_accuracy(const std::vector<int64_t>& argmax, double accuracy,

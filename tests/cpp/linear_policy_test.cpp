@@ -33,15 +33,33 @@ struct LinearPolicyProblem {
   bool bias = true;
 };
 
-// A ratio in [0.5, 1.6] at least 0.02 from each bound of the problem, so a rounding-sized error in
-// ℓ never moves a token across a clip boundary (where c_ℓ jumps).
-double ratio_away_from_bounds(Rng& rng) {
+// A ratio in [0.5, 2] whose log is more than `margin` from the log of each bound of the problem,
+// so an error of the op's ℓ within the margin never moves a token across a clip boundary (where
+// c_ℓ jumps).
+double ratio_away_from_bounds(Rng& rng, double margin) {
   for (;;) {
-    const double r = rng.uniform(0.5, 1.6);
-    if (std::abs(r - 0.8) > 0.02 && std::abs(r - 1.25) > 0.02 && std::abs(r - 1.5) > 0.02) {
-      return r;
-    }
+    const double r = rng.uniform(0.5, 2.0);
+    bool clear = true;
+    for (const double bound : {0.8, 1.25, 1.5})
+      clear = clear && std::abs(std::log(r / bound)) > margin;
+    if (clear) return r;
   }
+}
+
+// How far the op's ℓ of row n may be from the float64 one: 0.02, plus, for logits held in a 16-bit
+// type, each logit rounded (at most 2u·|x|: the op's fp32 product may round to the other
+// neighbour) moving ℓ = x̃_y − lse by at most the transform's slope (≤ logit_scale) times
+// 2u·(|x_y| + Σ_j p_j·|x_j|).
+double logprob_margin(const Matrix& logits, const reference::CeSpec& spec, double lse, int64_t n,
+                      int64_t target, DType dtype) {
+  if (!is_half(dtype)) return 0.02;
+  double mean_magnitude = 0;
+  for (int64_t j = 0; j < logits.cols; ++j) {
+    const double x = logits.at(n, j);
+    mean_magnitude += std::exp(ce_transformed(spec, x) - lse) * std::abs(x);
+  }
+  const double moved = std::abs(logits.at(n, target)) + mean_magnitude;
+  return 0.02 + spec.logit_scale * 2 * unit_roundoff(dtype) * moved;
 }
 
 struct Expected {
@@ -124,7 +142,9 @@ void check_linear_policy(const LinearPolicyProblem& p, Rng& rng) {
   for (int64_t n = 0; n < rows; ++n) {
     const bool ok = target[n] != -100;
     data[0][n] = rng.normal();
-    data[1][n] = ok ? ref_ce.logprob[n] - std::log(ratio_away_from_bounds(rng)) : -INFINITY;
+    const double margin =
+        ok ? logprob_margin(logits, spec, ref_ce.lse[n], n, target[n], p.dtype) : 0.0;
+    data[1][n] = ok ? ref_ce.logprob[n] - std::log(ratio_away_from_bounds(rng, margin)) : -INFINITY;
     data[2][n] = ok ? ref_ce.logprob[n] + rng.normal(0.3) : -INFINITY;
     data[3][n] = ok ? data[1][n] + rng.normal(0.1) : -INFINITY;
     data[4][n] = ok ? rng.uniform(0.5, 1.5) / static_cast<double>(valid) : 0.0;

@@ -17,10 +17,6 @@
 namespace xent::test {
 namespace {
 
-double unit_roundoff(DType dtype) {
-  return dtype == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
-}
-
 #if !XENT_TEST_ON_GPU
 // The CPU planner's view of a training call with weight_dtype accumulation.
 cpu::LinearShape training_shape(int64_t rows, int64_t hidden, int64_t vocab, DType dtype) {

@@ -465,6 +465,19 @@ double grad_tolerance(DType input, Family family, const std::vector<double>& tor
   }
 }
 
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return std::ldexp(1.0, -8);
+    case DType::f16:
+      return std::ldexp(1.0, -11);
+    case DType::f32:
+      return std::ldexp(1.0, -24);
+    default:
+      return std::ldexp(1.0, -53);
+  }
+}
+
 double stat_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref) {
   switch (input) {

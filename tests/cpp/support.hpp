@@ -146,6 +146,8 @@ double grad_tolerance(DType input, Family family, const std::vector<double>& tor
 // The same for results (loss, statistics): fp32 rounding bounds those of 32- and 16-bit inputs,
 // fp64 results of fp64 inputs are held to fp64 accuracy. An empty `torch_like` means PyTorch
 // loses nothing beyond fp32 here.
+// u of a dtype: round to nearest moves a value by at most u·|value| (bf16 2^-8, fp16 2^-11).
+double unit_roundoff(DType dtype);
 double stat_tolerance(DType input, Family family, const std::vector<double>& torch_like,
                       const std::vector<double>& ref);
 
