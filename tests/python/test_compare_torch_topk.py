@@ -40,7 +40,7 @@ def test_anchor_formula_against_the_float64_reference(gen, mass, kind):
     """distill_topk_rows (the eager, compile and chunked anchors' loss, and the tool's float64
     reference) against tests/python/reference.py, loss and gradient, in float64 and in fp32."""
     rows, vocab = _shape(gen, 5, 40), _shape(gen, 50, 700)
-    k = _shape(gen, 1, 60)
+    k = _shape(gen, 1, min(60, vocab + 1))  # k <= V
     student = ref.randn(gen, rows, vocab, scale=2.0, dtype=torch.float64).requires_grad_()
     teacher = student.detach() + 0.6 * torch.randn(
         student.shape, generator=gen, dtype=torch.float64
