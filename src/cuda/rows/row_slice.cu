@@ -106,6 +106,8 @@ SlicePlan plan_portable_long_row(int64_t vocab, std::size_t element) {
   return plan;
 }
 
+std::size_t row_slice_shared_limit() { return max_shared_per_block(); }
+
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
   const bool hopper = hopper_paths();
   SlicePlan plan =
