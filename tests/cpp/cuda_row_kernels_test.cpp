@@ -22,7 +22,9 @@ namespace {
 
 // (dtype, vocab, row padding, options, in place). Vocabulary sizes, for bf16 unless said:
 // 40000 → cluster of 2; 131079 → cluster of 8 with an odd tail; 300007 → one 75 KB slice per
-// CTA of 8; fp32 500000 → 250 KB slices, beyond shared memory: the streaming path.
+// CTA of 8; fp32 500000 → 250 KB slices, beyond shared memory: the streaming path. bf16 24576
+// and fp32 12287 → one staged slice of exactly 48 KiB, the default dynamic limit, which the
+// kernel's static shared memory leaves short (the limit must be raised for it).
 using CeKernelCase = std::tuple<DType, int64_t, int64_t, unsigned, bool>;
 
 class CudaCeRowKernel : public ::testing::TestWithParam<CeKernelCase> {};
@@ -60,6 +62,8 @@ INSTANTIATE_TEST_SUITE_P(
     Paths, CudaCeRowKernel,
     ::testing::Values(CeKernelCase{DType::bf16, 40000, 0, 0, false},
                       CeKernelCase{DType::bf16, 40000, 0, kAllCeOptions, true},
+                      CeKernelCase{DType::bf16, 24576, 0, kSmoothing, false},
+                      CeKernelCase{DType::f32, 12287, 0, 0, true},
                       CeKernelCase{DType::bf16, 131079, 0, kAllCeOptions, false},
                       CeKernelCase{DType::bf16, 131072, 3, kSmoothing, false},
                       CeKernelCase{DType::f16, 131072, 0, kZLoss | kSoftcap, true},
@@ -111,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // (dtype, vocab, kind, options). bf16 70000 → cluster of 8 with two staged inputs; bf16 200003
 // → a cluster of 16 (non-portable) where the device runs one, else 8 with 100 KB slices; fp32
-// 300007 → the streaming path; 4099 → one CTA with an odd tail.
+// 300007 → the streaming path; 4099 → one CTA with an odd tail; bf16 12288 → two staged inputs of
+// 48 KiB together in one CTA (the default dynamic limit, short by the static shared memory).
 using DistillKernelCase = std::tuple<DType, int64_t, DistillKind, unsigned>;
 
 class CudaDistillRowKernel : public ::testing::TestWithParam<DistillKernelCase> {};
@@ -157,6 +162,7 @@ INSTANTIATE_TEST_SUITE_P(
         DistillKernelCase{DType::bf16, 200003, DistillKind::forward_kl, kHardAndSoft},
         DistillKernelCase{DType::bf16, 200003, DistillKind::jsd, kTemperature | kDistillSoftcap},
         DistillKernelCase{DType::bf16, 4099, DistillKind::soft_ce, kHardAndSoft | kTemperature},
+        DistillKernelCase{DType::bf16, 12288, DistillKind::forward_kl, kHardAndSoft},
         DistillKernelCase{DType::f32, 300007, DistillKind::reverse_kl, kHardAndSoft},
         DistillKernelCase{DType::f32, 300007, DistillKind::forward_kl, 0}),
     distill_case_name);

@@ -6,6 +6,9 @@
 #include <numeric>
 
 #include "distill_check.hpp"
+#if XENT_TEST_ON_GPU
+#include "hook_scope.hpp"
+#endif
 
 namespace xent::test {
 namespace {
@@ -27,7 +30,36 @@ struct TopKProblem {
   bool absent_entries = true;  // some rows end early (−1), one row has none
   bool in_place = false;
   int64_t row_stride = -1;  // of student and grad: V' columns of a wider student (§3.2)
+  bool bad_ids = false;     // GPU: row 1 holds an id twice, row 3 one past V (NaN rows)
 };
+
+// The rows a bad_ids problem makes NaN on a GPU (the CPU reports the ids instead).
+constexpr int64_t kBadRows[] = {1, 3};
+
+// The device's copy of the ids: with bad_ids, row 1's second entry repeats its first and row 3's
+// first is V (the reference is formed from the valid ids; those rows are checked apart).
+reference::TopKSpec device_topk(reference::TopKSpec spec, const TopKProblem& p) {
+  if (!p.bad_ids) return spec;
+  spec.ids[1 * p.k + 1] = spec.ids[1 * p.k];
+  spec.ids[3 * p.k] = p.vocab;
+  return spec;
+}
+
+// With bad_ids: every value of the bad rows NaN, which are then given the reference's values
+// so that the other rows are compared as usual.
+std::vector<double> checked_bad_rows(std::vector<double> out, const std::vector<double>& expected,
+                                     int64_t cols, const TopKProblem& p) {
+  if (!p.bad_ids) return out;
+  for (const int64_t n : kBadRows) {
+    int64_t finite = 0;
+    for (int64_t i = n * cols; i < (n + 1) * cols; ++i) {
+      finite += std::isnan(out[i]) ? 0 : 1;
+      out[i] = expected[i];
+    }
+    EXPECT_EQ(finite, 0) << "values of bad row " << n << " not NaN";
+  }
+  return out;
+}
 
 // The teacher's top-k of a full teacher, its log-probabilities rounded to float32, in a shuffled
 // order, with absent entries.
@@ -84,7 +116,7 @@ void check_topk(const TopKProblem& p, Rng& rng) {
   Matrix student = rounded(rng.matrix(rows, vocab, 2.0), p.dtype);
   const Matrix teacher = make_teacher(rng, student, 2.0);
   const reference::TopKSpec topk = make_topk(rng, teacher, p);
-  const TopKTensors topk_t = topk_tensors(topk, rows, p.id_dtype);
+  const TopKTensors topk_t = topk_tensors(device_topk(topk, p), rows, p.id_dtype);
   const TopKTeacher view = topk_t.view(p.mass);
 
   const reference::Upstream upstream = make_upstream(rng, p.reduction, rows, false);
@@ -116,7 +148,8 @@ void check_topk(const TopKProblem& p, Rng& rng) {
     distill_topk_forward(student_tensor.view(), view, target_tensor.view(), setup.options, out, {},
                          scratch.workspace());
     finish();
-    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
+    EXPECT_TRUE(
+        close("loss", checked_bad_rows(loss.download(), ref.loss, 1, p), ref.loss, loss_tol));
   }
   Tensor grad_storage = p.in_place ? Tensor() : Tensor::matrix(p.dtype, rows, vocab, p.row_stride);
   Tensor& grad = p.in_place ? student_tensor : grad_storage;
@@ -129,8 +162,10 @@ void check_topk(const TopKProblem& p, Rng& rng) {
     distill_topk_forward(student_tensor.view(), view, target_tensor.view(), setup.options, out,
                          grad_output.view(), scratch.workspace());
     finish();
-    EXPECT_TRUE(close("loss", loss.download(), ref.loss, loss_tol));
-    EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+    EXPECT_TRUE(
+        close("loss", checked_bad_rows(loss.download(), ref.loss, 1, p), ref.loss, loss_tol));
+    EXPECT_TRUE(close("grad_student", checked_bad_rows(grad.download(), ref.grad.values, vocab, p),
+                      ref.grad.values, grad_tol));
     EXPECT_TRUE(grad.padding_untouched()) << "grad_student written outside its columns";
   }
   {
@@ -140,7 +175,8 @@ void check_topk(const TopKProblem& p, Rng& rng) {
     distill_topk_backward(student_tensor.view(), view, target_tensor.view(), grad_output.view(),
                           setup.options, grad.view(), scratch.workspace());
     finish();
-    EXPECT_TRUE(close("grad_student", grad.download(), ref.grad.values, grad_tol));
+    EXPECT_TRUE(close("grad_student", checked_bad_rows(grad.download(), ref.grad.values, vocab, p),
+                      ref.grad.values, grad_tol));
     EXPECT_TRUE(grad.padding_untouched()) << "grad_student written outside its columns";
   }
 }
@@ -238,6 +274,90 @@ TEST(DistillTopKCases, SharedColumnsOfAWiderStudent) {
     p.reduction = Reduction::sum;
   });
 }
+
+// ---- the CUDA row kernel's paths (rows/distill_topk.cu) ------------------------------------------
+
+// Each mass with and without the hard-label term on bf16 rows of `vocab`, `adjust` setting the
+// case's other fields.
+template <class Adjust>
+void check_each_mass_and_hard(Rng& rng, int64_t vocab, Adjust&& adjust) {
+  for (const TopKMass mass : kMasses) {
+    for (const unsigned options : {0u, unsigned{kHardAndSoft}}) {
+      TopKProblem p;
+      p.dtype = DType::bf16;
+      p.rows = 3;
+      p.vocab = vocab;
+      p.k = 64;
+      p.mass = mass;
+      p.kind = mass == TopKMass::renormalize ? DistillKind::reverse_kl : DistillKind::forward_kl;
+      p.options = options;
+      p.reduction = Reduction::none;
+      adjust(p);
+      SCOPED_TRACE(testing::Message() << "V " << vocab << ", " << topk_mass_name(mass)
+                                      << (options ? ", hard term" : ""));
+      check_topk(p, rng);
+    }
+  }
+}
+
+// Rows split over a cluster of CTAs on Hopper (131071: 4 slices, 262147: 8), the tail mass in
+// place; a row too long to stage in a cluster of 8 (streamed from HBM twice).
+TEST(DistillTopKRows, LongRowsOverClusters) {
+  if (!on_gpu()) GTEST_SKIP() << "the CUDA row kernel's plans";
+  XENT_TEST_RNG(rng);
+  for (const int64_t vocab : {131071, 262147}) {
+    check_each_mass_and_hard(rng, vocab,
+                             [](TopKProblem& p) { p.in_place = p.mass == TopKMass::tail; });
+  }
+  TopKProblem p;
+  p.dtype = DType::bf16;
+  p.rows = 2;
+  p.vocab = 1000003;
+  p.k = 64;
+  p.mass = TopKMass::tail;
+  p.options = kHardAndSoft;
+  p.reduction = Reduction::sum;
+  check_topk(p, rng);
+}
+
+// Rows that start off the 16-byte grid (odd V, an odd row stride: scalar staging and stores)
+// and k at its maximum.
+TEST(DistillTopKRows, MisalignedRowsAndLargestK) {
+  require_device();
+  XENT_TEST_RNG(rng);
+  check_each_mass_and_hard(rng, 1031, [](TopKProblem& p) { p.row_stride = p.vocab + 3; });
+  check_each_mass_and_hard(rng, 4099, [](TopKProblem& p) {
+    p.k = kDistillTopKMaxK;
+    p.in_place = true;
+  });
+}
+
+// A duplicated id and an id past V make their rows NaN on a GPU, every mass.
+TEST(DistillTopKRows, BadIdsGiveNaNRows) {
+  if (!on_gpu()) GTEST_SKIP() << "the CPU reports the ids (DistillTopKErrors)";
+  XENT_TEST_RNG(rng);
+  check_each_mass_and_hard(rng, 2053, [](TopKProblem& p) {
+    p.rows = 5;
+    p.options = kNoTarget;
+    p.absent_entries = false;
+    p.bad_ids = true;
+  });
+}
+
+#if XENT_TEST_ON_GPU
+// The portable paths forced on any GPU: one CTA a row, staged by cp.async (40000 bf16) or
+// streamed twice (131071).
+TEST(DistillTopKRows, PortablePaths) {
+  require_device();
+  HookScope hook;
+  hook->portable_paths = cuda::Forced::on;
+  XENT_TEST_RNG(rng);
+  for (const int64_t vocab : {40000, 131071}) {
+    check_each_mass_and_hard(rng, vocab,
+                             [](TopKProblem& p) { p.in_place = p.mass != TopKMass::tail; });
+  }
+}
+#endif
 
 // ---- errors ------------------------------------------------------------------------------------
 

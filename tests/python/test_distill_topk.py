@@ -230,3 +230,32 @@ def test_topk_compiles(gen):
     (grad_compiled,) = torch.autograd.grad(compiled, [s])
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(grad_compiled, grad_eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("vocab", [131071, 262147])
+@pytest.mark.parametrize("mass", list(xent.TOPK_MASSES))
+@pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard+soft"])
+def test_topk_long_bf16_rows_on_cuda(gen, vocab, mass, hard):
+    """bf16 rows split over a cluster of CTAs on Hopper (4 and 8 slices of the row), k = 64, with
+    and without the hard-label term."""
+    student = ref.randn(gen, 3, vocab, scale=2.0).bfloat16().double()
+    target = ref.targets(gen, 3, vocab)
+    ids, logprobs = _topk_teacher(gen, student, k=64, absent=False)
+    options = {"hard_weight": 0.5, "soft_weight": 0.7, "label_smoothing": 0.1} if hard else {}
+    s = student.bfloat16().cuda().requires_grad_()
+    loss = xent.distill(
+        s,
+        target=target.cuda(),
+        teacher=xent.TopK(ids.cuda(), logprobs.cuda(), mass),
+        reduction="none",
+        **options,
+    )
+    s64 = student.clone().requires_grad_()
+    expected = ref.distill_topk(s64, ids, logprobs, target, mass, reduction="none", **options)
+    assert ref.rel_error(loss, expected) <= 1e-4
+    upstream = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
+    (grad,) = torch.autograd.grad(loss, [s], upstream.float().cuda())
+    (grad_expected,) = torch.autograd.grad(expected, [s64], upstream)
+    assert ref.rel_error(grad.double(), grad_expected) <= 1e-2  # bf16 output rounding

@@ -41,18 +41,6 @@ struct CeRowShared {
   CeGradRow<float> grad_row;
 };
 
-template <class S>
-__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
-  constexpr int kVec = kVectorElements<S>;
-  Vector<S> v;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) v.value[k] = value;
-  const int64_t vectors = (length + kVec - 1) / kVec;
-  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-    store_vector(grad, j, length, vector_ok, v);
-  }
-}
-
 // Writes ∂loss/∂x of a slice from its staged (or re-read) logits. The class weight of a column
 // enters only through label smoothing (kWeighted: weighted and ε > 0).
 template <bool kWeighted, bool kPrefix = false, class S, class Transform>

@@ -55,17 +55,6 @@ struct DistillRowShared {
   float soft_coef;
 };
 
-template <class S>
-__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
-  constexpr int kVec = kVectorElements<S>;
-  Vector<S> v;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) v.value[k] = value;
-  for (int64_t j = threadIdx.x; j * kVec < length; j += blockDim.x) {
-    store_vector(grad, j, length, vector_ok, v);
-  }
-}
-
 // One sweep over the slice: accumulates the loss sums (kLoss) and/or writes the gradient
 // (kGrad) from the row constants in `row`. The kind is a template argument: with it fixed in the
 // constants, the switches of common::distill_term_from_probs / distill_grad_from_probs fold away

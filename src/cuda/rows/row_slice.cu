@@ -57,13 +57,21 @@ SlicePlan plan_slices_of(int64_t vocab, std::size_t element, int inputs, std::si
 }  // namespace
 
 void allow_dynamic_shared(const void* kernel, std::size_t bytes) {
-  if (bytes <= 48 * 1024) return;  // the default limit
+  if (bytes == 0) return;
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, std::size_t> allowed;
   int device = 0;
   XENT_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
-  std::size_t& current = allowed[{kernel, device}];
+  const auto [entry, first] = allowed.try_emplace({kernel, device}, 0);
+  std::size_t& current = entry->second;
+  if (first) {
+    // What the kernel may take untouched is 48 KiB less its static shared memory (slots,
+    // barriers), not 48 KiB: a plan just under 48 KiB would not launch.
+    cudaFuncAttributes attributes{};
+    XENT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    current = static_cast<std::size_t>(attributes.maxDynamicSharedSizeBytes);
+  }
   if (current >= bytes) return;
   XENT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
@@ -105,6 +113,8 @@ SlicePlan plan_portable_long_row(int64_t vocab, std::size_t element) {
   plan.shared_bytes = static_cast<std::size_t>(pieces) * piece_bytes;
   return plan;
 }
+
+std::size_t row_slice_shared_limit() { return max_shared_per_block(); }
 
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element) {
   const bool hopper = hopper_paths();

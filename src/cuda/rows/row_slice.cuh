@@ -70,6 +70,10 @@ SlicePlan plan_portable_long_row(int64_t vocab, std::size_t element);
 // The slices of a ce forward without gradient, streamed from HBM (never staged): larger than
 // plan_row_slices' (row_slice.cu says why).
 SlicePlan plan_streamed_row_slices(int64_t vocab, std::size_t element);
+// The dynamic shared memory a row kernel's CTA may take on the current device (what
+// plan_row_slices stages a slice within): kernels that keep more than the slice there check
+// their total against it.
+std::size_t row_slice_shared_limit();
 
 // Raises `kernel`'s dynamic shared-memory limit on the current device to at least `bytes`, once
 // per kernel, device and size: later calls (e.g. inside CUDA-graph capture, after warm-up) then
@@ -352,6 +356,18 @@ __device__ __forceinline__ void store_vector(S* global, int64_t j, int64_t lengt
   for (int k = 0; k < kVec; ++k) {
     const int64_t i = j * kVec + k;
     if (i < length) global[i] = store_float<S>(v.value[k]);
+  }
+}
+
+// Writes `value` to every column of a gradient slice.
+template <class S>
+__device__ void write_constant_row(S* grad, int64_t length, bool vector_ok, float value) {
+  constexpr int kVec = kVectorElements<S>;
+  Vector<S> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v.value[k] = value;
+  for (int64_t j = threadIdx.x; j * kVec < length; j += blockDim.x) {
+    store_vector(grad, j, length, vector_ok, v);
   }
 }
 
