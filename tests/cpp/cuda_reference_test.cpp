@@ -58,8 +58,8 @@ struct ReferenceCase {
   // The test hook's fused_statistics: off holds schedule (d) off, which the planner prices below
   // the path's row chunks for a call without ∂h at these small shapes.
   cuda::Forced fused_statistics = cuda::Forced::planned;
-  std::size_t budget = 0;                               // 0: the default workspace budget
-  bool expected = true;  // the path must run (on compute capability 9.0)
+  std::size_t budget = 0;  // 0: the default workspace budget
+  bool expected = true;    // the path must run (on compute capability 9.0)
 };
 
 void check_reference_step(const ReferenceCase& c, Rng& rng) {
@@ -114,9 +114,8 @@ void check_reference_step(const ReferenceCase& c, Rng& rng) {
   std::optional<HookScope> hook(std::in_place);
   (*hook)->reference_path = c.reference_path;
   (*hook)->fused_statistics = c.fused_statistics;
-  const cuda::ChunkPlan plan =
-      cuda::linear_ce_chunk_plan(rows, c.hidden, vocab, c.dtype, options, grads,
-                                 c.fused_statistics != cuda::Forced::off);
+  const cuda::ChunkPlan plan = cuda::linear_ce_chunk_plan(
+      rows, c.hidden, vocab, c.dtype, options, grads, c.fused_statistics != cuda::Forced::off);
   const Scratch scratch(
       linear_ce_workspace_size(rows, c.hidden, vocab, c.dtype, options, test_device(), true));
   const int64_t before = cuda::reference_chunk_count();
