@@ -1,4 +1,4 @@
-// The fused gradient product of linear_ce on Hopper (issue 13, step 2, where the lse is known):
+// The fused gradient product of linear_ce on Hopper, where the lse is known:
 // x = h·W_blockᵀ on tensor cores for a tile of rows and a block of vocabulary columns, whose
 // epilogue turns each fp32 accumulator into the §1 gradient ∂loss/∂x from the row's saved lse
 // (linear_block_grad.cuh's ce_block_row and ce_block_grad, the formula of the elementwise block

@@ -1,4 +1,4 @@
-// The fused statistics product of linear_ce on Hopper (issue 13, step 1): x = h·Wᵀ on tensor cores
+// The fused statistics product of linear_ce on Hopper: x = h·Wᵀ on tensor cores
 // whose epilogue never writes the logits; it leaves, per row and per column tile of the product,
 // a tile partial of the row's statistics of x̃ (docs/semantics.md §1 transform). fused_stats.cu merges each
 // row's tile partials into the vocabulary-shard record of common/ce_shard.hpp and finishes them
