@@ -238,3 +238,12 @@ def _all_cases(rank, world, group, seed, device="cpu"):
 def test_policy_vocabulary_parallel_matches_single_process(world, gen):
     # Every rank draws the same inputs from one seed of the run's.
     run_group(world, _all_cases, (int(torch.randint(0, 2**30, (), generator=gen)),))
+
+
+@pytest.mark.gpu
+@needs_gloo
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_policy_vocabulary_parallel_on_one_gpu(gen):
+    # The CUDA ops' sharded forms where one GPU is at hand: the ranks share it and exchange CUDA
+    # tensors over gloo (NCCL needs a GPU a rank).
+    run_group(2, _all_cases, (int(torch.randint(0, 2**30, (), generator=gen)), "cuda"))
