@@ -328,6 +328,17 @@ def fp32_tvd_tie_band(*logits):
     return 8 * 2.0**-23 * (largest + 8.0)
 
 
+def tvd_tie_slack(loss_of, inputs, upstream, band):
+    """Per input, how far an fp32 op's tvd gradient may stand from the float64 one through
+    near-ties alone: a near-tie may land on either side of the kink in fp32, so twice the relative
+    move of the float64 gradient when every tie within `band` (fp32_tvd_tie_band) sits at the
+    kink's midpoint (the C++ check's error model, distill_check.cpp). loss_of(band): the float64
+    loss of `inputs` with that tvd_tie_band."""
+    exact = torch.autograd.grad(loss_of(0.0), inputs, upstream)
+    midpoint = torch.autograd.grad(loss_of(band), inputs, upstream)
+    return [2 * rel_error(m, e) for m, e in zip(midpoint, exact)]
+
+
 def rel_error(actual, expected):
     """‖actual − expected‖ / ‖expected‖ in float64 (absolute when the reference is 0)."""
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
