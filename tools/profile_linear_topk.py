@@ -1,42 +1,28 @@
 """Where linear_distill with a top-k teacher spends a training step, kernel by kernel: the CUDA
 time of each kernel per step (torch.profiler, three steps after three warm-ups) at
-(8192, 4096, 128256) bf16, k = 64, forward KL, for the tail and renormalize masses. The inputs are
-drawn as compare_torch.py draws them (hidden uniform in [-1, 1], the head scaled so that the logits
-have a standard deviation of about 4.6; the teacher the student's logits plus noise of scale 0.5).
-The steps do not clear .grad, so each profile also holds autograd's bf16 gradient additions.
-The record names the commit from XENT_COMMIT.
+(8192, 4096, 128256) bf16, k = 64, forward KL, for the tail and renormalize masses, on the inputs
+compare_torch.py's top-k suite draws (make_inputs). The steps do not clear .grad, so each profile
+also holds autograd's bf16 gradient additions.
 
-    PYTHONPATH=python OUT=DIR XENT_COMMIT=$(git rev-parse HEAD) python3 tools/profile_linear_topk.py
+    PYTHONPATH=python OUT=DIR python3 tools/profile_linear_topk.py   # writes DIR/prof.json
 """
 
 import json
 import os
+import pathlib
+import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import xent.functional as xf
 
-n, h, v, k = 8192, 4096, 128256, 64
-g = torch.Generator(device="cuda").manual_seed(0)
-hid = (torch.rand(n, h, device="cuda", generator=g) * 2 - 1).bfloat16().requires_grad_()
-W = (
-    ((torch.rand(v, h, device="cuda", generator=g) * 2 - 1) * 8 * (3 / h) ** 0.5)
-    .bfloat16()
-    .requires_grad_()
-)
-with torch.no_grad():
-    ids, lps = [], []
-    for s in range(0, n, 1024):
-        st = (hid[s : s + 1024] @ W.t()).float()
-        val, ch = (
-            (st + 0.5 * torch.randn(st.shape, device="cuda", generator=g))
-            .log_softmax(-1)
-            .topk(k, -1)
-        )
-        ids.append(ch)
-        lps.append(val)
-    ids, lps = torch.cat(ids), torch.cat(lps)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from compare_torch import git_commit, make_inputs  # noqa: E402
+
+case = dict(op="linear_distill", n=8192, h=4096, v=128256, mode="fwdbwd", teacher_topk=64)
+x = make_inputs(case, torch.bfloat16, "cuda", seed=0)
+hid, W, ids, lps = x["hidden"], x["weight"], x["topk_ids"], x["topk_logprobs"]
 out = {}
 for mass in ("tail", "renormalize"):
     f = lambda: xf.linear_distill(hid, W, teacher=xf.TopK(ids, lps, mass), kind="forward_kl")
@@ -58,7 +44,7 @@ for mass in ("tail", "renormalize"):
         print(f"  {ms:8.3f} ms  x{count // 3:<3d} {name}")
 record = {
     "device": torch.cuda.get_device_name(),
-    "commit": os.environ.get("XENT_COMMIT", ""),
+    "commit": git_commit(),
     "case": "linear_distill forward_kl (8192, 4096, 128256) bf16 fwdbwd, top-64 teacher",
     # per mass: [kernel name (90 characters), launches in the three steps, ms per step]
     "kernels_per_step": out,
