@@ -12,19 +12,26 @@ from typing import Any
 
 import torch
 
+from xent._autograd import _apply_upstream, _no_double_backward, _scale_saved
 from xent._ops import ops
 
 Tensor = torch.Tensor
+_NAME = "xent.linear_distill"
 
 
 def _chunk_rows(hidden: Tensor, weight: Tensor, budget: int, fp32: bool) -> int:
-    """Rows a chunk: its logits and their gradient (fp32 with fp32_logits) in the budget, less the
-    16-bit weight gradient's fp32 accumulator when the budget holds it (as linear_ce counts it)."""
+    """Rows a chunk: its logits and their gradient (fp32 with fp32_logits) in the budget. All rows
+    in one chunk where they fit, with no ∂W accumulator (its one product writes ∂W); else the
+    16-bit weight gradient's fp32 accumulator is counted first when the budget holds it (as
+    linear_ce counts it)."""
     element = 4 if fp32 else hidden.element_size()
+    row_bytes = max(1, 2 * weight.shape[0] * element)
+    if budget // row_bytes >= hidden.shape[0]:
+        return max(1, hidden.shape[0])
     accumulator = weight.numel() * 4 if weight.element_size() < 4 else 0
     if budget > 2 * accumulator:
         budget -= accumulator
-    return max(1, min(hidden.shape[0], budget // max(1, 2 * weight.shape[0] * element)))
+    return max(1, min(hidden.shape[0], budget // row_bytes))
 
 
 def _mean_as_sum(
@@ -83,16 +90,14 @@ class LinearDistillTopKFunction(torch.autograd.Function):
         hidden, weight, ids, logprobs, target, class_weight = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = _weight_accumulator(weight) if want_w else None
+        grads = _WeightGradient(weight, hidden.shape[0], ctx.rows) if want_w else None
         none = ctx.options[8] == "none"
         chunks = _chunks(hidden, weight, ids, logprobs, target, ctx.rows, ctx.fp32)
         for piece, logits, chunk in chunks:
             upstream = grad_loss[piece].contiguous() if none else grad_loss
             grad = ops.distill_topk_backward(logits, *chunk, upstream, class_weight, *ctx.options)
-            grad, h = grad.to(hidden.dtype), hidden[piece]
-            _accumulate(grad, h, weight, piece, grad_h, grad_w)
-        if want_w:
-            grad_w = grad_w.to(weight.dtype)
+            _accumulate(grad.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grads)
+        grad_w = grads.result() if want_w else None
         return grad_h, grad_w, None, None, None, None, None, None, None
 
 
@@ -106,36 +111,56 @@ class LinearDistillTopKFusedFunction(torch.autograd.Function):
         rows = _chunk_rows(hidden, weight, budget, fp32)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = _weight_accumulator(weight) if want_w else None
+        grads = _WeightGradient(weight, hidden.shape[0], rows) if want_w else None
         total = None
         for piece, logits, chunk in _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
             loss, grad = ops.distill_topk_forward_grad(logits, *chunk, class_weight, *options, None)
             total = loss if total is None else total + loss
-            _accumulate(grad.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grad_w)
-        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight.dtype))
+            del logits  # the chunk's logits go before its products run
+            _accumulate(grad.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grads)
+        ctx.save_for_backward(grad_h, grads.result() if want_w else None)
+        ctx.scaled = False
         return total if total is not None else hidden.new_zeros((), dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        scale = grad_loss.to(torch.float32)
-        return (
-            None if grad_h is None else (grad_h * scale).to(grad_h.dtype),
-            None if grad_w is None else (grad_w * scale).to(grad_w.dtype),
-            *([None] * 7),
-        )
+        # Scaled in place on the device (nothing when the upstream is exactly 1), as linear_ce's
+        # gradients formed in the forward are; a second backward is refused.
+        grads = _apply_upstream(_scale_saved(ctx, _NAME), grad_loss)
+        grad_h, grad_w = _no_double_backward(_NAME, tuple(grads))
+        return grad_h, grad_w, *([None] * 7)
 
 
-def _weight_accumulator(weight: Tensor) -> Tensor:
-    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    return torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+class _WeightGradient:
+    """∂W over the row chunks: one chunk's product written straight in the weight's dtype (one
+    rounding, no accumulator); several chunks summed in an fp32 (float64 for a float64 weight)
+    accumulator, each chunk's product added in place, rounded to the weight's dtype at the end."""
+
+    def __init__(self, weight: Tensor, rows: int, chunk_rows: int):
+        self.weight = weight
+        self.sums = None
+        if rows > chunk_rows:
+            dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+            self.sums = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+        self.value = None
+
+    def add(self, grad: Tensor, h: Tensor) -> None:
+        if self.sums is None:
+            self.value = grad.t() @ h
+        else:
+            self.sums.add_(grad.t() @ h)
+
+    def result(self) -> Tensor:
+        if self.sums is not None:
+            return self.sums.to(self.weight.dtype)
+        return self.value if self.value is not None else torch.zeros_like(self.weight)
 
 
-def _accumulate(grad, h, weight, piece, grad_h, grad_w) -> None:
+def _accumulate(grad, h, weight, piece, grad_h, grads) -> None:
     if grad_h is not None:
-        grad_h[piece] = grad @ weight
-    if grad_w is not None:
-        grad_w += (grad.t() @ h).to(grad_w.dtype)
+        torch.matmul(grad, weight, out=grad_h[piece])
+    if grads is not None:
+        grads.add(grad, h)
 
 
 def _chunks(hidden, weight, ids, logprobs, target, rows, fp32):

@@ -121,6 +121,30 @@ def test_teacher_given_twice_fails(gen):
         xent.linear_distill(hidden, weight, hidden @ weight.t(), target, teacher=teacher)
 
 
+@pytest.mark.parametrize("budget", [101 * 8 * 5, 1 << 30])
+def test_gradient_formed_in_forward_backpropagates_once(budget, gen):
+    # Formed in the forward and scaled in place by the backward, as linear_cross_entropy's: a
+    # second backward through the same graph is refused, not silently scaled twice; with
+    # grad_in_forward=False each backward recomputes it. Both at several chunks and at one.
+    g, hidden, weight, target = _case(gen)
+    teacher = _teacher(hidden.shape[0], weight.shape[0], 4, g, "tail")
+    h = hidden.clone().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    loss = xent.linear_distill(h, w, None, target, teacher=teacher, workspace_bytes=budget)
+    (2.5 * loss).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="ran twice"):
+        loss.backward()
+    first = (h.grad.clone(), w.grad.clone())
+    h.grad, w.grad = None, None
+    loss = xent.linear_distill(
+        h, w, None, target, teacher=teacher, workspace_bytes=budget, grad_in_forward=False
+    )
+    (2.5 * loss).backward(retain_graph=True)
+    torch.testing.assert_close((h.grad, w.grad), first, rtol=1e-12, atol=1e-14)
+    loss.backward()
+    torch.testing.assert_close((h.grad, w.grad), (first[0] * 1.4, first[1] * 1.4))
+
+
 def test_shape_mismatch_fails(gen):
     g, hidden, weight, target = _case(gen)
     teacher = _teacher(hidden.shape[0] - 1, weight.shape[0], 4, g, "tail")
