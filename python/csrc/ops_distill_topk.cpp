@@ -61,13 +61,15 @@ TopKCall prepare_topk(const char* function, const Tensor& student, const Tensor&
   return call;
 }
 
-std::tuple<Tensor, Tensor> run_topk_forward(
-    const Tensor& student, const Tensor& ids, const Tensor& logprobs,
-    const c10::optional<Tensor>& target, const c10::optional<Tensor>& class_weight,
-    c10::string_view mass, c10::string_view kind, double temperature, double beta,
-    c10::optional<double> softcap, double soft_weight, double hard_weight, int64_t ignore_index,
-    c10::string_view reduction, double label_smoothing, double z_loss, bool with_grad,
-    const c10::optional<Tensor>& grad_scale) {
+// grad_student: where the gradient goes (the student itself for the in-place form), or null.
+Tensor run_topk_forward(const Tensor& student, const Tensor& ids, const Tensor& logprobs,
+                        const c10::optional<Tensor>& target,
+                        const c10::optional<Tensor>& class_weight, c10::string_view mass,
+                        c10::string_view kind, double temperature, double beta,
+                        c10::optional<double> softcap, double soft_weight, double hard_weight,
+                        int64_t ignore_index, c10::string_view reduction, double label_smoothing,
+                        double z_loss, const Tensor* grad_student,
+                        const c10::optional<Tensor>& grad_scale) {
   constexpr const char* function = "distill_topk_forward";
   c10::DeviceGuard guard(student.device());
   const TopKCall call = prepare_topk(function, student, ids, logprobs, target, class_weight, mass,
@@ -76,14 +78,15 @@ std::tuple<Tensor, Tensor> run_topk_forward(
   const auto grad_scale32 = as_result_dtype(grad_scale, student);
   const int64_t rows = student.dim() >= 1 ? student.size(0) : 0;
   Tensor loss = new_loss(student, call.options.ce.reduction, rows);
-  Tensor grad = with_grad ? at::empty(call.student_rows.sizes(), student.options()) : Tensor();
   DistillOutputs out;
   out.loss = vector_view(loss, function, "loss");
-  if (with_grad) out.grad_student = matrix_view(grad, function, "grad_student");
+  if (grad_student != nullptr) {
+    out.grad_student = matrix_view(*grad_student, function, "grad_student");
+  }
   distill_topk_forward(call.student_view, call.teacher, call.target_view, call.options, out,
                        optional_vector_view(grad_scale32, function, "grad_scale"), call.workspace,
                        current_stream(student));
-  return std::make_tuple(loss, grad);
+  return loss;
 }
 
 Tensor distill_topk_forward_op(const Tensor& student, const Tensor& ids, const Tensor& logprobs,
@@ -94,10 +97,9 @@ Tensor distill_topk_forward_op(const Tensor& student, const Tensor& ids, const T
                                double hard_weight, int64_t ignore_index, c10::string_view reduction,
                                double label_smoothing, double z_loss) {
   return translate_errors([&] {
-    return std::get<0>(run_topk_forward(student, ids, logprobs, target, class_weight, mass, kind,
-                                        temperature, beta, softcap, soft_weight, hard_weight,
-                                        ignore_index, reduction, label_smoothing, z_loss, false,
-                                        c10::nullopt));
+    return run_topk_forward(student, ids, logprobs, target, class_weight, mass, kind, temperature,
+                            beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+                            label_smoothing, z_loss, nullptr, c10::nullopt);
   });
 }
 
@@ -110,9 +112,28 @@ std::tuple<Tensor, Tensor> distill_topk_forward_grad_op(
     c10::string_view reduction, double label_smoothing, double z_loss,
     const c10::optional<Tensor>& grad_scale) {
   return translate_errors([&] {
+    Tensor grad = at::empty(contiguous_rows(student).sizes(), student.options());
+    Tensor loss =
+        run_topk_forward(student, ids, logprobs, target, class_weight, mass, kind, temperature,
+                         beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
+                         label_smoothing, z_loss, &grad, grad_scale);
+    return std::make_tuple(loss, grad);
+  });
+}
+
+// The gradient written over the student logits (no N×V memory added).
+Tensor distill_topk_forward_grad_inplace_op(
+    const Tensor& student, const Tensor& ids, const Tensor& logprobs,
+    const c10::optional<Tensor>& target, const c10::optional<Tensor>& class_weight,
+    c10::string_view mass, c10::string_view kind, double temperature, double beta,
+    c10::optional<double> softcap, double soft_weight, double hard_weight, int64_t ignore_index,
+    c10::string_view reduction, double label_smoothing, double z_loss,
+    const c10::optional<Tensor>& grad_scale) {
+  return translate_errors([&] {
+    require_in_place_rows("distill_topk_forward", "student", student);
     return run_topk_forward(student, ids, logprobs, target, class_weight, mass, kind, temperature,
                             beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
-                            label_smoothing, z_loss, true, grad_scale);
+                            label_smoothing, z_loss, &student, grad_scale);
   });
 }
 
@@ -154,6 +175,11 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
       "float? softcap, float soft_weight, float hard_weight, int ignore_index, str reduction, "
       "float label_smoothing, float z_loss, Tensor? grad_scale) -> (Tensor, Tensor)");
   m.def(
+      "distill_topk_forward_grad_inplace(Tensor(a!) student, Tensor ids, Tensor logprobs, "
+      "Tensor? target, Tensor? class_weight, str topk_mass, str kind, float temperature, "
+      "float beta, float? softcap, float soft_weight, float hard_weight, int ignore_index, "
+      "str reduction, float label_smoothing, float z_loss, Tensor? grad_scale) -> Tensor");
+  m.def(
       "distill_topk_backward(Tensor student, Tensor ids, Tensor logprobs, Tensor? target, "
       "Tensor grad_output, Tensor? class_weight, str topk_mass, str kind, float temperature, "
       "float beta, float? softcap, float soft_weight, float hard_weight, int ignore_index, "
@@ -162,6 +188,8 @@ TORCH_LIBRARY_FRAGMENT(xent, m) {
                                        &xent::torch_binding::distill_topk_forward_op);
   xent::torch_binding::impl_on_devices(m, "distill_topk_forward_grad",
                                        &xent::torch_binding::distill_topk_forward_grad_op);
+  xent::torch_binding::impl_on_devices(m, "distill_topk_forward_grad_inplace",
+                                       &xent::torch_binding::distill_topk_forward_grad_inplace_op);
   xent::torch_binding::impl_on_devices(m, "distill_topk_backward",
                                        &xent::torch_binding::distill_topk_backward_op);
 }

@@ -114,10 +114,12 @@ class LinearDistillTopKFusedFunction(torch.autograd.Function):
         grads = _WeightGradient(weight, hidden.shape[0], rows) if want_w else None
         total = None
         for piece, logits, chunk in _chunks(hidden, weight, ids, logprobs, target, rows, fp32):
-            loss, grad = ops.distill_topk_forward_grad(logits, *chunk, class_weight, *options, None)
+            # The gradient written over the chunk's logits (a buffer of this function's own).
+            loss = ops.distill_topk_forward_grad_inplace(
+                logits, *chunk, class_weight, *options, None
+            )
             total = loss if total is None else total + loss
-            del logits  # the chunk's logits go before its products run
-            _accumulate(grad.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grads)
+            _accumulate(logits.to(hidden.dtype), hidden[piece], weight, piece, grad_h, grads)
         ctx.save_for_backward(grad_h, grads.result() if want_w else None)
         ctx.scaled = False
         return total if total is not None else hidden.new_zeros((), dtype=torch.float32)

@@ -424,6 +424,13 @@ def _distill_topk_forward_grad_fake(
     return _loss_like(student, options[9], student.shape[0]), student.new_empty(student.shape)
 
 
+@_register_fake("xent::distill_topk_forward_grad_inplace")
+def _distill_topk_forward_grad_inplace_fake(
+    student: Tensor, ids: Tensor, logprobs: Tensor, target: Tensor | None, *options: Any
+) -> Tensor:
+    return _loss_like(student, options[9], student.shape[0])  # the gradient: over the student
+
+
 @_register_fake("xent::distill_topk_backward")
 def _distill_topk_backward_fake(student: Tensor, *arguments: Any) -> Tensor:
     return student.new_empty(student.shape)

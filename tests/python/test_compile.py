@@ -130,6 +130,9 @@ def _opcheck_cases(device, gen):
     )[1]
     buffer = torch.randn(vocab, hidden, generator=gen).to(device)  # accumulate_into
     entropy = ops.ce_forward(x, y, None, None, *ce, True)[3]
+    ids = t.topk(3, -1).indices
+    logprobs = torch.log_softmax(t.float(), -1).gather(1, ids)
+    topk = (ids, logprobs, y, None, "renormalize")
     return [
         (ops.ce_forward, (x, y, None, None, *ce, True)),
         (ops.ce_forward, (x, y, None, None, -100, "mean", 0.0, 0.0, None, 1.0, False)),
@@ -390,6 +393,13 @@ def _opcheck_cases(device, gen):
         ),
         (ops.distill_forward, (x, t, y, None, *distill)),
         (ops.distill_backward, (x, t, y, g, None, *distill)),
+        (ops.distill_topk_forward, (x, *topk, *distill)),
+        (ops.distill_topk_forward_grad, (x, *topk, *distill[:7], "mean", 0.0, 0.0, half)),
+        (
+            ops.distill_topk_forward_grad_inplace,
+            (x.clone(), *topk, *distill[:7], "sum", 0.0, 0.0, None),
+        ),
+        (ops.distill_topk_backward, (x, ids, logprobs, y, g, None, "renormalize", *distill)),
         (ops.distill_forward_grad, (x, t, y, None, *distill[:7], "mean", 0.0, 0.0, half)),
         (
             ops.distill_forward_grad_inplace,

@@ -204,6 +204,31 @@ def test_topk_option_errors(gen, kwargs, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("mass", ["renormalize", "tail"])
+def test_topk_gradient_in_place_matches(device, gen, mass):
+    # The op linear_distill's chunks take: the gradient over the logits, as the other op forms it.
+    from xent._ops import ops
+
+    student = ref.randn(gen, 9, 301, scale=2.0).float().to(device)
+    ids, logprobs = _topk_teacher(gen, student.cpu(), k=13)
+    ids, logprobs = ids.to(device), logprobs.float().to(device)
+    target = ref.targets(gen, 9, 301).to(device)
+    options = ("forward_kl", 1.0, 0.5, None, 1.0, 0.5, -100, "sum", 0.1, 0.0)
+    loss, grad = ops.distill_topk_forward_grad(
+        student, ids, logprobs, target, None, mass, *options, None
+    )
+    logits = student.clone()
+    loss_in_place = ops.distill_topk_forward_grad_inplace(
+        logits, ids, logprobs, target, None, mass, *options, None
+    )
+    torch.testing.assert_close(loss_in_place, loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(logits, grad, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="student cannot take the gradient in place"):
+        ops.distill_topk_forward_grad_inplace(
+            student.t().contiguous().t(), ids, logprobs, target, None, mass, *options, None
+        )
+
+
 def test_topk_teacher_and_logits_together_is_an_error(gen):
     student, target = _inputs(gen)
     ids, logprobs = _topk_teacher(gen, student)
