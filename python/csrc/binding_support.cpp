@@ -79,13 +79,28 @@ at::Tensor contiguous_rows(const at::Tensor& tensor) {
 
 at::Tensor contiguous_vector(const at::Tensor& tensor) { return tensor.contiguous(); }
 
+namespace {
+// "[a, b]" by std::to_string: printing the numbers through an ostream (c10's operator<< for an
+// IntArrayRef) crashed the CUDA build's module in a PyTorch process on the GPU machine.
+std::string dims_text(at::IntArrayRef dims) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return text + "]";
+}
+}  // namespace
+
 void require_in_place_rows(const char* function, const char* argument, const at::Tensor& tensor,
                            const char* remedy) {
   const bool readable = tensor.dim() == 2 && contiguous_rows(tensor).is_same(tensor);
-  TORCH_CHECK_VALUE(readable, function, ": ", argument,
-                    " cannot take the gradient in place: got a tensor of shape ", tensor.sizes(),
-                    " and strides ", tensor.strides(),
-                    "; expected 2-D rows with contiguous columns (", remedy, ")");
+  if (readable) return;
+  const std::string message = std::string(function) + ": " + argument +
+                              " cannot take the gradient in place: got a tensor of shape " +
+                              dims_text(tensor.sizes()) + " and strides " +
+                              dims_text(tensor.strides()) +
+                              "; expected 2-D rows with contiguous columns (" + remedy + ")";
+  TORCH_CHECK_VALUE(false, message);
 }
 
 TensorView matrix_view(const at::Tensor& tensor, const char* function, const char* argument) {
