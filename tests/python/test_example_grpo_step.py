@@ -3,16 +3,10 @@ fused policy loss (xent.linear_policy_loss on the decoder's hidden states and th
 every parameter's gradient agree with the same loss in plain torch on materialised logits, and
 whose optimizer step moves the policy in the advantages' direction."""
 
-import importlib.util
-import os
-import sys
-
 import pytest
+from example_loader import load_example
 
 pytest.importorskip("transformers")
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "examples", "grpo", "grpo_step.py")
 
 # Error model, float64: both losses form the logits from the same float64 hidden states and
 # differ only in summation order (products over H = 64, logsumexp over V = 97), a relative error
@@ -24,11 +18,7 @@ TOLERANCE = 1e-10
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("grpo_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_example("grpo", "grpo_step")
 
 
 @pytest.mark.parametrize("mask_truncated", [False, True], ids=["all", "mask_truncated"])

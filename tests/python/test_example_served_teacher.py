@@ -1,18 +1,11 @@
 """examples/distill/served_teacher.py runs, drops the teacher's ids the student lacks, and its
 fused loss and gradients agree with the plain-PyTorch float64 formula."""
 
-import importlib.util
-import os
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "examples", "distill", "served_teacher.py")
+from example_loader import load_example
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("served_teacher", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("distill", "served_teacher")
 
 
 def test_served_teacher_example_agrees_on_cpu():
