@@ -19,32 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
+import pathlib
+import sys
 
 import torch
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from compare_torch import Timer, summarize  # noqa: E402
 
-def timed(fn, repeat: int) -> float:
-    """Median milliseconds of fn over `repeat` calls after two warm-ups (CUDA events; the wall
-    clock on the CPU, where only the script itself is checked)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if torch.cuda.is_available():
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+
+def timed(fn, repeat: int, device: str) -> float:
+    """Median milliseconds of fn (compare_torch.py's timer: two warm-ups, then `repeat` calls)."""
+    return summarize(Timer(device, 2, repeat).run(lambda _: fn()))["median"]
 
 
 def main(argv=None) -> dict:
@@ -64,7 +50,7 @@ def main(argv=None) -> dict:
     hidden = torch.randn(n, h, device=dev, dtype=bf16)
     weight = torch.randn(v, h, device=dev, dtype=bf16) / h**0.5
     grad = torch.randn(n, v, device=dev, dtype=bf16)
-    whole = timed(lambda: hidden @ weight.T, args.repeat)
+    whole = timed(lambda: hidden @ weight.T, args.repeat, dev)
     record = {
         "n": n,
         "h": h,
@@ -80,9 +66,9 @@ def main(argv=None) -> dict:
             continue
         count = n / c
         h_c, g_c = hidden[:c], grad[:c]
-        logits = timed(lambda: h_c @ weight.T, args.repeat) * count
-        dweight = timed(lambda: g_c.T @ h_c, args.repeat) * count
-        dhidden = timed(lambda: g_c @ weight, args.repeat) * count
+        logits = timed(lambda: h_c @ weight.T, args.repeat, dev) * count
+        dweight = timed(lambda: g_c.T @ h_c, args.repeat, dev) * count
+        dhidden = timed(lambda: g_c @ weight, args.repeat, dev) * count
         row = {"chunk_rows": c, "logits": logits / whole, "dW": dweight / whole}
         row["dh"] = dhidden / whole
         chunks.append(row)
@@ -99,9 +85,9 @@ def main(argv=None) -> dict:
                 continue
             count = (n / r) * math.ceil(v / b)
             h_r, g_rb, w_b = hidden[:r], grad[:r, :b], weight[:b]
-            logits = timed(lambda: h_r @ w_b.T, args.repeat) * count
-            dweight = timed(lambda: g_rb.T @ h_r, args.repeat) * count
-            dhidden = timed(lambda: g_rb @ w_b, args.repeat) * count
+            logits = timed(lambda: h_r @ w_b.T, args.repeat, dev) * count
+            dweight = timed(lambda: g_rb.T @ h_r, args.repeat, dev) * count
+            dhidden = timed(lambda: g_rb @ w_b, args.repeat, dev) * count
             row = {"tile_rows": r, "block_columns": b, "logits": logits / whole}
             row.update({"dW": dweight / whole, "dh": dhidden / whole})
             tiles.append(row)

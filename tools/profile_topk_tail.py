@@ -10,10 +10,15 @@ top-k from the student plus N(0, 1) noise, log-softmaxed.
 """
 
 import argparse
+import pathlib
+import sys
 
 import torch
 
 import xent.functional as xf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from compare_torch import Timer  # noqa: E402
 
 
 def main() -> None:
@@ -41,18 +46,9 @@ def main() -> None:
             loss = xf.distill(x, teacher=xf.TopK(ids, logprobs, args.mass))
         loss.backward()
 
-    for _ in range(4):
-        step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.steps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    print(
-        f"{args.mass} {n} x {v}: {start.elapsed_time(end) / args.steps:.3f} ms a forward + backward"
-    )
+    times = Timer("cuda", 4, args.steps).run(lambda _: step())
+    mean = sum(times) / len(times)
+    print(f"{args.mass} {n} x {v}: {mean:.3f} ms a forward + backward (mean of {len(times)})")
 
 
 if __name__ == "__main__":
