@@ -209,10 +209,11 @@ std::unique_ptr<Plan> describe(const GemmProduct& p, const ColumnMajorProduct& c
                                                    &cm.trans_first, sizeof cm.trans_first));
   XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                    &cm.trans_second, sizeof cm.trans_second));
-  // The bias epilogue for an fp32 c only: a 16-bit c starts as the bias rows and the product
-  // adds into it (gemm(), fill_bias), because cuBLASLt's epilogue for a bf16 c rounds the
-  // logits twice (measured: 1.6-1.8 x the entropy error of logits rounded once, decision 90).
-  if (p.bias && p.c.dtype == DType::f32) {
+  // The bias epilogue: into a 16-bit c it rounds each value once, with the product's sum, when
+  // the algorithm does not split K (find_candidates asks for none); split-K algorithms add the
+  // bias after rounding, and those that add the product into c filled with the bias (beta = 1)
+  // round twice too unless they split K (docs/archive/perf-notes.md, notes 90 and 149).
+  if (p.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof epilogue));
@@ -259,11 +260,13 @@ bool find_candidates(cublasLtHandle_t handle, Plan& plan, const GemmProduct& p,
   // Split-K partial sums only in fp32 (the workspace), never in a 16-bit output: with a small
   // workspace the heuristic otherwise took split-K kernels that reduce in the output type (or in
   // place in it), rounding each partial to bf16, which put the chunked ∂h = G·W (K = V) well
-  // above one rounding's error against float64. A pinned product: no reduction at all.
+  // above one rounding's error against float64. A pinned product, or a bias into a 16-bit c
+  // (whose epilogue rounds once only without split-K, describe()): no reduction at all.
   if (p.pinned || p.c.dtype != DType::f32) {
+    const bool none = p.pinned || p.bias != nullptr;
     const uint32_t reductions =
-        p.pinned ? CUBLASLT_REDUCTION_SCHEME_NONE
-                 : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        none ? CUBLASLT_REDUCTION_SCHEME_NONE
+             : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                          &reductions, sizeof reductions);
   }
@@ -437,10 +440,9 @@ void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
   plan.chosen = runs[0] && best[fastest] > kTuneMargin * best[0] ? 0 : fastest;
 }
 
-// The bias of a product without cuBLASLt's bias epilogue (a 16-bit c, or no algorithm with it):
-// c is filled with the bias rows and the product adds into it (beta = 1), so every value is
-// rounded to c's dtype once, as PyTorch's float64 model of docs/semantics.md §6 rounds it. (Adding the bias
-// in a pass after the product, as before, rounded twice.)
+// The bias of a product for which cuBLASLt offers no algorithm with the bias epilogue: c is
+// filled with the bias rows and the product adds into it (beta = 1). Into a 16-bit c that rounds
+// once only with some algorithms (describe()); none of the linear losses' shapes has come here.
 template <class C, class B>
 __global__ void fill_bias_kernel(C* c, int64_t rows, int64_t cols, int64_t stride, const B* bias) {
   const int64_t total = rows * cols;
@@ -499,6 +501,9 @@ void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) 
 
   if (product.pinned && product.a_transposed) {
     throw Error(ErrorKind::runtime, "gemm: a pinned product takes a untransposed");
+  }
+  if (product.bias && product.beta != 0.0f) {
+    throw Error(ErrorKind::runtime, "gemm: a product with a bias writes c over (beta 0)");
   }
   GemmProduct effective = product;
   auto make = [&](const GemmProduct& p) {

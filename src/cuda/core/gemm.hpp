@@ -1,6 +1,6 @@
 // Matrix products of the fused linear losses through cuBLASLt: 16-bit (or fp32) operands, fp32
-// accumulation, an optional bias (rounded once with the sum: the epilogue for an fp32 output, c
-// starting as the bias rows for a 16-bit one), and accumulation into fp32 outputs with beta = 1.
+// accumulation, an optional bias (rounded once with the sum: cuBLASLt's bias epilogue, without
+// split-K into a 16-bit output), and accumulation into fp32 outputs with beta = 1.
 // Matrices are row-major views with a row stride, as everywhere in xent; the translation to
 // cuBLAS's column-major convention happens once, inside gemm.cu.
 #pragma once
