@@ -34,6 +34,7 @@ hidden states are h = noise + a·W[y], a set so the mean target probability is a
 
 Usage: compare_torch.py --op linear_ce --n 8192 --h 4096 --v 128256 [--json FILE [--append]]
        compare_torch.py --suite perf-ce|perf-ce-small|perf-distill|perf-linear|perf|topk
+       compare_torch.py --suite linear-curve|linear-distill-curve   (memory against time)
        compare_torch.py --op linear_distill --n 8192 --h 4096 --v 128256 --teacher-topk 64,256
        --topk-mass tail,renormalize
        [--rounds R]: F and every library timed in R interleaved rounds (the GPU's clock drifts)
@@ -287,6 +288,25 @@ def suite_cases(name: str) -> list[dict]:
                             label="linear-curve xent",
                         )
                     )
+    if name == "linear-distill-curve":
+        # linear_distill (forward KL, the teacher as hidden states and head) on the same plane,
+        # against F of its four products: xent at each budget and its default, torch.compile on
+        # materialised logits once per shape (no other library fuses this loss with both heads).
+        for n, h, v in LINEAR_SHAPES:
+            shape = dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd", kind="forward_kl")
+            cases.append(dict(shape, impls=("compile",), label="linear-distill-curve anchors"))
+            cases.append(
+                dict(shape, impls=("xent_torch",), label="linear-distill-curve xent default")
+            )
+            for mib in CURVE_BUDGETS_MIB:
+                cases.append(
+                    dict(
+                        shape,
+                        budget_bytes=mib << 20,
+                        impls=("xent_torch",),
+                        label="linear-distill-curve xent",
+                    )
+                )
     if name == "topk":
         # Issue 51's top-k teacher rows: distill on logits as a fraction of B (xent and its eager
         # anchor), linear_distill beside linear_ce, the anchors on materialised logits and the
@@ -978,11 +998,12 @@ def parse_args(argv=None):
             "perf-linear",
             "perf",
             "linear-curve",
+            "linear-distill-curve",
             "topk",
         ),
         help="a docs/performance.md suite; linear-curve: linear_ce at each workspace budget "
-        "beside the anchors; topk: distill and linear_distill with a top-k teacher (neither "
-        "part of perf)",
+        "beside the anchors; linear-distill-curve: the same for linear_distill; topk: distill and "
+        "linear_distill with a top-k teacher (none of the three part of perf)",
     )
     parser.add_argument(
         "--teacher-topk",

@@ -10,6 +10,7 @@ successful forward + backward measurements, and draws for each GPU (device name)
                                the records have one N per shape)
   linear_ce_curve_<device>.png time / F against peak extra memory: xent at each workspace budget
                                and the anchors (compare_torch.py --suite linear-curve)
+  linear_distill_curve_<device>.png  the same for linear_distill (--suite linear-distill-curve)
 
 Implementations: xent, naive (xent-bench's materialised form), eager, compile (torch.compile),
 liger, cce, quack — whichever the records hold. With --markdown it also prints the table README.md
@@ -318,11 +319,32 @@ def plot_linear_curve(plt, records: list, device: str, out_dir: str) -> list:
     """linear_ce's memory–time plane (compare_torch.py --suite linear-curve): time / F against
     peak extra memory, xent's workspace budgets as one line, its default and each anchor as
     points; one panel per docs/performance.md shape and distribution."""
+    return _memory_time_plane(
+        plt, records, device, out_dir, "linear_ce", "linear-curve", "three bare products"
+    )
+
+
+def plot_linear_distill_curve(plt, records: list, device: str, out_dir: str) -> list:
+    """linear_distill's plane (compare_torch.py --suite linear-distill-curve), as linear_ce's."""
+    return _memory_time_plane(
+        plt,
+        records,
+        device,
+        out_dir,
+        "linear_distill",
+        "linear-distill-curve",
+        "four bare products",
+    )
+
+
+def _memory_time_plane(
+    plt, records: list, device: str, out_dir: str, op: str, label: str, floor: str
+) -> list:
     rows = [
         r
         for r in records
-        if r["op"] == "linear_ce"
-        and str(r.get("label", "")).startswith("linear-curve")
+        if r["op"] == op
+        and str(r.get("label", "")).startswith(label)
         and r.get("ratio")
         and r.get("peak_extra_bytes") is not None
     ]
@@ -385,12 +407,12 @@ def plot_linear_curve(plt, records: list, device: str, out_dir: str) -> list:
                 )
             ax.set_xscale("log")
             ax.set_xlabel("peak extra memory (MiB)")
-            ax.set_ylabel("time / F (three bare products)")
+            ax.set_ylabel(f"time / F ({floor})")
             ax.set_title(f"N={n}, H={h}, V={v}, {distribution}", fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=6)
-    fig.suptitle(f"linear_ce forward + backward, memory against time ({device})", fontsize=10)
-    return [save(plt, fig, os.path.join(out_dir, f"linear_ce_curve_{slug(device)}.png"))]
+    fig.suptitle(f"{op} forward + backward, memory against time ({device})", fontsize=10)
+    return [save(plt, fig, os.path.join(out_dir, f"{op}_curve_{slug(device)}.png"))]
 
 
 def _dist(record: dict) -> str:
@@ -463,7 +485,13 @@ def main(argv=None) -> int:
         by_device[r.get("device", "unknown")].append(r)
     written = []
     for device, rows in sorted(by_device.items()):
-        for plot in (plot_ce, plot_distill, plot_linear, plot_linear_curve):
+        for plot in (
+            plot_ce,
+            plot_distill,
+            plot_linear,
+            plot_linear_curve,
+            plot_linear_distill_curve,
+        ):
             written += plot(plt, rows, device, args.out)
     for path in written:
         print(f"plot_results: wrote {os.path.relpath(path, REPO)}", file=sys.stderr)

@@ -251,6 +251,16 @@ def test_curve_plot_from_a_record(tmp_path):
 
     other = [dict(r, label="perf-linear") for r in records]
     assert plot_results.plot_linear_curve(plt, other, "GPU X", str(out)) == []
+    # linear_distill's plane from its own suite's records, in a picture of its own.
+    distill = [
+        dict(
+            r, op="linear_distill", label=r["label"].replace("linear-curve", "linear-distill-curve")
+        )
+        for r in records
+    ]
+    written = plot_results.plot_linear_distill_curve(plt, distill, "GPU X", str(out))
+    assert [Path(w).name for w in written] == ["linear_distill_curve_gpu-x.png"]
+    assert plot_results.plot_linear_distill_curve(plt, records, "GPU X", str(out)) == []
 
 
 def test_budgets_and_weight_grad_accumulations_make_one_case_each():
@@ -286,3 +296,20 @@ def test_bad_budget_or_accumulation_lists_are_refused(flag, capsys):
     with pytest.raises(SystemExit):
         compare_torch.parse_args(["--n", "8", "--h", "4", "--v", "10", *flag])
     assert flag[0] in capsys.readouterr().err
+
+
+def test_linear_distill_curve_places_every_budget_beside_its_anchor():
+    """Issue 54's plane for linear_distill: at each docs/performance.md shape the compiled
+    anchor once, xent's default, and xent at each budget of linear_ce's curve, all forward KL
+    with the teacher as hidden states (F: four products)."""
+    cases = compare_torch.suite_cases("linear-distill-curve")
+    assert {c["op"] for c in cases} == {"linear_distill"}
+    assert {c["kind"] for c in cases} == {"forward_kl"}
+    for shape in compare_torch.LINEAR_SHAPES:
+        here = [c for c in cases if (c["n"], c["h"], c["v"]) == shape]
+        budgets = sorted(c["budget_bytes"] >> 20 for c in here if c.get("budget_bytes"))
+        assert budgets == sorted(compare_torch.CURVE_BUDGETS_MIB)
+        assert [c["impls"] for c in here if c["label"].endswith("anchors")] == [("compile",)]
+        assert sum(c["label"].endswith("default") for c in here) == 1
+    case = dict(cases[0], teacher_topk=None)
+    assert compare_torch.gemm_floor_flops(case) == 2 * case["n"] * case["h"] * case["v"] * 4
