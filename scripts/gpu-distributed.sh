@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vocabulary-parallel check on a machine with 2 or more GPUs (docs/semantics.md §5, docs/performance.md row
 # "vocab-parallel"): builds the PyTorch package for the GPU, runs tests/python/dist_check.py under
-# torchrun over NCCL (correctness on CUDA of ce, linear_ce and distill of every kind, then the
+# torchrun over NCCL (correctness on CUDA of ce, linear_ce, distill of every kind and top-k distill, then the
 # timings as JSON: ce, linear_ce, distill at 4096 x 131072), then, if time is left, the sharded
 # gtests of the GPU test binary. Run it after scripts/gpu-check.sh: the build in build-gpu is
 # then incremental. Under 6 minutes on 2 x H200.

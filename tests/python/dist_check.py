@@ -4,8 +4,9 @@
     torchrun --nproc_per_node 2 tests/python/dist_check.py --json OUT/dist.json
 
 1. Correctness on CUDA: sharded cross_entropy / linear_cross_entropy (uneven slices, every §1
-   option, fp32 and bf16) and sharded distill (every kind, the §3 options, every reduction)
-   against the unsharded xent result on the same GPU, on every rank.
+   option, fp32 and bf16), sharded distill (every kind, the §3 options, every reduction) and
+   sharded distill from a top-k teacher (every mass with its kinds, the ids routed to the rank
+   that owns them) against the unsharded xent result on the same GPU, on every rank.
 2. Timings (forward + backward, median / p20 / p80 of CUDA-event times, the max over ranks per
    step): ce N = 16384, V = 262144 bf16 and linear_ce (N, H, V) = (8192, 4096, 128256) bf16,
    sharded over the group against unsharded on one GPU, each beside a Megatron-style parallel
@@ -178,6 +179,7 @@ def correctness(rank, world, device, failures):
             check_close(tag + " grad bias", b2.grad, b1.grad[begin:end], 1e-4, 1e-5, failures)
     torch.backends.cuda.matmul.allow_tf32 = True
     distill_correctness(rank, world, device, failures)
+    topk_correctness(rank, world, device, failures)
 
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd", "soft_ce", "tvd")
@@ -245,6 +247,80 @@ def distill_correctness(rank, world, device, failures):
                 tol * full.grad.abs().max().item(),
                 failures,
             )
+
+
+def _topk_teacher(gen, student, k):
+    """Top-k ids (global, in a shuffled order) and fp32 log-probabilities of a teacher correlated
+    with the student, with absent entries (-1), one row without any and ids at both ends of the
+    vocabulary."""
+    rows, vocab = student.shape
+    teacher = student.float() + torch.randn(rows, vocab, device=student.device, generator=gen)
+    logprobs, ids = torch.log_softmax(teacher, -1).topk(k, -1)
+    order = torch.argsort(torch.rand(ids.shape, device=ids.device, generator=gen), -1)
+    ids, logprobs = ids.gather(1, order), logprobs.gather(1, order)
+    ids[1, k // 2 :] = -1
+    ids[2, :] = -1
+    ids[3, :2] = torch.tensor([0, vocab - 1], device=ids.device)
+    logprobs = torch.log_softmax(teacher, -1).gather(1, ids.clamp(min=0))
+    return ids, logprobs
+
+
+def topk_correctness(rank, world, device, failures):
+    """Sharded distill from a top-k teacher (xent.TopK, global ids) against unsharded xent.distill
+    on the same GPU: every mass with its kinds but tvd (whose kinks may fall on either side in
+    two fp32 computations; the gloo tests bound that), with and without the hard-label term, fp32
+    and bf16, uneven slices; the loss on every rank and the gradient of the local slice."""
+    masses = {
+        "renormalize": ("forward_kl", "reverse_kl", "jsd", "soft_ce"),
+        "tail": ("forward_kl", "reverse_kl", "jsd", "soft_ce"),
+        "ignore": ("forward_kl", "soft_ce"),
+    }
+    option_sets = [{}, {"hard_weight": 0.5, "label_smoothing": 0.1, "softcap": 30.0}]
+    cases = [
+        (37, 1031, 24, dtype, mass, kind, opts, reduction)
+        for dtype in (torch.float32, torch.bfloat16)
+        for mass, kinds in masses.items()
+        for kind in kinds
+        for opts in option_sets
+        for reduction in ("none", "mean")
+    ]
+    cases += [(512, 50257, 64, torch.bfloat16, "tail", "forward_kl", {}, "mean")]
+    for rows, vocab, k, dtype, mass, kind, opts, reduction in cases:
+        begin, end = split(vocab, world, rank, uneven=True)
+        gen = torch.Generator(device=device).manual_seed(rows + vocab + k)
+        student = (torch.randn(rows, vocab, device=device, generator=gen) * 2).to(dtype)
+        ids, logprobs = _topk_teacher(gen, student, k)
+        teacher = xent.TopK(ids, logprobs, mass)
+        target = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+        target[::7] = -100
+        upstream = torch.randn(rows if reduction == "none" else (), device=device, generator=gen)
+        tag = f"distill top-k {mass} {kind} {rows}x{vocab} k={k} {dtype} {sorted(opts)} {reduction}"
+        full = student.clone().requires_grad_()
+        ref = xent.distill(
+            full, target=target, teacher=teacher, kind=kind, reduction=reduction, **opts
+        )
+        (ref * upstream).sum().backward()
+        local = student[:, begin:end].clone().requires_grad_()
+        got = xent.distill(
+            local,
+            target=target,
+            teacher=teacher,
+            kind=kind,
+            reduction=reduction,
+            process_group=dist.group.WORLD,
+            **opts,
+        )
+        (got * upstream).sum().backward()
+        check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
+        tol = 1e-4 if dtype == torch.float32 else 1e-2
+        check_close(
+            tag + " grad",
+            local.grad,
+            full.grad[:, begin:end],
+            tol,
+            tol * full.grad.abs().max().item(),
+            failures,
+        )
 
 
 # ---- 2. timings ----------------------------------------------------------------------------------
