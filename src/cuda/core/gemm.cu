@@ -209,10 +209,9 @@ std::unique_ptr<Plan> describe(const GemmProduct& p, const ColumnMajorProduct& c
                                                    &cm.trans_first, sizeof cm.trans_first));
   XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                    &cm.trans_second, sizeof cm.trans_second));
-  // The bias epilogue: into a 16-bit c it rounds each value once, with the product's sum, when
-  // the algorithm does not split K (find_candidates asks for none); split-K algorithms add the
-  // bias after rounding, and those that add the product into c filled with the bias (beta = 1)
-  // round twice too unless they split K (docs/archive/perf-notes.md, notes 90 and 149).
+  // The bias epilogue, into a 16-bit c too: without split-K (find_candidates) it rounds each
+  // value once with the product's sum, where adding the product into c filled with the bias
+  // (beta = 1) rounds twice in most algorithms (docs/archive/perf-notes.md, note 149).
   if (p.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     XENT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -441,8 +440,8 @@ void tune(cublasLtHandle_t handle, Plan& plan, const GemmProduct& product,
 }
 
 // The bias of a product for which cuBLASLt offers no algorithm with the bias epilogue: c is
-// filled with the bias rows and the product adds into it (beta = 1). Into a 16-bit c that rounds
-// once only with some algorithms (describe()); none of the linear losses' shapes has come here.
+// filled with the bias rows and the product adds into it (beta = 1), which into a 16-bit c may
+// round twice (note 149).
 template <class C, class B>
 __global__ void fill_bias_kernel(C* c, int64_t rows, int64_t cols, int64_t stride, const B* bias) {
   const int64_t total = rows * cols;
