@@ -260,6 +260,7 @@ def _topk_teacher(gen, student, k):
     ids, logprobs = ids.gather(1, order), logprobs.gather(1, order)
     ids[1, k // 2 :] = -1
     ids[2, :] = -1
+    ids[3, :] = -1  # then ids at both ends alone, so none repeats
     ids[3, :2] = torch.tensor([0, vocab - 1], device=ids.device)
     logprobs = torch.log_softmax(teacher, -1).gather(1, ids.clamp(min=0))
     return ids, logprobs
