@@ -142,6 +142,18 @@ def device_name(device: str) -> str:
 # ----------------------------------------------------------------------------- cases
 
 
+def curve_cases(shape: dict, anchors: tuple, label: str) -> list[dict]:
+    """A memory–time plane's cases at one shape: the anchors once, xent's default budget, and
+    xent at each of CURVE_BUDGETS_MIB."""
+    cases = [dict(shape, impls=anchors, label=f"{label} anchors")]
+    cases.append(dict(shape, impls=("xent_torch",), label=f"{label} xent default"))
+    for mib in CURVE_BUDGETS_MIB:
+        cases.append(
+            dict(shape, budget_bytes=mib << 20, impls=("xent_torch",), label=f"{label} xent")
+        )
+    return cases
+
+
 def suite_cases(name: str) -> list[dict]:
     """The docs/performance.md rows (same shapes as xent-bench --suite), each a dict of case fields."""
     cases = []
@@ -277,36 +289,14 @@ def suite_cases(name: str) -> list[dict]:
             for n, h, v in LINEAR_SHAPES:
                 shape = dict(op="linear_ce", n=n, h=h, v=v, mode="fwdbwd")
                 shape["distribution"] = distribution
-                cases.append(dict(shape, impls=CURVE_ANCHORS, label="linear-curve anchors"))
-                cases.append(dict(shape, impls=("xent_torch",), label="linear-curve xent default"))
-                for mib in CURVE_BUDGETS_MIB:
-                    cases.append(
-                        dict(
-                            shape,
-                            budget_bytes=mib << 20,
-                            impls=("xent_torch",),
-                            label="linear-curve xent",
-                        )
-                    )
+                cases += curve_cases(shape, CURVE_ANCHORS, "linear-curve")
     if name == "linear-distill-curve":
         # linear_distill (forward KL, the teacher as hidden states and head) on the same plane,
         # against F of its four products: xent at each budget and its default, torch.compile on
         # materialised logits once per shape (no other library fuses this loss with both heads).
         for n, h, v in LINEAR_SHAPES:
             shape = dict(op="linear_distill", n=n, h=h, v=v, mode="fwdbwd", kind="forward_kl")
-            cases.append(dict(shape, impls=("compile",), label="linear-distill-curve anchors"))
-            cases.append(
-                dict(shape, impls=("xent_torch",), label="linear-distill-curve xent default")
-            )
-            for mib in CURVE_BUDGETS_MIB:
-                cases.append(
-                    dict(
-                        shape,
-                        budget_bytes=mib << 20,
-                        impls=("xent_torch",),
-                        label="linear-distill-curve xent",
-                    )
-                )
+            cases += curve_cases(shape, ("compile",), "linear-distill-curve")
     if name == "topk":
         # Issue 51's top-k teacher rows: distill on logits as a fraction of B (xent and its eager
         # anchor), linear_distill beside linear_ce, the anchors on materialised logits and the

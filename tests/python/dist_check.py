@@ -61,6 +61,21 @@ def check_close(what, got, expected, rtol, atol, failures):
         failures.append(f"{what}: max abs error {err:.3e} (rtol {rtol}, atol {atol})")
 
 
+def check_sharded(tag, got, ref, local_grad, full_grad, begin, end, dtype, failures):
+    """A sharded distill's loss against the unsharded one, and its local gradient against the
+    slice [begin, end) of the whole gradient (bf16: to 1 % of the largest element)."""
+    check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    check_close(
+        tag + " grad",
+        local_grad,
+        full_grad[:, begin:end],
+        tol,
+        tol * full_grad.abs().max().item(),
+        failures,
+    )
+
+
 def correctness(rank, world, device, failures):
     options = [
         {},
@@ -237,16 +252,7 @@ def distill_correctness(rank, world, device, failures):
                 **skw,
             )
             (got * upstream).sum().backward()
-            check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
-            tol = 1e-4 if dtype == torch.float32 else 1e-2
-            check_close(
-                tag + " grad",
-                local.grad,
-                full.grad[:, begin:end],
-                tol,
-                tol * full.grad.abs().max().item(),
-                failures,
-            )
+            check_sharded(tag, got, ref, local.grad, full.grad, begin, end, dtype, failures)
 
 
 def _topk_teacher(gen, student, k):
@@ -312,16 +318,7 @@ def topk_correctness(rank, world, device, failures):
             **opts,
         )
         (got * upstream).sum().backward()
-        check_close(tag + " loss", got, ref, 1e-4, 1e-5, failures)
-        tol = 1e-4 if dtype == torch.float32 else 1e-2
-        check_close(
-            tag + " grad",
-            local.grad,
-            full.grad[:, begin:end],
-            tol,
-            tol * full.grad.abs().max().item(),
-            failures,
-        )
+        check_sharded(tag, got, ref, local.grad, full.grad, begin, end, dtype, failures)
 
 
 # ---- 2. timings ----------------------------------------------------------------------------------
