@@ -96,7 +96,7 @@ std::tuple<Tensor, Tensor> distill_forward_grad_op(
     int64_t ignore_index, c10::string_view reduction, double label_smoothing, double z_loss,
     const c10::optional<Tensor>& grad_scale) {
   return translate_errors([&] {
-    Tensor grad = at::empty(contiguous_rows(student).sizes(), student.options());
+    Tensor grad = at::empty(student.sizes(), student.options());  // contiguous_rows keeps the shape
     Tensor loss = run_distill_forward(student, teacher, target, class_weight, kind, temperature,
                                       beta, softcap, soft_weight, hard_weight, ignore_index,
                                       reduction, label_smoothing, z_loss, &grad, grad_scale);

@@ -112,7 +112,7 @@ std::tuple<Tensor, Tensor> distill_topk_forward_grad_op(
     c10::string_view reduction, double label_smoothing, double z_loss,
     const c10::optional<Tensor>& grad_scale) {
   return translate_errors([&] {
-    Tensor grad = at::empty(contiguous_rows(student).sizes(), student.options());
+    Tensor grad = at::empty(student.sizes(), student.options());  // contiguous_rows keeps the shape
     Tensor loss =
         run_topk_forward(student, ids, logprobs, target, class_weight, mass, kind, temperature,
                          beta, softcap, soft_weight, hard_weight, ignore_index, reduction,
