@@ -8,7 +8,9 @@
 #
 # SHARDS defaults to 8 (at most the cores); each shard's output goes to LOGDIR/shard-K.log
 # (default: a temporary folder). Prints one line per shard and every failed test; exits 1 when a
-# shard failed, crashed or ran no test.
+# shard failed, crashed or ran no test. With SHARD_GPUS=G in the environment (a machine with G
+# GPUs), shard K runs on GPU K mod G (CUDA_VISIBLE_DEVICES); otherwise every shard sees the GPUs
+# the caller does.
 set -uo pipefail
 binary="${1:?usage: scripts/gtest-shards.sh BINARY FILTER [SHARDS] [LOGDIR]}"
 filter="${2:?usage: scripts/gtest-shards.sh BINARY FILTER [SHARDS] [LOGDIR]}"
@@ -20,6 +22,9 @@ cores=$(nproc)
 mkdir -p "$logs"
 pids=()
 for ((k = 0; k < shards; ++k)); do
+  if [[ -n "${SHARD_GPUS:-}" ]]; then
+    export CUDA_VISIBLE_DEVICES=$((k % SHARD_GPUS))
+  fi
   GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$k "$binary" --gtest_filter="$filter" \
     --gtest_brief=1 >"$logs/shard-$k.log" 2>&1 &
   pids+=($!)

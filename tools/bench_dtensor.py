@@ -30,8 +30,14 @@ The collective time is separated two ways: ``collectives`` times the collectives
 step issues, alone, at their sizes (the all_gather of the [N, 9] fp32 records; for the linear
 case also the all_reduce of ∂hidden [N, H]); and ``profiled_collective_ms`` sums, per variant,
 the device time of the communication kernels (NCCL on the GPU; gloo ops on the CPU) under
-torch.profiler. Times are medians over --iters steps after --warmup, in milliseconds, taken with
-CUDA events on the GPU and perf_counter on the CPU. Rank 0 writes one JSON record to --out.
+torch.profiler. Times, in milliseconds (CUDA events on the GPU, perf_counter on the CPU), the
+slowest rank's, come two ways, the variants interleaved over --rounds rounds of --iters calls
+after --warmup: ``ms``, one call after a barrier and a device synchronisation (the median call;
+the host work before the first kernel is exposed, as for a loss called on an idle GPU), and
+``pipelined_ms``, --iters calls enqueued back to back (the median round's mean call; the host
+runs ahead, as in a training step whose loss is queued behind the model's forward); ``spread``
+gives each one's (largest − smallest) / median over the rounds. Rank 0 writes one JSON record to
+--out.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ def _parse():
         help="default: bfloat16 on cuda, float32 on cpu",
     )
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=20, help="calls per round and way of timing")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, the variants interleaved")
     parser.add_argument("--cases", default="ce,linear_ce")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler pass")
     args = parser.parse_args()
@@ -81,27 +88,29 @@ def _parse():
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     if args.dry_run:
-        args.warmup, args.iters = 1, 2
+        args.warmup, args.iters, args.rounds = 1, 2, 2
     return args
 
 
 class _Timer:
+    """Times steps in two ways, every rank in step: ``isolated`` (one call after a barrier and a
+    device synchronisation: its host work before the first kernel is exposed) and ``pipelined``
+    (``iters`` calls enqueued back to back: the host runs ahead of the GPU, as in a training step
+    whose loss is queued behind the model's forward)."""
+
     def __init__(self, device):
         self.cuda = device.type == "cuda"
 
-    def __call__(self, step, warmup, iters):
-        """Median milliseconds of step() over iters calls, every rank in step at each call."""
-        for _ in range(warmup):
-            step()
+    def _events(self):
+        return [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+
+    def isolated(self, step, iters) -> list[float]:
         times = []
         for _ in range(iters):
             dist.barrier()
             if self.cuda:
                 torch.cuda.synchronize()
-                begin, end = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
+                begin, end = self._events()
                 begin.record()
                 step()
                 end.record()
@@ -111,12 +120,63 @@ class _Timer:
                 begin = time.perf_counter()
                 step()
                 times.append((time.perf_counter() - begin) * 1e3)
-        # the slowest rank's median: a collective step ends when its last rank does
-        median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        return times
+
+    def pipelined(self, step, iters) -> float:
+        dist.barrier()
         if self.cuda:
-            median = median.cuda()
-        dist.all_reduce(median, op=dist.ReduceOp.MAX)
-        return float(median.item())
+            torch.cuda.synchronize()
+            begin, end = self._events()
+            begin.record()
+            for _ in range(iters):
+                step()
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end) / iters
+        begin = time.perf_counter()
+        for _ in range(iters):
+            step()
+        return (time.perf_counter() - begin) * 1e3 / iters
+
+    def slowest(self, value: float) -> float:
+        """The largest value over ranks: a collective step ends when its last rank does."""
+        value = torch.tensor([value], dtype=torch.float64)
+        if self.cuda:
+            value = value.cuda()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+    def __call__(self, steps: dict, warmup: int, iters: int, rounds: int) -> dict:
+        """{name: figures} of every step, the steps interleaved: each round times each step
+        (in an order rotated from round to round) ``iters`` times isolated, then ``iters`` calls
+        pipelined. Figures, milliseconds, the slowest rank's: ``isolated`` the median of all
+        isolated calls, ``pipelined`` the median of the rounds' per-call means, and each one's
+        ``*_spread``: (largest - smallest) / median of the rounds' values."""
+        names = list(steps)
+        for name in names:
+            for _ in range(warmup):
+                steps[name]()
+        isolated = {name: [] for name in names}
+        pipelined = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                isolated[name].append(self.isolated(steps[name], iters))
+                pipelined[name].append(self.pipelined(steps[name], iters))
+        out = {}
+        for name in names:
+            per_round = [statistics.median(times) for times in isolated[name]]
+            calls = [t for times in isolated[name] for t in times]
+            out[name] = {
+                "isolated": self.slowest(statistics.median(calls)),
+                "isolated_spread": self.slowest(_spread(per_round)),
+                "pipelined": self.slowest(statistics.median(pipelined[name])),
+                "pipelined_spread": self.slowest(_spread(pipelined[name])),
+            }
+        return out
+
+
+def _spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 def _profiled_collective_ms(step, device, iters):
@@ -436,6 +496,7 @@ def main():
         "dry_run": bool(args.dry_run),
         "warmup": args.warmup,
         "iters": args.iters,
+        "rounds": args.rounds,
         "cases": [],
     }
     for name in args.cases.split(","):
@@ -447,19 +508,30 @@ def main():
             "shape": shape,
             "losses": losses,
             "ms": {},
+            "pipelined_ms": {},
+            "spread": {},
             "collectives_ms": {},
             "profiled_collective_ms": {},
         }
-        for variant, step in variants.items():
-            entry["ms"][variant] = timer(step, args.warmup, args.iters)
-        for collective, step in collectives.items():
-            entry["collectives_ms"][collective] = timer(step, args.warmup, args.iters)
+        timed = timer(variants, args.warmup, args.iters, args.rounds)
+        for variant, figures in timed.items():
+            entry["ms"][variant] = figures["isolated"]
+            entry["pipelined_ms"][variant] = figures["pipelined"]
+            entry["spread"][variant] = {
+                "isolated": figures["isolated_spread"],
+                "pipelined": figures["pipelined_spread"],
+            }
+        for collective, figures in timer(collectives, args.warmup, args.iters, 1).items():
+            entry["collectives_ms"][collective] = figures["isolated"]
         if not args.no_profile:
             for variant in SHARDED:
                 entry["profiled_collective_ms"][variant] = _profiled_collective_ms(
                     variants[variant], device, max(1, min(args.iters, 5))
                 )
-        entry["dtensor_overhead_ms"] = entry["ms"]["dtensor"] - entry["ms"]["process_group"]
+        for key, times in (("", entry["ms"]), ("_pipelined", entry["pipelined_ms"])):
+            extra = times["dtensor"] - times["process_group"]
+            entry[f"dtensor_overhead{key}_ms"] = extra
+            entry[f"dtensor_overhead{key}_percent"] = 100 * extra / times["process_group"]
         entry["sharded_minus_local_ms"] = entry["ms"]["process_group"] - entry["ms"]["local"]
         record["cases"].append(entry)
         if rank == 0:
