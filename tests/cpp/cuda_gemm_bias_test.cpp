@@ -6,8 +6,9 @@
 // that add the product into an output filled with the bias (docs/archive/perf-notes.md, note 149).
 // The shapes are those of the linear losses' tests and block logits, aligned and not (each
 // choosing other kernels): hidden rows times a block of weight rows (transposed), the bias read
-// from the block's first column on, the first call of a product timed (tuned) or not, and the
-// later calls.
+// from the block's first column on (below 16-byte alignment: copied to the scratch first, or
+// without scratch added as c's starting value), the first call of a product timed (tuned) or
+// not, and the later calls.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -49,12 +50,13 @@ std::string case_name(const ::testing::TestParamInfo<BiasCase>& info) {
   return name.str();
 }
 
-class CudaGemmBias : public ::testing::TestWithParam<BiasCase> {};
-
-TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
-  require_device();
+// Runs the product of case `c` twice (the first call may time the candidates) with `scratch_bytes`
+// of scratch, and checks every value against float64: the rounding of a number within the fp32
+// sum's error of the exact h·wᵀ + b, or, with `rounded_twice`, within half a 16-bit ulp of the
+// product more (the product rounded before the bias is added: the fallback without scratch for
+// an unaligned bias).
+void check_product(const BiasCase& c, std::size_t scratch_bytes, bool rounded_twice) {
   XENT_TEST_RNG(rng);
-  const BiasCase c = GetParam();
   const int64_t m = c.rows, k = c.hidden, n = c.columns, vocab = c.first_column + n + 5;
   Matrix h(m, k), w(vocab, k);
   for (double& v : h.values) v = rng.normal();
@@ -78,7 +80,8 @@ TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
   product.c = {out.view().data, c.dtype, m, n, n};
   product.bias = static_cast<const char*>(bias_tensor.view().data) +
                  static_cast<std::size_t>(c.first_column) * dtype_size(c.dtype);
-  const cuda::GemmScratch gemm_scratch{scratch.view().data, std::size_t{4} << 20};
+  const cuda::GemmScratch gemm_scratch{scratch_bytes > 0 ? scratch.view().data : nullptr,
+                                       scratch_bytes};
 
   for (const char* call : {"first call", "second call"}) {
     SCOPED_TRACE(call);
@@ -90,7 +93,8 @@ TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
     std::ostringstream first;
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
-        double exact = bias[static_cast<std::size_t>(c.first_column + j)], magnitude = 0;
+        const double b = bias[static_cast<std::size_t>(c.first_column + j)];
+        double exact = b, magnitude = 0;
         for (int64_t q = 0; q < k; ++q) {
           const double term = h.at(i, q) * w.at(c.first_column + j, q);
           exact += term;
@@ -102,7 +106,8 @@ TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
         // From an fp32 sum of k terms and the bias, the value is the rounding of a number within
         // (k + 1)·2⁻²³·(Σ|terms| + |b|) of the exact one (an fp32 ulp a step, which covers an
         // accumulator that truncates); near a cancellation that spans several 16-bit ulps.
-        const double slack = static_cast<double>(k + 1) * std::ldexp(magnitude + 1.0, -23);
+        double slack = static_cast<double>(k + 1) * std::ldexp(magnitude + 1.0, -23);
+        if (rounded_twice) slack += std::ldexp(1.0, ulp_exponent(exact - b, c.dtype) - 1);
         const double lowest = round_exactly(exact - slack, c.dtype);
         const double highest = round_exactly(exact + slack, c.dtype);
         if (value < lowest || value > highest) {
@@ -114,10 +119,17 @@ TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
         }
       }
     }
-    EXPECT_EQ(beyond, 0) << beyond << " of " << m * n
-                         << " values not the exact value rounded once (first: " << first.str()
+    EXPECT_EQ(beyond, 0) << beyond << " of " << m * n << " values not the exact value rounded "
+                         << (rounded_twice ? "at most twice" : "once") << " (first: " << first.str()
                          << "); " << other << " differ from the nearest";
   }
+}
+
+class CudaGemmBias : public ::testing::TestWithParam<BiasCase> {};
+
+TEST_P(CudaGemmBias, RoundsOnceWithTheProduct) {
+  require_device();
+  check_product(GetParam(), std::size_t{4} << 20, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -132,8 +144,18 @@ INSTANTIATE_TEST_SUITE_P(
         // Aligned shapes whose algorithms rounded twice with the bias as c's starting value.
         BiasCase{DType::bf16, 2048, 256, 1536, 0}, BiasCase{DType::bf16, 8, 64, 4096, 0},
         // ≥ 2³⁰ flops with K ≤ 1024: the first call times the candidates (decision 58).
-        BiasCase{DType::bf16, 1100, 512, 1000, 37}),
+        BiasCase{DType::bf16, 1100, 512, 1000, 37},
+        // A bias 16-byte aligned but not 32: read in place (37, 3: copied to the scratch first).
+        BiasCase{DType::bf16, 300, 72, 1000, 8}, BiasCase{DType::f16, 64, 40, 257, 24}),
     case_name);
+
+// A bias below 16-byte alignment with no scratch to copy it to: the product is added onto c
+// filled with the bias (no fault, no epilogue), which may round the product before the bias.
+TEST(CudaGemmBiasUnaligned, WithoutScratchAddsOntoTheFilledBias) {
+  require_device();
+  check_product(BiasCase{DType::bf16, 300, 72, 1000, 37}, 0, true);
+  check_product(BiasCase{DType::f16, 64, 40, 257, 3}, 0, true);
+}
 
 }  // namespace
 }  // namespace xent::test

@@ -53,6 +53,11 @@ uint32_t alignment_of(const void* pointer) {
   return alignment_of_value(reinterpret_cast<uintptr_t>(pointer));
 }
 
+// The alignment of a bias that cuBLASLt's bias epilogue reads (gemm()), and the granule in which
+// a copy of one takes scratch.
+constexpr uint32_t kBiasAlignment = 16;
+constexpr std::size_t kScratchAlignment = 256;
+
 // A pinned product (GemmProduct::pinned) chooses its algorithm at this many rows of c, whatever
 // the call's (docs/archive/perf-notes.md, notes 132 and 139): large enough for the chunks of
 // a long batch, where the time is.
@@ -489,9 +494,30 @@ void fill_bias(const GemmMatrix& c, const void* bias, DType bias_dtype, cudaStre
 
 }  // namespace
 
-void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) {
+void gemm(const GemmProduct& requested, GemmScratch scratch, cudaStream_t stream) {
+  if (requested.c.rows == 0 || requested.c.cols == 0) return;
+  GemmProduct product = requested;
+  // cuBLASLt's bias epilogue reads the bias in 16-byte vectors: from a lower alignment (a view at
+  // an odd offset, a block of fewer than eight columns) it faults. Such a bias is copied to the
+  // front of the scratch, which then serves cuBLASLt from past the copy; where the scratch cannot
+  // hold it, the product adds onto c filled with the bias (below), as without an epilogue.
+  bool fill_unaligned_bias = false;
+  if (product.bias && alignment_of(product.bias) < kBiasAlignment) {
+    const std::size_t bytes =
+        static_cast<std::size_t>(product.c.cols) * dtype_size(product.a.dtype);
+    const std::size_t held =
+        (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+    if (scratch.data != nullptr && alignment_of(scratch.data) >= kBiasAlignment &&
+        scratch.bytes >= held) {
+      XENT_CUDA_CHECK(
+          cudaMemcpyAsync(scratch.data, product.bias, bytes, cudaMemcpyDeviceToDevice, stream));
+      product.bias = scratch.data;
+      scratch = GemmScratch{static_cast<char*>(scratch.data) + held, scratch.bytes - held};
+    } else {
+      fill_unaligned_bias = true;
+    }
+  }
   const ColumnMajorProduct cm = to_column_major(product);
-  if (cm.m == 0 || cm.n == 0) return;
   int device = 0;
   XENT_CUDA_CHECK(cudaGetDevice(&device));
   Cache& c = cache();
@@ -505,6 +531,7 @@ void gemm(const GemmProduct& product, GemmScratch scratch, cudaStream_t stream) 
     throw Error(ErrorKind::runtime, "gemm: a product with a bias writes c over (beta 0)");
   }
   GemmProduct effective = product;
+  if (fill_unaligned_bias) effective.bias = nullptr;
   auto make = [&](const GemmProduct& p) {
     return p.pinned ? make_pinned_plan(handle, c, device, p, cm)
                     : make_plan(handle, p, cm, scratch.bytes);
