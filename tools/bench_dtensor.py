@@ -82,6 +82,12 @@ def _parse():
     parser.add_argument("--rounds", type=int, default=5, help="rounds, the variants interleaved")
     parser.add_argument("--cases", default="ce,linear_ce")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler pass")
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="also write a torch.profiler trace per rank of --iters isolated calls of the "
+        "process-group and DTensor variants (DIR/CASE-VARIANT-rankR.json)",
+    )
     args = parser.parse_args()
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
@@ -199,6 +205,19 @@ def _profiled_collective_ms(step, device, iters):
         elif "gloo" in name or name.startswith("c10d::"):
             total += event.self_cpu_time_total
     return total / 1e3 / iters
+
+
+def _trace(step, timer, iters, folder, tag):
+    """A chrome trace of ``iters`` isolated calls (CPU and device activity) on every rank."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if timer.cuda:
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        timer.isolated(step, iters)
+    os.makedirs(folder, exist_ok=True)
+    prof.export_chrome_trace(os.path.join(folder, f"{tag}-rank{dist.get_rank()}.json"))
 
 
 def _ce_case(mesh, group, shape, dtype, device, args, timer):
@@ -523,6 +542,9 @@ def main():
             }
         for collective, figures in timer(collectives, args.warmup, args.iters, 1).items():
             entry["collectives_ms"][collective] = figures["isolated"]
+        if args.trace:
+            for variant in ("process_group", "dtensor"):
+                _trace(variants[variant], timer, args.iters, args.trace, f"{name}-{variant}")
         if not args.no_profile:
             for variant in SHARDED:
                 entry["profiled_collective_ms"][variant] = _profiled_collective_ms(
