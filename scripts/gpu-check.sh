@@ -15,7 +15,7 @@
 # GPU_CHECK_BENCH_SUITES="perf-ce perf-distill" runs those xent-bench suites (default: perf), one
 # JSON each (bench-SUITE.json); GPU_CHECK_TORCH_ARGS="--suite perf-ce" sets compare_torch.py's
 # arguments (default: its docs/performance.md run); GPU_CHECK_PYTEST_FILTER="-k fused" narrows the Python GPU
-# tests. Anchor libraries (Liger, Cut Cross-Entropy, QuACK) are installed from wheels in .whl/
+# tests, run in GPU_CHECK_PYTEST_PARTS (default 4) parts side by side. Anchor libraries (Liger, Cut Cross-Entropy, QuACK) are installed from wheels in .whl/
 # when that folder is there (bench/README.md says how they are fetched).
 # GPU_CHECK_SEED_SWEEP=N sweeps the CPU suite under N seeds (from GPU_CHECK_SEED_FIRST, default 1)
 # on all cores but two, beside the GPU steps, for at most GPU_CHECK_SEED_SECONDS (default 400):
@@ -100,10 +100,11 @@ else
   step gpu 900 ctest --test-dir "$BUILD" -L gpu -j 4 --timeout 600 --output-on-failure
 fi
 
-# The Python package on the GPU: autograd, torch.compile, CUDA graphs, CUDA-vs-CPU.
+# The Python package on the GPU: autograd, torch.compile, CUDA graphs, CUDA-vs-CPU; in parts side
+# by side (GPU_CHECK_PYTEST_PARTS, default 4), as the C++ shards.
 # shellcheck disable=SC2086
-step pytest 900 env PYTHONPATH="$PWD/python" python3 -m pytest -q -p no:cacheprovider -m gpu \
-  ${GPU_CHECK_PYTEST_FILTER:-} tests/python
+step pytest 900 scripts/pytest-shards.sh "${GPU_CHECK_PYTEST_PARTS:-4}" "$OUT/pytest-parts" \
+  ${GPU_CHECK_PYTEST_FILTER:-}
 
 # The probe before the sanitizers: its numbers matter most when GPU_CHECK_DEADLINE cuts the run.
 step probe 600 "$GPU_TESTS" --gtest_also_run_disabled_tests --gtest_filter='*BandwidthProbe*'
