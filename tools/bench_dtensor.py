@@ -152,6 +152,12 @@ class _Timer:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return float(value.item())
 
+    def median_isolated(self, step, warmup: int, iters: int) -> float:
+        """The slowest rank's median of ``iters`` isolated calls after ``warmup``."""
+        for _ in range(warmup):
+            step()
+        return self.slowest(statistics.median(self.isolated(step, iters)))
+
     def __call__(self, steps: dict, warmup: int, iters: int, rounds: int) -> dict:
         """{name: figures} of every step, the steps interleaved: each round times each step
         (in an order rotated from round to round) ``iters`` times isolated, then ``iters`` calls
@@ -540,8 +546,10 @@ def main():
                 "isolated": figures["isolated_spread"],
                 "pipelined": figures["pipelined_spread"],
             }
-        for collective, figures in timer(collectives, args.warmup, args.iters, 1).items():
-            entry["collectives_ms"][collective] = figures["isolated"]
+        for collective, step in collectives.items():
+            entry["collectives_ms"][collective] = timer.median_isolated(
+                step, args.warmup, args.iters
+            )
         if args.trace:
             for variant in ("process_group", "dtensor"):
                 _trace(variants[variant], timer, args.iters, args.trace, f"{name}-{variant}")
